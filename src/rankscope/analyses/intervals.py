@@ -1,0 +1,42 @@
+"""Vectorized interval arithmetic on int64 nanosecond [start, end) intervals."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Merge intervals into sorted, disjoint ones. Empty and negative intervals are dropped."""
+    starts = np.asarray(starts, dtype=np.int64)
+    ends = np.asarray(ends, dtype=np.int64)
+    keep = ends > starts
+    starts, ends = starts[keep], ends[keep]
+    if len(starts) == 0:
+        return starts, ends
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    reach = np.maximum.accumulate(e)
+    new_group = np.empty(len(s), dtype=bool)
+    new_group[0] = True
+    new_group[1:] = s[1:] > reach[:-1]
+    group_start = np.flatnonzero(new_group)
+    group_end = np.append(group_start[1:], len(s)) - 1
+    return s[group_start], reach[group_end]
+
+
+def covered_between(u_starts: np.ndarray, u_ends: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Length of [a_i, b_i) covered by the disjoint sorted intervals (output of `union`)."""
+    a = np.asarray(a, dtype=np.int64)
+    b = np.asarray(b, dtype=np.int64)
+    return np.maximum(_covered_before(u_starts, u_ends, b) - _covered_before(u_starts, u_ends, a), 0)
+
+
+def _covered_before(s: np.ndarray, e: np.ndarray, t: np.ndarray) -> np.ndarray:
+    if len(s) == 0:
+        return np.zeros(len(t), dtype=np.int64)
+    prefix = np.concatenate(([0], np.cumsum(e - s)))
+    i = np.searchsorted(e, t, side="right")          # intervals ending at or before t
+    partial = np.zeros(len(t), dtype=np.int64)
+    inside = i < len(s)
+    j = i[inside]
+    partial[inside] = np.clip(t[inside] - s[j], 0, None)
+    return prefix[i] + partial

@@ -1,0 +1,75 @@
+"""What one rank's trace holds: event counts, devices, steps and device-busy time per step.
+
+`summarize_rank` is the per-rank map step: its result is small (no event frames), so the
+driver holds only summaries, whatever the number of ranks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+
+from rankscope.analyses.steps import device_busy_ns, step_windows
+from rankscope.model import DEVICE_KINDS, Kind, KernelClass, RankMeta, RankTrace
+
+NS_PER_MS = 1e6
+
+
+@dataclass
+class RankSummary:
+    meta: RankMeta
+    steps: list[dict]                 # step, start_ns, end_ns, duration_ms, device_busy_ms
+    steps_source: str                 # "profiler_step" | "whole_trace"
+    kind_counts: dict[str, int]       # complete events per kind name
+    device_events: int                # kernels + memcpy + memset
+    comm_kernels: int                 # device events of class COMM
+    streams: int                      # distinct (device, stream) with device activity
+    from_cache: bool = False
+    extras: dict = field(default_factory=dict)   # later analyses add their per-rank results here
+
+    @property
+    def rank(self) -> int:
+        return self.meta.rank
+
+    @property
+    def has_device(self) -> bool:
+        return self.device_events > 0
+
+
+def summarize_rank(trace: RankTrace) -> RankSummary:
+    ev = trace.events
+    windows = step_windows(trace)
+    busy = device_busy_ns(trace, windows)
+    f = windows.frame
+    steps = [
+        {"step": int(s), "start_ns": int(a), "end_ns": int(b), "duration_ms": float(d) / NS_PER_MS,
+         "device_busy_ms": float(u) / NS_PER_MS}
+        for s, a, b, d, u in zip(f["step"], f["start_ns"], f["end_ns"], f["duration_ns"], busy)
+    ]
+    counts = ev.group_by("kind").len()
+    kind_counts = {Kind(int(k)).name.lower(): int(n) for k, n in zip(counts["kind"], counts["len"])}
+    dev = ev.filter(pl.col("kind").is_in([int(k) for k in DEVICE_KINDS]))
+    return RankSummary(
+        meta=trace.meta, steps=steps, steps_source=windows.source, kind_counts=kind_counts,
+        device_events=len(dev),
+        comm_kernels=int((dev["kclass"] == int(KernelClass.COMM)).sum()),
+        streams=dev.select("device", "stream").unique().height,
+    )
+
+
+@dataclass
+class StepTimeStats:
+    mean_ms: float | None
+    median_ms: float | None
+    max_ms: float | None
+    device_busy_pct: float | None     # None for ranks without device activity
+
+
+def step_time_stats(summary: RankSummary) -> StepTimeStats:
+    if not summary.steps:
+        return StepTimeStats(None, None, None, None)
+    d = np.array([s["duration_ms"] for s in summary.steps])
+    busy = np.array([s["device_busy_ms"] for s in summary.steps])
+    pct = float(100.0 * busy.sum() / d.sum()) if summary.has_device and d.sum() > 0 else None
+    return StepTimeStats(float(d.mean()), float(np.median(d)), float(d.max()), pct)

@@ -1,0 +1,178 @@
+"""The Python API: `load` a job's ranks, `analyze` a job into per-rank summaries.
+
+    import rankscope
+    result = rankscope.analyze("./log/profiler")          # Analysis (summaries, problems)
+    trace = rankscope.load_rank("./log/profiler/rank0.pt.trace.json")   # one rank's frames
+    job = rankscope.load("./log/profiler")                # Job: lazy per-rank access
+
+Per-rank work (parse or cache read, then `summarize_rank`) runs through `engine.map_ranks`;
+the cross-rank part works on the small summaries only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from rankscope import engine as engines
+from rankscope.analyses.overview import RankSummary, summarize_rank
+from rankscope.ingest import Cache, TraceError, load_rank
+from rankscope.ingest.discover import assign_ranks, discover
+from rankscope.model import InputProblem, RankTrace
+
+
+@dataclass
+class JobInfo:
+    world_size: int | None
+    ranks: list[int]
+    backend: str | None
+    steps: list[int]
+    devices: list[str]
+    warnings: list[str]
+    missing_ranks: list[int]
+    steps_source: str                   # "profiler_step" | "whole_trace" | "mixed"
+    span_ms: float | None
+    hosts: list[str]
+
+
+@dataclass
+class Analysis:
+    job: JobInfo
+    ranks: list[RankSummary]                       # sorted by rank
+    problems: list[InputProblem] = field(default_factory=list)   # files skipped or salvaged
+    engine: str = "inprocess"
+
+    @property
+    def skipped(self) -> list[InputProblem]:
+        return [p for p in self.problems if p.fatal]
+
+
+@dataclass(frozen=True)
+class _Task:
+    path: str
+    cache_dir: str | None
+    use_cache: bool
+
+
+def _rank_task(task: _Task) -> RankSummary | InputProblem:
+    """The per-rank map step (runs in a worker). Never raises for bad input."""
+    try:
+        cache = Cache(task.cache_dir) if task.use_cache else None
+        trace, cached = load_rank(task.path, cache)
+        summary = summarize_rank(trace)
+        summary.from_cache = cached
+        return summary
+    except TraceError as exc:
+        return InputProblem(task.path, str(exc))
+    except MemoryError:
+        return InputProblem(task.path, "out of memory while reading this file")
+    except Exception as exc:  # a bug must not take the other ranks down; report it on one line
+        return InputProblem(task.path, f"internal error while reading: {type(exc).__name__}: {exc}")
+
+
+def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True,
+            engine: str = "auto", workers: int | None = None,
+            on_progress: Callable[[int, int, str], None] | None = None) -> Analysis:
+    """Analyse a job: a folder of per-rank traces, one file, or a list of either.
+    `on_progress(done, total, file)` is called as ranks finish."""
+    items = inputs if isinstance(inputs, list) else [inputs]
+    found = discover(items)
+    problems = [InputProblem(str(f), why, fatal=False) for f, why in found.ignored]
+    files = sorted(found.traces, key=lambda p: -_size(p))     # largest first: better balance
+    workers = workers or engines.default_workers()
+    chosen = engines.choose_engine(engine, sum(_size(p) for p in files), len(files), workers)
+    cache_root = str(cache_dir) if cache_dir is not None else None
+    tasks = [_Task(str(p), cache_root, use_cache) for p in files]
+    done = 0
+
+    def progress(i: int, _result) -> None:
+        nonlocal done
+        done += 1
+        if on_progress:
+            on_progress(done, len(tasks), tasks[i].path)
+
+    results = engines.map_ranks(_rank_task, tasks, engine=chosen, workers=workers, on_done=progress)
+    summaries = [r for r in results if isinstance(r, RankSummary)]
+    problems += [r for r in results if isinstance(r, InputProblem)]
+    summaries.sort(key=lambda s: s.meta.file)
+    assignments, rank_warnings, duplicates = assign_ranks(
+        [s.meta.file for s in summaries], [s.meta.dist_rank for s in summaries])
+    by_file = {s.meta.file: s for s in summaries}
+    kept = []
+    for a in assignments:
+        s = by_file[a.file]
+        s.meta.rank, s.meta.rank_source = a.rank, a.source
+        kept.append(s)
+    problems += [InputProblem(f, "duplicate rank (see warnings); skipped") for f in duplicates]
+    for s in kept:
+        problems += [InputProblem(s.meta.file, p, fatal=False) for p in s.meta.problems]
+    return Analysis(job=_job_info(kept, rank_warnings), ranks=kept, problems=problems, engine=chosen)
+
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except OSError:
+        return 0
+
+
+def _job_info(ranks: list[RankSummary], warnings: list[str]) -> JobInfo:
+    warnings = list(warnings)
+    world_sizes = {r.meta.world_size for r in ranks if r.meta.world_size}
+    world = max(world_sizes) if world_sizes else (len(ranks) or None)
+    if len(world_sizes) > 1:
+        warnings.append(f"ranks disagree on world size: {sorted(world_sizes)}")
+    rank_ids = [r.rank for r in ranks]
+    missing = sorted(set(range(world or 0)) - set(rank_ids)) if world else []
+    if missing and ranks:
+        shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
+        warnings.append(f"{len(rank_ids)} of {world} ranks present; missing: {shown}")
+    backends = sorted({r.meta.backend for r in ranks if r.meta.backend})
+    steps = sorted({s["step"] for r in ranks for s in r.steps if r.steps_source == "profiler_step"})
+    sources = {r.steps_source for r in ranks}
+    if "whole_trace" in sources:
+        n = sum(r.steps_source == "whole_trace" for r in ranks)
+        warnings.append(f"{n} rank(s) have no ProfilerStep marks: each is analysed as one step spanning its trace")
+    devices = sorted({d.get("name") for r in ranks for d in r.meta.devices if isinstance(d.get("name"), str)})
+    spans = [r.meta.span_ns for r in ranks if r.meta.span_ns]
+    span_ms = max((b - a) for a, b in spans) / 1e6 if spans else None
+    no_device = [r.rank for r in ranks if not r.has_device]
+    if no_device and len(no_device) < len(ranks):
+        warnings.append(f"no GPU events on rank(s) {', '.join(map(str, no_device))}")
+    elif ranks and not any(r.has_device for r in ranks):
+        warnings.append("no GPU events in any rank: CPU-only job (host ops play the device's role)")
+    return JobInfo(
+        world_size=world, ranks=rank_ids, backend=backends[0] if len(backends) == 1 else (", ".join(backends) or None),
+        steps=steps, devices=devices, warnings=warnings, missing_ranks=missing,
+        steps_source=sources.pop() if len(sources) == 1 else ("mixed" if sources else "none"),
+        span_ms=span_ms, hosts=sorted({r.meta.hostname for r in ranks if r.meta.hostname}),
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class Job:
+    """Lazy access to a job's ranks for notebooks: frames are parsed (or read from the cache)
+    one rank at a time, on demand."""
+    files: dict[int, str]
+    cache: Cache | None
+    warnings: list[str]
+
+    def rank(self, rank: int) -> RankTrace:
+        trace, _ = load_rank(self.files[rank], self.cache)
+        trace.meta.rank = rank
+        return trace
+
+    def __iter__(self) -> Iterator[RankTrace]:
+        return (self.rank(r) for r in sorted(self.files))
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+
+def load(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True) -> Job:
+    """Discover a job's trace files and their ranks without holding any rank's events."""
+    analysis = analyze(inputs, cache_dir=cache_dir, use_cache=use_cache)
+    cache = Cache(cache_dir) if use_cache else None
+    return Job(files={s.rank: s.meta.file for s in analysis.ranks}, cache=cache,
+               warnings=analysis.job.warnings + [str(p) for p in analysis.problems])

@@ -1,0 +1,120 @@
+"""Command line: parse arguments, call the API, pick a renderer. Nothing is computed here.
+
+Exit codes: 0 ok; 1 the analysis ran but some inputs were skipped (stderr says which);
+2 nothing usable, or bad arguments.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+import msgspec
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from rankscope import __version__
+from rankscope.api import Analysis, analyze
+from rankscope.engine import ENGINES
+from rankscope.ingest.cache import default_cache_dir
+
+EXIT_OK, EXIT_SKIPPED, EXIT_NOTHING = 0, 1, 2
+
+
+def _err(message: str) -> None:
+    click.echo(f"rankscope: {message}", err=True)
+
+
+def _run_analysis(paths: tuple[str, ...], cache_dir: str | None, no_cache: bool, engine: str,
+                  workers: int | None, quiet: bool) -> Analysis:
+    stderr = Console(stderr=True)
+    show = not quiet and stderr.is_terminal
+    with Progress(TextColumn("loading ranks"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=stderr, transient=True, disable=not show) as bar:
+        task = bar.add_task("load", total=None)
+
+        def progress(done: int, total: int, _file: str) -> None:
+            bar.update(task, completed=done, total=total)
+
+        result = analyze(list(paths), cache_dir=cache_dir, use_cache=not no_cache, engine=engine,
+                         workers=workers, on_progress=progress)
+    for p in result.problems:
+        _err(str(p) if p.fatal else f"warning: {p}")
+    return result
+
+
+def _exit_code(result: Analysis) -> int:
+    if not result.ranks:
+        _err("no usable trace found" + ("" if result.problems else " (give a folder of *.pt.trace.json[.gz] files)"))
+        return EXIT_NOTHING
+    return EXIT_SKIPPED if result.skipped else EXIT_OK
+
+
+_common = [
+    click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
+                 help=f"Where parsed ranks are kept (default {default_cache_dir()}; env RANKSCOPE_CACHE_DIR)."),
+    click.option("--no-cache", is_flag=True, help="Parse every file; neither read nor write the cache."),
+    click.option("--engine", type=click.Choice(ENGINES), default="auto", show_default=True,
+                 help="Per-rank work: local process pool, in this process, or auto by input size."),
+    click.option("--workers", type=click.IntRange(min=1), default=None,
+                 help="Worker processes for the local engine (default: usable CPU cores)."),
+    click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema rankscope.analysis/1)."),
+    click.option("-q", "--quiet", is_flag=True, help="No progress bar."),
+]
+
+
+def common_options(f):
+    for opt in reversed(_common):
+        f = opt(f)
+    return f
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="rankscope")
+def main() -> None:
+    """rankscope: where every millisecond of every step went on every rank."""
+
+
+@main.command("analyze")
+@click.argument("paths", nargs=-1, type=click.Path())
+@click.option("--demo", is_flag=True, help="Analyse a generated demo job (8 ranks, one straggler).")
+@common_options
+def analyze_cmd(paths, demo, cache_dir, no_cache, engine, workers, as_json, quiet) -> None:
+    """Analyse a job: a folder of per-rank traces (or files)."""
+    if demo:
+        from rankscope.synth import demo_job_dir
+        paths = (str(demo_job_dir(Path(cache_dir) if cache_dir else default_cache_dir())),) + tuple(paths)
+    if not paths:
+        raise click.UsageError("give a folder of traces (or files), or --demo")
+    result = _run_analysis(paths, cache_dir, no_cache, engine, workers, quiet)
+    code = _exit_code(result)
+    if result.ranks:
+        if as_json:
+            from rankscope.render.json import analysis_to_dict
+            sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(analysis_to_dict(result)), indent=1))
+            sys.stdout.write("\n")
+        else:
+            from rankscope.render.terminal import render_analysis
+            render_analysis(result, Console(highlight=False))
+    sys.exit(code)
+
+
+@main.command("validate")
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@common_options
+def validate_cmd(paths, cache_dir, no_cache, engine, workers, as_json, quiet) -> None:
+    """Check trace files before sharing them: rank, format, events, steps, problems per file."""
+    result = _run_analysis(paths, cache_dir, no_cache, engine, workers, quiet)
+    from rankscope.render.validate import validation_rows, render_validation
+    rows = validation_rows(result)
+    if as_json:
+        sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(
+            {"schema": "rankscope.validate/1", "files": rows, "job_warnings": result.job.warnings}), indent=1))
+        sys.stdout.write("\n")
+    else:
+        render_validation(rows, result.job.warnings, Console(highlight=False))
+    sys.exit(_exit_code(result) if result.ranks else EXIT_NOTHING)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,29 @@
+"""bytes -> columnar events: readers per input format, rank discovery, the cache."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from rankscope.ingest.cache import Cache, content_key
+from rankscope.ingest.kineto import TraceError, read_kineto
+from rankscope.model import RankTrace
+
+__all__ = ["Cache", "TraceError", "load_rank"]
+
+
+def load_rank(path: str | Path, cache: Cache | None = None) -> tuple[RankTrace, bool]:
+    """Parse one trace file, or take it from `cache` when its content is unchanged.
+    Returns (trace, served_from_cache). Raises TraceError for unusable files."""
+    path = Path(path)
+    key = None
+    if cache is not None:
+        try:
+            key = content_key(path)
+        except OSError as exc:
+            raise TraceError(f"cannot read: {exc.strerror or exc}") from exc
+        hit = cache.get(key, str(path))
+        if hit is not None:
+            return hit, True
+    trace, _ = read_kineto(path)
+    if cache is not None and key is not None:
+        cache.put(key, trace)
+    return trace, False

@@ -1,0 +1,116 @@
+"""Decoded msgspec Structs -> typed numpy columns.
+
+`columnize(objs, specs, indices)` walks a list of event Structs once per column and returns one
+numpy array per spec. The C extension `_fastcols` does this at a few ns per value; this module's
+pure-Python twin defines the same contract (tests compare both) and is used where the extension
+could not be built.
+
+A spec is `Col(outer, inner, kind, default, table)`; see `_fastcols.c` for the kinds:
+'t' JSON microseconds -> int64 ns, 'f' float64, 'i' int64, 's' str -> int32 code,
+'k' int or str key -> int64, 'r' raw JSON text -> int32 code, 'p' list product -> int64.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+
+try:  # pragma: no cover - exercised implicitly when the build succeeded
+    from rankscope.ingest import _fastcols
+except ImportError:  # pragma: no cover - fallback when no C compiler was available
+    _fastcols = None
+
+_DTYPES = {"t": np.int64, "f": np.float64, "i": np.int64, "s": np.int32, "k": np.int64,
+           "r": np.int32, "p": np.int64}
+
+
+class Col(NamedTuple):
+    outer: Any            # member descriptor of the event Struct, e.g. Event.ts
+    inner: Any            # member descriptor of the nested Struct, e.g. Args.stream, or None
+    kind: str
+    default: float | int = 0
+    table: dict | None = None
+
+
+def _digits(s: str) -> int | None:
+    if 0 < len(s) <= 18 and (s.isdigit() or (s[0] == "-" and s[1:].isdigit())) and s.isascii():
+        return int(s)
+    return None
+
+
+def _code(table: dict, key: str) -> int:
+    code = table.get(key)
+    if code is None:
+        code = table[key] = len(table)
+    return code
+
+
+def _convert(v: Any, spec: Col) -> float | int:
+    kind, default = spec.kind, spec.default
+    if kind == "t":
+        if type(v) is int and abs(v) < 9_000_000_000_000_000:
+            return v * 1000
+        if type(v) is float and np.isfinite(v) and abs(v * 1000.0) < 9.2e18:
+            return int(np.rint(v * 1000.0))
+        return int(default)
+    if kind == "f":
+        return float(v) if type(v) in (int, float) else float(default)
+    if kind == "i":
+        if type(v) is int and -2**63 <= v < 2**63:
+            return v
+        if type(v) is float and np.isfinite(v) and abs(v) <= 9.2e18:
+            return int(v)
+        if type(v) is str:
+            d = _digits(v)
+            return int(default) if d is None else d
+        return int(default)
+    if kind == "k":
+        if type(v) is int and -2**63 <= v < 2**63:
+            return v
+        if type(v) is str:
+            d = _digits(v)
+            return d if d is not None else -2 - _code(spec.table, v)
+        return int(default)
+    if kind == "s":
+        return _code(spec.table, v) if type(v) is str else -1
+    if kind == "r":
+        try:
+            text = bytes(memoryview(v)).decode("utf-8", "replace")
+        except TypeError:
+            return -1
+        return _code(spec.table, text)
+    if kind == "p":
+        if type(v) is list and v and all(type(x) is int for x in v):
+            return int(np.prod(v, dtype=np.int64))
+        return int(default)
+    raise ValueError(f"unknown column kind {kind!r}")
+
+
+def _columnize_py(objs: list, specs: Sequence[Col], indices: np.ndarray | None) -> list[np.ndarray]:
+    picked = objs if indices is None else [objs[i] for i in indices]
+    out = []
+    for spec in specs:
+        outer_name = spec.outer.__name__
+        inner_name = spec.inner.__name__ if spec.inner is not None else None
+        values = []
+        for obj in picked:
+            v = getattr(obj, outer_name, None)
+            if inner_name is not None:
+                v = getattr(v, inner_name, None)
+            values.append(_convert(v, spec))
+        out.append(np.array(values, dtype=_DTYPES[spec.kind]))
+    return out
+
+
+def columnize(objs: list, specs: Sequence[Col], indices: np.ndarray | None = None,
+              use_c: bool = True) -> list[np.ndarray]:
+    """One typed numpy array per spec, over `objs` (or only `objs[indices]`)."""
+    if _fastcols is None or not use_c:
+        return _columnize_py(objs, specs, indices)
+    idx = None if indices is None else np.ascontiguousarray(indices, dtype=np.int64)
+    buffers = _fastcols.columnize(objs, [tuple(s) for s in specs], idx)
+    return [np.frombuffer(b, dtype=_DTYPES[s.kind]) for b, s in zip(buffers, specs)]
+
+
+def has_c_extension() -> bool:
+    return _fastcols is not None

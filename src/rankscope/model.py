@@ -1,0 +1,182 @@
+"""The typed in-memory job: vocabulary, per-rank frames and job metadata.
+
+The vocabulary (event kinds, kernel classes and the patterns that assign them) lives here and
+nowhere else. Times are int64 nanoseconds inside; outputs convert to `_ms`.
+
+Per rank, `RankTrace` holds polars frames:
+  events      every complete ('X') event: kind, name, ts_ns, dur_ns, pid, tid, device, stream,
+              correlation, external_id, kclass. Row position = `row` used by the side frames.
+  gpu_args    launch details of device activity (kernels, memcpy, memset), keyed by `row`
+  comm_args   collective metadata (record_param_comms / nccl:* / collective kernels), keyed by `row`
+  op_args     operator details (input shapes/types, call stack, sequence number, flops), by `row`
+  memory      `[memory]` instant events (allocator samples)
+  flows       flow events ('s'/'f'/'t'): launch links (ac2g/async) and fwd-bwd links
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+
+class Kind(IntEnum):
+    """Normalized event kind of a complete event (from the trace category)."""
+    CPU_OP = 0
+    USER_ANNOTATION = 1
+    PYTHON_FUNCTION = 2
+    RUNTIME = 3          # cuda_runtime / hip runtime / 2021 "Runtime"
+    DRIVER = 4           # cuda_driver
+    KERNEL = 5
+    MEMCPY = 6
+    MEMSET = 7
+    GPU_ANNOTATION = 8   # gpu_user_annotation
+    SYNC = 9             # cuda_sync (event/stream waits recorded on the device)
+    OVERHEAD = 10
+    TRACE = 11           # the profiler's own "Trace" span
+    OTHER = 12
+
+
+#: Trace category (lower-cased) -> kind. Current Kineto names and the 2021 ones.
+CATEGORY_KINDS: dict[str, Kind] = {
+    "cpu_op": Kind.CPU_OP, "operator": Kind.CPU_OP,
+    "user_annotation": Kind.USER_ANNOTATION,
+    "python_function": Kind.PYTHON_FUNCTION, "python": Kind.PYTHON_FUNCTION,
+    "cuda_runtime": Kind.RUNTIME, "runtime": Kind.RUNTIME, "hip_runtime": Kind.RUNTIME,
+    "cuda_driver": Kind.DRIVER, "hip_driver": Kind.DRIVER,
+    "kernel": Kind.KERNEL,
+    "gpu_memcpy": Kind.MEMCPY, "memcpy": Kind.MEMCPY,
+    "gpu_memset": Kind.MEMSET, "memset": Kind.MEMSET,
+    "gpu_user_annotation": Kind.GPU_ANNOTATION,
+    "cuda_sync": Kind.SYNC,
+    "overhead": Kind.OVERHEAD,
+    "trace": Kind.TRACE,
+}
+
+DEVICE_KINDS = (Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET)
+HOST_OP_KINDS = (Kind.CPU_OP, Kind.USER_ANNOTATION)
+
+
+class KernelClass(IntEnum):
+    """DESIGN.md kernel classes. NONE for host events that play no device role."""
+    NONE = 0
+    COMP = 1
+    COMM = 2
+    MEM = 3
+
+
+#: Name patterns (regex, case-insensitive) -> class, first match wins. Data, extendable by the user
+#: with `register_kernel_pattern`. MEM before COMM: `hipMemcpy*` is MEM, not COMM.
+KERNEL_CLASS_PATTERNS: list[tuple[str, KernelClass]] = [
+    (r"^(gpu_)?mem(cpy|set)|^hipmem(cpy|set)", KernelClass.MEM),
+    (r"nccl|rccl|hccl", KernelClass.COMM),
+    (r"multimem_", KernelClass.COMM),
+    (r"cross_device_reduce", KernelClass.COMM),
+]
+
+#: Host spans that are collectives on CPU-only (gloo) jobs: they play COMM there.
+HOST_COMM_PATTERN = r"^gloo:"
+
+
+def register_kernel_pattern(regex: str, kernel_class: KernelClass) -> None:
+    """Add a name pattern ahead of the built-in ones (e.g. a vendor's collective kernels)."""
+    KERNEL_CLASS_PATTERNS.insert(0, (regex, KernelClass(kernel_class)))
+
+
+def classify_names(names: list[str], kinds_present_gpu: np.ndarray) -> np.ndarray:
+    """Kernel class for each distinct name: `kinds_present_gpu[i]` says whether name i is used
+    by a device event. Host names get COMM when they are gloo collectives, else NONE."""
+    compiled = [(re.compile(p, re.IGNORECASE), c) for p, c in KERNEL_CLASS_PATTERNS]
+    host_comm = re.compile(HOST_COMM_PATTERN, re.IGNORECASE)
+    out = np.zeros(len(names), dtype=np.uint8)
+    for i, name in enumerate(names):
+        if kinds_present_gpu[i]:
+            out[i] = next((c for rx, c in compiled if rx.search(name)), KernelClass.COMP)
+        elif host_comm.search(name):
+            out[i] = KernelClass.COMM
+    return out
+
+
+#: Step annotation, DataLoader span and synchronization names (used by analyses).
+PROFILER_STEP_PATTERN = r"^ProfilerStep#(\d+)$"
+DATALOADER_PATTERN = r"^enumerate\(DataLoader\)#.*__next__"
+SYNC_RUNTIME_PATTERN = r"(cuda|hip)(Device|Stream|Event)Synchronize|(cuda|hip)StreamWaitEvent"
+
+
+@dataclass
+class RankMeta:
+    """What one trace file says about itself (small; cached as JSON)."""
+    file: str
+    rank: int
+    rank_source: str                      # "distributedInfo" | "filename" | "order"
+    format: str                           # "kineto" | "kineto-2021" | "chrome-array"
+    dist_rank: int | None = None          # distributedInfo.rank, when the trace has it
+    world_size: int | None = None
+    backend: str | None = None
+    pg_config: list[dict] = field(default_factory=list)
+    devices: list[dict] = field(default_factory=list)   # deviceProperties
+    hostname: str | None = None
+    base_time_ns: int | None = None
+    display_time_unit: str | None = None
+    events_total: int = 0                 # trace events read (all phases)
+    phase_counts: dict[str, int] = field(default_factory=dict)
+    thread_names: dict[str, str] = field(default_factory=dict)   # "pid/tid" -> name
+    process_names: dict[str, str] = field(default_factory=dict)  # "pid" -> name
+    span_ns: tuple[int, int] | None = None
+    salvaged: bool = False                # the file was cut or corrupt; events before the cut kept
+    problems: list[str] = field(default_factory=list)
+    size_bytes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["span_ns"] = list(self.span_ns) if self.span_ns else None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RankMeta":
+        d = dict(d)
+        if d.get("span_ns") is not None:
+            d["span_ns"] = tuple(d["span_ns"])
+        return cls(**d)
+
+
+FRAME_NAMES = ("events", "gpu_args", "comm_args", "op_args", "memory", "flows")
+
+
+@dataclass
+class RankTrace:
+    """One rank's parsed trace: metadata plus columnar frames (see module docstring)."""
+    meta: RankMeta
+    events: pl.DataFrame
+    gpu_args: pl.DataFrame
+    comm_args: pl.DataFrame
+    op_args: pl.DataFrame
+    memory: pl.DataFrame
+    flows: pl.DataFrame
+
+    @property
+    def rank(self) -> int:
+        return self.meta.rank
+
+    def frames(self) -> dict[str, pl.DataFrame]:
+        return {name: getattr(self, name) for name in FRAME_NAMES}
+
+    def device_events(self) -> pl.DataFrame:
+        return self.events.filter(pl.col("kind").is_in([int(k) for k in DEVICE_KINDS]))
+
+    def has_device_activity(self) -> bool:
+        return self.events["kind"].is_in([int(k) for k in DEVICE_KINDS]).any()
+
+
+@dataclass
+class InputProblem:
+    """A file that could not be used (or only partly): one line for the user."""
+    file: str
+    problem: str
+    fatal: bool = True          # True: the file was skipped; False: loaded with a warning
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.problem}"

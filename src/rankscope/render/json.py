@@ -1,0 +1,64 @@
+"""`analyze --json`: the stable `rankscope.analysis/1` object (DESIGN.md "Output").
+
+Fields that later analyses fill are present now as empty lists / nulls, so consumers can rely
+on the shape. Extra fields (marked in docs/json-schema.md) are additions, never changes.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from rankscope.analyses.overview import step_time_stats
+from rankscope.api import Analysis
+
+SCHEMA = "rankscope.analysis/1"
+BREAKDOWN_CATEGORIES = ("compute", "comm_overlapped", "comm_exposed", "memcpy", "dataloader", "sync",
+                        "host", "idle_other")
+
+
+def _r(x: float | None, nd: int = 3) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+def analysis_to_dict(a: Analysis) -> dict[str, Any]:
+    j = a.job
+    ranks = []
+    steps = []
+    for s in a.ranks:
+        st = step_time_stats(s)
+        ranks.append({
+            "rank": s.rank,
+            "file": s.meta.file,
+            "rank_source": s.meta.rank_source,
+            "format": s.meta.format,
+            "events": s.meta.events_total,
+            "device_events": s.device_events,
+            "step_time_ms": {"mean": _r(st.mean_ms), "median": _r(st.median_ms), "max": _r(st.max_ms)},
+            "gpu_busy_pct": _r(st.device_busy_pct, 2),
+            "breakdown_ms": s.extras.get("breakdown_ms"),
+            "temporal_pct": s.extras.get("temporal_pct"),
+            "overlap_pct": s.extras.get("overlap_pct"),
+            "idle_ms": s.extras.get("idle_ms"),
+            "salvaged": s.meta.salvaged,
+            "from_cache": s.from_cache,
+        })
+        for step in s.steps:
+            steps.append({"rank": s.rank, "step": step["step"], "duration_ms": _r(step["duration_ms"]),
+                          "gpu_busy_ms": _r(step["device_busy_ms"]) if s.has_device else None,
+                          "breakdown_ms": None})
+    return {
+        "schema": SCHEMA,
+        "job": {
+            "world_size": j.world_size, "ranks": j.ranks, "backend": j.backend, "steps": j.steps,
+            "steps_source": j.steps_source, "devices": j.devices, "hosts": j.hosts,
+            "span_ms": _r(j.span_ms), "missing_ranks": j.missing_ranks, "warnings": j.warnings,
+        },
+        "inputs": {
+            "skipped": [{"file": p.file, "problem": p.problem} for p in a.problems if p.fatal],
+            "warnings": [{"file": p.file, "problem": p.problem} for p in a.problems if not p.fatal],
+        },
+        "ranks": ranks,
+        "steps": steps,
+        "collectives": {"count": None, "by_type": [], "alpha_beta": []},
+        "stragglers": [],
+        "findings": [],
+    }

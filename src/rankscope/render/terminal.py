@@ -1,0 +1,68 @@
+"""Terminal output (rich): job header, per-rank table, input problems. Readable at 80 columns."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from rankscope.analyses.overview import step_time_stats
+from rankscope.api import Analysis
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.1f}"
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1f}%"
+
+
+def render_analysis(a: Analysis, console: Console) -> None:
+    j = a.job
+    ranks_text = _ranges(j.ranks)
+    world = f"{len(j.ranks)} of {j.world_size}" if j.world_size and j.world_size != len(j.ranks) else f"{len(j.ranks)}"
+    steps_text = (_ranges(j.steps) if j.steps else "none (one step = whole trace)")
+    console.print(f"[bold]rankscope[/] job: {world} ranks ({ranks_text}), backend {j.backend or 'unknown'}")
+    console.print(f"  devices: {', '.join(j.devices) or 'none (CPU only)'}")
+    console.print(f"  steps profiled: {steps_text}   time span: {_ms(j.span_ms)} ms"
+                  + (f"   hosts: {', '.join(j.hosts)}" if j.hosts else ""))
+    total_events = sum(s.meta.events_total for s in a.ranks)
+    cached = sum(s.from_cache for s in a.ranks)
+    console.print(f"  events: {total_events:,} ({total_events // max(len(a.ranks), 1):,} per rank)"
+                  f"   cache: {cached}/{len(a.ranks)} ranks   engine: {a.engine}")
+
+    table = Table(title="Step time per rank", title_justify="left", header_style="bold")
+    table.add_column("rank", justify="right")
+    table.add_column("events", justify="right")
+    table.add_column("steps", justify="right")
+    table.add_column("mean ms", justify="right")
+    table.add_column("median ms", justify="right")
+    table.add_column("max ms", justify="right")
+    table.add_column("GPU busy", justify="right")
+    for s in a.ranks:
+        st = step_time_stats(s)
+        table.add_row(str(s.rank), f"{s.meta.events_total:,}", str(len(s.steps)), _ms(st.mean_ms),
+                      _ms(st.median_ms), _ms(st.max_ms), _pct(st.device_busy_pct))
+    console.print(table)
+
+    for w in j.warnings:
+        console.print(f"[yellow]warning:[/] {w}", highlight=False)
+    for p in a.problems:
+        tag = "[red]skipped:[/]" if p.fatal else "[yellow]warning:[/]"
+        console.print(f"{tag} {Path(p.file).name}: {p.problem}", highlight=False)
+
+
+def _ranges(values: list[int]) -> str:
+    """[0,1,2,5,7,8] -> '0-2, 5, 7-8'"""
+    if not values:
+        return "-"
+    out, start, prev = [], values[0], values[0]
+    for v in values[1:] + [None]:
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        out.append(f"{start}-{prev}" if prev > start else f"{start}")
+        if v is not None:
+            start = prev = v
+    return ", ".join(out)
