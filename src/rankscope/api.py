@@ -103,7 +103,7 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
         s = by_file[a.file]
         s.meta.rank, s.meta.rank_source = a.rank, a.source
         kept.append(s)
-    problems += [InputProblem(f, "duplicate rank (see warnings); skipped") for f in duplicates]
+    problems += [InputProblem(f, why) for f, why in duplicates]
     for s in kept:
         problems += [InputProblem(s.meta.file, p, fatal=False) for p in s.meta.problems]
     return Analysis(job=_job_info(kept, rank_warnings), ranks=kept, problems=problems, engine=chosen)

@@ -61,9 +61,11 @@ class RankAssignment:
     source: str          # "distributedInfo" | "filename" | "order"
 
 
-def assign_ranks(files: list[str], header_ranks: list[int | None]) -> tuple[list[RankAssignment], list[str], list[str]]:
-    """Decide each file's rank. Returns (assignments for the files kept, warnings, files skipped
-    as duplicates). `header_ranks[i]` is distributedInfo.rank of files[i] or None."""
+def assign_ranks(files: list[str], header_ranks: list[int | None]
+                 ) -> tuple[list[RankAssignment], list[str], list[tuple[str, str]]]:
+    """Decide each file's rank. Returns (assignments for the files kept, warnings, (file, why)
+    for files skipped because another file already claims their rank). `header_ranks[i]` is
+    distributedInfo.rank of files[i] or None."""
     warnings: list[str] = []
     proposed: list[tuple[str, int | None, str]] = []
     for f, hr in zip(files, header_ranks):
@@ -89,12 +91,11 @@ def assign_ranks(files: list[str], header_ranks: list[int | None]) -> tuple[list
                         + ", ".join(f"{Path(a.file).name} -> {a.rank}" for a in result if a.source == "order"))
     seen: dict[int, RankAssignment] = {}
     kept: list[RankAssignment] = []
-    skipped: list[str] = []
+    skipped: list[tuple[str, str]] = []
     for a in result:
         if a.rank in seen:
-            warnings.append(f"{Path(a.file).name}: claims rank {a.rank} like {Path(seen[a.rank].file).name} "
-                            f"({a.source}); skipped")
-            skipped.append(a.file)
+            skipped.append((a.file, f"claims rank {a.rank} ({a.source}) like {Path(seen[a.rank].file).name}; "
+                                    f"skipped, keeping the first"))
             continue
         seen[a.rank] = a
         kept.append(a)

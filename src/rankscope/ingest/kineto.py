@@ -15,7 +15,6 @@ Robustness, in order of cost:
 from __future__ import annotations
 
 import re
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
@@ -119,25 +118,42 @@ _decode_any = msgspec.json.decode
 
 # ----------------------------------------------------------------------------------------------
 # Reading bytes
-def _open(path: Path) -> BinaryIO:
-    with open(path, "rb") as f:
-        magic = f.read(2)
-    if magic == b"\x1f\x8b":
-        from isal import igzip
-        return igzip.open(path, "rb")
-    return open(path, "rb")
-
-
 def _chunks(path: Path) -> Iterator[bytes]:
+    """Decompressed text of the file, in blocks. A gzip stream that breaks (cut or corrupt) still
+    yields everything decompressed before the break, then raises _ReadError."""
     try:
-        with _open(path) as f:
-            while True:
-                block = f.read(CHUNK_BYTES)
-                if not block:
-                    return
-                yield block
-    except (OSError, EOFError, zlib.error) as exc:
+        with open(path, "rb") as f:
+            if f.read(2) != b"\x1f\x8b":
+                f.seek(0)
+                yield from iter(lambda: f.read(CHUNK_BYTES), b"")
+                return
+            f.seek(0)
+            yield from _gunzip(f)
+    except (OSError, EOFError) as exc:
         raise _ReadError(str(exc) or type(exc).__name__) from exc
+
+
+def _gunzip(f: BinaryIO) -> Iterator[bytes]:
+    from isal import isal_zlib
+    inflater = isal_zlib.decompressobj(wbits=31)
+    while True:
+        data = f.read(CHUNK_BYTES // 4)
+        if not data:
+            if not inflater.eof:
+                raise _ReadError("gzip stream is cut short (file truncated?)")
+            return
+        while data:
+            try:
+                out = inflater.decompress(data)
+            except isal_zlib.error as exc:
+                raise _ReadError(f"corrupt gzip data: {exc}") from exc
+            if out:
+                yield out
+            data = inflater.unused_data if inflater.eof else b""
+            if inflater.eof and data.strip(b"\x00"):     # another gzip member follows
+                inflater = isal_zlib.decompressobj(wbits=31)
+            elif inflater.eof:
+                data = b""
 
 
 class _ReadError(Exception):
