@@ -10,7 +10,7 @@ setup(
         Extension(
             "rankscope.ingest._fastcols",
             sources=["src/rankscope/ingest/_fastcols.c"],
-            extra_compile_args=["-O2"],
+            extra_compile_args=["-O3"],
             optional=True,
         )
     ]

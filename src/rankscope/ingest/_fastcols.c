@@ -28,6 +28,11 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include <limits.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+#include <stdlib.h>
 
 typedef struct {
     PyTypeObject *type;
@@ -194,6 +199,15 @@ static PyObject *columnize(PyObject *self, PyObject *args) {
                 } else if (v != NULL && PyFloat_CheckExact(v)) {
                     double d = PyFloat_AS_DOUBLE(v) * 1000.0;
                     if (isfinite(d) && fabs(d) < 9.2e18) ns = llround(d);
+                } else if (v != NULL && v != Py_None && PyNumber_Check(v)) {
+                    /* decimal.Decimal (exact text of the number): round(v * 1000), half to even */
+                    PyObject *thousand = PyLong_FromLong(1000);
+                    PyObject *scaled = thousand ? PyNumber_Multiply(v, thousand) : NULL;
+                    PyObject *rounded = scaled ? PyObject_CallMethod(scaled, "__round__", NULL) : NULL;
+                    long long x;
+                    if (rounded != NULL && as_int64(rounded, &x)) ns = x;
+                    Py_XDECREF(thousand); Py_XDECREF(scaled); Py_XDECREF(rounded);
+                    PyErr_Clear();
                 }
                 ((int64_t *)buf)[j] = ns;
                 break;
@@ -282,8 +296,656 @@ fail_buf:
     return NULL;
 }
 
+
+/* ============================================================================================
+ * scan_events(buf, specs, tables) -> (columns, n_events, n_bad) | int error_offset
+ *
+ * The fast path of the Kineto reader: walks a JSON array of trace events in C and writes the
+ * same columns that `msgspec decode + columnize` would (same kinds, same tables), without
+ * creating a Python object per event. Anything it is not sure about (invalid JSON, invalid
+ * UTF-8, nesting deeper than 64) returns the byte offset of the problem as an int, and the
+ * caller takes the msgspec path for that chunk, which is the reference behaviour.
+ *
+ *   buf     bytes-like holding "[ {event}, {event}, ... ]"
+ *   specs   sequence of (outer_key, inner_key_or_None, kind, default, table_index)
+ *           outer_key is a top-level event key ("ts"); inner_key a key of its "args" object
+ *   tables  list of dicts shared with the msgspec path (str -> code)
+ * ========================================================================================== */
+
+#define MAX_DEPTH 64
+
+typedef struct {
+    const char *p;
+    const char *end;
+    int error;
+} parser_t;
+
+typedef struct {           /* a string cache: raw JSON string bytes -> code, for one scan call */
+    const char **keys;
+    Py_ssize_t *lens;
+    uint64_t *hashes;
+    int64_t *codes;
+    Py_ssize_t cap, used;
+    PyObject *table;       /* the Python dict shared across calls */
+} strcache_t;
+
+typedef struct {
+    char kind;
+    int inner;             /* 1: key inside "args" */
+    double dflt_f;
+    long long dflt_i;
+    strcache_t *cache;
+    char *data;            /* growable output */
+    size_t item;
+} column_t;
+
+#define KEYMAP_CAP 256
+typedef struct {           /* key bytes -> up to 4 column indices */
+    const char *key[KEYMAP_CAP];
+    Py_ssize_t len[KEYMAP_CAP];
+    int cols[KEYMAP_CAP][4];
+    int ncols[KEYMAP_CAP];
+} keymap_t;
+
+static uint64_t hash_bytes(const char *s, Py_ssize_t n) {
+    uint64_t h = 1469598103934665603ULL ^ (uint64_t)n;
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, s + i, 8);
+        h = (h ^ w) * 0x100000001b3ULL;
+        h ^= h >> 29;
+    }
+    for (; i < n; i++) h = (h ^ (unsigned char)s[i]) * 0x100000001b3ULL;
+    return h ^ (h >> 32);
+}
+
+/* Keys are short and few: length and three bytes spread them well enough; memcmp decides. */
+static inline uint64_t key_hash(const char *k, Py_ssize_t n) {
+    if (n == 0) return 0;
+    return (uint64_t)n * 0x9E3779B1u ^ ((uint64_t)(unsigned char)k[0] << 8) ^
+           ((uint64_t)(unsigned char)k[n - 1] << 16) ^ ((uint64_t)(unsigned char)k[n / 2] * 0x45d9f3bu);
+}
+
+static void keymap_add(keymap_t *m, const char *k, Py_ssize_t n, int col) {
+    uint64_t h = key_hash(k, n);
+    for (Py_ssize_t i = 0; i < KEYMAP_CAP; i++) {
+        Py_ssize_t j = (Py_ssize_t)((h + (uint64_t)i) % KEYMAP_CAP);
+        if (m->key[j] == NULL) {
+            m->key[j] = k; m->len[j] = n; m->ncols[j] = 0;
+        }
+        if (m->len[j] == n && memcmp(m->key[j], k, (size_t)n) == 0) {
+            if (m->ncols[j] < 4) m->cols[j][m->ncols[j]++] = col;
+            return;
+        }
+    }
+}
+
+static int keymap_find(const keymap_t *m, const char *k, Py_ssize_t n) {
+    uint64_t h = key_hash(k, n);
+    for (Py_ssize_t i = 0; i < KEYMAP_CAP; i++) {
+        Py_ssize_t j = (Py_ssize_t)((h + (uint64_t)i) % KEYMAP_CAP);
+        if (m->key[j] == NULL) return -1;
+        if (m->len[j] == n && memcmp(m->key[j], k, (size_t)n) == 0) return (int)j;
+    }
+    return -1;
+}
+
+static inline int is_ws(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+
+/* Pretty-printed traces are a quarter whitespace: skip it 16 bytes at a time where SSE2 exists. */
+static inline void skip_ws(parser_t *ps) {
+    const char *p = ps->p, *end = ps->end;
+    if (p < end && !is_ws(*p)) return;
+#ifdef __SSE2__
+    const __m128i sp = _mm_set1_epi8(' '), nl = _mm_set1_epi8('\n'), cr = _mm_set1_epi8('\r'),
+                  tb = _mm_set1_epi8('\t');
+    while (p + 16 <= end) {
+        __m128i v = _mm_loadu_si128((const __m128i *)p);
+        __m128i ws = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, sp), _mm_cmpeq_epi8(v, nl)),
+                                  _mm_or_si128(_mm_cmpeq_epi8(v, cr), _mm_cmpeq_epi8(v, tb)));
+        unsigned mask = (unsigned)_mm_movemask_epi8(ws) ^ 0xFFFFu;
+        if (mask) { ps->p = p + __builtin_ctz(mask); return; }
+        p += 16;
+    }
+#endif
+    while (p < end && is_ws(*p)) p++;
+    ps->p = p;
+}
+
+/* At a '"': advance past the string. Sets *s,*n to the raw content, *esc if it has escapes.
+   (Raw control characters inside strings are accepted: lenient where JSON is strict.) */
+static int scan_string(parser_t *ps, const char **s, Py_ssize_t *n, int *esc) {
+    const char *p = ps->p + 1;
+    *esc = 0;
+    *s = p;
+    for (;;) {
+        const char *q = memchr(p, '"', (size_t)(ps->end - p));
+        if (q == NULL) break;
+        const char *bs = memchr(p, '\\', (size_t)(q - p));
+        if (bs == NULL) { *n = q - *s; ps->p = q + 1; return 0; }
+        *esc = 1;
+        p = bs + 2;                   /* skip the escaped character (it may be a quote) */
+        if (p > ps->end) break;
+    }
+    ps->error = 1;
+    return -1;
+}
+
+typedef enum { V_NONE, V_INT, V_FLOAT, V_STR, V_NULL, V_BOOL, V_ARRAY, V_OBJECT, V_BIGINT } vtype_t;
+
+static const double POW10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
+                               1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+/* A JSON number at ps->p: *t = V_INT (fits int64), V_BIGINT (integer too large) or V_FLOAT. */
+static int scan_number(parser_t *ps, vtype_t *t, long long *iv, double *dv) {
+    const char *p = ps->p, *start = p;
+    int neg = 0, is_float = 0;
+    unsigned long long mant = 0;
+    int digits = 0, frac_digits = 0, overflow = 0;
+    if (p < ps->end && *p == '-') { neg = 1; p++; }
+    if (p >= ps->end) goto bad;
+    if (*p == '0') { p++; digits = 1; }
+    else if (*p >= '1' && *p <= '9') {
+        while (p < ps->end && *p >= '0' && *p <= '9') {
+            if (mant > (ULLONG_MAX - 9) / 10) overflow = 1; else mant = mant * 10 + (unsigned)(*p - '0');
+            digits++; p++;
+        }
+    } else goto bad;
+    if (p < ps->end && *p == '.') {
+        is_float = 1; p++;
+        if (p >= ps->end || *p < '0' || *p > '9') goto bad;
+        while (p < ps->end && *p >= '0' && *p <= '9') {
+            if (mant > (ULLONG_MAX - 9) / 10) overflow = 1; else mant = mant * 10 + (unsigned)(*p - '0');
+            digits++; frac_digits++; p++;
+        }
+    }
+    if (p < ps->end && (*p == 'e' || *p == 'E')) {
+        is_float = 1; p++;
+        if (p < ps->end && (*p == '+' || *p == '-')) p++;
+        if (p >= ps->end || *p < '0' || *p > '9') goto bad;
+        while (p < ps->end && *p >= '0' && *p <= '9') p++;
+        overflow = 1;                 /* exponent: always take the exact slow path */
+    }
+    ps->p = p;
+    if (!is_float) {
+        if (overflow || mant > (unsigned long long)LLONG_MAX + (unsigned long long)neg) { *t = V_BIGINT; return 0; }
+        *iv = neg ? (long long)(0 - mant) : (long long)mant;
+        *t = V_INT;
+        return 0;
+    }
+    *t = V_FLOAT;
+    if (!overflow && mant < (1ULL << 53) && frac_digits <= 22) {
+        /* exact: both operands representable, one correctly rounded division (Clinger) */
+        double d = (double)mant / POW10[frac_digits];
+        *dv = neg ? -d : d;
+        return 0;
+    }
+    {
+        char tmp[400];
+        Py_ssize_t len = p - start;
+        if (len >= (Py_ssize_t)sizeof(tmp)) { *dv = neg ? -HUGE_VAL : HUGE_VAL; return 0; }
+        memcpy(tmp, start, (size_t)len);
+        tmp[len] = 0;
+        *dv = PyOS_string_to_double(tmp, NULL, NULL);
+        if (*dv == -1.0 && PyErr_Occurred()) { PyErr_Clear(); *dv = neg ? -HUGE_VAL : HUGE_VAL; }
+        return 0;
+    }
+bad:
+    ps->error = 1;
+    return -1;
+}
+
+static int skip_value(parser_t *ps, int depth);
+
+static int skip_container(parser_t *ps, int depth, char close) {
+    if (depth > MAX_DEPTH) { ps->error = 1; return -1; }
+    ps->p++;
+    skip_ws(ps);
+    if (ps->p < ps->end && *ps->p == close) { ps->p++; return 0; }
+    while (ps->p < ps->end) {
+        if (close == '}') {
+            const char *s; Py_ssize_t n; int esc;
+            if (*ps->p != '"' || scan_string(ps, &s, &n, &esc) < 0) { ps->error = 1; return -1; }
+            skip_ws(ps);
+            if (ps->p >= ps->end || *ps->p != ':') { ps->error = 1; return -1; }
+            ps->p++;
+            skip_ws(ps);
+        }
+        if (skip_value(ps, depth + 1) < 0) return -1;
+        skip_ws(ps);
+        if (ps->p < ps->end && *ps->p == ',') { ps->p++; skip_ws(ps); continue; }
+        if (ps->p < ps->end && *ps->p == close) { ps->p++; return 0; }
+        break;
+    }
+    ps->error = 1;
+    return -1;
+}
+
+static int scan_literal(parser_t *ps, const char *lit, Py_ssize_t n) {
+    if (ps->end - ps->p >= n && memcmp(ps->p, lit, (size_t)n) == 0) { ps->p += n; return 0; }
+    ps->error = 1;
+    return -1;
+}
+
+static int skip_value(parser_t *ps, int depth) {
+    if (ps->p >= ps->end) { ps->error = 1; return -1; }
+    char c = *ps->p;
+    if (c == '"') { const char *s; Py_ssize_t n; int esc; return scan_string(ps, &s, &n, &esc); }
+    if (c == '{') return skip_container(ps, depth, '}');
+    if (c == '[') return skip_container(ps, depth, ']');
+    if (c == 't') return scan_literal(ps, "true", 4);
+    if (c == 'f') return scan_literal(ps, "false", 5);
+    if (c == 'n') return scan_literal(ps, "null", 4);
+    vtype_t t; long long iv; double dv;
+    return scan_number(ps, &t, &iv, &dv);
+}
+
+/* Unescaped str object for raw JSON string content (NULL + exception on invalid text). */
+static PyObject *string_object(const char *s, Py_ssize_t n, int esc) {
+    if (!esc) return PyUnicode_DecodeUTF8(s, n, "strict");
+    /* rare: let the json module unescape exactly as JSON defines it */
+    PyObject *quoted = PyBytes_FromStringAndSize(NULL, n + 2);
+    if (quoted == NULL) return NULL;
+    char *q = PyBytes_AS_STRING(quoted);
+    q[0] = '"'; memcpy(q + 1, s, (size_t)n); q[n + 1] = '"';
+    PyObject *json = PyImport_ImportModule("json");
+    PyObject *out = json ? PyObject_CallMethod(json, "loads", "O", quoted) : NULL;
+    Py_XDECREF(json);
+    Py_DECREF(quoted);
+    if (out != NULL && !PyUnicode_CheckExact(out)) { Py_DECREF(out); PyErr_SetString(PyExc_ValueError, "bad string"); return NULL; }
+    return out;
+}
+
+/* Code of a raw string in a cache/table; -1 with exception on failure. */
+static long long cache_code(strcache_t *c, const char *s, Py_ssize_t n, int esc) {
+    uint64_t h = hash_bytes(s, n) ^ (uint64_t)esc;
+    if (c->used * 2 >= c->cap) {
+        Py_ssize_t ncap = c->cap ? c->cap * 2 : 1024;
+        const char **nk = calloc((size_t)ncap, sizeof(char *));
+        Py_ssize_t *nl = calloc((size_t)ncap, sizeof(Py_ssize_t));
+        uint64_t *nh = calloc((size_t)ncap, sizeof(uint64_t));
+        int64_t *nc = calloc((size_t)ncap, sizeof(int64_t));
+        if (!nk || !nl || !nh || !nc) { free(nk); free(nl); free(nh); free(nc); PyErr_NoMemory(); return -1; }
+        for (Py_ssize_t i = 0; i < c->cap; i++) {
+            if (c->keys[i] == NULL) continue;
+            Py_ssize_t j = (Py_ssize_t)(c->hashes[i] & (uint64_t)(ncap - 1));
+            while (nk[j] != NULL) j = (j + 1) & (ncap - 1);
+            nk[j] = c->keys[i]; nl[j] = c->lens[i]; nh[j] = c->hashes[i]; nc[j] = c->codes[i];
+        }
+        free(c->keys); free(c->lens); free(c->hashes); free(c->codes);
+        c->keys = nk; c->lens = nl; c->hashes = nh; c->codes = nc; c->cap = ncap;
+    }
+    Py_ssize_t j = (Py_ssize_t)(h & (uint64_t)(c->cap - 1));     /* cap is a power of two */
+    while (c->keys[j] != NULL) {
+        if (c->hashes[j] == h && c->lens[j] == n && memcmp(c->keys[j], s, (size_t)n) == 0) return c->codes[j];
+        j = (j + 1) & (c->cap - 1);
+    }
+    PyObject *text = string_object(s, n, esc);
+    if (text == NULL) return -1;
+    long long code = table_code(c->table, text);
+    Py_DECREF(text);
+    if (code < 0) return -1;
+    c->keys[j] = s; c->lens[j] = n; c->hashes[j] = h; c->codes[j] = code;
+    c->used++;
+    return code;
+}
+
+static void cache_free(strcache_t *c) {
+    free(c->keys); free(c->lens); free(c->hashes); free(c->codes);
+}
+
+
+/* Exact decimal microseconds -> int64 nanoseconds, rounded half to even (what Decimal(text) *
+   1000 rounded gives). Returns 0 ok, 1 "not handled here" (exponent, too large: the caller
+   declines the chunk and the Decimal-based path decides), -1 syntax error. *stop = end of the
+   number. */
+static int decimal_us_to_ns(const char *p, const char *end, const char **stop, long long *out) {
+    int neg = 0;
+    unsigned long long whole = 0;
+    long long frac = 0;
+    int nfrac = 0, round_digit = -1, sticky = 0;
+    if (p < end && *p == '-') { neg = 1; p++; }
+    if (p >= end) return -1;
+    if (*p == '0') p++;
+    else if (*p >= '1' && *p <= '9') {
+        while (p < end && *p >= '0' && *p <= '9') {
+            if (whole > 9000000000000000ULL / 10) return 1;
+            whole = whole * 10 + (unsigned)(*p - '0');
+            p++;
+        }
+    } else return -1;
+    if (p < end && *p == '.') {
+        p++;
+        if (p >= end || *p < '0' || *p > '9') return -1;
+        while (p < end && *p >= '0' && *p <= '9') {
+            int d = *p - '0';
+            if (nfrac < 3) { frac = frac * 10 + d; nfrac++; }
+            else if (round_digit < 0) round_digit = d;
+            else if (d) sticky = 1;
+            p++;
+        }
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) return 1;
+    *stop = p;
+    while (nfrac < 3) { frac *= 10; nfrac++; }
+    if (whole > 9000000000000000ULL) return 1;
+    long long ns = (long long)whole * 1000 + frac;
+    if (round_digit > 5 || (round_digit == 5 && (sticky || (ns & 1)))) ns++;
+    *out = neg ? -ns : ns;
+    return 0;
+}
+
+/* Parse the value at ps->p and store it into column `col` at row `row`. -1: error (ps->error set
+   for a syntax error, or a Python exception set). */
+static int store_value(parser_t *ps, column_t *col, Py_ssize_t row) {
+    char c = ps->p < ps->end ? *ps->p : 0;
+    char k = col->kind;
+    if (k == 'r') {
+        const char *start = ps->p;
+        if (skip_value(ps, 1) < 0) return -1;
+        long long code = cache_code(col->cache, start, ps->p - start, 0);
+        if (code < 0) return -1;
+        ((int32_t *)col->data)[row] = (int32_t)code;
+        return 0;
+    }
+    if (k == 't' && (c == '-' || (c >= '0' && c <= '9'))) {
+        const char *stop;
+        long long ns;
+        int rc = decimal_us_to_ns(ps->p, ps->end, &stop, &ns);
+        if (rc != 0) { ps->error = 1; return -1; }     /* syntax error, or the Decimal path decides */
+        ps->p = stop;
+        ((int64_t *)col->data)[row] = ns;
+        return 0;
+    }
+    if (c == '"') {
+        const char *s; Py_ssize_t n; int esc;
+        if (scan_string(ps, &s, &n, &esc) < 0) return -1;
+        if (k == 't') {      /* a decimal in a string: accepted like a number, else declined */
+            const char *stop;
+            long long ns;
+            if (esc || decimal_us_to_ns(s, s + n, &stop, &ns) != 0 || stop != s + n) { ps->error = 1; return -1; }
+            ((int64_t *)col->data)[row] = ns;
+            return 0;
+        }
+        if (k == 's' || k == 'k' || k == 'i') {
+            if (k != 's' && !esc && n > 0 && n <= 18) {
+                Py_ssize_t i = (s[0] == '-') ? 1 : 0;
+                long long v = 0;
+                int ok = i < n;
+                for (; i < n && ok; i++) {
+                    if (s[i] < '0' || s[i] > '9') ok = 0; else v = v * 10 + (s[i] - '0');
+                }
+                if (ok) { ((int64_t *)col->data)[row] = s[0] == '-' ? -v : v; return 0; }
+            }
+            if (k == 'i') {
+                if (esc) {   /* an escaped digit string is possible in theory: decode and retry */
+                    PyObject *o = string_object(s, n, esc);
+                    if (o == NULL) return -1;
+                    long long v;
+                    if (parse_digits(o, &v)) ((int64_t *)col->data)[row] = v;
+                    Py_DECREF(o);
+                }
+                return 0;
+            }
+            if (k == 'k' && esc) {
+                PyObject *o = string_object(s, n, esc);
+                if (o == NULL) return -1;
+                long long v;
+                int digits = parse_digits(o, &v);
+                Py_DECREF(o);
+                if (digits) { ((int64_t *)col->data)[row] = v; return 0; }
+            }
+            long long code = cache_code(col->cache, s, n, esc);
+            if (code < 0) return -1;
+            if (k == 's') ((int32_t *)col->data)[row] = (int32_t)code;
+            else ((int64_t *)col->data)[row] = -2 - code;
+        }
+        return 0;
+    }
+    if (c == '[' && k == 'p') {
+        /* list of ints -> product; anything else in it -> default */
+        ps->p++;
+        skip_ws(ps);
+        unsigned long long prod = 1;
+        int all_int = 1, count = 0;
+        if (ps->p < ps->end && *ps->p == ']') { ps->p++; return 0; }
+        while (ps->p < ps->end) {
+            char e = *ps->p;
+            if (e == '-' || (e >= '0' && e <= '9')) {
+                vtype_t t; long long iv; double dv;
+                if (scan_number(ps, &t, &iv, &dv) < 0) return -1;
+                if (t == V_INT) prod *= (unsigned long long)iv; else all_int = 0;
+            } else {
+                if (skip_value(ps, 2) < 0) return -1;
+                all_int = 0;
+            }
+            count++;
+            skip_ws(ps);
+            if (ps->p < ps->end && *ps->p == ',') { ps->p++; skip_ws(ps); continue; }
+            if (ps->p < ps->end && *ps->p == ']') { ps->p++; break; }
+            ps->error = 1;
+            return -1;
+        }
+        if (all_int && count > 0) ((int64_t *)col->data)[row] = (int64_t)prod;
+        return 0;
+    }
+    if (c == '-' || (c >= '0' && c <= '9')) {
+        vtype_t t; long long iv = 0; double dv = 0;
+        if (scan_number(ps, &t, &iv, &dv) < 0) return -1;
+        switch (k) {
+        case 'f':
+            if (t == V_INT) ((double *)col->data)[row] = (double)iv;
+            else if (t == V_FLOAT) ((double *)col->data)[row] = dv;
+            return 0;   /* V_BIGINT: msgspec gives a Python int; as_double would convert it.  */
+        case 'i':
+            if (t == V_INT) ((int64_t *)col->data)[row] = iv;
+            else if (t == V_FLOAT && isfinite(dv) && fabs(dv) <= 9.2e18) ((int64_t *)col->data)[row] = (long long)dv;
+            return 0;
+        case 'k':
+            if (t == V_INT) ((int64_t *)col->data)[row] = iv;
+            return 0;
+        default:
+            return 0;    /* 's', 'p': a number is "not a str / not a list" -> default */
+        }
+    }
+    return skip_value(ps, 1);     /* true/false/null/object/array: default */
+}
+
+static inline void set_default(column_t *col, Py_ssize_t row) {
+    switch (col->kind) {
+    case 'f': ((double *)col->data)[row] = col->dflt_f; break;
+    case 's': case 'r': ((int32_t *)col->data)[row] = -1; break;
+    default: ((int64_t *)col->data)[row] = col->dflt_i; break;
+    }
+}
+
+/* Rows [from, to) of every column hold the defaults before any event writes them. */
+static void fill_defaults(column_t *cols, Py_ssize_t ncols, Py_ssize_t from, Py_ssize_t to) {
+    for (Py_ssize_t c = 0; c < ncols; c++) {
+        column_t *col = &cols[c];
+        if (col->kind == 'f') {
+            for (Py_ssize_t r = from; r < to; r++) ((double *)col->data)[r] = col->dflt_f;
+        } else if (col->kind == 's' || col->kind == 'r') {
+            for (Py_ssize_t r = from; r < to; r++) ((int32_t *)col->data)[r] = -1;
+        } else {
+            for (Py_ssize_t r = from; r < to; r++) ((int64_t *)col->data)[r] = col->dflt_i;
+        }
+    }
+}
+
+/* Members of an object at ps->p, dispatching keys through `map` into columns. */
+static int scan_members(parser_t *ps, const keymap_t *map, column_t *cols, Py_ssize_t row,
+                        const keymap_t *args_map, int *args_seen) {
+    ps->p++;
+    skip_ws(ps);
+    if (ps->p < ps->end && *ps->p == '}') { ps->p++; return 0; }
+    while (ps->p < ps->end) {
+        const char *key; Py_ssize_t klen; int esc;
+        if (*ps->p != '"' || scan_string(ps, &key, &klen, &esc) < 0) { ps->error = 1; return -1; }
+        skip_ws(ps);
+        if (ps->p >= ps->end || *ps->p != ':') { ps->error = 1; return -1; }
+        ps->p++;
+        skip_ws(ps);
+        if (ps->p >= ps->end) { ps->error = 1; return -1; }
+        int slot = esc ? -1 : keymap_find(map, key, klen);
+        if (args_map != NULL && !esc && klen == 4 && memcmp(key, "args", 4) == 0) {
+            /* the nested object: last "args" wins, like a decoder filling a field twice */
+            if (*args_seen) {
+                for (Py_ssize_t j = 0; j < KEYMAP_CAP; j++)
+                    for (int q = 0; q < args_map->ncols[j]; q++) set_default(&cols[args_map->cols[j][q]], row);
+            }
+            *args_seen = 1;
+            if (*ps->p == '{') {
+                if (scan_members(ps, args_map, cols, row, NULL, NULL) < 0) return -1;
+            } else if (skip_value(ps, 1) < 0) {
+                return -1;
+            } else if (*(ps->p - 1) != 'l') {
+                return -2;          /* args present but not an object or null: msgspec rejects it */
+            }
+        } else if (slot < 0) {
+            if (skip_value(ps, 1) < 0) return -1;
+        } else {
+            const char *value_start = ps->p;
+            for (int q = 0; q < map->ncols[slot]; q++) {
+                ps->p = value_start;
+                if (store_value(ps, &cols[map->cols[slot][q]], row) < 0) return -1;
+            }
+        }
+        skip_ws(ps);
+        if (ps->p < ps->end && *ps->p == ',') { ps->p++; skip_ws(ps); continue; }
+        if (ps->p < ps->end && *ps->p == '}') { ps->p++; return 0; }
+        ps->error = 1;
+        return -1;
+    }
+    ps->error = 1;
+    return -1;
+}
+
+static PyObject *scan_events(PyObject *self, PyObject *args) {
+    PyObject *bufobj, *specs, *tables;
+    if (!PyArg_ParseTuple(args, "OOO!", &bufobj, &specs, &PyList_Type, &tables)) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(bufobj, &view, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *seq = PySequence_Fast(specs, "scan_events: specs must be a sequence");
+    if (seq == NULL) { PyBuffer_Release(&view); return NULL; }
+    Py_ssize_t ncols = PySequence_Fast_GET_SIZE(seq);
+    Py_ssize_t ntables = PyList_GET_SIZE(tables);
+    column_t *cols = calloc((size_t)(ncols ? ncols : 1), sizeof(column_t));
+    strcache_t *caches = calloc((size_t)(ntables ? ntables : 1), sizeof(strcache_t));
+    keymap_t *top = calloc(1, sizeof(keymap_t));
+    keymap_t *inner = calloc(1, sizeof(keymap_t));
+    PyObject *result = NULL;
+    Py_ssize_t cap = 0, row = 0, bad = 0;
+    int python_error = 0;
+    parser_t ps = {(const char *)view.buf, (const char *)view.buf + view.len, 0};
+    if (!cols || !caches || !top || !inner) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t t = 0; t < ntables; t++) caches[t].table = PyList_GET_ITEM(tables, t);
+
+    for (Py_ssize_t c = 0; c < ncols; c++) {
+        PyObject *spec = PySequence_Fast_GET_ITEM(seq, c);
+        PyObject *outer, *innerk, *deflt;
+        const char *kind;
+        Py_ssize_t tindex;
+        if (!PyArg_ParseTuple(spec, "UOsOn", &outer, &innerk, &kind, &deflt, &tindex)) goto done;
+        column_t *col = &cols[c];
+        col->kind = kind[0];
+        col->item = (col->kind == 's' || col->kind == 'r') ? 4 : 8;
+        if (strchr("tfiskrp", col->kind) == NULL) { PyErr_Format(PyExc_ValueError, "unknown kind %c", col->kind); goto done; }
+        col->dflt_f = PyFloat_AsDouble(deflt);
+        if (PyErr_Occurred()) goto done;
+        col->dflt_i = PyLong_Check(deflt) ? PyLong_AsLongLong(deflt) : (long long)col->dflt_f;
+        if (PyErr_Occurred()) goto done;
+        if (col->kind == 's' || col->kind == 'k' || col->kind == 'r') {
+            if (tindex < 0 || tindex >= ntables || !PyDict_Check(PyList_GET_ITEM(tables, tindex))) {
+                PyErr_SetString(PyExc_ValueError, "scan_events: bad table index");
+                goto done;
+            }
+            col->cache = &caches[tindex];
+        }
+        Py_ssize_t klen;
+        const char *k = PyUnicode_AsUTF8AndSize(innerk == Py_None ? outer : innerk, &klen);
+        if (k == NULL) goto done;
+        if (innerk == Py_None) keymap_add(top, k, klen, (int)c);
+        else keymap_add(inner, k, klen, (int)c);
+        col->inner = innerk != Py_None;
+    }
+
+    skip_ws(&ps);
+    if (ps.p >= ps.end || *ps.p != '[') { ps.error = 1; goto done; }
+    ps.p++;
+    skip_ws(&ps);
+    if (ps.p < ps.end && *ps.p == ']') { ps.p++; goto finished; }
+    while (ps.p < ps.end) {
+        if (row >= cap) {
+            Py_ssize_t ncap = cap ? cap * 2 : (view.len / 160 > 4096 ? view.len / 160 : 4096);
+            for (Py_ssize_t c = 0; c < ncols; c++) {
+                char *d = realloc(cols[c].data, (size_t)ncap * cols[c].item);
+                if (d == NULL) { PyErr_NoMemory(); goto done; }
+                cols[c].data = d;
+            }
+            fill_defaults(cols, ncols, cap, ncap);
+            cap = ncap;
+        }
+        if (*ps.p == '{') {
+            int args_seen = 0;
+            const char *event_start = ps.p;
+            int rc = scan_members(&ps, top, cols, row, inner, &args_seen);
+            if (rc == -2) {              /* badly typed args: leave this chunk to the msgspec path */
+                ps.p = event_start;
+                ps.error = 1;
+                goto done;
+            }
+            if (rc < 0) { if (PyErr_Occurred()) python_error = 1; goto done; }
+            row++;
+        } else {
+            if (skip_value(&ps, 1) < 0) goto done;
+            bad++;
+        }
+        skip_ws(&ps);
+        if (ps.p < ps.end && *ps.p == ',') { ps.p++; skip_ws(&ps); continue; }
+        if (ps.p < ps.end && *ps.p == ']') { ps.p++; goto finished; }
+        ps.error = 1;
+        goto done;
+    }
+    ps.error = 1;
+    goto done;
+
+finished:
+    skip_ws(&ps);
+    if (ps.p != ps.end) { ps.error = 1; goto done; }
+    {
+        PyObject *list = PyList_New(ncols);
+        if (list == NULL) goto done;
+        for (Py_ssize_t c = 0; c < ncols; c++) {
+            PyObject *b = PyBytes_FromStringAndSize(cols[c].data ? cols[c].data : "", (Py_ssize_t)(row * (Py_ssize_t)cols[c].item));
+            if (b == NULL) { Py_DECREF(list); goto done; }
+            PyList_SET_ITEM(list, c, b);
+        }
+        result = Py_BuildValue("(Nnn)", list, row, bad);
+    }
+
+done:
+    if (result == NULL && !python_error && !PyErr_Occurred())
+        result = PyLong_FromSsize_t(ps.p - (const char *)view.buf);     /* where it stopped */
+    if (result == NULL && PyErr_Occurred() && !python_error) {
+        /* invalid UTF-8 and similar: the msgspec path decides */
+        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError) || PyErr_ExceptionMatches(PyExc_ValueError)) {
+            PyErr_Clear();
+            result = PyLong_FromSsize_t(ps.p - (const char *)view.buf);
+        }
+    }
+    if (cols) for (Py_ssize_t c = 0; c < ncols; c++) free(cols[c].data);
+    if (caches) for (Py_ssize_t t = 0; t < ntables; t++) cache_free(&caches[t]);
+    free(cols); free(caches); free(top); free(inner);
+    Py_DECREF(seq);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"columnize", columnize, METH_VARARGS, "Extract typed column buffers from a list of Structs."},
+    {"scan_events", scan_events, METH_VARARGS, "Scan a JSON array of trace events into typed column buffers."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -11,6 +11,7 @@ A spec is `Col(outer, inner, kind, default, table)`; see `_fastcols.c` for the k
 """
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
@@ -52,6 +53,12 @@ def _convert(v: Any, spec: Col) -> float | int:
             return v * 1000
         if type(v) is float and np.isfinite(v) and abs(v * 1000.0) < 9.2e18:
             return int(np.rint(v * 1000.0))
+        if isinstance(v, Decimal):     # exact text of the JSON number: round half to even
+            try:
+                ns = round(v * 1000)
+            except (ValueError, ArithmeticError):
+                return int(default)
+            return ns if abs(ns) < 2**63 else int(default)
         return int(default)
     if kind == "f":
         return float(v) if type(v) in (int, float) else float(default)
@@ -110,6 +117,19 @@ def columnize(objs: list, specs: Sequence[Col], indices: np.ndarray | None = Non
     idx = None if indices is None else np.ascontiguousarray(indices, dtype=np.int64)
     buffers = _fastcols.columnize(objs, [tuple(s) for s in specs], idx)
     return [np.frombuffer(b, dtype=_DTYPES[s.kind]) for b, s in zip(buffers, specs)]
+
+
+def scan_json(body, specs: Sequence[tuple], tables: list[dict]) -> tuple[list[np.ndarray], int, int] | None:
+    """C scanner over a JSON array of events: (one array per spec, events, non-object elements),
+    or None where the scanner declines (no extension, invalid JSON, unexpected types): the caller
+    then decodes with msgspec. Specs are (event key, args key or None, kind, default, table index)."""
+    if _fastcols is None:
+        return None
+    out = _fastcols.scan_events(body, specs, tables)
+    if not isinstance(out, tuple):
+        return None
+    buffers, n, bad = out
+    return [np.frombuffer(b, dtype=_DTYPES[s[2]]) for b, s in zip(buffers, specs)], n, bad
 
 
 def has_c_extension() -> bool:

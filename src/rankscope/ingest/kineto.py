@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
@@ -23,7 +24,7 @@ import msgspec
 import numpy as np
 import polars as pl
 
-from rankscope.ingest.columns import Col, columnize
+from rankscope.ingest.columns import Col, columnize, scan_json
 from rankscope.model import (CATEGORY_KINDS, DEVICE_KINDS, Kind, RankMeta, RankTrace,
                              classify_names)
 
@@ -94,8 +95,8 @@ class Event(msgspec.Struct, gc=False):
     cat: Any = None
     pid: Any = None
     tid: Any = None
-    ts: Any = None
-    dur: Any = None
+    ts: Decimal | None = None      # exact: ns = round(µs * 1000), no float rounding
+    dur: Decimal | None = None
     id: Any = None
     args: Args | None = None
 
@@ -113,7 +114,7 @@ class Header(msgspec.Struct, gc=False):
 _decode_events = msgspec.json.Decoder(list[Event]).decode
 _decode_raw_list = msgspec.json.Decoder(list[msgspec.Raw]).decode
 _decode_header = msgspec.json.Decoder(Header).decode
-_decode_any = msgspec.json.decode
+_decode_any = msgspec.json.Decoder(float_hook=Decimal).decode
 
 
 # ----------------------------------------------------------------------------------------------
@@ -246,6 +247,16 @@ def _side_specs(t: _Tables) -> dict[str, list[tuple[str, Col]]]:
 
 
 # ----------------------------------------------------------------------------------------------
+_ARGS_KEYS = {f.name: f.encode_name for f in msgspec.structs.fields(Args)}
+
+
+def _scan_spec(col: Col, tables: list[dict]) -> tuple:
+    """A Col (Struct member descriptors) as the C scanner's spec (JSON keys, table index)."""
+    inner = None if col.inner is None else _ARGS_KEYS[col.inner.__name__]
+    index = next((i for i, tb in enumerate(tables) if tb is col.table), -1)
+    return (col.outer.__name__, inner, col.kind, col.default, index)
+
+
 @dataclass
 class _Accumulator:
     """Per-chunk columns, kept until the end of the file."""
@@ -254,24 +265,49 @@ class _Accumulator:
     side: dict[str, list] = field(default_factory=dict)   # frame -> list of (global rows, cols)
     offset: int = 0
     bad_events: int = 0
+    use_scanner: bool = True
+
+    def __post_init__(self) -> None:
+        t = self.tables
+        self.core_specs = _core_specs(t)
+        self.side_specs = {frame: [c for _, c in cols] for frame, cols in _side_specs(t).items()}
+        table_list = [t.ph, t.name, t.cat, t.tid, t.text]
+        flat = self.core_specs + [c for cols in self.side_specs.values() for c in cols]
+        self.scan_specs = [_scan_spec(c, table_list) for c in flat]
+        self.table_list = table_list
+
+    def scan(self, body) -> bool:
+        """C fast path over raw JSON; False when the chunk must take the msgspec path."""
+        out = scan_json(body, self.scan_specs, self.table_list) if self.use_scanner else None
+        if out is None:
+            return False
+        cols, n, bad = out
+        self.bad_events += bad
+        core, rest = cols[:len(self.core_specs)], cols[len(self.core_specs):]
+        dense, i = {}, 0
+        for frame, specs in self.side_specs.items():
+            dense[frame] = rest[i:i + len(specs)]
+            i += len(specs)
+        self._add(core, n, lambda frame, idx: [c[idx] for c in dense[frame]])
+        return True
 
     def add(self, events: list) -> None:
-        if not events:
-            return
-        t = self.tables
-        cols = columnize(events, _core_specs(t))
-        self.core.append(cols)
-        ph, cat = cols[0], cols[1]
-        groups = self._side_groups(ph, cat, cols[2], cols[7], cols[8])
-        specs = _side_specs(t)
-        for frame, idx in groups.items():
-            if len(idx) == 0:
-                continue
-            side_cols = columnize(events, [c for _, c in specs[frame]], idx)
-            self.side.setdefault(frame, []).append((idx + self.offset, side_cols))
-        self.offset += len(events)
+        """Columns of decoded Structs (the msgspec path)."""
+        if events:
+            core = columnize(events, self.core_specs)
+            self._add(core, len(events), lambda frame, idx: columnize(events, self.side_specs[frame], idx))
 
-    def _side_groups(self, ph, cat, name, ext, ext21) -> dict[str, np.ndarray]:
+    def _add(self, core: list[np.ndarray], n: int, side_columns) -> None:
+        if n == 0:
+            return
+        self.core.append(core)
+        groups = self._side_groups(core[0], core[1], core[2])
+        for frame, idx in groups.items():
+            if len(idx):
+                self.side.setdefault(frame, []).append((idx + self.offset, side_columns(frame, idx)))
+        self.offset += n
+
+    def _side_groups(self, ph, cat, name) -> dict[str, np.ndarray]:
         t = self.tables
         code = lambda table, key: table.get(key, -99)  # noqa: E731
         is_x = ph == code(t.ph, "X")
@@ -281,8 +317,7 @@ class _Accumulator:
         device = np.isin(kind, [int(k) for k in DEVICE_KINDS]) & is_x
         host_ops = np.isin(kind, [int(Kind.CPU_OP), int(Kind.USER_ANNOTATION),
                                   int(Kind.PYTHON_FUNCTION)]) & is_x
-        mem_name = code(t.name, "[memory]")
-        memory = (ph == code(t.ph, "i")) & (name == mem_name) | (ph == code(t.ph, "I")) & (name == mem_name)
+        memory = np.isin(ph, [code(t.ph, "i"), code(t.ph, "I")]) & (name == code(t.name, "[memory]"))
         return {
             "gpu_args": np.flatnonzero(device),
             "comm_args": np.flatnonzero((host_ops & (kind != int(Kind.PYTHON_FUNCTION))) | device),
@@ -301,7 +336,10 @@ def _cat_kind_lut(cat_table: dict) -> np.ndarray:
 
 # ----------------------------------------------------------------------------------------------
 def _decode_chunk(body: bytes | memoryview, acc: _Accumulator) -> None:
-    """Decode the JSON array `body` (whole events only). Badly typed events are repaired one by one."""
+    """Decode the JSON array `body` (whole events only): C scanner first; msgspec where the
+    scanner declines (it is the reference); badly typed events repaired one by one."""
+    if acc.scan(body):
+        return
     try:
         events = _decode_events(body)
     except msgspec.ValidationError:
@@ -378,8 +416,8 @@ class _Parsed:
     fmt: str = "kineto"
 
 
-def _parse_stream(path: Path) -> _Parsed:
-    acc = _Accumulator(_Tables())
+def _parse_stream(path: Path, use_scanner: bool) -> _Parsed:
+    acc = _Accumulator(_Tables(), use_scanner=use_scanner)
     chunks = _chunks(path)
     buf = bytearray()
     header_bytes = b""
@@ -520,9 +558,10 @@ def _salvage(buf: bytearray, acc: _Accumulator, before: int | None = None) -> in
 
 
 # ----------------------------------------------------------------------------------------------
-def read_kineto(path: str | Path) -> tuple[RankTrace, dict]:
+def read_kineto(path: str | Path, use_scanner: bool = True) -> tuple[RankTrace, dict]:
     """Parse one Kineto/Chrome trace file. Returns the RankTrace (rank not yet assigned: -1,
-    `rank_source` "unknown") and the header dict (distributedInfo etc.). Raises TraceError."""
+    `rank_source` "unknown") and the header dict (distributedInfo etc.). Raises TraceError.
+    `use_scanner=False` forces the msgspec reference path (tests compare the two)."""
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -530,7 +569,7 @@ def read_kineto(path: str | Path) -> tuple[RankTrace, dict]:
         raise TraceError(f"cannot read: {exc.strerror or exc}") from exc
     if size == 0:
         raise TraceError("empty file")
-    parsed = _parse_stream(path)
+    parsed = _parse_stream(path, use_scanner)
     acc = parsed.acc
     if not acc.core:
         if parsed.cut_at_byte is not None:
