@@ -528,7 +528,9 @@ def main(argv: list[str] | None = None) -> int:
     a.results.mkdir(parents=True, exist_ok=True)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     git_rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    doc = {"benchmark": "load", "when": stamp, "git_rev": git_rev,
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "src"], capture_output=True, text=True,
+                                cwd=ROOT).stdout.strip())
+    doc = {"benchmark": "load", "when": stamp, "git_rev": git_rev, "src_has_uncommitted_changes": dirty,
            "machine": {"cpu_count": ncpu, "platform": platform.platform(), "python": platform.python_version(),
                        "mem_total_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")},
            "method": {"rss": f"sum of RSS over the process tree, polled every {a.interval} s ({RSS_BACKEND})",
