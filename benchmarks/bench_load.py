@@ -426,7 +426,9 @@ def targets(results: list[dict]) -> list[str]:
     out = []
     for res in results:
         rows = {r["tool"]: r for r in res["summary"]}
-        size = rows and next(iter(rows.values()))["size"]
+        size = f"{res['ranks']}x{res['mb_target']:g}MB"
+        if not rows:
+            continue
         cold, cached = rows.get("rankscope_cold", {}), rows.get("rankscope_cached", {})
         tag = "" if res["mb_target"] >= 200 else "  (target is stated for 8x200 MB)"
         if "speedup_vs_hta" in cold:
@@ -479,7 +481,7 @@ def print_table(results: list[dict], tgt: list[str]) -> None:
     for res in results:
         chk = res.get("rankscope_check")
         hta_runs = [r for r in res["runs"]["hta"] if r.get("hta")]
-        size = res["summary"][0]["size"] if res["summary"] else ""
+        size = f"{res['ranks']}x{res['mb_target']:g}MB"
         print(f"{size}: {res['files']} files, {res['total_bytes'] / MB:.0f} MB total, largest {res['largest_file_bytes'] / MB:.1f} MB, "
               f"{res['copies_of_base']} copies of the base ({res['events_per_rank']} events/rank)")
         if hta_runs:
