@@ -476,7 +476,7 @@ def _parse_stream(path: Path, use_scanner: bool) -> _Parsed:
                 trailer = done
                 break
             cut_at = consumed + _salvage(buf, acc)
-            cut_reason = (f"decompression failed ({read_error})" if read_error
+            cut_reason = (str(read_error) if read_error
                           else "file ends mid-event (truncated)")
             break
         end = _last_boundary(buf, len(buf))

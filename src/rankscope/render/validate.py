@@ -30,18 +30,29 @@ def validation_rows(a: Analysis) -> list[dict]:
     return rows
 
 
+_SOURCE = {"distributedInfo": "trace", "filename": "name", "order": "order"}
+
+
 def render_validation(rows: list[dict], job_warnings: list[str], console: Console) -> None:
     table = Table(header_style="bold")
-    for col, just in (("file", "left"), ("rank", "right"), ("format", "left"), ("events", "right"),
-                      ("GPU events", "right"), ("steps", "right"), ("status", "left")):
+    for col, just in (("file", "left"), ("rank", "right"), ("from", "left"), ("format", "left"),
+                      ("events", "right"), ("GPU ev.", "right"), ("steps", "right"), ("status", "left")):
         table.add_column(col, justify=just, overflow="fold")
     for r in rows:
-        status = ("[green]ok[/]" if r["ok"] and not r["problems"] else
-                  "[yellow]" + "; ".join(r["problems"]) + "[/]" if r["ok"] or r["ok"] is None else
-                  "[red]" + "; ".join(r["problems"]) + "[/]")
-        rank = "-" if r["rank"] is None else f"{r['rank']} ({r['rank_source']})"
-        table.add_row(Path(r["file"]).name, rank, r["format"] or "-", f"{r['events']:,}",
+        if r["ok"] is None:
+            status = "[dim]ignored[/]"
+        elif not r["ok"]:
+            status = "[red]skipped[/]"
+        elif r["salvaged"]:
+            status = "[yellow]salvaged[/]"
+        else:
+            status = "[yellow]warning[/]" if r["problems"] else "[green]ok[/]"
+        table.add_row(Path(r["file"]).name, "-" if r["rank"] is None else str(r["rank"]),
+                      _SOURCE.get(r["rank_source"], "-"), r["format"] or "-", f"{r['events']:,}",
                       f"{r['device_events']:,}", str(r["steps"]), status)
     console.print(table)
+    for r in rows:
+        for p in r["problems"]:
+            console.print(f"{Path(r['file']).name}: {p}", highlight=False, soft_wrap=True)
     for w in job_warnings:
-        console.print(f"[yellow]warning:[/] {w}")
+        console.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
