@@ -55,9 +55,10 @@ _common = [
                  help=f"Where parsed ranks are kept (default {default_cache_dir()}; env RANKSCOPE_CACHE_DIR)."),
     click.option("--no-cache", is_flag=True, help="Parse every file; neither read nor write the cache."),
     click.option("--engine", type=click.Choice(ENGINES), default="auto", show_default=True,
-                 help="Per-rank work: local process pool, in this process, or auto by input size."),
+                 help="Per-rank work: local thread pool, worker processes, one by one in this process, "
+                      "or auto by input size."),
     click.option("--workers", type=click.IntRange(min=1), default=None,
-                 help="Worker processes for the local engine (default: usable CPU cores)."),
+                 help="Parallel ranks for the local/processes engines (default: usable CPU cores)."),
     click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema rankscope.analysis/1)."),
     click.option("-q", "--quiet", is_flag=True, help="No progress bar."),
 ]

@@ -17,7 +17,8 @@ The model of time (all int nanoseconds on one shared job timeline):
   host with the GPU, so every rank's step lasts as long as the slowest rank's.
 
 Noise comes from seeded numpy Generators (one per rank, one for the network); injections never
-draw from them, so a job with an injection is the same job as the healthy one plus the fault.
+draw from them, so a job with a straggler is draw for draw the healthy job plus the fault
+(no_overlap reorders work, so there the noise lands on other ops).
 The job is simulated twice: a cheap timing pass over all ranks, step by step (collectives couple
 the ranks), then one rank at a time with events, so memory stays flat in the number of ranks.
 """
@@ -33,6 +34,7 @@ import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from operator import itemgetter
 from pathlib import Path
 
 import msgspec
@@ -46,18 +48,20 @@ GENERATOR_VERSION = 1
 FIRST_STEP = 5                  # ProfilerStep#5 is the first profiled step
 DEFAULT_LAYERS = 6              # transformer blocks at scale=1
 BUCKETS_PER_BLOCK = 4           # DDP buckets (all-reduces) per transformer block
+PARAM_TENSORS_PER_BLOCK = 8     # 4 bias-free linears, 2 layer norms (weight, bias)
 GPUS_PER_NODE = 8
 NUM_SMS = 132
 COMPUTE_STREAM = 7
 COMM_STREAM = 20
 BF16 = "c10::BFloat16"
+SCALAR, NONE, TENSORS = ([], "Scalar"), ([], ""), ([], "TensorList")   # record_shapes inputs without dims
 
 BASE_TIME_NS = 1_790_857_026_000_000_000    # "baseTimeNanoseconds": an epoch in whole seconds
 TRACE_ORIGIN_NS = 4_457_526_208_000_000     # job time 0 as a Kineto ts (µs since that base) × 1000
 DEVICE_MEM_BASE_ADDR = 139_637_976_727_552  # 0x7F0000000000, where [memory] Addr values start
 
 # Hardware and software constants of the simulated job.
-BUS_BANDWIDTH_GBPS = 360.0       # NCCL ring all-reduce bus bandwidth on NVLink (nccl-tests busbw)
+BUS_BANDWIDTH_GBPS = 200.0       # effective busbw of 8-34 MB all-reduces on 8x H100 NVLink (peak ~400 at >=256 MB)
 NCCL_BASE_LATENCY_US = 12.0
 NCCL_HOP_LATENCY_US = 1.5
 COLLECTIVE_END_JITTER_NS = 3_000  # NCCL kernels of one collective end within this on all ranks
@@ -293,7 +297,7 @@ SEQ_FWD, SEQ_BWD, SEQ_BWD_INNER = "fwd", "bwd", "bwd_inner"
 
 @dataclass(frozen=True)
 class Op:
-    """A profiled CPU op (or user annotation) and what it does inside, in order."""
+    """A profiled CPU op (cat cpu_op) and what it does inside, in order."""
     name: str
     self_us: float                            # CPU time not spent in children or launches
     children: tuple[Op | AllReduce, ...] = ()
@@ -301,7 +305,6 @@ class Op:
     inputs: tuple[tuple[list, str], ...] = ()  # (dims, type) per input, for record_shapes args
     seq: str | None = None                    # autograd sequence number role: SEQ_*
     mem: tuple[int, int] | None = None        # [memory] event: (bytes, address offset)
-    cat: str = "cpu_op"
 
     @cached_property
     def shape_args(self) -> dict:
@@ -350,9 +353,12 @@ def _kernels(op: Op):
 
 
 # Kernel names as they appear in H100 bf16 traces.
-_GEMM_TN = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas"
-_GEMM_NN = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_nn_n_tilesize256x128x64_warpgroupsize2x1x1_execute_segment_k_off_kernel__5x_cublas"
-_GEMM_NT = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_nt_n_tilesize128x256x64_warpgroupsize2x1x1_execute_segment_k_off_kernel__5x_cublas"
+_GEMM_TN = ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_"
+            "execute_segment_k_off_kernel__5x_cublas")
+_GEMM_NN = ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_nn_n_tilesize256x128x64_warpgroupsize2x1x1_"
+            "execute_segment_k_off_kernel__5x_cublas")
+_GEMM_NT = ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_nt_n_tilesize128x256x64_warpgroupsize2x1x1_"
+            "execute_segment_k_off_kernel__5x_cublas")
 _LN_FWD = ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>(int, float, "
            "c10::BFloat16 const*, c10::BFloat16 const*, c10::BFloat16 const*, float*, float*, c10::BFloat16*)")
 _LN_BWD_INPUT = ("void at::native::(anonymous namespace)::layer_norm_grad_input_kernel_vectorized<c10::BFloat16, float>("
@@ -449,11 +455,11 @@ def _ew(name: str, dur_us: float) -> Kernel:
 
 
 def _as_strided(dims: list) -> Op:
-    return Op("aten::as_strided", 1.0, inputs=((dims, BF16), ([], "ScalarList"), ([], "ScalarList"), ([], "")))
+    return Op("aten::as_strided", 1.0, inputs=((dims, BF16), ([], "ScalarList"), ([], "ScalarList"), NONE))
 
 
 def _transpose(dims: list) -> Op:
-    return Op("aten::transpose", 3.0, (_as_strided(dims),), inputs=((dims, BF16), ([], "Scalar"), ([], "Scalar")))
+    return Op("aten::transpose", 3.0, (_as_strided(dims),), inputs=((dims, BF16), SCALAR, SCALAR))
 
 
 def _view(dims: list) -> Op:
@@ -468,7 +474,10 @@ class _ModelBuilder:
         self._next_addr = 0
 
     def alloc(self, width: int) -> tuple[int, int]:
-        nbytes = self.s.tokens * width * 2
+        """An activation of `width` bf16 values per token: (bytes, address offset)."""
+        return self.alloc_bytes(self.s.tokens * width * 2)
+
+    def alloc_bytes(self, nbytes: int) -> tuple[int, int]:
         addr, self._next_addr = self._next_addr, self._next_addr + _round_up(nbytes, 512)
         return nbytes, addr
 
@@ -486,9 +495,9 @@ class _ModelBuilder:
         h, mem = self.s.hidden, self.alloc(self.s.hidden)
         x = self.s.act(h)
         native = Op("aten::native_layer_norm", 12.0, (Op("aten::empty", 2.0), Op("aten::empty", 2.0)),
-                    launch=_ew(_LN_FWD, 30.0), mem=mem, inputs=((x, BF16), ([h], ""), ([h], BF16), ([h], BF16), ([], "")))
+                    launch=_ew(_LN_FWD, 30.0), mem=mem, inputs=((x, BF16), ([h], ""), ([h], BF16), ([h], BF16), NONE))
         return Op("aten::layer_norm", 5.0, (native,), inputs=((x, BF16), ([h], ""), ([h], BF16), ([h], BF16),
-                                                               ([], "Scalar"), ([], "Scalar")), seq=SEQ_FWD), mem
+                                                               SCALAR, SCALAR), seq=SEQ_FWD), mem
 
     def pointwise(self, name: str, kernel: Kernel, width: int, arity: int) -> tuple[Op, tuple[int, int]]:
         mem = self.alloc(width)
@@ -500,7 +509,7 @@ class _ModelBuilder:
         qkv, head = s.act(3 * s.hidden), [s.batch, s.seq, s.heads, s.hidden // s.heads]
         bhsd = [s.batch, s.heads, s.seq, s.hidden // s.heads]
         split = Op("aten::split", 6.0, tuple(Op("aten::narrow", 2.5, (Op("aten::slice", 2.0, (_as_strided(qkv),)),))
-                                             for _ in range(3)), inputs=((qkv, BF16), ([], "Scalar"), ([], "Scalar")),
+                                             for _ in range(3)), inputs=((qkv, BF16), SCALAR, SCALAR),
                    seq=SEQ_FWD)
         mem = self.alloc(s.hidden)
         flash = Op("aten::_flash_attention_forward", 14.0, (Op("aten::empty", 2.0), Op("aten::empty", 2.0)),
@@ -536,14 +545,14 @@ class _ModelBuilder:
             _node("AddBackward0", (), m_add2),
             _mm_backward(s, f, h, 460.0, m_fc2), _accumulate_grad([f, h], b_fc2),
             _node("GeluBackward0", (Op("aten::gelu_backward", 10.0, launch=_ew(_GELU_BWD, 130.0),
-                                       inputs=((s.act(f), BF16), (s.act(f), BF16), ([], ""))),), m_gelu),
+                                       inputs=((s.act(f), BF16), (s.act(f), BF16), NONE)),), m_gelu),
             _mm_backward(s, h, f, 460.0, m_fc1), _accumulate_grad([h, f], b_fc1),
             _layer_norm_backward(s, m_ln2), _accumulate_grad([h]), _accumulate_grad([h]),
             _grad_add(s),
             _node("AddBackward0", (), m_add1),
             _mm_backward(s, h, h, 120.0, m_out), _accumulate_grad([h, h], b_attn),
             _flash_backward(s, m_attn),
-            _node("SplitBackward0", (Op("aten::cat", 12.0, launch=_ew(_CAT, 60.0), inputs=(([], "TensorList"), ([], "Scalar"))),),
+            _node("SplitBackward0", (Op("aten::cat", 12.0, launch=_ew(_CAT, 60.0), inputs=(TENSORS, SCALAR)),),
                   None),
             _mm_backward(s, h, 3 * h, 345.0, m_qkv), _accumulate_grad([3 * h, h]),
             _layer_norm_backward(s, m_ln1), _accumulate_grad([h]), _accumulate_grad([h], b_qkv),
@@ -555,20 +564,19 @@ class _ModelBuilder:
     def loss(self) -> tuple[Op, list[Op]]:
         s, classes = self.s, self.s.hidden
         logits = [s.tokens, classes]
-        m_lsm, m_nll = self.alloc(classes), (4, self._next_addr)
-        self._next_addr += 512
+        m_lsm, m_nll = self.alloc(classes), self.alloc_bytes(4)
         log_softmax = Op("aten::log_softmax", 5.0, (Op("aten::_log_softmax", 9.0, launch=_ew(_LOG_SOFTMAX, 30.0), mem=m_lsm,
-                                                       inputs=((logits, BF16), ([], "Scalar"), ([], "Scalar"))),),
-                         inputs=((logits, BF16), ([], "Scalar"), ([], "")), seq=SEQ_FWD)
+                                                       inputs=((logits, BF16), SCALAR, SCALAR)),),
+                         inputs=((logits, BF16), SCALAR, NONE), seq=SEQ_FWD)
         nll = Op("aten::nll_loss_nd", 5.0, (Op("aten::nll_loss", 4.0, (Op("aten::nll_loss_forward", 10.0,
                                                                           launch=_ew(_NLL_FWD, 8.0), mem=m_nll),)),),
-                 inputs=((logits, BF16), ([s.tokens], "long int"), ([], ""), ([], "Scalar"), ([], "Scalar")), seq=SEQ_FWD)
+                 inputs=((logits, BF16), ([s.tokens], "long int"), NONE, SCALAR, SCALAR), seq=SEQ_FWD)
         loss = Op("aten::cross_entropy_loss", 6.0, (log_softmax, nll),
-                  inputs=((logits, BF16), ([s.tokens], "long int"), ([], ""), ([], "Scalar"), ([], "Scalar"), ([], "Scalar")))
+                  inputs=((logits, BF16), ([s.tokens], "long int"), NONE, SCALAR, SCALAR, SCALAR))
         backward = [
             _node("NllLossBackward0", (Op("aten::nll_loss_backward", 8.0,
                                           (Op("aten::zero_", 4.0, launch=_ew(_FILL, 25.0)),), launch=_ew(_NLL_BWD, 12.0)),),
-                  (-m_nll[0], m_nll[1])),
+                  m_nll),
             _node("LogSoftmaxBackward0", (Op("aten::_log_softmax_backward_data", 9.0, launch=_ew(_LOG_SOFTMAX_BWD, 45.0)),),
                   m_lsm),
         ]
@@ -578,7 +586,7 @@ class _ModelBuilder:
 def _node(name: str, children: tuple, freed: tuple[int, int] | None) -> Op:
     """An autograd node as the engine records it; `freed` is the saved activation it releases."""
     inner = Op(name, 5.0, children, seq=SEQ_BWD_INNER)
-    mem = (-freed[0], freed[1]) if freed and freed[0] > 0 else freed
+    mem = (-freed[0], freed[1]) if freed else None
     return Op(f"autograd::engine::evaluate_function: {name}", 4.0, (inner,), seq=SEQ_BWD, mem=mem)
 
 
@@ -597,7 +605,7 @@ def _accumulate_grad(param_dims: list, bucket: AllReduce | None = None) -> Op:
     bucket's all-reduce when this was the bucket's last gradient."""
     scale_kernel_us = max(2.0, math.prod(param_dims) * 4 / 2.4e6)   # read+write bf16 at ~2.4 TB/s
     mul_out = Op("torch::distributed::reducer::mul_out", 6.0,
-                 (Op("aten::mul", 9.0, launch=_ew(_MUL_SCALAR, scale_kernel_us), inputs=((param_dims, BF16), ([], "Scalar"))),))
+                 (Op("aten::mul", 9.0, launch=_ew(_MUL_SCALAR, scale_kernel_us), inputs=((param_dims, BF16), SCALAR)),))
     accumulate = Op("torch::autograd::AccumulateGrad", 5.0, (Op("aten::detach", 3.0, (Op("detach", 1.5),)),))
     children = (accumulate, mul_out) if bucket is None else (accumulate, mul_out, bucket)
     return Op("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", 4.0, children)
@@ -609,14 +617,14 @@ def _layer_norm_backward(s: _Shape, freed: tuple[int, int]) -> Op:
                 (Op("aten::empty_like", 3.0, launch=_ew(_LN_BWD_INPUT, 45.0)),),
                 launch=Kernel(_LN_BWD_GAMMA, 25.0, grid=(64, 1, 1), block=(32, 32, 1), registers=40, shared_mem=8_448),
                 inputs=((x, BF16), (x, BF16), ([h], ""), ([s.batch, s.seq, 1], "float"), ([s.batch, s.seq, 1], "float"),
-                        ([h], BF16), ([h], BF16), ([], "")))
+                        ([h], BF16), ([h], BF16), NONE))
     return _node("NativeLayerNormBackward0", (native,), freed)
 
 
 def _grad_add(s: _Shape) -> Op:
     """The engine summing the two gradients that meet at a residual connection."""
     x = s.act(s.hidden)
-    return Op("aten::add", 8.0, launch=_ew(_ADD, 40.0), inputs=((x, BF16), (x, BF16), ([], "Scalar")))
+    return Op("aten::add", 8.0, launch=_ew(_ADD, 40.0), inputs=((x, BF16), (x, BF16), SCALAR))
 
 
 def _flash_backward(s: _Shape, freed: tuple[int, int]) -> Op:
@@ -636,9 +644,9 @@ def _inputs_copy(s: _Shape) -> Op:
     ids = [s.batch, s.seq]
     nbytes = s.tokens * 8
     copy = Op("aten::copy_", 9.0, launch=Memcpy("Memcpy HtoD (Pinned -> Device)", nbytes, 22.0),
-              inputs=((ids, "long int"), (ids, "long int"), ([], "Scalar")))
-    to_copy = Op("aten::_to_copy", 6.0, (Op("aten::empty_strided", 3.0), copy), inputs=((ids, "long int"),) + (([], ""),) * 6)
-    return Op("aten::to", 4.0, (to_copy,), inputs=((ids, "long int"),) + (([], ""),) * 5)
+              inputs=((ids, "long int"), (ids, "long int"), SCALAR))
+    to_copy = Op("aten::_to_copy", 6.0, (Op("aten::empty_strided", 3.0), copy), inputs=((ids, "long int"),) + (NONE,) * 6)
+    return Op("aten::to", 4.0, (to_copy,), inputs=((ids, "long int"),) + (NONE,) * 5)
 
 
 def _optimizer_ops(params: int, tensors: int) -> tuple[Op, ...]:
@@ -646,15 +654,15 @@ def _optimizer_ops(params: int, tensors: int) -> tuple[Op, ...]:
     adamw_us = params * 20 / 3.0e6          # ~20 bytes moved per parameter at ~3 TB/s
     adamw_launches = 3
     norm = Op("aten::_foreach_norm", 14.0, (Op("aten::empty", 2.0, launch=_ew(_FOREACH_NORM, 60.0)),),
-              launch=_ew(_FOREACH_NORM_CLEANUP, 4.0), inputs=(([], "TensorList"), ([], "Scalar"), ([], "")))
-    total = Op("aten::linalg_vector_norm", 9.0, launch=_ew(_REDUCE_NORM, 5.0), inputs=(([tensors], "float"), ([], "Scalar")))
-    clamp = Op("aten::clamp", 8.0, launch=_ew(_CLAMP, 2.5), inputs=(([], "float"), ([], ""), ([], "Scalar")))
-    scale = Op("aten::_foreach_mul_", 12.0, launch=_ew(_FOREACH_MUL, 90.0), inputs=(([], "TensorList"), ([], "float")))
+              launch=_ew(_FOREACH_NORM_CLEANUP, 4.0), inputs=(TENSORS, SCALAR, NONE))
+    total = Op("aten::linalg_vector_norm", 9.0, launch=_ew(_REDUCE_NORM, 5.0), inputs=(([tensors], "float"), SCALAR))
+    clamp = Op("aten::clamp", 8.0, launch=_ew(_CLAMP, 2.5), inputs=(([], "float"), NONE, SCALAR))
+    scale = Op("aten::_foreach_mul_", 12.0, launch=_ew(_FOREACH_MUL, 90.0), inputs=(TENSORS, ([], "float")))
     adamw = Op("aten::_fused_adamw_", 25.0,
                tuple(Op("aten::empty", 1.5, launch=_ew(_FUSED_ADAMW, adamw_us / adamw_launches))
                      for _ in range(adamw_launches)),
-               inputs=(([], "TensorList"),) * 6 + (([], "Scalar"),) * 5)
-    return (norm, Op("aten::stack", 10.0, (Op("aten::cat", 6.0, launch=_ew(_CAT, 3.0)),), inputs=(([], "TensorList"), ([], "Scalar"))),
+               inputs=(TENSORS,) * 6 + (SCALAR,) * 5)
+    return (norm, Op("aten::stack", 10.0, (Op("aten::cat", 6.0, launch=_ew(_CAT, 3.0)),), inputs=(TENSORS, SCALAR)),
             total, clamp, scale, adamw)
 
 
@@ -675,15 +683,15 @@ def build_program(layers: int = DEFAULT_LAYERS) -> Program:
     loss, loss_backward = model.loss()
     backward = loss_backward + [node for bwd in reversed(block_backward) for node in bwd]
     seed = Op("aten::ones_like", 4.0, (Op("aten::empty_like", 3.0), Op("aten::fill_", 6.0, launch=_ew(_FILL, 2.0))),
-              inputs=(([], BF16), ([], ""), ([], ""), ([], ""), ([], ""), ([], "")))
+              inputs=(([], BF16), NONE, NONE, NONE, NONE, NONE))
     sync = Op("aten::item", 4.0, (Op("aten::_local_scalar_dense", 6.0,
-                                     launch=Memcpy("Memcpy DtoH (Device -> Pageable)", 2, 0.004, blocking=True)),),
+                                     launch=Memcpy("Memcpy DtoH (Device -> Pageable)", 2, 5.0, blocking=True)),),
               inputs=(([], BF16),))
     return Program(layers=layers, inputs=(_inputs_copy(shape), _inputs_copy(shape)), forward=tuple(forward),
                    loss=(loss,), backward_seed=seed, backward=tuple(backward),
                    buckets=tuple(sorted(buckets, key=lambda b: b.bucket)),
-                   optimizer=_optimizer_ops(params, tensors=layers * 7), sync=sync,
-                   static_bytes=params * (2 + 2 + 12))
+                   optimizer=_optimizer_ops(params, tensors=layers * PARAM_TENSORS_PER_BLOCK), sync=sync,
+                   static_bytes=params * (2 + 2 + 12))   # bf16 weights and grads; fp32 master, exp_avg, exp_avg_sq
 
 
 def _round_up(value: int, granule: int) -> int:
@@ -726,17 +734,21 @@ class _NullSink:
 
 
 class _EventSink:
-    """Collects one rank's events as Kineto dicts with ts/dur in job-timeline ns."""
+    """Collects one rank's events as Kineto dicts. Takes job-timeline ns, writes ts/dur in µs on
+    the rank's own clock (job time + origin_ns)."""
 
-    def __init__(self, pid: int, device: int):
-        self.pid, self.device = pid, device
+    def __init__(self, pid: int, device: int, origin_ns: int):
+        self.pid, self.device, self.origin_ns = pid, device, origin_ns
         self.cpu: list[dict] = []        # cpu_op, user_annotation, fwdbwd flows
         self.mem: list[dict] = []        # [memory] instant events
         self.device_events: list[dict] = []   # cuda_runtime and GPU activities
         self.flows: list[dict] = []      # ac2g
         self._flow_id = 0
 
-    def begin(self, op: Op, tid: int, ts: int, ext: int, seq: int | None, extra: dict | None = None) -> dict:
+    def us(self, ns: int) -> float:
+        return (ns + self.origin_ns) / 1000
+
+    def begin(self, op: Op, tid: int, ts: int, ext: int, seq: int | None, extra: dict | None = None) -> tuple[dict, int]:
         args = {"External id": ext}
         if seq is not None:
             args["Sequence number"] = seq
@@ -745,22 +757,25 @@ class _EventSink:
         if extra:
             args.update(extra)
         args.update(op.shape_args)
-        event = {"ph": "X", "cat": op.cat, "name": op.name, "pid": self.pid, "tid": tid, "ts": ts, "dur": 0, "args": args}
+        event = {"ph": "X", "cat": "cpu_op", "name": op.name, "pid": self.pid, "tid": tid,
+                 "ts": (ts + self.origin_ns) / 1000, "dur": 0.0, "args": args}
         self.cpu.append(event)
-        return event
+        return event, ts
 
-    def end(self, handle: dict, ts: int) -> None:
-        handle["dur"] = ts - handle["ts"]
+    def end(self, handle: tuple[dict, int], ts: int) -> None:
+        event, start = handle
+        event["dur"] = (ts - start) / 1000
 
-    def annotation(self, name: str, tid: int, ts: int, ext: int) -> dict:
-        event = {"ph": "X", "cat": "user_annotation", "name": name, "pid": self.pid, "tid": tid, "ts": ts, "dur": 0,
-                 "args": {"External id": ext, "Record function id": 0}}
+    def annotation(self, name: str, tid: int, ts: int, ext: int) -> tuple[dict, int]:
+        event = {"ph": "X", "cat": "user_annotation", "name": name, "pid": self.pid, "tid": tid,
+                 "ts": (ts + self.origin_ns) / 1000, "dur": 0.0, "args": {"External id": ext, "Record function id": 0}}
         self.cpu.append(event)
-        return event
+        return event, ts
 
     def runtime(self, name: str, cbid: int, tid: int, ts: int, dur: int, ext: int, corr: int) -> None:
         self.device_events.append({"ph": "X", "cat": "cuda_runtime", "name": name, "pid": self.pid, "tid": tid,
-                                   "ts": ts, "dur": dur, "args": {"External id": ext, "cbid": cbid, "correlation": corr}})
+                                   "ts": (ts + self.origin_ns) / 1000, "dur": dur / 1000,
+                                   "args": {"External id": ext, "cbid": cbid, "correlation": corr}})
 
     def kernel(self, name: str, ts: int, dur: int, stream: int, ext: int, corr: int, static_args: dict,
                extra: dict | None = None) -> None:
@@ -769,31 +784,31 @@ class _EventSink:
         if extra:
             args.update(extra)
         self.device_events.append({"ph": "X", "cat": "kernel", "name": name, "pid": self.device, "tid": stream,
-                                   "ts": ts, "dur": dur, "args": args})
+                                   "ts": (ts + self.origin_ns) / 1000, "dur": dur / 1000, "args": args})
 
     def memcpy(self, copy: Memcpy, ts: int, dur: int, ext: int, corr: int) -> None:
         self.device_events.append({"ph": "X", "cat": "gpu_memcpy", "name": copy.name, "pid": self.device,
-                                   "tid": COMPUTE_STREAM, "ts": ts, "dur": dur,
+                                   "tid": COMPUTE_STREAM, "ts": (ts + self.origin_ns) / 1000, "dur": dur / 1000,
                                    "args": {"External id": ext, "device": self.device, "context": 1,
                                             "stream": COMPUTE_STREAM, "correlation": corr, "bytes": copy.nbytes,
                                             "memory bandwidth (GB/s)": copy.nbytes / dur}})
 
     def flow(self, corr: int, tid: int, runtime_ts: int, stream: int, device_ts: int) -> None:
-        self.flows.append({"ph": "f", "id": corr, "pid": self.device, "tid": stream, "ts": device_ts,
-                           "cat": "ac2g", "name": "ac2g", "bp": "e"})
-        self.flows.append({"ph": "s", "id": corr, "pid": self.pid, "tid": tid, "ts": runtime_ts,
-                           "cat": "ac2g", "name": "ac2g"})
+        self.flows.append({"ph": "f", "id": corr, "pid": self.device, "tid": stream,
+                           "ts": (device_ts + self.origin_ns) / 1000, "cat": "ac2g", "name": "ac2g", "bp": "e"})
+        self.flows.append({"ph": "s", "id": corr, "pid": self.pid, "tid": tid,
+                           "ts": (runtime_ts + self.origin_ns) / 1000, "cat": "ac2g", "name": "ac2g"})
 
     def fwdbwd(self, fwd_tid: int, fwd_ts: int, bwd_tid: int, bwd_ts: int) -> None:
         self._flow_id += 1
-        self.cpu.append({"ph": "s", "id": self._flow_id, "pid": self.pid, "tid": fwd_tid, "ts": fwd_ts,
-                         "cat": "fwdbwd", "name": "fwdbwd"})
-        self.cpu.append({"ph": "f", "id": self._flow_id, "pid": self.pid, "tid": bwd_tid, "ts": bwd_ts,
-                         "cat": "fwdbwd", "name": "fwdbwd", "bp": "e"})
+        self.cpu.append({"ph": "s", "id": self._flow_id, "pid": self.pid, "tid": fwd_tid,
+                         "ts": (fwd_ts + self.origin_ns) / 1000, "cat": "fwdbwd", "name": "fwdbwd"})
+        self.cpu.append({"ph": "f", "id": self._flow_id, "pid": self.pid, "tid": bwd_tid,
+                         "ts": (bwd_ts + self.origin_ns) / 1000, "cat": "fwdbwd", "name": "fwdbwd", "bp": "e"})
 
     def memory(self, tid: int, ts: int, nbytes: int, allocated: int, reserved: int, addr: int) -> None:
         self.mem.append({"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": self.pid,
-                         "tid": tid, "ts": ts,
+                         "tid": tid, "ts": (ts + self.origin_ns) / 1000,
                          "args": {"Total Reserved": reserved, "Total Allocated": allocated, "Bytes": nbytes,
                                   "Device Id": self.device, "Device Type": 1, "Addr": addr, "finished": False}})
 
@@ -840,7 +855,7 @@ class _PendingComm:
     ready_ns: int            # earliest start on this rank: launched and its gradients computed
 
 
-def rank_pid(rank: int) -> int:
+def _rank_pid(rank: int) -> int:
     return 2_910_249 + 7_919 * rank
 
 
@@ -849,12 +864,12 @@ class _RankSim:
 
     def __init__(self, rank: int, world: int, program: Program, faults: _RankFaults, overlap_comm: bool,
                  seed: int, sink: _NullSink | _EventSink):
-        self.rank, self.world, self.program, self.faults = rank, world, program, faults
+        self.world, self.program, self.faults = world, program, faults
         self.overlap_comm = overlap_comm
         self._backward_nodes = program.backward if overlap_comm else tuple(map(_without_all_reduce, program.backward))
         self.sink = sink
         self.device = rank % GPUS_PER_NODE
-        self.pid = rank_pid(rank)
+        self.pid = _rank_pid(rank)
         self.main_tid, self.autograd_tid = self.pid, self.pid + 9_503
         self._noise = _Noise(np.random.default_rng([seed, rank]))
         self._cpu_ns_per_us = 1000 * self._noise.factor(RANK_CPU_SPEED_SIGMA)
@@ -894,23 +909,21 @@ class _RankSim:
 
     # ---- ops
 
-    def _run(self, item: Op | AllReduce, tid: int, t: int, runtime_ext: int) -> int:
+    def _run(self, item: Op | AllReduce, tid: int, t: int) -> int:
         """Run an op tree starting at t on thread tid; return when it ends."""
         if type(item) is AllReduce:
             return self._all_reduce(item, tid, t)
         op, ext = item, self._next_ext()
         handle = self.sink.begin(op, tid, t, ext, self._sequence_number(op, tid, t) if op.seq else None)
-        if op.cat == "cpu_op":
-            runtime_ext = ext
         half_self_ns = self._cpu_ns(op.self_us * 0.5)        # one draw: before and after the children
         t += half_self_ns
         if op.mem:
             self._memory(tid, t, *op.mem)
         for child in op.children:
-            t = self._run(child, tid, t, runtime_ext)
+            t = self._run(child, tid, t)
         launch = op.launch
         if launch is not None:
-            t = (self._launch if type(launch) is Kernel else self._memcpy)(launch, tid, t, runtime_ext)
+            t = (self._launch if type(launch) is Kernel else self._memcpy)(launch, tid, t, ext)
         t += half_self_ns
         self.sink.end(handle, t)
         return t
@@ -968,11 +981,11 @@ class _RankSim:
         The NCCL kernel is written once the collective is resolved across ranks (finish_step)."""
         self._collective_seq += 1
         outer = self.sink.begin(_C10D_ALLREDUCE, tid, t, self._next_ext(), None)
-        t += self._cpu_ns(25.0)
+        t += self._cpu_ns(_C10D_ALLREDUCE.self_us / 2)
         ext = self._next_ext()
         record = self.sink.begin(_RECORD_PARAM_COMMS, tid, t, ext, None,
                                  extra=self._collective_args(op, self._collective_seq))
-        t += self._cpu_ns(6.0)
+        t += self._cpu_ns(_RECORD_PARAM_COMMS.self_us / 2)
         t = self._runtime_call("cudaEventRecord", 135, tid, t, ext, 2.0)
         t = self._runtime_call("cudaStreamWaitEvent", 147, tid, t, ext, 1.8)
         annotation = self.sink.annotation("nccl:all_reduce", tid, t, self._next_ext())
@@ -984,9 +997,9 @@ class _RankSim:
         t += call_ns + self._cpu_ns(8.0)
         self.sink.end(annotation, t)
         t = self._runtime_call("cudaEventRecord", 135, tid, t, ext, 1.0)
-        t += self._cpu_ns(60.0)
+        t += self._cpu_ns(_RECORD_PARAM_COMMS.self_us / 2)
         self.sink.end(record, t)
-        t += self._cpu_ns(25.0)
+        t += self._cpu_ns(_C10D_ALLREDUCE.self_us / 2)
         self.sink.end(outer, t)
         return t
 
@@ -1009,10 +1022,10 @@ class _RankSim:
         loader_ns = self._cpu_ns(DATALOADER_US) + self.faults.dataloader_delay_ns
         t = self._timed_annotation("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", t, loader_ns)
         for op in self.program.inputs:
-            t = self._run(op, self.main_tid, t + self._cpu_ns(PYTHON_GAP_US), 0)
+            t = self._run(op, self.main_tid, t + self._cpu_ns(PYTHON_GAP_US))
         t = self._forward(t)
         t += self.faults.host_idle_ns                      # busy outside any profiled op
-        t = self._run(self.program.backward_seed, self.main_tid, t + self._cpu_ns(PYTHON_GAP_US), 0)
+        t = self._run(self.program.backward_seed, self.main_tid, t + self._cpu_ns(PYTHON_GAP_US))
         t = self._backward(t + self._cpu_ns(25.0)) + self._cpu_ns(20.0)
         if not self.overlap_comm:
             for bucket in self.program.buckets:
@@ -1031,9 +1044,9 @@ class _RankSim:
         optimizer = self.sink.annotation("Optimizer.step#AdamW.step", self.main_tid, t, self._next_ext())
         t += self._cpu_ns(30.0)
         for op in self.program.optimizer:
-            t = self._run(op, self.main_tid, t, 0) + self._cpu_ns(OPTIMIZER_GAP_US)
+            t = self._run(op, self.main_tid, t) + self._cpu_ns(OPTIMIZER_GAP_US)
         self.sink.end(optimizer, t)
-        t = self._run(self.program.sync, self.main_tid, t + self._cpu_ns(PYTHON_GAP_US), 0)
+        t = self._run(self.program.sync, self.main_tid, t + self._cpu_ns(PYTHON_GAP_US))
         t += self._cpu_ns(30.0)
         self.sink.end(self._step_handle, t)
         self.step_spans.append((self._step_start, t))
@@ -1050,10 +1063,10 @@ class _RankSim:
         ddp = self.sink.annotation("DistributedDataParallel.forward", self.main_tid, t, self._next_ext())
         t += self._cpu_ns(40.0)
         for op in self.program.forward:
-            t = self._run(op, self.main_tid, t, 0) + self._cpu_ns(PYTHON_GAP_US)
+            t = self._run(op, self.main_tid, t) + self._cpu_ns(PYTHON_GAP_US)
         self.sink.end(ddp, t)
         for op in self.program.loss:
-            t = self._run(op, self.main_tid, t + self._cpu_ns(PYTHON_GAP_US), 0)
+            t = self._run(op, self.main_tid, t + self._cpu_ns(PYTHON_GAP_US))
         return t
 
     def _backward(self, t: int) -> int:
@@ -1061,7 +1074,7 @@ class _RankSim:
         (overlap) or are left for the main thread after backward (no_overlap). Returns its end."""
         tid = self.autograd_tid
         for node in self._backward_nodes:
-            t = self._run(node, tid, t, 0) + self._cpu_ns(AUTOGRAD_GAP_US)
+            t = self._run(node, tid, t) + self._cpu_ns(AUTOGRAD_GAP_US)
         return self._wait_for_collectives(tid, t) if self.overlap_comm else t
 
     def _wait_for_collectives(self, tid: int, t: int) -> int:
@@ -1077,9 +1090,9 @@ class _RankSim:
         self.sink.flow(pending.corr, pending.launch_tid, pending.launch_ts, COMM_STREAM, start)
 
 
-_C10D_ALLREDUCE = Op("c10d::allreduce_", 25.0, inputs=(([], "TensorList"), ([], "__torch__.torch.classes.c10d.ProcessGroup"),
-                                                        ([], "__torch__.torch.classes.c10d.ReduceOp"), ([], ""), ([], "Scalar")))
-_RECORD_PARAM_COMMS = Op("record_param_comms", 60.0)
+_C10D_ALLREDUCE = Op("c10d::allreduce_", 50.0, inputs=(TENSORS, ([], "__torch__.torch.classes.c10d.ProcessGroup"),
+                                                        ([], "__torch__.torch.classes.c10d.ReduceOp"), NONE, SCALAR))
+_RECORD_PARAM_COMMS = Op("record_param_comms", 66.0)
 _NCCL_STATIC_ARGS = Kernel("nccl", 0.0, grid=(24, 1, 1), block=(640, 1, 1), registers=96, shared_mem=103_808).static_args
 
 
@@ -1147,7 +1160,7 @@ def _simulate_timing(program: Program, world: int, steps: int, seed: int, faults
 def _simulate_rank(rank: int, world: int, program: Program, faults: _JobFaults, seed: int,
                    timeline: _Timeline) -> tuple[_RankSim, _EventSink]:
     """Replay one rank with events; its collectives take their times from the timing pass."""
-    sink = _EventSink(rank_pid(rank), rank % GPUS_PER_NODE)
+    sink = _EventSink(_rank_pid(rank), rank % GPUS_PER_NODE, TRACE_ORIGIN_NS + faults.ranks[rank].clock_offset_ns)
     sim = _RankSim(rank, world, program, faults.ranks[rank], faults.overlap_comm, seed, sink)
     for step in range(len(timeline.comm_spans)):
         sim.run_until_collectives(step)
@@ -1156,8 +1169,9 @@ def _simulate_rank(rank: int, world: int, program: Program, faults: _JobFaults, 
 
 
 def _trace_events(sim: _RankSim, sink: _EventSink) -> list[dict]:
-    """The rank's events in Kineto's file order, ts/dur converted to µs on the rank's own clock."""
-    by_ts = lambda e: e["ts"]  # noqa: E731
+    """The rank's events in Kineto's file order: metadata, host ops (by start), [memory] events,
+    runtime calls and GPU activities, flows, the profiler's own span and instants."""
+    by_ts = itemgetter("ts")
     cpu, mem, device = sorted(sink.cpu, key=by_ts), sorted(sink.mem, key=by_ts), sorted(sink.device_events, key=by_ts)
     index = 0
     for event in cpu:
@@ -1167,18 +1181,12 @@ def _trace_events(sim: _RankSim, sink: _EventSink) -> list[dict]:
     for event in mem:
         event["args"]["Ev Idx"] = index
         index += 1
-    end = sim.last_activity + 200_000
-    events = [*_metadata_events(sim), *cpu, *mem, *device, *sink.flows, *_profiler_span_events(sim.profile_start, end)]
-    origin_ns = TRACE_ORIGIN_NS + sim.faults.clock_offset_ns
-    for event in events:
-        event["ts"] = (event["ts"] + origin_ns) / 1000
-        if "dur" in event:
-            event["dur"] = event["dur"] / 1000
-    return events
+    start, end = sink.us(sim.profile_start), sink.us(sim.last_activity + 200_000)
+    return [*_metadata_events(sim, start), *cpu, *mem, *device, *sink.flows, *_profiler_span_events(start, end)]
 
 
-def _metadata_events(sim: _RankSim) -> list[dict]:
-    ts, pid, device = sim.profile_start, sim.pid, sim.device
+def _metadata_events(sim: _RankSim, ts: float) -> list[dict]:
+    pid, device = sim.pid, sim.device
     rows = [("process_name", pid, 0, {"name": "python"}), ("process_labels", pid, 0, {"labels": "CPU"}),
             ("process_sort_index", pid, 0, {"sort_index": pid}),
             ("process_name", device, 0, {"name": "python"}), ("process_labels", device, 0, {"labels": f"GPU {device}"}),
@@ -1192,9 +1200,9 @@ def _metadata_events(sim: _RankSim) -> list[dict]:
     return [{"ph": "M", "name": name, "ts": ts, "pid": p, "tid": tid, "args": args} for name, p, tid, args in rows]
 
 
-def _profiler_span_events(start: int, end: int) -> list[dict]:
+def _profiler_span_events(start: float, end: float) -> list[dict]:
     return [{"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans", "tid": "PyTorch Profiler",
-             "ts": start, "dur": end - start, "args": {"Op count": 0}},
+             "ts": start, "dur": round(end - start, 3), "args": {"Op count": 0}},
             {"ph": "M", "name": "process_sort_index", "ts": start, "pid": "Spans", "tid": 0,
              "args": {"sort_index": 536_870_912}},
             {"ph": "i", "s": "g", "name": "Iteration Start: PyTorch Profiler", "pid": "Traces",
@@ -1210,9 +1218,12 @@ _DEVICE_PROPERTIES = [
     for i in range(GPUS_PER_NODE)]
 
 
+def _trace_id(rank: int, world: int, seed: int) -> str:
+    return hashlib.blake2b(f"{seed}:{world}:{rank}".encode(), digest_size=16).hexdigest().upper()
+
+
 def _trace_header(rank: int, world: int, seed: int) -> dict:
-    trace_id = hashlib.blake2b(f"{seed}:{world}:{rank}".encode(), digest_size=16).hexdigest().upper()
-    return {"schemaVersion": 1, "deviceProperties": _DEVICE_PROPERTIES, "trace_id": trace_id,
+    return {"schemaVersion": 1, "deviceProperties": _DEVICE_PROPERTIES, "trace_id": _trace_id(rank, world, seed),
             "profile_memory": 1, "record_shapes": 1,
             "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": world, "pg_count": 1,
                                 "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cuda:nccl",
@@ -1221,7 +1232,7 @@ def _trace_header(rank: int, world: int, seed: int) -> dict:
             "host_name": f"node{rank // GPUS_PER_NODE:03d}", "displayTimeUnit": "ms", "baseTimeNanoseconds": BASE_TIME_NS}
 
 
-GZIP_LEVEL = 1     # ~5x smaller than plain JSON at a fraction of level 6's cost
+GZIP_LEVEL = 1     # ~9x smaller than the JSON here, at a fraction of level 6's cost
 TRUNCATE_AT = 0.6  # a truncated file keeps this share of its events, then half of the next one
 
 
@@ -1255,8 +1266,16 @@ def generate_job(out_dir: str | Path, ranks: int = 8, steps: int = 6, seed: int 
                  injections: list[Injection] | None = None, gzip: bool = True, scale: float = 1.0) -> dict:
     """Write one trace file per rank + ground_truth.json into out_dir; return the ground-truth dict.
 
-    `scale` multiplies the model's layers (events per step) for benchmarks. Trace files of an
-    earlier job in out_dir (rank*.pt.trace.json[.gz]) are replaced."""
+    `scale` multiplies the model's layers (events per step; 12 gives ~50 MB ranks) for benchmarks.
+    Trace files of an earlier job in out_dir (rank*.pt.trace.json[.gz]) are replaced.
+
+    Ground truth (schema rankscope.ground_truth/1): seed, world_size, steps, injections (with
+    defaults filled), model (layers, parameters, allreduce_nelems, bus_bandwidth_gbps) and
+    expected: stragglers [{rank, cause, delay_ms_per_step (injected), cost_ms_per_step (what the
+    other ranks lost, per step)}], findings (DESIGN.md ids a correct analysis must emit),
+    comm_overlap, collectives_per_step, clock_offsets_ms {rank: ms}, truncated_ranks, and per_rank
+    {rank: file, device, pid, step_time_ms, kernel_count, nccl_kernel_count, collective_count,
+    memcpy_count, events, clock_offset_ms, truncated}. Counts are of the events complete in the file."""
     if ranks < 1 or steps < 1 or scale <= 0:
         raise ValueError(f"need ranks >= 1, steps >= 1, scale > 0; got ranks={ranks}, steps={steps}, scale={scale}")
     injections = [_normalized(inj, ranks) for inj in injections or []]
@@ -1303,7 +1322,9 @@ def _write_rank(out: Path, rank: int, world: int, program: Program, faults: _Job
     written_ns = BASE_TIME_NS + TRACE_ORIGIN_NS + faults.ranks[rank].clock_offset_ns + sim.last_activity + 250_000_000
     path = out / f"rank{rank}.{written_ns + 1_009 * rank}.pt.trace.json{'.gz' if gzip else ''}"
     truncated = faults.ranks[rank].truncated
-    text, kept = _encode_trace(_trace_header(rank, world, seed), events, str(path), truncated)
+    # Kineto names the temporary file it first writes: "/tmp/tmpz2k7xkjt.json" in a real trace.
+    trace_name = f"/tmp/tmp{_trace_id(rank, world, seed)[:8].lower()}.json"
+    text, kept = _encode_trace(_trace_header(rank, world, seed), events, trace_name, truncated)
     path.write_bytes(_gzip_bytes(text, complete=not truncated) if gzip else text)
     return _rank_truth(path, sim, events[:kept], faults.ranks[rank])
 

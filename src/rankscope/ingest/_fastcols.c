@@ -318,7 +318,13 @@ typedef struct {
     const char *p;
     const char *end;
     int error;
+    PyThreadState *released;   /* non-NULL while the scan runs without the GIL */
 } parser_t;
+
+/* The scan runs without the GIL (ranks parse in parallel threads); the rare steps that touch
+   Python objects take it back for their duration. */
+#define WITH_GIL(ps) PyThreadState *saved_ = (ps)->released; if (saved_) PyEval_RestoreThread(saved_)
+#define END_GIL(ps) if (saved_) (ps)->released = PyEval_SaveThread()
 
 typedef struct {           /* a string cache: raw JSON string bytes -> code, for one scan call */
     const char **keys;
@@ -487,8 +493,10 @@ static int scan_number(parser_t *ps, vtype_t *t, long long *iv, double *dv) {
         if (len >= (Py_ssize_t)sizeof(tmp)) { *dv = neg ? -HUGE_VAL : HUGE_VAL; return 0; }
         memcpy(tmp, start, (size_t)len);
         tmp[len] = 0;
+        WITH_GIL(ps);
         *dv = PyOS_string_to_double(tmp, NULL, NULL);
         if (*dv == -1.0 && PyErr_Occurred()) { PyErr_Clear(); *dv = neg ? -HUGE_VAL : HUGE_VAL; }
+        END_GIL(ps);
         return 0;
     }
 bad:
@@ -558,7 +566,7 @@ static PyObject *string_object(const char *s, Py_ssize_t n, int esc) {
 }
 
 /* Code of a raw string in a cache/table; -1 with exception on failure. */
-static long long cache_code(strcache_t *c, const char *s, Py_ssize_t n, int esc) {
+static long long cache_code(parser_t *ps, strcache_t *c, const char *s, Py_ssize_t n, int esc) {
     uint64_t h = hash_bytes(s, n) ^ (uint64_t)esc;
     if (c->used * 2 >= c->cap) {
         Py_ssize_t ncap = c->cap ? c->cap * 2 : 1024;
@@ -566,7 +574,13 @@ static long long cache_code(strcache_t *c, const char *s, Py_ssize_t n, int esc)
         Py_ssize_t *nl = calloc((size_t)ncap, sizeof(Py_ssize_t));
         uint64_t *nh = calloc((size_t)ncap, sizeof(uint64_t));
         int64_t *nc = calloc((size_t)ncap, sizeof(int64_t));
-        if (!nk || !nl || !nh || !nc) { free(nk); free(nl); free(nh); free(nc); PyErr_NoMemory(); return -1; }
+        if (!nk || !nl || !nh || !nc) {
+            free(nk); free(nl); free(nh); free(nc);
+            WITH_GIL(ps);
+            PyErr_NoMemory();
+            END_GIL(ps);
+            return -1;
+        }
         for (Py_ssize_t i = 0; i < c->cap; i++) {
             if (c->keys[i] == NULL) continue;
             Py_ssize_t j = (Py_ssize_t)(c->hashes[i] & (uint64_t)(ncap - 1));
@@ -581,10 +595,14 @@ static long long cache_code(strcache_t *c, const char *s, Py_ssize_t n, int esc)
         if (c->hashes[j] == h && c->lens[j] == n && memcmp(c->keys[j], s, (size_t)n) == 0) return c->codes[j];
         j = (j + 1) & (c->cap - 1);
     }
+    WITH_GIL(ps);
     PyObject *text = string_object(s, n, esc);
-    if (text == NULL) return -1;
-    long long code = table_code(c->table, text);
-    Py_DECREF(text);
+    long long code = -1;
+    if (text != NULL) {
+        code = table_code(c->table, text);
+        Py_DECREF(text);
+    }
+    END_GIL(ps);
     if (code < 0) return -1;
     c->keys[j] = s; c->lens[j] = n; c->hashes[j] = h; c->codes[j] = code;
     c->used++;
@@ -644,7 +662,7 @@ static int store_value(parser_t *ps, column_t *col, Py_ssize_t row) {
     if (k == 'r') {
         const char *start = ps->p;
         if (skip_value(ps, 1) < 0) return -1;
-        long long code = cache_code(col->cache, start, ps->p - start, 0);
+        long long code = cache_code(ps, col->cache, start, ps->p - start, 0);
         if (code < 0) return -1;
         ((int32_t *)col->data)[row] = (int32_t)code;
         return 0;
@@ -680,23 +698,27 @@ static int store_value(parser_t *ps, column_t *col, Py_ssize_t row) {
             }
             if (k == 'i') {
                 if (esc) {   /* an escaped digit string is possible in theory: decode and retry */
+                    WITH_GIL(ps);
                     PyObject *o = string_object(s, n, esc);
-                    if (o == NULL) return -1;
                     long long v;
-                    if (parse_digits(o, &v)) ((int64_t *)col->data)[row] = v;
-                    Py_DECREF(o);
+                    if (o != NULL && parse_digits(o, &v)) ((int64_t *)col->data)[row] = v;
+                    Py_XDECREF(o);
+                    END_GIL(ps);
+                    if (o == NULL) return -1;
                 }
                 return 0;
             }
             if (k == 'k' && esc) {
+                WITH_GIL(ps);
                 PyObject *o = string_object(s, n, esc);
-                if (o == NULL) return -1;
                 long long v;
-                int digits = parse_digits(o, &v);
-                Py_DECREF(o);
+                int digits = o != NULL && parse_digits(o, &v);
+                Py_XDECREF(o);
+                END_GIL(ps);
+                if (o == NULL) return -1;
                 if (digits) { ((int64_t *)col->data)[row] = v; return 0; }
             }
-            long long code = cache_code(col->cache, s, n, esc);
+            long long code = cache_code(ps, col->cache, s, n, esc);
             if (code < 0) return -1;
             if (k == 's') ((int32_t *)col->data)[row] = (int32_t)code;
             else ((int64_t *)col->data)[row] = -2 - code;
@@ -837,8 +859,8 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
     keymap_t *inner = calloc(1, sizeof(keymap_t));
     PyObject *result = NULL;
     Py_ssize_t cap = 0, row = 0, bad = 0;
-    int python_error = 0;
-    parser_t ps = {(const char *)view.buf, (const char *)view.buf + view.len, 0};
+    parser_t ps = {(const char *)view.buf, (const char *)view.buf + view.len, 0, NULL};
+    int out_of_memory = 0;
     if (!cols || !caches || !top || !inner) { PyErr_NoMemory(); goto done; }
     for (Py_ssize_t t = 0; t < ntables; t++) caches[t].table = PyList_GET_ITEM(tables, t);
 
@@ -871,6 +893,7 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
         col->inner = innerk != Py_None;
     }
 
+    ps.released = PyEval_SaveThread();
     skip_ws(&ps);
     if (ps.p >= ps.end || *ps.p != '[') { ps.error = 1; goto done; }
     ps.p++;
@@ -881,7 +904,7 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
             Py_ssize_t ncap = cap ? cap * 2 : (view.len / 160 > 4096 ? view.len / 160 : 4096);
             for (Py_ssize_t c = 0; c < ncols; c++) {
                 char *d = realloc(cols[c].data, (size_t)ncap * cols[c].item);
-                if (d == NULL) { PyErr_NoMemory(); goto done; }
+                if (d == NULL) { out_of_memory = 1; goto done; }
                 cols[c].data = d;
             }
             fill_defaults(cols, ncols, cap, ncap);
@@ -896,7 +919,7 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
                 ps.error = 1;
                 goto done;
             }
-            if (rc < 0) { if (PyErr_Occurred()) python_error = 1; goto done; }
+            if (rc < 0) goto done;
             row++;
         } else {
             if (skip_value(&ps, 1) < 0) goto done;
@@ -914,6 +937,8 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
 finished:
     skip_ws(&ps);
     if (ps.p != ps.end) { ps.error = 1; goto done; }
+    PyEval_RestoreThread(ps.released);
+    ps.released = NULL;
     {
         PyObject *list = PyList_New(ncols);
         if (list == NULL) goto done;
@@ -926,15 +951,13 @@ finished:
     }
 
 done:
-    if (result == NULL && !python_error && !PyErr_Occurred())
-        result = PyLong_FromSsize_t(ps.p - (const char *)view.buf);     /* where it stopped */
-    if (result == NULL && PyErr_Occurred() && !python_error) {
-        /* invalid UTF-8 and similar: the msgspec path decides */
-        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError) || PyErr_ExceptionMatches(PyExc_ValueError)) {
-            PyErr_Clear();
-            result = PyLong_FromSsize_t(ps.p - (const char *)view.buf);
-        }
-    }
+    if (ps.released != NULL) { PyEval_RestoreThread(ps.released); ps.released = NULL; }
+    if (out_of_memory) PyErr_NoMemory();
+    if (result == NULL && PyErr_Occurred() &&
+        (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError) || PyErr_ExceptionMatches(PyExc_ValueError)))
+        PyErr_Clear();            /* invalid UTF-8 and similar: the msgspec path decides */
+    if (result == NULL && !PyErr_Occurred())
+        result = PyLong_FromSsize_t(ps.p - (const char *)view.buf);     /* declined: where it stopped */
     if (cols) for (Py_ssize_t c = 0; c < ncols; c++) free(cols[c].data);
     if (caches) for (Py_ssize_t t = 0; t < ntables; t++) cache_free(&caches[t]);
     free(cols); free(caches); free(top); free(inner);

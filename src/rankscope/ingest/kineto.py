@@ -259,22 +259,24 @@ def _scan_spec(col: Col, tables: list[dict]) -> tuple:
 
 @dataclass
 class _Accumulator:
-    """Per-chunk columns, kept until the end of the file."""
+    """Keeps, chunk by chunk, only what the frames need (complete events, flows, memory samples,
+    metadata, side columns), so peak memory is the kept columns plus one chunk."""
     tables: _Tables
-    core: list[list[np.ndarray]] = field(default_factory=list)
-    side: dict[str, list] = field(default_factory=dict)   # frame -> list of (global rows, cols)
-    offset: int = 0
-    bad_events: int = 0
     use_scanner: bool = True
+    bad_events: int = 0
+    n_events: int = 0           # trace events of every phase
+    n_x: int = 0                # complete events so far (= next `row`)
+    phase_counts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    parts: dict[str, dict[str, list[np.ndarray]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         t = self.tables
         self.core_specs = _core_specs(t)
         self.side_specs = {frame: [c for _, c in cols] for frame, cols in _side_specs(t).items()}
-        table_list = [t.ph, t.name, t.cat, t.tid, t.text]
+        self.side_names = {frame: [n for n, _ in cols] for frame, cols in _side_specs(t).items()}
+        self.table_list = [t.ph, t.name, t.cat, t.tid, t.text]
         flat = self.core_specs + [c for cols in self.side_specs.values() for c in cols]
-        self.scan_specs = [_scan_spec(c, table_list) for c in flat]
-        self.table_list = table_list
+        self.scan_specs = [_scan_spec(c, self.table_list) for c in flat]
 
     def scan(self, body) -> bool:
         """C fast path over raw JSON; False when the chunk must take the msgspec path."""
@@ -297,34 +299,79 @@ class _Accumulator:
             core = columnize(events, self.core_specs)
             self._add(core, len(events), lambda frame, idx: columnize(events, self.side_specs[frame], idx))
 
+    def _keep(self, group: str, columns: dict[str, np.ndarray]) -> None:
+        g = self.parts.setdefault(group, {})
+        for name, values in columns.items():
+            g.setdefault(name, []).append(values)
+
+    def take(self, group: str, name: str, dtype=np.int64) -> np.ndarray:
+        """All chunks of one kept column, concatenated; the chunks are released."""
+        chunks = self.parts.get(group, {}).pop(name, [])
+        if not chunks:
+            return np.zeros(0, dtype=dtype)
+        return chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+
     def _add(self, core: list[np.ndarray], n: int, side_columns) -> None:
         if n == 0:
             return
-        self.core.append(core)
-        groups = self._side_groups(core[0], core[1], core[2])
-        for frame, idx in groups.items():
-            if len(idx):
-                self.side.setdefault(frame, []).append((idx + self.offset, side_columns(frame, idx)))
-        self.offset += n
-
-    def _side_groups(self, ph, cat, name) -> dict[str, np.ndarray]:
+        c = dict(zip(_CORE_NAMES, core))
         t = self.tables
-        code = lambda table, key: table.get(key, -99)  # noqa: E731
-        is_x = ph == code(t.ph, "X")
+        ph = c["ph"]
+        counts = np.bincount(ph[ph >= 0], minlength=len(t.ph))
+        if len(counts) > len(self.phase_counts):
+            counts[:len(self.phase_counts)] += self.phase_counts
+            self.phase_counts = counts
+        else:
+            self.phase_counts[:len(counts)] += counts
+        self.n_events += n
+
+        is_x = ph == t.ph.get("X", -99)
+        x_idx = np.flatnonzero(is_x)
+        row_in_chunk = np.cumsum(is_x) - 1 + self.n_x       # global row of each complete event
+        ext = c["ext"][x_idx]
+        self._keep("x", {
+            "cat": c["cat"][x_idx], "name": c["name"][x_idx], "ts_ns": c["ts_ns"][x_idx],
+            "dur_ns": c["dur_ns"][x_idx], "pid": c["pid"][x_idx], "tid": c["tid"][x_idx],
+            "device": c["device"][x_idx].astype(np.int32), "stream": c["stream"][x_idx],
+            "correlation": c["corr"][x_idx], "external_id": np.where(ext >= 0, ext, c["ext21"][x_idx]),
+        })
+        flow_idx = np.flatnonzero(np.isin(ph, [t.ph.get(p, -99) for p in ("s", "f", "t")]))
+        if len(flow_idx):
+            self._keep("flows", {k: c[k][flow_idx] for k in ("ph", "cat", "id", "ts_ns", "pid", "tid")})
+
         cat_kind = _cat_kind_lut(t.cat)
-        kind = cat_kind[np.maximum(cat, 0)] if len(cat_kind) else np.full(len(cat), -1)
-        kind = np.where(cat >= 0, kind, -1)
+        kind = np.where(c["cat"] >= 0, cat_kind[np.maximum(c["cat"], 0)] if len(cat_kind) else -1, -1)
         device = np.isin(kind, [int(k) for k in DEVICE_KINDS]) & is_x
-        host_ops = np.isin(kind, [int(Kind.CPU_OP), int(Kind.USER_ANNOTATION),
-                                  int(Kind.PYTHON_FUNCTION)]) & is_x
-        memory = np.isin(ph, [code(t.ph, "i"), code(t.ph, "I")]) & (name == code(t.name, "[memory]"))
-        return {
+        host_ops = np.isin(kind, [int(Kind.CPU_OP), int(Kind.USER_ANNOTATION), int(Kind.PYTHON_FUNCTION)]) & is_x
+        groups = {
             "gpu_args": np.flatnonzero(device),
             "comm_args": np.flatnonzero((host_ops & (kind != int(Kind.PYTHON_FUNCTION))) | device),
             "op_args": np.flatnonzero(host_ops),
-            "memory": np.flatnonzero(memory),
-            "meta": np.flatnonzero(ph == code(t.ph, "M")),
         }
+        for frame, idx in groups.items():
+            if len(idx):
+                cols = dict(zip(self.side_names[frame], side_columns(frame, idx)))
+                keep = _SIDE_HAS_VALUE[frame](cols)
+                self._keep(frame, {"row": row_in_chunk[idx][keep], **{k: v[keep] for k, v in cols.items()}})
+        memory_idx = np.flatnonzero(np.isin(ph, [t.ph.get("i", -99), t.ph.get("I", -99)])
+                                    & (c["name"] == t.name.get("[memory]", -99)))
+        if len(memory_idx):
+            self._keep("memory", {"ts_ns": c["ts_ns"][memory_idx],
+                                  **dict(zip(self.side_names["memory"], side_columns("memory", memory_idx)))})
+        meta_idx = np.flatnonzero(ph == t.ph.get("M", -99))
+        if len(meta_idx):
+            self._keep("meta", {"name": c["name"][meta_idx], "pid": c["pid"][meta_idx], "tid": c["tid"][meta_idx],
+                                "label": side_columns("meta", meta_idx)[0]})
+        self.n_x += len(x_idx)
+
+
+#: Side rows worth keeping: those that carry at least one value.
+_SIDE_HAS_VALUE = {
+    "gpu_args": lambda c: np.ones(len(c["bytes"]), dtype=bool),
+    "comm_args": lambda c: (c["collective"] >= 0) | (c["in_msg_nelems"] >= 0) | (c["seq"] >= 0),
+    "op_args": lambda c: ((c["input_dims"] >= 0) | (c["call_stack"] >= 0) | ~np.isnan(c["flops"])
+                          | (c["sequence_number"] >= 0) | (c["python_id"] >= 0)),
+}
 
 
 def _cat_kind_lut(cat_table: dict) -> np.ndarray:
@@ -570,8 +617,7 @@ def read_kineto(path: str | Path, use_scanner: bool = True) -> tuple[RankTrace, 
     if size == 0:
         raise TraceError("empty file")
     parsed = _parse_stream(path, use_scanner)
-    acc = parsed.acc
-    if not acc.core:
+    if parsed.acc.n_events == 0:
         if parsed.cut_at_byte is not None:
             raise TraceError(f"{parsed.cut_reason} at byte {parsed.cut_at_byte}; no complete event before it")
         raise TraceError("no trace events")
@@ -580,86 +626,63 @@ def read_kineto(path: str | Path, use_scanner: bool = True) -> tuple[RankTrace, 
     return trace, header
 
 
-def _concat(parts: list[np.ndarray]) -> np.ndarray:
-    return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
-
 def _build(path: Path, size: int, parsed: _Parsed, header: dict) -> RankTrace:
     acc, t = parsed.acc, parsed.acc.tables
-    cols = {name: _concat([c[i] for c in acc.core]) for i, name in enumerate(_CORE_NAMES)}
-    acc.core.clear()
-    n_all = len(cols["ph"])
     ph_names = _inverse(t.ph)
-    phase_counts = {ph_names[i]: int(c) for i, c in enumerate(np.bincount(cols["ph"][cols["ph"] >= 0],
-                                                                            minlength=len(ph_names)))}
-    x_code = t.ph.get("X", -99)
-    x_rows = np.flatnonzero(cols["ph"] == x_code)
-    row_of = np.full(n_all, -1, dtype=np.int64)
-    row_of[x_rows] = np.arange(len(x_rows))
+    phase_counts = {ph_names[i]: int(n) for i, n in enumerate(acc.phase_counts) if n}
 
+    cat = acc.take("x", "cat", np.int32)
     cat_kind = _cat_kind_lut(t.cat)
-    cat = cols["cat"][x_rows]
     kind = np.where(cat >= 0, cat_kind[np.maximum(cat, 0)] if len(cat_kind) else int(Kind.OTHER),
                     int(Kind.OTHER)).astype(np.uint8)
+    del cat
     names = _inverse(t.name)
-    name_codes = cols["name"][x_rows]
-    # names used by device events -> kernel class per name
+    name_codes = acc.take("x", "name", np.int32)
     is_dev = np.isin(kind, [int(k) for k in DEVICE_KINDS])
-    used_by_dev = np.zeros(len(names) + 1, dtype=bool)
+    used_by_dev = np.zeros(len(names) + 1, dtype=bool)       # names of device events -> class per name
     used_by_dev[name_codes[is_dev & (name_codes >= 0)]] = True
     class_of_name = classify_names(names, used_by_dev[:len(names)])
     kclass = np.where(name_codes >= 0, class_of_name[np.maximum(name_codes, 0)] if len(names) else 0, 0)
-    kclass = kclass.astype(np.uint8)
 
-    ext = cols["ext"][x_rows]
-    ext = np.where(ext >= 0, ext, cols["ext21"][x_rows])
-    pid = cols["pid"][x_rows]
-    tid = cols["tid"][x_rows]
-    device = cols["device"][x_rows]
-    device = np.where((device < 0) & is_dev & (pid >= 0), pid, device)
-    stream = cols["stream"][x_rows]
-    corr = cols["corr"][x_rows]
-    ts = cols["ts_ns"][x_rows]
-    dur = cols["dur_ns"][x_rows]
-
+    pid = acc.take("x", "pid")
+    device = acc.take("x", "device", np.int32)
+    device = np.where((device < 0) & is_dev & (pid >= 0), pid, device).astype(np.int32)
+    ts = acc.take("x", "ts_ns")
+    dur = acc.take("x", "dur_ns")
     problems: list[str] = []
     negative = int((dur < 0).sum())
     if negative:
         problems.append(f"{negative} events with negative duration (set to 0)")
         dur = np.maximum(dur, 0)
+    tid = acc.take("x", "tid")
+    flows = _flows_frame(acc)
+    corr = _link_launches(acc.take("x", "correlation"), flows, kind, pid, tid, ts)
 
-    flows, corr = _flows_and_links(cols, t, x_rows, kind, pid, tid, ts, corr)
-
-    name_series = pl.Series("name", names, dtype=pl.String) if names else pl.Series("name", [""])
+    name_series = pl.Series("name", names or [""], dtype=pl.String)
     events = pl.DataFrame({
         "kind": kind,
-        "name": name_series.gather(np.maximum(name_codes, 0)).cast(pl.Categorical)
-        if len(names) else pl.Series("name", [""] * len(x_rows)).cast(pl.Categorical),
-        "ts_ns": ts,
-        "dur_ns": dur,
-        "pid": pid,
-        "tid": tid,
-        "device": device.astype(np.int32),
-        "stream": stream,
-        "correlation": corr,
-        "external_id": ext,
-        "kclass": kclass,
+        "name": name_series.gather(np.maximum(name_codes, 0)).cast(pl.Categorical),
+        "ts_ns": ts, "dur_ns": dur, "pid": pid, "tid": tid, "device": device,
+        "stream": acc.take("x", "stream"), "correlation": corr,
+        "external_id": acc.take("x", "external_id"), "kclass": kclass.astype(np.uint8),
     })
+    del name_codes, kclass
 
-    text = _inverse(t.text)
-    side = _side_frames(acc, row_of, text)
-    memory = _memory_frame(acc, cols)
-    meta_names = _meta_names(acc, cols, t)
+    text = pl.Series("text", _inverse(t.text), dtype=pl.String)
+    side = {frame: _side_frame(acc, frame, text) for frame in ("gpu_args", "comm_args", "op_args")}
+    memory = pl.DataFrame({"ts_ns": acc.take("memory", "ts_ns"),
+                           **{n: acc.take("memory", n) for n in acc.side_names["memory"]}})
+    threads, processes = _meta_names(acc, t)
 
     span = (int(ts.min()), int((ts + dur).max())) if len(ts) else None
     if acc.bad_events:
         problems.append(f"{acc.bad_events} malformed events skipped")
     if parsed.cut_at_byte is not None:
         problems.append(f"{parsed.cut_reason} at byte {parsed.cut_at_byte}: "
-                        f"salvaged {n_all} complete events before the cut")
-    other_phases = {k: v for k, v in phase_counts.items() if k in ("B", "E")}
-    if other_phases:
-        problems.append(f"begin/end ('B'/'E') events ignored: {sum(other_phases.values())}")
+                        f"salvaged {acc.n_events} complete events before the cut")
+    begin_end = phase_counts.get("B", 0) + phase_counts.get("E", 0)
+    if begin_end:
+        problems.append(f"begin/end ('B'/'E') events ignored: {begin_end}")
 
     dist = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
     devices = header.get("deviceProperties") if isinstance(header.get("deviceProperties"), list) else []
@@ -674,8 +697,8 @@ def _build(path: Path, size: int, parsed: _Parsed, header: dict) -> RankTrace:
         hostname=next((h for h in (header.get("host_name"), header.get("hostname")) if isinstance(h, str)), None),
         base_time_ns=_int_or_none(header.get("baseTimeNanoseconds")),
         display_time_unit=header.get("displayTimeUnit") if isinstance(header.get("displayTimeUnit"), str) else None,
-        events_total=n_all, phase_counts=phase_counts,
-        thread_names=meta_names[0], process_names=meta_names[1],
+        events_total=acc.n_events, phase_counts=phase_counts,
+        thread_names=threads, process_names=processes,
         span_ns=span, salvaged=parsed.cut_at_byte is not None, problems=problems, size_bytes=size,
     )
     return RankTrace(meta=meta, events=events, memory=memory, flows=flows, **side)
@@ -698,30 +721,15 @@ def _inverse(table: dict) -> list[str]:
 
 _SIDE_TEXT = {"collective", "in_split_size", "out_split_size", "dtype", "pg_name", "pg_desc",
               "pg_ranks", "input_dims", "input_types", "call_stack"}
+_SIDE_DTYPES = {"s": np.int32, "r": np.int32, "f": np.float64}
 
 
-def _side_frames(acc: _Accumulator, row_of: np.ndarray, text: list[str]) -> dict[str, pl.DataFrame]:
-    specs = _side_specs(acc.tables)
-    out = {}
-    text_series = pl.Series("t", text, dtype=pl.String)
-    for frame in ("gpu_args", "comm_args", "op_args"):
-        names = [n for n, _ in specs[frame]]
-        parts = acc.side.get(frame, [])
-        rows = _concat([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
-        data = {"row": row_of[rows] if len(rows) else rows}
-        for i, n in enumerate(names):
-            data[n] = _concat([p[1][i] for p in parts]) if parts else np.zeros(0, np.int64)
-        df = pl.DataFrame(data)
-        # keep rows that carry at least one value
-        if frame == "comm_args":
-            df = df.filter((pl.col("collective") >= 0) | (pl.col("in_msg_nelems") >= 0) | (pl.col("seq") >= 0))
-        elif frame == "op_args":
-            df = df.filter((pl.col("input_dims") >= 0) | (pl.col("call_stack") >= 0) | (pl.col("flops").is_not_nan())
-                           | (pl.col("sequence_number") >= 0) | (pl.col("python_id") >= 0))
-        df = df.with_columns([_text_column(df[n].to_numpy(), text_series).alias(n)
-                              for n in names if n in _SIDE_TEXT])
-        out[frame] = df
-    return out
+def _side_frame(acc: _Accumulator, frame: str, text: pl.Series) -> pl.DataFrame:
+    data = {"row": acc.take(frame, "row")}
+    for name, spec in zip(acc.side_names[frame], acc.side_specs[frame]):
+        values = acc.take(frame, name, _SIDE_DTYPES.get(spec.kind, np.int64))
+        data[name] = _text_column(values, text) if name in _SIDE_TEXT else values
+    return pl.DataFrame(data)
 
 
 def _text_column(codes: np.ndarray, text_series: pl.Series) -> pl.Series:
@@ -733,68 +741,51 @@ def _text_column(codes: np.ndarray, text_series: pl.Series) -> pl.Series:
     return values.zip_with(pl.Series(valid), pl.Series([None] * len(codes), dtype=pl.String)).cast(pl.Categorical)
 
 
-def _memory_frame(acc: _Accumulator, cols: dict) -> pl.DataFrame:
-    names = [n for n, _ in _side_specs(acc.tables)["memory"]]
-    parts = acc.side.get("memory", [])
-    if not parts:
-        return pl.DataFrame({"ts_ns": np.zeros(0, np.int64), **{n: np.zeros(0, np.int64) for n in names}})
-    rows = _concat([p[0] for p in parts])
-    data = {"ts_ns": cols["ts_ns"][rows]}
-    for i, n in enumerate(names):
-        data[n] = _concat([p[1][i] for p in parts])
-    return pl.DataFrame(data)
-
-
-def _meta_names(acc: _Accumulator, cols: dict, t: _Tables) -> tuple[dict, dict]:
-    parts = acc.side.get("meta", [])
+def _meta_names(acc: _Accumulator, t: _Tables) -> tuple[dict, dict]:
+    """thread_name / process_name metadata events -> {"pid/tid": name}, {"pid": name}."""
     threads: dict[str, str] = {}
     procs: dict[str, str] = {}
-    if not parts:
-        return threads, procs
-    text = _inverse(t.text)
-    names = _inverse(t.name)
-    tids_text = _inverse(t.tid)
-    rows = _concat([p[0] for p in parts])
-    label = _concat([p[1][0] for p in parts])
-    for r, lab in zip(rows.tolist(), label.tolist()):
-        if lab < 0:
+    text, names, keys = _inverse(t.text), _inverse(t.name), _inverse(t.tid)
+    rows = zip(acc.take("meta", "name").tolist(), acc.take("meta", "pid").tolist(),
+               acc.take("meta", "tid").tolist(), acc.take("meta", "label").tolist())
+    for name, pid, tid, label in rows:
+        if label < 0 or name < 0:
             continue
-        ev = names[cols["name"][r]] if cols["name"][r] >= 0 else ""
-        pid = _key_text(int(cols["pid"][r]), tids_text)
-        tid = _key_text(int(cols["tid"][r]), tids_text)
-        if ev == "thread_name":
-            threads[f"{pid}/{tid}"] = text[lab]
-        elif ev == "process_name":
-            procs[pid] = text[lab]
+        if names[name] == "thread_name":
+            threads[f"{_key_text(pid, keys)}/{_key_text(tid, keys)}"] = text[label]
+        elif names[name] == "process_name":
+            procs[_key_text(pid, keys)] = text[label]
     return threads, procs
 
 
-def _key_text(v: int, tids_text: list[str]) -> str:
-    return tids_text[-2 - v] if v <= -2 else str(v)
+def _key_text(v: int, keys: list[str]) -> str:
+    return keys[-2 - v] if v <= -2 else str(v)
 
 
-def _flows_and_links(cols: dict, t: _Tables, x_rows: np.ndarray, kind: np.ndarray, pid: np.ndarray,
-                     tid: np.ndarray, ts: np.ndarray, corr: np.ndarray) -> tuple[pl.DataFrame, np.ndarray]:
-    """Flow events as a frame; launch links (ac2g / 2021 'async') fill `correlation` where the
-    args do not carry it: a flow start on a runtime call and its finish on a device event."""
-    codes = [t.ph.get(p, -99) for p in ("s", "f", "t")]
-    rows = np.flatnonzero(np.isin(cols["ph"], codes))
-    flows = pl.DataFrame({
-        "phase": _text_column(cols["ph"][rows], pl.Series(_inverse(t.ph), dtype=pl.String)),
-        "cat": _text_column(cols["cat"][rows], pl.Series(_inverse(t.cat), dtype=pl.String)),
-        "id": cols["id"][rows], "ts_ns": cols["ts_ns"][rows],
-        "pid": cols["pid"][rows], "tid": cols["tid"][rows],
+def _flows_frame(acc: _Accumulator) -> pl.DataFrame:
+    t = acc.tables
+    return pl.DataFrame({
+        "phase": _text_column(acc.take("flows", "ph", np.int32), pl.Series(_inverse(t.ph), dtype=pl.String)),
+        "cat": _text_column(acc.take("flows", "cat", np.int32), pl.Series(_inverse(t.cat), dtype=pl.String)),
+        "id": acc.take("flows", "id"), "ts_ns": acc.take("flows", "ts_ns"),
+        "pid": acc.take("flows", "pid"), "tid": acc.take("flows", "tid"),
     })
+
+
+def _link_launches(corr: np.ndarray, flows: pl.DataFrame, kind: np.ndarray, pid: np.ndarray,
+                   tid: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    """Launch links (ac2g / 2021 'async' flows) fill `correlation` where the args lack it: a
+    flow's start lies on the runtime call, its finish on the device event, same id."""
     missing = (corr < 0) & np.isin(kind, [int(Kind.RUNTIME), int(Kind.DRIVER)] + [int(k) for k in DEVICE_KINDS])
     if not missing.any() or flows.is_empty():
-        return flows, corr
+        return corr
     links = flows.filter(pl.col("cat").is_in(["ac2g", "async", "async_cpu_to_gpu"]) & (pl.col("id") >= 0))
     if links.is_empty():
-        return flows, corr
-    ev = pl.DataFrame({"i": np.arange(len(x_rows)), "pid": pid, "tid": tid, "ts_ns": ts,
-                       "missing": missing}).filter(pl.col("missing"))
+        return corr
+    idx = np.flatnonzero(missing)
+    ev = pl.DataFrame({"i": idx, "pid": pid[idx], "tid": tid[idx], "ts_ns": ts[idx]})
     joined = ev.join(links.select("pid", "tid", "ts_ns", "id").unique(["pid", "tid", "ts_ns"]),
                      on=["pid", "tid", "ts_ns"], how="inner")
     corr = corr.copy()
     corr[joined["i"].to_numpy()] = joined["id"].to_numpy()
-    return flows, corr
+    return corr
