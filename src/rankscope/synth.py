@@ -353,28 +353,34 @@ def _kernels(op: Op):
 
 
 # Kernel names as they appear in H100 bf16 traces.
-_GEMM_TN = ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_"
-            "execute_segment_k_off_kernel__5x_cublas")
-_GEMM_NN = ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_nn_n_tilesize256x128x64_warpgroupsize2x1x1_"
-            "execute_segment_k_off_kernel__5x_cublas")
-_GEMM_NT = ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_nt_n_tilesize128x256x64_warpgroupsize2x1x1_"
-            "execute_segment_k_off_kernel__5x_cublas")
+_GEMM_TN = ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_"
+            "kernel__5x_cublas")
+_GEMM_NN = ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_nn_n_tilesize256x128x64_warpgroupsize2x1x1_execute_segment_k_off_"
+            "kernel__5x_cublas")
+_GEMM_NT = ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_nt_n_tilesize128x256x64_warpgroupsize2x1x1_execute_segment_k_off_"
+            "kernel__5x_cublas")
 _LN_FWD = ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>(int, float, "
            "c10::BFloat16 const*, c10::BFloat16 const*, c10::BFloat16 const*, float*, float*, c10::BFloat16*)")
-_LN_BWD_INPUT = ("void at::native::(anonymous namespace)::layer_norm_grad_input_kernel_vectorized<c10::BFloat16, float>("
-                 "c10::BFloat16 const*, c10::BFloat16 const*, float const*, float const*, c10::BFloat16 const*, "
-                 "c10::BFloat16*, int)")
-_LN_BWD_GAMMA = ("void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernel_32x32<c10::BFloat16, float>(long, long, "
-                 "c10::BFloat16 const*, c10::BFloat16 const*, float const*, float const*, c10::BFloat16*, c10::BFloat16*)")
-_FLASH_FWD = ("void pytorch_flash::flash_fwd_kernel<pytorch_flash::Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, "
-              "cutlass::bfloat16_t, pytorch_flash::Flash_kernel_traits<128, 128, 64, 4, cutlass::bfloat16_t> >, false, true, "
-              "false, false, true, true, false, false>(pytorch_flash::Flash_fwd_params)")
-_FLASH_BWD_TRAITS = ("pytorch_flash::Flash_bwd_kernel_traits<128, 64, 128, 8, 2, 4, 2, false, false, cutlass::bfloat16_t, "
-                     "pytorch_flash::Flash_kernel_traits<128, 64, 128, 8, cutlass::bfloat16_t> >")
-_FLASH_BWD_DOT = f"void pytorch_flash::flash_bwd_dot_do_o_kernel<true, {_FLASH_BWD_TRAITS}>(pytorch_flash::Flash_bwd_params)"
-_FLASH_BWD = (f"void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<{_FLASH_BWD_TRAITS}, true, false, false, "
+_LN_BWD_INPUT = ("void at::native::(anonymous namespace)::layer_norm_grad_input_kernel_vectorized<c10::BFloat16, "
+                 "float>(c10::BFloat16 const*, c10::BFloat16 const*, float const*, float const*, "
+                 "c10::BFloat16 const*, c10::BFloat16*, int)")
+_LN_BWD_GAMMA = ("void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernel_32x32<c10::BFloat16, "
+                 "float>(long, long, c10::BFloat16 const*, c10::BFloat16 const*, float const*, float const*, "
+                 "c10::BFloat16*, c10::BFloat16*)")
+_FLASH_FWD = ("void pytorch_flash::flash_fwd_kernel<pytorch_flash::Flash_fwd_kernel_traits<128, 128, 64, 4, false, "
+              "false, cutlass::bfloat16_t, pytorch_flash::Flash_kernel_traits<128, 128, 64, 4, "
+              "cutlass::bfloat16_t> >, false, true, false, false, true, true, false, "
+              "false>(pytorch_flash::Flash_fwd_params)")
+_FLASH_BWD_DOT = ("void pytorch_flash::flash_bwd_dot_do_o_kernel<true, pytorch_flash::Flash_bwd_kernel_traits<128, "
+                  "64, 128, 8, 2, 4, 2, false, false, cutlass::bfloat16_t, pytorch_flash::Flash_kernel_traits<128, "
+                  "64, 128, 8, cutlass::bfloat16_t> > >(pytorch_flash::Flash_bwd_params)")
+_FLASH_BWD = ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<pytorch_flash::Flash_bwd_kernel_"
+              "traits<128, 64, 128, 8, 2, 4, 2, false, false, cutlass::bfloat16_t, "
+              "pytorch_flash::Flash_kernel_traits<128, 64, 128, 8, cutlass::bfloat16_t> >, true, false, false, "
               "false, false, false>(pytorch_flash::Flash_bwd_params)")
-_FLASH_BWD_DQ = f"void pytorch_flash::flash_bwd_convert_dq_kernel<{_FLASH_BWD_TRAITS}>(pytorch_flash::Flash_bwd_params, int)"
+_FLASH_BWD_DQ = ("void pytorch_flash::flash_bwd_convert_dq_kernel<pytorch_flash::Flash_bwd_kernel_traits<128, 64, "
+                 "128, 8, 2, 4, 2, false, false, cutlass::bfloat16_t, pytorch_flash::Flash_kernel_traits<128, 64, "
+                 "128, 8, cutlass::bfloat16_t> > >(pytorch_flash::Flash_bwd_params, int)")
 
 
 def _elementwise(functor: str, arity: int) -> str:
@@ -383,50 +389,60 @@ def _elementwise(functor: str, arity: int) -> str:
 
 
 _ADD = _elementwise("at::native::CUDAFunctor_add<c10::BFloat16>", 3)
-_GELU = _elementwise("at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::"
-                     "operator()() const::{lambda()#4}::operator()() const::{lambda(c10::BFloat16)#1}", 2)
-_GELU_BWD = _elementwise("at::native::GeluBackwardCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)::"
-                         "{lambda()#2}::operator()() const::{lambda()#4}::operator()() const::"
-                         "{lambda(c10::BFloat16, c10::BFloat16)#1}", 3)
+_GELU = _elementwise("at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, "
+                     "at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#4}::"
+                     "operator()() const::{lambda(c10::BFloat16)#1}", 2)
+_GELU_BWD = _elementwise("at::native::GeluBackwardCUDAKernelImpl(at::TensorIteratorBase&, "
+                         "at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#4}::"
+                         "operator()() const::{lambda(c10::BFloat16, c10::BFloat16)#1}", 3)
 _MUL_SCALAR = _elementwise("at::native::AUnaryFunctor<c10::BFloat16, c10::BFloat16, c10::BFloat16, "
                            "at::native::binary_internal::MulFunctor<float> >", 2)
 _FILL = _elementwise("at::native::FillFunctor<c10::BFloat16>", 1)
-_CAT = ("void at::native::(anonymous namespace)::CatArrayBatchedCopy_aligned16_contig<at::native::(anonymous namespace)::"
-        "OpaqueType<2u>, unsigned int, 3, 128, 1>(at::native::(anonymous namespace)::OpaqueType<2u>*, at::native::"
-        "(anonymous namespace)::CatArrInputTensorMetadata<at::native::(anonymous namespace)::OpaqueType<2u>, unsigned int, "
-        "128, 1>, at::native::(anonymous namespace)::TensorSizeStride<unsigned int, 4u>, int, unsigned int)")
-_LOG_SOFTMAX = ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, c10::BFloat16, float, c10::BFloat16, "
-                "at::native::(anonymous namespace)::LogSoftMaxForwardEpilogue>(c10::BFloat16*, c10::BFloat16 const*, int)")
-_LOG_SOFTMAX_BWD = ("void at::native::(anonymous namespace)::cunn_SoftMaxBackward<4, c10::BFloat16, float, c10::BFloat16, "
-                    "at::native::(anonymous namespace)::LogSoftMaxBackwardEpilogue>(c10::BFloat16*, c10::BFloat16 const*, "
-                    "c10::BFloat16 const*, int)")
-_NLL_FWD = ("void at::native::(anonymous namespace)::nll_loss_forward_reduce_cuda_kernel_2d<c10::BFloat16, float, long>("
-            "c10::BFloat16*, c10::BFloat16*, c10::BFloat16 const*, long const*, c10::BFloat16 const*, bool, long, long, long, long)")
-_NLL_BWD = ("void at::native::(anonymous namespace)::nll_loss_backward_reduce_cuda_kernel_2d<c10::BFloat16, long>("
-            "c10::BFloat16*, c10::BFloat16 const*, long const*, c10::BFloat16 const*, c10::BFloat16 const*, bool, int, int, long, long)")
-_FOREACH_NORM = ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
-                 "TensorListMetadata<1>, at::native::(anonymous namespace)::LpNormFunctor<c10::BFloat16, 2, float, float>, "
-                 "float*, int>(at::native::(anonymous namespace)::TensorListMetadata<1>, at::native::(anonymous namespace)::"
-                 "LpNormFunctor<c10::BFloat16, 2, float, float>, float*, int)")
-_FOREACH_NORM_CLEANUP = ("void at::native::(anonymous namespace)::lpnorm_cleanup<float, 2, float, float>(float const*, "
-                         "at::native::(anonymous namespace)::TensorListAddresses, int)")
-_REDUCE_NORM = ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::NormTwoOps<float, float, float>, "
-                "unsigned int, float, 4, 4> >(at::native::ReduceOp<float, at::native::NormTwoOps<float, float, float>, "
-                "unsigned int, float, 4, 4>)")
-_CLAMP = _elementwise("at::native::(anonymous namespace)::clamp_scalar_kernel_impl(at::TensorIteratorBase&, c10::Scalar "
-                      "const&, c10::Scalar const&)::{lambda()#1}::operator()() const::{lambda()#7}::operator()() const::"
+_CAT = ("void at::native::(anonymous namespace)::CatArrayBatchedCopy_aligned16_contig<at::native::"
+        "(anonymous namespace)::OpaqueType<2u>, unsigned int, 3, 128, "
+        "1>(at::native::(anonymous namespace)::OpaqueType<2u>*, "
+        "at::native::(anonymous namespace)::CatArrInputTensorMetadata<at::native::(anonymous namespace)::"
+        "OpaqueType<2u>, unsigned int, 128, 1>, at::native::(anonymous namespace)::TensorSizeStride<unsigned int, "
+        "4u>, int, unsigned int)")
+_LOG_SOFTMAX = ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, c10::BFloat16, float, "
+                "c10::BFloat16, at::native::(anonymous namespace)::LogSoftMaxForwardEpilogue>(c10::BFloat16*, "
+                "c10::BFloat16 const*, int)")
+_LOG_SOFTMAX_BWD = ("void at::native::(anonymous namespace)::cunn_SoftMaxBackward<4, c10::BFloat16, float, "
+                    "c10::BFloat16, at::native::(anonymous namespace)::LogSoftMaxBackwardEpilogue>(c10::BFloat16*, "
+                    "c10::BFloat16 const*, c10::BFloat16 const*, int)")
+_NLL_FWD = ("void at::native::(anonymous namespace)::nll_loss_forward_reduce_cuda_kernel_2d<c10::BFloat16, float, "
+            "long>(c10::BFloat16*, c10::BFloat16*, c10::BFloat16 const*, long const*, c10::BFloat16 const*, bool, "
+            "long, long, long, long)")
+_NLL_BWD = ("void at::native::(anonymous namespace)::nll_loss_backward_reduce_cuda_kernel_2d<c10::BFloat16, "
+            "long>(c10::BFloat16*, c10::BFloat16 const*, long const*, c10::BFloat16 const*, c10::BFloat16 const*, "
+            "bool, int, int, long, long)")
+_FOREACH_NORM = ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::"
+                 "(anonymous namespace)::TensorListMetadata<1>, "
+                 "at::native::(anonymous namespace)::LpNormFunctor<c10::BFloat16, 2, float, float>, float*, "
+                 "int>(at::native::(anonymous namespace)::TensorListMetadata<1>, "
+                 "at::native::(anonymous namespace)::LpNormFunctor<c10::BFloat16, 2, float, float>, float*, int)")
+_FOREACH_NORM_CLEANUP = ("void at::native::(anonymous namespace)::lpnorm_cleanup<float, 2, float, "
+                         "float>(float const*, at::native::(anonymous namespace)::TensorListAddresses, int)")
+_REDUCE_NORM = ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::NormTwoOps<float, "
+                "float, float>, unsigned int, float, 4, 4> >(at::native::ReduceOp<float, "
+                "at::native::NormTwoOps<float, float, float>, unsigned int, float, 4, 4>)")
+_CLAMP = _elementwise("at::native::(anonymous namespace)::clamp_scalar_kernel_impl(at::TensorIteratorBase&, "
+                      "c10::Scalar const&, "
+                      "c10::Scalar const&)::{lambda()#1}::operator()() const::{lambda()#7}::operator()() const::"
                       "{lambda(float)#1}", 2)
-_FOREACH_MUL = ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
-                "TensorListMetadata<1>, at::native::(anonymous namespace)::BinaryOpScalarTensorFunctor<c10::BFloat16, 1, 1, 0>, "
+_FOREACH_MUL = ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::"
+                "(anonymous namespace)::TensorListMetadata<1>, "
+                "at::native::(anonymous namespace)::BinaryOpScalarTensorFunctor<c10::BFloat16, 1, 1, 0>, "
                 "std::multiplies<float>, float const*>(at::native::(anonymous namespace)::TensorListMetadata<1>, "
                 "at::native::(anonymous namespace)::BinaryOpScalarTensorFunctor<c10::BFloat16, 1, 1, 0>, "
                 "std::multiplies<float>, float const*)")
-_FUSED_ADAMW = ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
-                "FusedOptimizerTensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4, "
-                "(at::native::ADAM_MODE)1, false>, double*, double, double, double, double, double, bool, float*, float*>("
-                "at::native::(anonymous namespace)::FusedOptimizerTensorListMetadata<4>, at::native::(anonymous namespace)::"
-                "FusedAdamMathFunctor<float, 4, (at::native::ADAM_MODE)1, false>, double*, double, double, double, double, "
-                "double, bool, float*, float*)")
+_FUSED_ADAMW = ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::"
+                "(anonymous namespace)::FusedOptimizerTensorListMetadata<4>, "
+                "at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4, (at::native::ADAM_MODE)1, "
+                "false>, double*, double, double, double, double, double, bool, float*, "
+                "float*>(at::native::(anonymous namespace)::FusedOptimizerTensorListMetadata<4>, "
+                "at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4, (at::native::ADAM_MODE)1, "
+                "false>, double*, double, double, double, double, double, bool, float*, float*)")
 
 
 @dataclass(frozen=True)
@@ -565,21 +581,21 @@ class _ModelBuilder:
         s, classes = self.s, self.s.hidden
         logits = [s.tokens, classes]
         m_lsm, m_nll = self.alloc(classes), self.alloc_bytes(4)
-        log_softmax = Op("aten::log_softmax", 5.0, (Op("aten::_log_softmax", 9.0, launch=_ew(_LOG_SOFTMAX, 30.0), mem=m_lsm,
-                                                       inputs=((logits, BF16), SCALAR, SCALAR)),),
-                         inputs=((logits, BF16), SCALAR, NONE), seq=SEQ_FWD)
-        nll = Op("aten::nll_loss_nd", 5.0, (Op("aten::nll_loss", 4.0, (Op("aten::nll_loss_forward", 10.0,
-                                                                          launch=_ew(_NLL_FWD, 8.0), mem=m_nll),)),),
-                 inputs=((logits, BF16), ([s.tokens], "long int"), NONE, SCALAR, SCALAR), seq=SEQ_FWD)
+        labels = ([s.tokens], "long int")
+        inner_log_softmax = Op("aten::_log_softmax", 9.0, launch=_ew(_LOG_SOFTMAX, 30.0), mem=m_lsm,
+                               inputs=((logits, BF16), SCALAR, SCALAR))
+        log_softmax = Op("aten::log_softmax", 5.0, (inner_log_softmax,), inputs=((logits, BF16), SCALAR, NONE),
+                         seq=SEQ_FWD)
+        nll_forward = Op("aten::nll_loss_forward", 10.0, launch=_ew(_NLL_FWD, 8.0), mem=m_nll)
+        nll = Op("aten::nll_loss_nd", 5.0, (Op("aten::nll_loss", 4.0, (nll_forward,)),),
+                 inputs=((logits, BF16), labels, NONE, SCALAR, SCALAR), seq=SEQ_FWD)
         loss = Op("aten::cross_entropy_loss", 6.0, (log_softmax, nll),
-                  inputs=((logits, BF16), ([s.tokens], "long int"), NONE, SCALAR, SCALAR, SCALAR))
-        backward = [
-            _node("NllLossBackward0", (Op("aten::nll_loss_backward", 8.0,
-                                          (Op("aten::zero_", 4.0, launch=_ew(_FILL, 25.0)),), launch=_ew(_NLL_BWD, 12.0)),),
-                  m_nll),
-            _node("LogSoftmaxBackward0", (Op("aten::_log_softmax_backward_data", 9.0, launch=_ew(_LOG_SOFTMAX_BWD, 45.0)),),
-                  m_lsm),
-        ]
+                  inputs=((logits, BF16), labels, NONE, SCALAR, SCALAR, SCALAR))
+        nll_backward = Op("aten::nll_loss_backward", 8.0, (Op("aten::zero_", 4.0, launch=_ew(_FILL, 25.0)),),
+                          launch=_ew(_NLL_BWD, 12.0))
+        log_softmax_backward = Op("aten::_log_softmax_backward_data", 9.0, launch=_ew(_LOG_SOFTMAX_BWD, 45.0))
+        backward = [_node("NllLossBackward0", (nll_backward,), m_nll),
+                    _node("LogSoftmaxBackward0", (log_softmax_backward,), m_lsm)]
         return loss, backward
 
 
@@ -595,7 +611,8 @@ def _mm_backward(s: _Shape, fin: int, fout: int, gemm_us: float, freed: tuple[in
     children = (Op("aten::t", 2.5, (_transpose(w),)),
                 Op("aten::mm", 10.0, launch=_gemm(_GEMM_NN, gemm_us), inputs=((grad, BF16), (w, BF16))),
                 Op("aten::t", 2.5, (_transpose(grad),)),
-                Op("aten::mm", 10.0, launch=_gemm(_GEMM_NT, gemm_us), inputs=(([fout, s.tokens], BF16), ([s.tokens, fin], BF16))),
+                Op("aten::mm", 10.0, launch=_gemm(_GEMM_NT, gemm_us),
+                   inputs=(([fout, s.tokens], BF16), ([s.tokens, fin], BF16))),
                 Op("aten::t", 2.5, (_transpose(w),)))
     return _node("MmBackward0", children, freed)
 
@@ -645,7 +662,8 @@ def _inputs_copy(s: _Shape) -> Op:
     nbytes = s.tokens * 8
     copy = Op("aten::copy_", 9.0, launch=Memcpy("Memcpy HtoD (Pinned -> Device)", nbytes, 22.0),
               inputs=((ids, "long int"), (ids, "long int"), SCALAR))
-    to_copy = Op("aten::_to_copy", 6.0, (Op("aten::empty_strided", 3.0), copy), inputs=((ids, "long int"),) + (NONE,) * 6)
+    to_copy = Op("aten::_to_copy", 6.0, (Op("aten::empty_strided", 3.0), copy),
+                 inputs=((ids, "long int"),) + (NONE,) * 6)
     return Op("aten::to", 4.0, (to_copy,), inputs=((ids, "long int"),) + (NONE,) * 5)
 
 
@@ -748,7 +766,8 @@ class _EventSink:
     def us(self, ns: int) -> float:
         return (ns + self.origin_ns) / 1000
 
-    def begin(self, op: Op, tid: int, ts: int, ext: int, seq: int | None, extra: dict | None = None) -> tuple[dict, int]:
+    def begin(self, op: Op, tid: int, ts: int, ext: int, seq: int | None,
+              extra: dict | None = None) -> tuple[dict, int]:
         args = {"External id": ext}
         if seq is not None:
             args["Sequence number"] = seq
@@ -897,7 +916,8 @@ class _RankSim:
         return max(1, int(us * self._cpu_ns_per_us * self._noise.cpu()))
 
     def _kernel_ns(self, kernel: Kernel) -> int:
-        return max(1_000, int(kernel.dur_us * 1000 * self._gpu_speed * self._compute_scale * self._noise.factor(kernel.sigma)))
+        speed = self._gpu_speed * self._compute_scale * self._noise.factor(kernel.sigma)
+        return max(1_000, int(kernel.dur_us * 1000 * speed))
 
     def _next_ext(self) -> int:
         self._ext += 1
@@ -1015,7 +1035,8 @@ class _RankSim:
         """Host work of a step up to the end of backward; returns each all-reduce's ready time (ns)."""
         self._pending = []
         t = self._step_start = self.t_main
-        self._step_handle = self.sink.annotation(f"ProfilerStep#{FIRST_STEP + step_index}", self.main_tid, t, self._next_ext())
+        step_name = f"ProfilerStep#{FIRST_STEP + step_index}"
+        self._step_handle = self.sink.annotation(step_name, self.main_tid, t, self._next_ext())
         t += self._cpu_ns(20.0)
         t = self._timed_annotation("Optimizer.zero_grad#AdamW.zero_grad", t, self._cpu_ns(45.0))
         t += self._cpu_ns(15.0)
@@ -1093,7 +1114,8 @@ class _RankSim:
 _C10D_ALLREDUCE = Op("c10d::allreduce_", 50.0, inputs=(TENSORS, ([], "__torch__.torch.classes.c10d.ProcessGroup"),
                                                         ([], "__torch__.torch.classes.c10d.ReduceOp"), NONE, SCALAR))
 _RECORD_PARAM_COMMS = Op("record_param_comms", 66.0)
-_NCCL_STATIC_ARGS = Kernel("nccl", 0.0, grid=(24, 1, 1), block=(640, 1, 1), registers=96, shared_mem=103_808).static_args
+_NCCL_STATIC_ARGS = Kernel("nccl", 0.0, grid=(24, 1, 1), block=(640, 1, 1), registers=96,
+                           shared_mem=103_808).static_args
 
 
 def _without_all_reduce(op: Op) -> Op:
@@ -1229,7 +1251,8 @@ def _trace_header(rank: int, world: int, seed: int) -> dict:
                                 "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cuda:nccl",
                                                "pg_size": world, "ranks": list(range(world))}],
                                 "nccl_version": "2.21.5"},
-            "host_name": f"node{rank // GPUS_PER_NODE:03d}", "displayTimeUnit": "ms", "baseTimeNanoseconds": BASE_TIME_NS}
+            "host_name": f"node{rank // GPUS_PER_NODE:03d}", "displayTimeUnit": "ms",
+            "baseTimeNanoseconds": BASE_TIME_NS}
 
 
 GZIP_LEVEL = 1     # ~9x smaller than the JSON here, at a fraction of level 6's cost
@@ -1239,9 +1262,11 @@ TRUNCATE_AT = 0.6  # a truncated file keeps this share of its events, then half 
 def _encode_trace(header: dict, events: list[dict], trace_name: str, truncate: bool) -> tuple[bytes, int]:
     """The file's JSON text, one event per line like Kineto. Returns (text, complete events in it)."""
     encode = msgspec.json.Encoder().encode
-    head = b"{\n" + b"".join(b'  "%s": %s,\n' % (k.encode(), encode(v)) for k, v in header.items()) + b'  "traceEvents": [\n'
+    fields = b"".join(b'  "%s": %s,\n' % (key.encode(), encode(value)) for key, value in header.items())
+    head = b"{\n" + fields + b'  "traceEvents": [\n'
     if not truncate:
-        return head + _event_lines(encode(events)) + b'\n  ],\n  "traceName": ' + encode(trace_name) + b"\n}\n", len(events)
+        tail = b'\n  ],\n  "traceName": ' + encode(trace_name) + b"\n}\n"
+        return head + _event_lines(encode(events)) + tail, len(events)
     kept = int(len(events) * TRUNCATE_AT)
     cut_event = encode(events[kept])
     return head + _event_lines(encode(events[:kept])) + b",\n" + cut_event[: len(cut_event) // 2], kept
@@ -1301,7 +1326,8 @@ def _generate(out: Path, ranks: int, steps: int, seed: int, injections: list[Inj
     program = build_program(max(1, round(DEFAULT_LAYERS * scale)))
     timeline = _simulate_timing(program, ranks, steps, seed, faults)
     has_stragglers = any(inj.kind == "straggler" for inj in injections)
-    baseline = _simulate_timing(program, ranks, steps, seed, faults.without_stragglers()) if has_stragglers else timeline
+    baseline = (_simulate_timing(program, ranks, steps, seed, faults.without_stragglers())
+                if has_stragglers else timeline)
 
     out.mkdir(parents=True, exist_ok=True)
     for old in out.iterdir():
@@ -1362,7 +1388,8 @@ def _ground_truth(seed: int, world: int, steps: int, injections: list[Injection]
             "findings": _expected_findings(injections),
             "comm_overlap": faults.overlap_comm,
             "collectives_per_step": len(program.buckets),
-            "clock_offsets_ms": {str(r): f.clock_offset_ns / 1e6 for r, f in enumerate(faults.ranks) if f.clock_offset_ns},
+            "clock_offsets_ms": {str(r): f.clock_offset_ns / 1e6
+                                 for r, f in enumerate(faults.ranks) if f.clock_offset_ns},
             "truncated_ranks": [r for r, f in enumerate(faults.ranks) if f.truncated],
             "per_rank": per_rank,
         },
