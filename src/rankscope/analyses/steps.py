@@ -6,6 +6,7 @@ is one step spanning the whole trace (`source == "whole_trace"`), and callers sa
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +16,7 @@ from rankscope.analyses.intervals import covered_between, union
 from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace
 
 _DEVICE = [int(k) for k in DEVICE_KINDS]
+_STEP = re.compile(PROFILER_STEP_PATTERN)
 _LAUNCH = [int(Kind.RUNTIME), int(Kind.DRIVER)]
 
 
@@ -27,9 +29,9 @@ class StepWindows:
 
 def step_windows(trace: RankTrace) -> StepWindows:
     ev = trace.events
+    step_names = [n for n in ev["name"].unique().cast(pl.String).to_list() if n and _STEP.match(n)]
     marks = (
-        ev.filter(pl.col("kind").is_in([int(k) for k in HOST_OP_KINDS]))
-        .filter(pl.col("name").cast(pl.String).str.contains(PROFILER_STEP_PATTERN))
+        ev.filter(pl.col("kind").is_in([int(k) for k in HOST_OP_KINDS]) & pl.col("name").is_in(step_names))
         .select(
             pl.col("name").cast(pl.String).str.extract(PROFILER_STEP_PATTERN, 1).cast(pl.Int64).alias("step"),
             "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns")).alias("cpu_end_ns"),

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TRACE_SUFFIXES = (".json", ".json.gz")
-#: Files that are evidence of other kinds (read by other verbs), never reported as junk.
+#: JSON files that sit beside traces and are known not to be traces (not reported).
+NOT_TRACES = {"ground_truth.json"}
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z0-9])(?:rank|worker)[-_]?(\d+)(?![0-9])", re.IGNORECASE)
 
 
@@ -22,7 +23,7 @@ class Discovered:
 
 def is_trace_name(path: Path) -> bool:
     name = path.name.lower()
-    return name.endswith(TRACE_SUFFIXES)
+    return name.endswith(TRACE_SUFFIXES) and name not in NOT_TRACES
 
 
 def discover(inputs: list[str | Path]) -> Discovered:
@@ -39,8 +40,8 @@ def discover(inputs: list[str | Path]) -> Discovered:
                 files = sorted(f for f in p.rglob("*") if f.is_file())
                 found = [f for f in files if is_trace_name(f)]
             traces.extend(found)
-            ignored.extend((f, "not a trace file (expected *.json or *.json.gz)")
-                           for f in files if not is_trace_name(f) and not f.name.startswith("."))
+            ignored.extend((f, "not a trace file (expected *.json or *.json.gz)") for f in files
+                           if not is_trace_name(f) and not f.name.startswith(".") and f.name not in NOT_TRACES)
         elif p.is_file():
             traces.append(p)
         else:

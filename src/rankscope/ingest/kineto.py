@@ -658,17 +658,16 @@ def _build(path: Path, size: int, parsed: _Parsed, header: dict) -> RankTrace:
     flows = _flows_frame(acc)
     corr = _link_launches(acc.take("x", "correlation"), flows, kind, pid, tid, ts)
 
-    name_series = pl.Series("name", names or [""], dtype=pl.String)
     events = pl.DataFrame({
         "kind": kind,
-        "name": name_series.gather(np.maximum(name_codes, 0)).cast(pl.Categorical),
+        "name": _text_column(name_codes, _categories(names)),
         "ts_ns": ts, "dur_ns": dur, "pid": pid, "tid": tid, "device": device,
         "stream": acc.take("x", "stream"), "correlation": corr,
         "external_id": acc.take("x", "external_id"), "kclass": kclass.astype(np.uint8),
     })
     del name_codes, kclass
 
-    text = pl.Series("text", _inverse(t.text), dtype=pl.String)
+    text = _categories(_inverse(t.text))
     side = {frame: _side_frame(acc, frame, text) for frame in ("gpu_args", "comm_args", "op_args")}
     memory = pl.DataFrame({"ts_ns": acc.take("memory", "ts_ns"),
                            **{n: acc.take("memory", n) for n in acc.side_names["memory"]}})
@@ -732,13 +731,18 @@ def _side_frame(acc: _Accumulator, frame: str, text: pl.Series) -> pl.DataFrame:
     return pl.DataFrame(data)
 
 
-def _text_column(codes: np.ndarray, text_series: pl.Series) -> pl.Series:
-    """int32 codes into the per-file text table -> Categorical; negative codes -> null."""
-    valid = codes >= 0
-    if not len(text_series) or not valid.any():
-        return pl.Series([None] * len(codes), dtype=pl.String).cast(pl.Categorical)
-    values = text_series.gather(np.where(valid, codes, 0))
-    return values.zip_with(pl.Series(valid), pl.Series([None] * len(codes), dtype=pl.String)).cast(pl.Categorical)
+def _text_column(codes: np.ndarray, categories: pl.Series) -> pl.Series:
+    """Codes into a per-file text table -> Categorical (a gather of the categorical table, no
+    string per row); negative codes -> null."""
+    if len(categories) == 0:
+        return pl.Series([None] * len(codes), dtype=pl.Categorical)
+    c = pl.Series(codes, dtype=pl.Int64)
+    index = pl.select(pl.when(c >= 0).then(c).cast(pl.UInt32)).to_series()
+    return categories.gather(index)
+
+
+def _categories(texts: list[str]) -> pl.Series:
+    return pl.Series(texts, dtype=pl.String).cast(pl.Categorical)
 
 
 def _meta_names(acc: _Accumulator, t: _Tables) -> tuple[dict, dict]:
@@ -765,8 +769,8 @@ def _key_text(v: int, keys: list[str]) -> str:
 def _flows_frame(acc: _Accumulator) -> pl.DataFrame:
     t = acc.tables
     return pl.DataFrame({
-        "phase": _text_column(acc.take("flows", "ph", np.int32), pl.Series(_inverse(t.ph), dtype=pl.String)),
-        "cat": _text_column(acc.take("flows", "cat", np.int32), pl.Series(_inverse(t.cat), dtype=pl.String)),
+        "phase": _text_column(acc.take("flows", "ph", np.int32), _categories(_inverse(t.ph))),
+        "cat": _text_column(acc.take("flows", "cat", np.int32), _categories(_inverse(t.cat))),
         "id": acc.take("flows", "id"), "ts_ns": acc.take("flows", "ts_ns"),
         "pid": acc.take("flows", "pid"), "tid": acc.take("flows", "tid"),
     })
