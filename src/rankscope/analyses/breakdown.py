@@ -1,0 +1,177 @@
+"""Step breakdown that sums exactly to step time (DESIGN.md "Step breakdown", stable).
+
+Each instant of a step window goes to exactly one category, first match wins:
+  compute          COMP running, no COMM
+  comm_overlapped  COMP and COMM running
+  comm_exposed     COMM running, no COMP
+  memcpy           MEM (memcpy/memset) only
+  dataloader       device idle, host inside `enumerate(DataLoader)#...__next__`
+  sync             device idle, host blocked in cuda*/hip* Device/Stream/Event Synchronize
+  host             device idle, host inside a CPU op or a runtime/driver call
+  idle_other       the rest: device idle and the host outside any profiled op (Python, GC, sleep)
+
+How: the boundaries of every interval set and step window cut time into elementary segments;
+each segment's membership is looked up once per set (searchsorted on the set's disjoint union),
+its category follows the priority above, and segment lengths are summed per step. The parts
+therefore add up to the step duration exactly (integer nanoseconds).
+
+CPU-only jobs (no device activity; gloo): the training thread (the one with ProfilerStep marks)
+plays the device. Its CPU ops are COMP, except collective ops (`c10d::*`, `record_param_comms`,
+`gloo:*`, `nccl:*`) and DataLoader spans; gloo collective spans (any thread) are COMM; other CPU
+ops are `host`.
+
+Overlap efficiency (seed 003): (compute + comm - step) / min(compute, comm), clipped to [0, 1],
+with compute = time COMP runs and comm = time COMM runs.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from rankscope.analyses.intervals import union
+from rankscope.analyses.steps import StepWindows, step_windows
+from rankscope.model import (DATALOADER_PATTERN, DEVICE_KINDS, PROFILER_STEP_PATTERN, Kind, KernelClass,
+                             RankTrace)
+
+CATEGORIES = ("compute", "comm_overlapped", "comm_exposed", "memcpy", "dataloader", "sync", "host",
+              "idle_other")
+#: Host calls that block until the device catches up (`.item()`, explicit synchronize).
+BLOCKING_SYNC_PATTERN = r"^(cuda|hip)(Device|Stream|Event)Synchronize"
+#: Host ops that are collectives, not computation (CPU-only jobs).
+HOST_COLLECTIVE_PATTERN = r"^(c10d::|record_param_comms|gloo:|nccl:)"
+NS_PER_MS = 1e6
+
+
+@dataclass
+class StepBreakdown:
+    """`frame`: one row per step: step, duration_ms and one `_ms` column per category
+    (they sum to duration_ms). `mode`: "device" or "cpu_only"."""
+    frame: pl.DataFrame
+    mode: str
+    compute_ms: float             # time COMP runs (union), over all steps
+    comm_ms: float                # time COMM runs (union), over all steps
+    step_ms: float                # sum of step durations
+    training_tid: int | None = None   # cpu_only: the thread playing the device
+
+    def mean_ms(self) -> dict[str, float]:
+        """Per category, mean over steps (sums to the mean step time)."""
+        if self.frame.is_empty():
+            return {c: 0.0 for c in CATEGORIES}
+        return {c: float(self.frame[c].mean()) for c in CATEGORIES}
+
+    @property
+    def overlap_efficiency(self) -> float | None:
+        lo = min(self.compute_ms, self.comm_ms)
+        if lo <= 0:
+            return None
+        return float(np.clip((self.compute_ms + self.comm_ms - self.step_ms) / lo, 0.0, 1.0))
+
+
+def _names_matching(ev: pl.DataFrame, pattern: str) -> list[str]:
+    rx = re.compile(pattern)
+    return [n for n in ev["name"].unique().cast(pl.String).to_list() if n and rx.search(n)]
+
+
+def _intervals(df: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    ts = df["ts_ns"].to_numpy()
+    return union(ts, ts + df["dur_ns"].to_numpy())
+
+
+def _device_sets(ev: pl.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    dev = ev.filter(pl.col("kind").is_in([int(k) for k in DEVICE_KINDS]))
+    marks = _names_matching(ev, PROFILER_STEP_PATTERN) + _names_matching(ev, DATALOADER_PATTERN)
+    host = ev.filter(pl.col("kind").is_in([int(Kind.CPU_OP), int(Kind.RUNTIME), int(Kind.DRIVER)])
+                     & ~pl.col("name").is_in(marks))
+    return {
+        "comp": _intervals(dev.filter(pl.col("kclass") == int(KernelClass.COMP))),
+        "comm": _intervals(dev.filter(pl.col("kclass") == int(KernelClass.COMM))),
+        "mem": _intervals(dev.filter(pl.col("kclass") == int(KernelClass.MEM))),
+        "dataloader": _intervals(ev.filter(pl.col("name").is_in(_names_matching(ev, DATALOADER_PATTERN)))),
+        "sync": _intervals(ev.filter((pl.col("kind") == int(Kind.RUNTIME))
+                                     & pl.col("name").is_in(_names_matching(ev, BLOCKING_SYNC_PATTERN)))),
+        "host": _intervals(host),
+    }
+
+
+def training_thread(ev: pl.DataFrame) -> int | None:
+    """The thread with the ProfilerStep marks; else the one with the most CPU op time."""
+    steps = ev.filter(pl.col("name").is_in(_names_matching(ev, PROFILER_STEP_PATTERN)))
+    if not steps.is_empty():
+        return int(steps["tid"].mode().sort()[0])
+    ops = ev.filter(pl.col("kind") == int(Kind.CPU_OP))
+    if ops.is_empty():
+        return None
+    return int(ops.group_by("tid").agg(pl.col("dur_ns").sum()).sort("dur_ns", descending=True)["tid"][0])
+
+
+def _cpu_only_sets(ev: pl.DataFrame) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], int | None]:
+    tid = training_thread(ev)
+    marks = _names_matching(ev, PROFILER_STEP_PATTERN) + _names_matching(ev, DATALOADER_PATTERN)
+    collective = _names_matching(ev, HOST_COLLECTIVE_PATTERN)
+    ops = ev.filter(pl.col("kind").is_in([int(Kind.CPU_OP), int(Kind.USER_ANNOTATION)]) & ~pl.col("name").is_in(marks))
+    train_ops = ops.filter((pl.col("tid") == tid) & (pl.col("kind") == int(Kind.CPU_OP)))
+    empty = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    return {
+        "comp": _intervals(train_ops.filter(~pl.col("name").is_in(collective))),
+        # collective calls on the training thread (launch, wait) and data loading are not compute
+        "not_comp": _intervals(ev.filter(((pl.col("tid") == tid) & pl.col("name").is_in(collective))
+                                         | pl.col("name").is_in(_names_matching(ev, DATALOADER_PATTERN)))),
+        "comm": _intervals(ev.filter((pl.col("kclass") == int(KernelClass.COMM)))),
+        "mem": empty,
+        "dataloader": _intervals(ev.filter(pl.col("name").is_in(_names_matching(ev, DATALOADER_PATTERN)))),
+        "sync": empty,
+        "host": _intervals(ops.filter(pl.col("kind") == int(Kind.CPU_OP))),
+    }, tid
+
+
+def _member(u: tuple[np.ndarray, np.ndarray], points: np.ndarray) -> np.ndarray:
+    s, e = u
+    if len(s) == 0:
+        return np.zeros(len(points), dtype=bool)
+    i = np.searchsorted(s, points, side="right") - 1
+    return (i >= 0) & (points < e[np.maximum(i, 0)])
+
+
+def step_breakdown(trace: RankTrace, windows: StepWindows | None = None) -> StepBreakdown:
+    windows = windows or step_windows(trace)
+    ev = trace.events
+    cpu_only = not trace.has_device_activity()
+    if cpu_only:
+        sets, tid = _cpu_only_sets(ev)
+    else:
+        sets, tid = _device_sets(ev), None
+    w = windows.frame
+    w_start, w_end = w["start_ns"].to_numpy(), w["end_ns"].to_numpy()
+    n_steps = len(w_start)
+    if n_steps == 0:
+        return StepBreakdown(pl.DataFrame(schema={"step": pl.Int64, "duration_ms": pl.Float64,
+                                                  **{f"{c}": pl.Float64 for c in CATEGORIES}}),
+                             "cpu_only" if cpu_only else "device", 0.0, 0.0, 0.0, tid)
+
+    cuts = [w_start, w_end] + [a for s in sets.values() for a in s]
+    bounds = np.unique(np.concatenate(cuts))
+    left, length = bounds[:-1], np.diff(bounds)
+    step_of = np.searchsorted(w_start, left, side="right") - 1
+    inside = (step_of >= 0) & (left < w_end[np.maximum(step_of, 0)])
+    left, length, step_of = left[inside], length[inside], step_of[inside]
+
+    m = {name: _member(u, left) for name, u in sets.items()}
+    comp = m["comp"] & ~m["not_comp"] if cpu_only else m["comp"]
+    comm, mem = m["comm"], m["mem"]
+    category = np.select(
+        [comp & ~comm, comp & comm, comm, mem, m["dataloader"], m["sync"], m["host"]],
+        [0, 1, 2, 3, 4, 5, 6], default=7)
+    totals = np.bincount(step_of * len(CATEGORIES) + category, weights=length,
+                         minlength=n_steps * len(CATEGORIES)).reshape(n_steps, len(CATEGORIES))
+    durations = (w_end - w_start).astype(np.float64)
+    frame = pl.DataFrame({
+        "step": w["step"], "duration_ms": durations / NS_PER_MS,
+        **{c: totals[:, i] / NS_PER_MS for i, c in enumerate(CATEGORIES)},
+    })
+    comp_ms = float(length[comp].sum()) / NS_PER_MS
+    comm_ms = float(length[comm].sum()) / NS_PER_MS
+    return StepBreakdown(frame, "cpu_only" if cpu_only else "device", comp_ms, comm_ms,
+                         float(durations.sum()) / NS_PER_MS, tid)
