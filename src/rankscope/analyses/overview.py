@@ -1,7 +1,9 @@
-"""What one rank's trace holds: event counts, devices, steps and device-busy time per step.
+"""What one rank's trace holds: event counts, devices, steps, device-busy time and the exact
+breakdown of every step.
 
-`summarize_rank` is the per-rank map step: its result is small (no event frames), so the
-driver holds only summaries, whatever the number of ranks.
+`summarize_rank` is the per-rank map step: it runs every per-rank analysis once and keeps only
+their small results (no event frames), so the driver holds summaries, whatever the number of
+ranks.
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
+from rankscope.analyses.breakdown import CATEGORIES, step_breakdown
 from rankscope.analyses.steps import device_busy_ns, step_windows
 from rankscope.model import DEVICE_KINDS, Kind, KernelClass, RankMeta, RankTrace
 
@@ -19,14 +22,16 @@ NS_PER_MS = 1e6
 @dataclass
 class RankSummary:
     meta: RankMeta
-    steps: list[dict]                 # step, start_ns, end_ns, duration_ms, device_busy_ms
+    steps: list[dict]                 # step, start_ns, end_ns, duration_ms, device_busy_ms, breakdown_ms
     steps_source: str                 # "profiler_step" | "whole_trace"
     kind_counts: dict[str, int]       # complete events per kind name
     device_events: int                # kernels + memcpy + memset
     comm_kernels: int                 # device events of class COMM
     streams: int                      # distinct (device, stream) with device activity
+    breakdown_mode: str = "device"    # "device" | "cpu_only" (the training thread plays the device)
+    breakdown_mean_ms: dict[str, float] = field(default_factory=dict)   # per category, mean per step
+    overlap_efficiency: float | None = None
     from_cache: bool = False
-    extras: dict = field(default_factory=dict)   # later analyses add their per-rank results here
 
     @property
     def rank(self) -> int:
@@ -41,11 +46,13 @@ def summarize_rank(trace: RankTrace) -> RankSummary:
     ev = trace.events
     windows = step_windows(trace)
     busy = device_busy_ns(trace, windows)
+    breakdown = step_breakdown(trace, windows)
     f = windows.frame
+    parts = breakdown.frame.select(CATEGORIES).rows()
     steps = [
         {"step": int(s), "start_ns": int(a), "end_ns": int(b), "duration_ms": float(d) / NS_PER_MS,
-         "device_busy_ms": float(u) / NS_PER_MS}
-        for s, a, b, d, u in zip(f["step"], f["start_ns"], f["end_ns"], f["duration_ns"], busy)
+         "device_busy_ms": float(u) / NS_PER_MS, "breakdown_ms": dict(zip(CATEGORIES, p))}
+        for s, a, b, d, u, p in zip(f["step"], f["start_ns"], f["end_ns"], f["duration_ns"], busy, parts)
     ]
     counts = ev.group_by("kind").len()
     kind_counts = {Kind(int(k)).name.lower(): int(n) for k, n in zip(counts["kind"], counts["len"])}
@@ -55,6 +62,8 @@ def summarize_rank(trace: RankTrace) -> RankSummary:
         device_events=len(dev),
         comm_kernels=int((dev["kclass"] == int(KernelClass.COMM)).sum()),
         streams=dev.select("device", "stream").unique().height,
+        breakdown_mode=breakdown.mode, breakdown_mean_ms=breakdown.mean_ms(),
+        overlap_efficiency=breakdown.overlap_efficiency,
     )
 
 

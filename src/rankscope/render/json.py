@@ -7,16 +7,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from rankscope.analyses.breakdown import CATEGORIES as BREAKDOWN_CATEGORIES
 from rankscope.analyses.overview import step_time_stats
 from rankscope.api import Analysis
 
 SCHEMA = "rankscope.analysis/1"
-BREAKDOWN_CATEGORIES = ("compute", "comm_overlapped", "comm_exposed", "memcpy", "dataloader", "sync",
-                        "host", "idle_other")
 
 
 def _r(x: float | None, nd: int = 3) -> float | None:
     return None if x is None else round(x, nd)
+
+
+def _rounded(parts: dict[str, float]) -> dict[str, float]:
+    return {c: round(parts[c], 3) for c in BREAKDOWN_CATEGORIES}
 
 
 def analysis_to_dict(a: Analysis) -> dict[str, Any]:
@@ -34,17 +37,19 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
             "device_events": s.device_events,
             "step_time_ms": {"mean": _r(st.mean_ms), "median": _r(st.median_ms), "max": _r(st.max_ms)},
             "gpu_busy_pct": _r(st.device_busy_pct, 2),
-            "breakdown_ms": s.extras.get("breakdown_ms"),
-            "temporal_pct": s.extras.get("temporal_pct"),
-            "overlap_pct": s.extras.get("overlap_pct"),
-            "idle_ms": s.extras.get("idle_ms"),
+            "breakdown_ms": _rounded(s.breakdown_mean_ms) if s.steps else None,
+            "breakdown_mode": s.breakdown_mode,
+            "overlap_efficiency": _r(s.overlap_efficiency, 4),
+            "temporal_pct": None,
+            "overlap_pct": None,
+            "idle_ms": None,
             "salvaged": s.meta.salvaged,
             "from_cache": s.from_cache,
         })
         for step in s.steps:
             steps.append({"rank": s.rank, "step": step["step"], "duration_ms": _r(step["duration_ms"]),
                           "gpu_busy_ms": _r(step["device_busy_ms"]) if s.has_device else None,
-                          "breakdown_ms": None})
+                          "breakdown_ms": _rounded(step["breakdown_ms"])})
     return {
         "schema": SCHEMA,
         "job": {

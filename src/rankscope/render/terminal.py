@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -45,12 +46,42 @@ def render_analysis(a: Analysis, console: Console) -> None:
         table.add_row(str(s.rank), f"{s.meta.events_total:,}", str(len(s.steps)), _ms(st.mean_ms),
                       _ms(st.median_ms), _ms(st.max_ms), _pct(st.device_busy_pct))
     console.print(table)
+    _breakdown_table(a, console)
 
     for w in j.warnings:
         console.print(f"[yellow]warning:[/] {w}", highlight=False)
     for p in a.problems:
         tag = "[red]skipped:[/]" if p.fatal else "[yellow]warning:[/]"
         console.print(f"{tag} {Path(p.file).name}: {p.problem}", highlight=False)
+
+
+_BREAKDOWN_HEADERS = (("compute", "comp"), ("comm_overlapped", "c.ovl"), ("comm_exposed", "c.exp"),
+                      ("memcpy", "mcpy"), ("dataloader", "data"), ("sync", "sync"), ("host", "host"),
+                      ("idle_other", "idle"))
+_BREAKDOWN_LEGEND = ("comp compute · c.ovl comm overlapped with compute · c.exp comm exposed · mcpy memcpy only · "
+                     "data DataLoader · sync host synchronize · host CPU ops/launches · idle other · "
+                     "eff overlap efficiency")
+
+
+def _breakdown_table(a: Analysis, console: Console) -> None:
+    ranks = [s for s in a.ranks if s.steps]
+    if not ranks:
+        return
+    cpu_only = all(s.breakdown_mode == "cpu_only" for s in ranks)
+    title = "Where step time went, mean ms per step (parts sum to the step)"
+    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
+                  caption=_BREAKDOWN_LEGEND + ("; CPU-only job: the training thread plays the device" if cpu_only else ""),
+                  caption_justify="left")
+    table.add_column("rank", justify="right")
+    table.add_column("step", justify="right")
+    for _, header in _BREAKDOWN_HEADERS:
+        table.add_column(header, justify="right")
+    table.add_column("eff", justify="right")
+    for s in ranks:
+        st = step_time_stats(s)
+        eff = "-" if s.overlap_efficiency is None else f"{s.overlap_efficiency:.2f}"
+        table.add_row(str(s.rank), _ms(st.mean_ms), *(_ms(s.breakdown_mean_ms[k]) for k, _ in _BREAKDOWN_HEADERS), eff)
+    console.print(table)
 
 
 def _ranges(values: list[int]) -> str:
