@@ -16,7 +16,12 @@ from typing import Callable, Iterator
 
 from rankscope import engine as engines
 from rankscope.analyses.overview import RankSummary, summarize_rank
+import msgspec
+
+from rankscope.analyses import code_fingerprint
 from rankscope.ingest import Cache, TraceError, load_rank
+from rankscope.ingest.cache import content_key
+from rankscope.ingest.kineto import read_kineto
 from rankscope.ingest.discover import assign_ranks, discover
 from rankscope.model import InputProblem, RankTrace
 
@@ -55,15 +60,32 @@ class _Task:
 
 
 def _rank_task(task: _Task) -> RankSummary | InputProblem:
-    """The per-rank map step (runs in a worker). Never raises for bad input."""
+    """The per-rank map step (runs in a worker). Never raises for bad input.
+    With a cache, the summary itself is cached too (keyed by file content and analysis code)."""
     try:
-        cache = Cache(task.cache_dir) if task.use_cache else None
-        trace, cached = load_rank(task.path, cache)
+        if not task.use_cache:
+            return summarize_rank(read_kineto(task.path)[0])
+        cache = Cache(task.cache_dir)
+        key = content_key(task.path)
+        blob_name = f"summary-{code_fingerprint()}.msgpack"
+        blob = cache.get_blob(key, blob_name)
+        if blob is not None:
+            try:
+                summary = msgspec.msgpack.decode(blob, type=RankSummary)
+                summary.meta.file = task.path
+                summary.from_cache = True
+                return summary
+            except msgspec.DecodeError:
+                pass                      # damaged: recompute and rewrite
+        trace, cached = load_rank(task.path, cache, key=key)
         summary = summarize_rank(trace)
+        cache.put_blob(key, blob_name, msgspec.msgpack.encode(summary))
         summary.from_cache = cached
         return summary
     except TraceError as exc:
         return InputProblem(task.path, str(exc))
+    except OSError as exc:
+        return InputProblem(task.path, f"cannot read: {exc.strerror or exc}")
     except MemoryError:
         return InputProblem(task.path, "out of memory while reading this file")
     except Exception as exc:  # a bug must not take the other ranks down; report it on one line

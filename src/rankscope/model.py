@@ -10,7 +10,8 @@ Per rank, `RankTrace` holds polars frames:
   comm_args   collective metadata (record_param_comms / nccl:* / collective kernels), keyed by `row`
   op_args     operator details (input shapes/types, call stack, sequence number, flops), by `row`
   memory      `[memory]` instant events (allocator samples)
-  flows       flow events ('s'/'f'/'t'): launch links (ac2g/async) and fwd-bwd links
+  flows       flow events ('s'/'f'/'t') other than launch links (those are resolved into
+              `events.correlation` at ingest): e.g. forward-backward links (fwdbwd)
 """
 from __future__ import annotations
 

@@ -10,12 +10,12 @@ from rankscope.model import RankTrace
 __all__ = ["Cache", "TraceError", "load_rank"]
 
 
-def load_rank(path: str | Path, cache: Cache | None = None) -> tuple[RankTrace, bool]:
-    """Parse one trace file, or take it from `cache` when its content is unchanged.
-    Returns (trace, served_from_cache). Raises TraceError for unusable files."""
+def load_rank(path: str | Path, cache: Cache | None = None, key: str | None = None) -> tuple[RankTrace, bool]:
+    """Parse one trace file, or take it from `cache` when its content is unchanged (`key`: its
+    content key when the caller has it already). Returns (trace, served_from_cache). Raises
+    TraceError for unusable files."""
     path = Path(path)
-    key = None
-    if cache is not None:
+    if cache is not None and key is None:
         try:
             key = content_key(path)
         except OSError as exc:

@@ -21,7 +21,7 @@ import polars as pl
 from rankscope.model import FRAME_NAMES, RankMeta, RankTrace
 
 #: Bump when the parser's output changes: old entries are then ignored.
-PARSER_VERSION = "1"
+PARSER_VERSION = "2"
 _EDGE_BYTES = 1 << 20
 
 
@@ -66,6 +66,23 @@ class Cache:
         meta.file = file    # the same content may live under another name
         return RankTrace(meta=meta, **frames)
 
+    def get_blob(self, key: str, name: str) -> bytes | None:
+        """A small derived result stored beside the frames (e.g. a per-rank summary)."""
+        try:
+            return (self._entry(key) / name).read_bytes()
+        except OSError:
+            return None
+
+    def put_blob(self, key: str, name: str, data: bytes) -> None:
+        entry = self._entry(key)
+        try:
+            entry.mkdir(parents=True, exist_ok=True)
+            tmp = entry / f".{name}.{os.getpid()}.tmp"
+            tmp.write_bytes(data)
+            os.replace(tmp, entry / name)
+        except OSError:
+            pass
+
     def put(self, key: str, trace: RankTrace) -> None:
         entry = self._entry(key)
         try:
@@ -75,7 +92,7 @@ class Cache:
                 # uncompressed: 3x faster to read back than lz4, at ~12% of the trace's size on disk
                 frame.write_parquet(tmp / f"{name}.parquet", compression="uncompressed", statistics=False)
             (tmp / "meta.json").write_text(json.dumps(trace.meta.to_dict()))
-            if entry.exists():       # a damaged entry (get() missed on it)
+            if entry.exists():       # a damaged entry (get() missed on it), or only blobs
                 shutil.rmtree(entry, ignore_errors=True)
             try:
                 os.replace(tmp, entry)

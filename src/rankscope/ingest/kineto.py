@@ -28,9 +28,11 @@ from rankscope.ingest.columns import Col, columnize, scan_json
 from rankscope.model import (CATEGORY_KINDS, DEVICE_KINDS, Kind, RankMeta, RankTrace,
                              classify_names)
 
-CHUNK_BYTES = 8 << 20          # decompressed bytes decoded at once
+CHUNK_BYTES = 4 << 20          # decompressed bytes decoded at once (transient memory ~6x this)
 HEADER_LIMIT = 64 << 20        # give up looking for "traceEvents" after this many bytes
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+#: Flow categories that link a launch to its device activity; resolved into `correlation`.
+LAUNCH_FLOW_CATEGORIES = ("ac2g", "async", "async_cpu_to_gpu")
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 
 
@@ -657,6 +659,7 @@ def _build(path: Path, size: int, parsed: _Parsed, header: dict) -> RankTrace:
     tid = acc.take("x", "tid")
     flows = _flows_frame(acc)
     corr = _link_launches(acc.take("x", "correlation"), flows, kind, pid, tid, ts)
+    flows = flows.filter(~pl.col("cat").is_in(list(LAUNCH_FLOW_CATEGORIES)))   # now in `correlation`
 
     events = pl.DataFrame({
         "kind": kind,
@@ -783,7 +786,7 @@ def _link_launches(corr: np.ndarray, flows: pl.DataFrame, kind: np.ndarray, pid:
     missing = (corr < 0) & np.isin(kind, [int(Kind.RUNTIME), int(Kind.DRIVER)] + [int(k) for k in DEVICE_KINDS])
     if not missing.any() or flows.is_empty():
         return corr
-    links = flows.filter(pl.col("cat").is_in(["ac2g", "async", "async_cpu_to_gpu"]) & (pl.col("id") >= 0))
+    links = flows.filter(pl.col("cat").is_in(list(LAUNCH_FLOW_CATEGORIES)) & (pl.col("id") >= 0))
     if links.is_empty():
         return corr
     idx = np.flatnonzero(missing)
