@@ -118,7 +118,8 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
     problems += [r for r in results if isinstance(r, InputProblem)]
     summaries.sort(key=lambda s: s.meta.file)
     assignments, rank_warnings, duplicates = assign_ranks(
-        [s.meta.file for s in summaries], [s.meta.dist_rank for s in summaries])
+        [s.meta.file for s in summaries], [s.meta.dist_rank for s in summaries],
+        [not s.meta.salvaged for s in summaries])
     by_file = {s.meta.file: s for s in summaries}
     kept = []
     for a in assignments:

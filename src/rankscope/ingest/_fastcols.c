@@ -435,6 +435,7 @@ static int scan_string(parser_t *ps, const char **s, Py_ssize_t *n, int *esc) {
         if (p > ps->end) break;
     }
     ps->error = 1;
+    ps->p = ps->end;                  /* unterminated: the text breaks at its end */
     return -1;
 }
 

@@ -119,15 +119,16 @@ def columnize(objs: list, specs: Sequence[Col], indices: np.ndarray | None = Non
     return [np.frombuffer(b, dtype=_DTYPES[s.kind]) for b, s in zip(buffers, specs)]
 
 
-def scan_json(body, specs: Sequence[tuple], tables: list[dict]) -> tuple[list[np.ndarray], int, int] | None:
-    """C scanner over a JSON array of events: (one array per spec, events, non-object elements),
-    or None where the scanner declines (no extension, invalid JSON, unexpected types): the caller
-    then decodes with msgspec. Specs are (event key, args key or None, kind, default, table index)."""
+def scan_json(body, specs: Sequence[tuple], tables: list[dict]) -> tuple[list[np.ndarray], int, int] | int | None:
+    """C scanner over a JSON array of events: (one array per spec, events, non-object elements);
+    an int where the scanner declines (invalid JSON, unexpected types): the byte offset where it
+    stopped, and the caller decodes with msgspec; None without the extension.
+    Specs are (event key, args key or None, kind, default, table index)."""
     if _fastcols is None:
         return None
     out = _fastcols.scan_events(body, specs, tables)
     if not isinstance(out, tuple):
-        return None
+        return int(out)
     buffers, n, bad = out
     return [np.frombuffer(b, dtype=_DTYPES[s[2]]) for b, s in zip(buffers, specs)], n, bad
 

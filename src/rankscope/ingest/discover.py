@@ -62,11 +62,13 @@ class RankAssignment:
     source: str          # "distributedInfo" | "filename" | "order"
 
 
-def assign_ranks(files: list[str], header_ranks: list[int | None]
+def assign_ranks(files: list[str], header_ranks: list[int | None], complete: list[bool] | None = None
                  ) -> tuple[list[RankAssignment], list[str], list[tuple[str, str]]]:
     """Decide each file's rank. Returns (assignments for the files kept, warnings, (file, why)
     for files skipped because another file already claims their rank). `header_ranks[i]` is
-    distributedInfo.rank of files[i] or None."""
+    distributedInfo.rank of files[i] or None; `complete[i]` False for a salvaged (cut) file:
+    between two files claiming one rank, a complete one is kept over a salvaged one, else the
+    first by name."""
     warnings: list[str] = []
     proposed: list[tuple[str, int | None, str]] = []
     for f, hr in zip(files, header_ranks):
@@ -90,15 +92,18 @@ def assign_ranks(files: list[str], header_ranks: list[int | None]
         warnings.append(f"rank unknown for {len(by_order)} file(s) (no distributedInfo, no rank in the "
                         f"name); numbered by file order: "
                         + ", ".join(f"{Path(a.file).name} -> {a.rank}" for a in result if a.source == "order"))
+    is_complete = dict(zip(files, complete if complete is not None else [True] * len(files)))
+    order = sorted(result, key=lambda a: (a.rank, not is_complete[a.file], a.file))
     seen: dict[int, RankAssignment] = {}
     kept: list[RankAssignment] = []
     skipped: list[tuple[str, str]] = []
-    for a in result:
+    for a in order:
         if a.rank in seen:
+            why = "keeping the complete one" if is_complete[seen[a.rank].file] and not is_complete[a.file] \
+                else "keeping the first by name"
             skipped.append((a.file, f"claims rank {a.rank} ({a.source}) like {Path(seen[a.rank].file).name}; "
-                                    f"skipped, keeping the first"))
+                                    f"skipped, {why}"))
             continue
         seen[a.rank] = a
         kept.append(a)
-    kept.sort(key=lambda a: a.rank)
     return kept, warnings, skipped

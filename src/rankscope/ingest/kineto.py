@@ -137,10 +137,11 @@ def _chunks(path: Path) -> Iterator[bytes]:
 
 
 def _gunzip(f: BinaryIO) -> Iterator[bytes]:
+    """Inflate in small steps, so that a corrupt stream loses at most one step's output."""
     from isal import isal_zlib
     inflater = isal_zlib.decompressobj(wbits=31)
     while True:
-        data = f.read(CHUNK_BYTES // 4)
+        data = f.read(_GZIP_STEP)
         if not data:
             if not inflater.eof:
                 raise _ReadError("gzip stream is cut short (file truncated?)")
@@ -149,7 +150,7 @@ def _gunzip(f: BinaryIO) -> Iterator[bytes]:
             try:
                 out = inflater.decompress(data)
             except isal_zlib.error as exc:
-                raise _ReadError(f"corrupt gzip data: {exc}") from exc
+                raise _ReadError(f"corrupt gzip data ({exc})") from exc
             if out:
                 yield out
             data = inflater.unused_data if inflater.eof else b""
@@ -157,6 +158,9 @@ def _gunzip(f: BinaryIO) -> Iterator[bytes]:
                 inflater = isal_zlib.decompressobj(wbits=31)
             elif inflater.eof:
                 data = b""
+
+
+_GZIP_STEP = 8 << 10       # compressed bytes per inflate call: a corrupt stream loses at most ~100 KB
 
 
 class _ReadError(Exception):
@@ -265,7 +269,8 @@ class _Accumulator:
     metadata, side columns), so peak memory is the kept columns plus one chunk."""
     tables: _Tables
     use_scanner: bool = True
-    bad_events: int = 0
+    bad_events: int = 0         # not objects, or unusable: skipped
+    repaired_events: int = 0    # kept without their badly typed fields
     n_events: int = 0           # trace events of every phase
     n_x: int = 0                # complete events so far (= next `row`)
     phase_counts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
@@ -280,11 +285,12 @@ class _Accumulator:
         flat = self.core_specs + [c for cols in self.side_specs.values() for c in cols]
         self.scan_specs = [_scan_spec(c, self.table_list) for c in flat]
 
-    def scan(self, body) -> bool:
-        """C fast path over raw JSON; False when the chunk must take the msgspec path."""
+    def scan(self, body) -> int | None:
+        """C fast path over raw JSON. None: done. Else the chunk must take the msgspec path, and
+        the result is where the scanner stopped (-1: not scanned)."""
         out = scan_json(body, self.scan_specs, self.table_list) if self.use_scanner else None
-        if out is None:
-            return False
+        if not isinstance(out, tuple):
+            return -1 if out is None else out
         cols, n, bad = out
         self.bad_events += bad
         core, rest = cols[:len(self.core_specs)], cols[len(self.core_specs):]
@@ -293,7 +299,7 @@ class _Accumulator:
             dense[frame] = rest[i:i + len(specs)]
             i += len(specs)
         self._add(core, n, lambda frame, idx: [c[idx] for c in dense[frame]])
-        return True
+        return None
 
     def add(self, events: list) -> None:
         """Columns of decoded Structs (the msgspec path)."""
@@ -384,15 +390,31 @@ def _cat_kind_lut(cat_table: dict) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------------------------
+class _JSONError(Exception):
+    """The chunk is not valid JSON; `offset`: where it breaks, when known (bytes into the chunk)."""
+
+    def __init__(self, offset: int | None):
+        super().__init__(offset)
+        self.offset = offset
+
+
+_MSGSPEC_BYTE = re.compile(r"byte (\d+)")
+
+
 def _decode_chunk(body: bytes | memoryview, acc: _Accumulator) -> None:
     """Decode the JSON array `body` (whole events only): C scanner first; msgspec where the
-    scanner declines (it is the reference); badly typed events repaired one by one."""
-    if acc.scan(body):
+    scanner declines (it is the reference); badly typed events repaired one by one.
+    Raises _JSONError for invalid JSON."""
+    stopped = acc.scan(body)
+    if stopped is None:
         return
     try:
         events = _decode_events(body)
     except msgspec.ValidationError:
         events = _decode_leniently(bytes(body), acc)
+    except msgspec.DecodeError as exc:
+        m = _MSGSPEC_BYTE.search(str(exc))
+        raise _JSONError(stopped if stopped >= 0 else (int(m.group(1)) if m else None)) from None
     acc.add(events)
 
 
@@ -436,6 +458,7 @@ def _decode_leniently(data: bytes, acc: _Accumulator) -> list:
             obj["args"] = {k: v for k, v in args.items() if k not in ("Input Dims", "Input type")}
         try:
             events.append(msgspec.convert(obj, Event, strict=False))
+            acc.repaired_events += 1
         except msgspec.ValidationError:
             acc.bad_events += 1
     return events
@@ -453,6 +476,28 @@ def _last_boundary(buf: bytes | bytearray, before: int) -> int:
         if last >= 0 or lo == 0:
             return last
         window *= 4
+
+
+def _decode_whole_events(buf: bytearray, acc: _Accumulator) -> int | _JSONError | None:
+    """Decode the events of buf up to its last event boundary; return where that is. A boundary
+    can be a false one (`}, {` inside a string): the decode then fails at the cut, and the
+    boundary before it is tried. A failure before the cut is a real error: returned, not raised.
+    None: no usable boundary yet (the caller reads more)."""
+    end = _last_boundary(buf, len(buf))
+    for _ in range(_MAX_BOUNDARY_TRIES):
+        if end < 0:
+            return None
+        try:
+            _decode_span(buf, end, acc)
+            return end
+        except _JSONError as exc:
+            if exc.offset is not None and exc.offset < end - 1:
+                return exc
+        end = _last_boundary(buf, end - 1)
+    return None
+
+
+_MAX_BOUNDARY_TRIES = 64
 
 
 @dataclass
@@ -499,6 +544,10 @@ def _parse_stream(path: Path, use_scanner: bool) -> _Parsed:
             raise TraceError(f"cannot decompress: {read_error}")
         if not buf.strip():
             raise TraceError("empty file")
+        try:
+            _decode_any(bytes(buf))
+        except msgspec.DecodeError:
+            raise TraceError("file ends before its event list (truncated in the header?)") from None
         raise TraceError("JSON without a 'traceEvents' array: not a profiler trace")
     header = _parse_header(header_bytes)
     del buf[:start]
@@ -524,17 +573,20 @@ def _parse_stream(path: Path, use_scanner: bool) -> _Parsed:
             if done is not None:
                 trailer = done
                 break
-            cut_at = consumed + _salvage(buf, acc)
-            cut_reason = (str(read_error) if read_error
-                          else "file ends mid-event (truncated)")
+            kept = _salvage(buf, acc)
+            cut_at = consumed + kept
+            if read_error:
+                cut_reason = str(read_error)
+            elif _last_boundary(buf, len(buf)) > kept:     # whole events follow the break
+                cut_reason = "invalid JSON inside the event list"
+            else:
+                cut_reason = "file ends mid-event (truncated)"
             break
-        end = _last_boundary(buf, len(buf))
-        if end < 0:
-            continue
-        try:
-            _decode_span(buf, end, acc)
-        except msgspec.DecodeError:
-            cut_at = consumed + _salvage(buf, acc, end)
+        end = _decode_whole_events(buf, acc)
+        if end is None:
+            continue                      # no safe cut in what was read yet: read more
+        if isinstance(end, _JSONError):
+            cut_at = consumed + _salvage(buf, acc, end.offset)
             cut_reason = "invalid JSON inside the event list"
             break
         comma = buf.index(b",", end)
@@ -572,38 +624,37 @@ def _finish(buf: bytearray, acc: _Accumulator) -> dict | None:
         if trailer_text is not None:
             try:
                 trailer = _decode_any(trailer_text)
-                _decode_span(buf, p, acc)
-                return trailer if isinstance(trailer, dict) else {}
             except msgspec.DecodeError:
-                pass
+                pos = p
+                continue
+            try:
+                _decode_span(buf, p, acc)
+            except _JSONError:
+                return None
+            return trailer if isinstance(trailer, dict) else {}
         pos = p
     return None
 
 
-def _salvage(buf: bytearray, acc: _Accumulator, before: int | None = None) -> int:
-    """Decode the longest run of whole events at the start of `buf` (ending before `before`);
-    return how many bytes of it were kept."""
-    end = len(buf) if before is None else before
-    for _ in range(200):
-        end = _last_boundary(buf, end)
-        if end < 0:
-            break
-        try:
-            _decode_span(buf, end, acc)
-            return end
-        except msgspec.DecodeError:
-            end -= 1
-    # one whole event and nothing after it but the cut
-    close = buf.rfind(b"}", 0, len(buf) if before is None else before)
-    for _ in range(16):
+def _salvage(buf: bytearray, acc: _Accumulator, limit: int | None = None) -> int:
+    """Decode the longest run of whole events at the start of `buf` that ends before `limit`
+    (where the text breaks, when known); return how many bytes were kept. Tries the ends of
+    events ('}') from the back; each failed try tells where the text breaks, which bounds the
+    next one, so a few tries suffice."""
+    limit = len(buf) if limit is None else min(limit, len(buf))
+    for _ in range(_MAX_SALVAGE_TRIES):
+        close = buf.rfind(b"}", 0, limit)
         if close <= 0:
-            break
+            return 0
         try:
             _decode_span(buf, close + 1, acc)
             return close + 1
-        except msgspec.DecodeError:
-            close = buf.rfind(b"}", 0, close)
+        except _JSONError as exc:
+            limit = close if exc.offset is None else min(close, exc.offset)
     return 0
+
+
+_MAX_SALVAGE_TRIES = 2000
 
 
 # ----------------------------------------------------------------------------------------------
@@ -679,6 +730,8 @@ def _build(path: Path, size: int, parsed: _Parsed, header: dict) -> RankTrace:
     span = (int(ts.min()), int((ts + dur).max())) if len(ts) else None
     if acc.bad_events:
         problems.append(f"{acc.bad_events} malformed events skipped")
+    if acc.repaired_events:
+        problems.append(f"{acc.repaired_events} events with badly typed fields kept without those fields")
     if parsed.cut_at_byte is not None:
         problems.append(f"{parsed.cut_reason} at byte {parsed.cut_at_byte}: "
                         f"salvaged {acc.n_events} complete events before the cut")
@@ -745,7 +798,11 @@ def _text_column(codes: np.ndarray, categories: pl.Series) -> pl.Series:
 
 
 def _categories(texts: list[str]) -> pl.Series:
-    return pl.Series(texts, dtype=pl.String).cast(pl.Categorical)
+    try:
+        return pl.Series(texts, dtype=pl.String).cast(pl.Categorical)
+    except UnicodeEncodeError:     # lone surrogates ("\ud800" escapes): valid JSON, not UTF-8
+        fixed = [t.encode("utf-8", "replace").decode("utf-8") for t in texts]
+        return pl.Series(fixed, dtype=pl.String).cast(pl.Categorical)
 
 
 def _meta_names(acc: _Accumulator, t: _Tables) -> tuple[dict, dict]:
