@@ -11,9 +11,10 @@ Each instant of a step window goes to exactly one category, first match wins:
   idle_other       the rest: device idle and the host outside any profiled op (Python, GC, sleep)
 
 How: the boundaries of every interval set and step window cut time into elementary segments;
-each segment's membership is looked up once per set (searchsorted on the set's disjoint union),
-its category follows the priority above, and segment lengths are summed per step. The parts
-therefore add up to the step duration exactly (integer nanoseconds).
+each segment's membership is looked up once per set (searchsorted on the set's disjoint union)
+and its category follows the priority above (`classify_timeline`). Any window's breakdown is
+then a sum of segment lengths per category (`Timeline.in_windows`): steps here, the time before
+each collective in the cross-rank analysis. The parts add up to the window exactly (integer ns).
 
 CPU-only jobs (no device activity; gloo): the training thread (the one with ProfilerStep marks)
 plays the device. Its CPU ops are COMP, except collective ops (`c10d::*`, `record_param_comms`,
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from rankscope.analyses.intervals import union
+from rankscope.analyses.intervals import covered_between, union
 from rankscope.analyses.steps import StepWindows, step_windows
 from rankscope.model import (DATALOADER_PATTERN, DEVICE_KINDS, PROFILER_STEP_PATTERN, Kind, KernelClass,
                              RankTrace)
@@ -135,43 +136,81 @@ def _member(u: tuple[np.ndarray, np.ndarray], points: np.ndarray) -> np.ndarray:
     return (i >= 0) & (points < e[np.maximum(i, 0)])
 
 
-def step_breakdown(trace: RankTrace, windows: StepWindows | None = None) -> StepBreakdown:
-    windows = windows or step_windows(trace)
+@dataclass
+class Timeline:
+    """The rank's time, cut into elementary segments, each with one category (index into
+    CATEGORIES). Segments are sorted and disjoint; time outside [span_start, span_end) is not
+    covered. `comp` / `comm`: whether COMP / COMM ran in the segment (for overlap figures)."""
+    start_ns: np.ndarray
+    length_ns: np.ndarray
+    category: np.ndarray
+    comp: np.ndarray
+    comm: np.ndarray
+    mode: str                       # "device" | "cpu_only"
+    training_tid: int | None = None
+
+    def in_windows(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """ns per category inside each window [a_i, b_i) (windows may overlap): (n, 8) int64.
+        Exact: window edges are segment boundaries when the windows were given to
+        `classify_timeline`; otherwise segments are cut at the window edges here."""
+        a = np.asarray(a, dtype=np.int64)
+        b = np.asarray(b, dtype=np.int64)
+        out = np.zeros((len(a), len(CATEGORIES)), dtype=np.int64)
+        end = self.start_ns + self.length_ns
+        for c in range(len(CATEGORIES)):
+            sel = self.category == c
+            out[:, c] = covered_between(self.start_ns[sel], end[sel], a, b)
+        return out
+
+
+def classify_timeline(trace: RankTrace, cuts: list[np.ndarray] | None = None) -> Timeline:
+    """Classify every instant of the trace's span (plus the given cut points) by the priority
+    rule of this module."""
     ev = trace.events
     cpu_only = not trace.has_device_activity()
     if cpu_only:
         sets, tid = _cpu_only_sets(ev)
     else:
         sets, tid = _device_sets(ev), None
-    w = windows.frame
-    w_start, w_end = w["start_ns"].to_numpy(), w["end_ns"].to_numpy()
-    n_steps = len(w_start)
-    if n_steps == 0:
-        return StepBreakdown(pl.DataFrame(schema={"step": pl.Int64, "duration_ms": pl.Float64,
-                                                  **{f"{c}": pl.Float64 for c in CATEGORIES}}),
-                             "cpu_only" if cpu_only else "device", 0.0, 0.0, 0.0, tid)
-
-    cuts = [w_start, w_end] + [a for s in sets.values() for a in s]
-    bounds = np.unique(np.concatenate(cuts))
+    points = [a for u in sets.values() for a in u] + list(cuts or [])
+    points = [p for p in points if len(p)]
+    bounds = np.unique(np.concatenate(points)) if points else np.zeros(0, np.int64)
     left, length = bounds[:-1], np.diff(bounds)
-    step_of = np.searchsorted(w_start, left, side="right") - 1
-    inside = (step_of >= 0) & (left < w_end[np.maximum(step_of, 0)])
-    left, length, step_of = left[inside], length[inside], step_of[inside]
-
     m = {name: _member(u, left) for name, u in sets.items()}
     comp = m["comp"] & ~m["not_comp"] if cpu_only else m["comp"]
     comm, mem = m["comm"], m["mem"]
     category = np.select(
         [comp & ~comm, comp & comm, comm, mem, m["dataloader"], m["sync"], m["host"]],
-        [0, 1, 2, 3, 4, 5, 6], default=7)
-    totals = np.bincount(step_of * len(CATEGORIES) + category, weights=length,
-                         minlength=n_steps * len(CATEGORIES)).reshape(n_steps, len(CATEGORIES))
-    durations = (w_end - w_start).astype(np.float64)
+        [0, 1, 2, 3, 4, 5, 6], default=7).astype(np.int8)
+    return Timeline(left, length, category, comp, comm, "cpu_only" if cpu_only else "device", tid)
+
+
+def step_breakdown(trace: RankTrace, windows: StepWindows | None = None,
+                   timeline: Timeline | None = None) -> StepBreakdown:
+    windows = windows or step_windows(trace)
+    w = windows.frame
+    w_start, w_end = w["start_ns"].to_numpy(), w["end_ns"].to_numpy()
+    timeline = timeline or classify_timeline(trace, [w_start, w_end])
+    if len(w_start) == 0:
+        return StepBreakdown(pl.DataFrame(schema={"step": pl.Int64, "duration_ms": pl.Float64,
+                                                  **{f"{c}": pl.Float64 for c in CATEGORIES}}),
+                             timeline.mode, 0.0, 0.0, 0.0, timeline.training_tid)
+    totals = timeline.in_windows(w_start, w_end)
+    # idle_other also takes window time that no segment covers (nothing at all recorded there)
+    durations = w_end - w_start
+    totals[:, CATEGORIES.index("idle_other")] += durations - totals.sum(axis=1)
     frame = pl.DataFrame({
         "step": w["step"], "duration_ms": durations / NS_PER_MS,
         **{c: totals[:, i] / NS_PER_MS for i, c in enumerate(CATEGORIES)},
     })
-    comp_ms = float(length[comp].sum()) / NS_PER_MS
-    comm_ms = float(length[comm].sum()) / NS_PER_MS
-    return StepBreakdown(frame, "cpu_only" if cpu_only else "device", comp_ms, comm_ms,
-                         float(durations.sum()) / NS_PER_MS, tid)
+    inside = _inside_any(timeline.start_ns, w_start, w_end)
+    comp_ms = float(timeline.length_ns[timeline.comp & inside].sum()) / NS_PER_MS
+    comm_ms = float(timeline.length_ns[timeline.comm & inside].sum()) / NS_PER_MS
+    return StepBreakdown(frame, timeline.mode, comp_ms, comm_ms, float(durations.sum()) / NS_PER_MS,
+                         timeline.training_tid)
+
+
+def _inside_any(points: np.ndarray, w_start: np.ndarray, w_end: np.ndarray) -> np.ndarray:
+    """Whether each point lies in one of the (disjoint, sorted) windows."""
+    i = np.searchsorted(w_start, points, side="right") - 1
+    return (i >= 0) & (points < w_end[np.maximum(i, 0)])
