@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
-from rankscope.analyses.breakdown import CATEGORIES, step_breakdown
+from rankscope.analyses.breakdown import CATEGORIES, classify_timeline, step_breakdown
+from rankscope.analyses.gaps import GapSummary, idle_gaps
 from rankscope.analyses.steps import device_busy_ns, step_windows
 from rankscope.model import DEVICE_KINDS, Kind, KernelClass, RankMeta, RankTrace
 
@@ -31,6 +32,7 @@ class RankSummary:
     breakdown_mode: str = "device"    # "device" | "cpu_only" (the training thread plays the device)
     breakdown_mean_ms: dict[str, float] = field(default_factory=dict)   # per category, mean per step
     overlap_efficiency: float | None = None
+    gaps: GapSummary | None = None    # device idle gaps and what the host did meanwhile
     from_cache: bool = False
 
     @property
@@ -46,8 +48,9 @@ def summarize_rank(trace: RankTrace) -> RankSummary:
     ev = trace.events
     windows = step_windows(trace)
     busy = device_busy_ns(trace, windows)
-    breakdown = step_breakdown(trace, windows)
     f = windows.frame
+    timeline = classify_timeline(trace, [f["start_ns"].to_numpy(), f["end_ns"].to_numpy()])
+    breakdown = step_breakdown(trace, windows, timeline)
     parts = breakdown.frame.select(CATEGORIES).rows()
     steps = [
         {"step": int(s), "start_ns": int(a), "end_ns": int(b), "duration_ms": float(d) / NS_PER_MS,
@@ -64,6 +67,7 @@ def summarize_rank(trace: RankTrace) -> RankSummary:
         streams=dev.select("device", "stream").unique().height,
         breakdown_mode=breakdown.mode, breakdown_mean_ms=breakdown.mean_ms(),
         overlap_efficiency=breakdown.overlap_efficiency,
+        gaps=idle_gaps(trace, windows, timeline) if len(dev) else None,
     )
 
 

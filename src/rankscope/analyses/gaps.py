@@ -1,0 +1,133 @@
+"""What caused each GPU idle gap (seed: "click the gap: the tooltip shows the CPU op that caused it").
+
+A gap is a stretch of at least GAP_MIN_US with no kernel, memcpy or memset running on a device,
+between two device activities inside a step. For each gap:
+  - what the host was doing meanwhile: the breakdown categories of the gap (dataloader, sync,
+    host, idle_other; `analyses.breakdown`) and the dominant one;
+  - the CPU op that ended it: the innermost CPU op enclosing the runtime call that launched the
+    device activity starting at the gap's end (tb-profiler's attribution of kernels to ops);
+  - the CPU op most present during the gap on the launching thread (largest overlap).
+Per rank the result keeps the total gap time per dominant category and the TOP_GAPS longest gaps.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+
+from rankscope.analyses.breakdown import CATEGORIES, Timeline, classify_timeline
+from rankscope.analyses.intervals import union
+from rankscope.analyses.steps import StepWindows, step_windows
+from rankscope.model import DATALOADER_PATTERN, DEVICE_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace
+
+#: Shorter idle stretches are launch jitter, not gaps (tb-profiler's GPU-idle view shows >= 0.1 ms).
+GAP_MIN_US = 100.0
+TOP_GAPS = 20
+_IDLE_CATEGORIES = ("dataloader", "sync", "host", "idle_other")
+_HOST_OPS = [int(Kind.CPU_OP), int(Kind.USER_ANNOTATION)]
+
+
+@dataclass
+class Gap:
+    step: int
+    start_in_step_ms: float
+    duration_ms: float
+    host_activity: str                     # dominant of dataloader / sync / host / idle_other
+    host_ms: dict[str, float]              # the gap's time per idle category
+    next_device_op: str                    # kernel / memcpy that ended the gap
+    launched_by: str | None                # innermost CPU op around its launch
+    busy_host_op: str | None               # CPU op most present during the gap (launching thread)
+
+
+@dataclass
+class GapSummary:
+    gap_min_us: float
+    gaps: int
+    gap_ms: float
+    gap_ms_by_host_activity: dict[str, float]
+    top: list[Gap] = field(default_factory=list)
+
+
+def idle_gaps(trace: RankTrace, windows: StepWindows | None = None, timeline: Timeline | None = None,
+              gap_min_us: float = GAP_MIN_US, top: int = TOP_GAPS) -> GapSummary:
+    empty = GapSummary(gap_min_us, 0, 0.0, {c: 0.0 for c in _IDLE_CATEGORIES})
+    ev = trace.events
+    dev = ev.with_row_index("row").filter(pl.col("kind").is_in([int(k) for k in DEVICE_KINDS]))
+    if dev.is_empty():
+        return empty
+    windows = windows or step_windows(trace)
+    w = windows.frame
+    w_start, w_end = w["start_ns"].to_numpy(), w["end_ns"].to_numpy()
+
+    starts, ends, nxt = [], [], []
+    for _, d in dev.group_by("device"):
+        ts = d["ts_ns"].to_numpy()
+        s, e = union(ts, ts + d["dur_ns"].to_numpy())
+        gap_s, gap_e = e[:-1], s[1:]
+        keep = (gap_e - gap_s) >= gap_min_us * 1e3
+        order = np.argsort(ts, kind="stable")
+        first_at = d["row"].to_numpy()[order][np.searchsorted(ts[order], gap_e[keep])]
+        starts.append(gap_s[keep])
+        ends.append(gap_e[keep])
+        nxt.append(first_at)
+    gap_s, gap_e, next_row = np.concatenate(starts), np.concatenate(ends), np.concatenate(nxt)
+    step_i = np.searchsorted(w_start, gap_s, side="right") - 1
+    inside = (step_i >= 0) & (gap_e <= w_end[np.maximum(step_i, 0)])
+    gap_s, gap_e, next_row, step_i = gap_s[inside], gap_e[inside], next_row[inside], step_i[inside]
+    if len(gap_s) == 0:
+        return empty
+
+    timeline = timeline or classify_timeline(trace, [w_start, w_end])
+    per_cat = timeline.in_windows(gap_s, gap_e)
+    idle_idx = [CATEGORIES.index(c) for c in _IDLE_CATEGORIES]
+    idle = per_cat[:, idle_idx]
+    dominant = np.argmax(idle, axis=1)
+    by_activity = {c: float((gap_e - gap_s)[dominant == i].sum()) / 1e6 for i, c in enumerate(_IDLE_CATEGORIES)}
+
+    longest = np.argsort(gap_s - gap_e, kind="stable")[:top]
+    launches = ev.filter(pl.col("kind").is_in([int(Kind.RUNTIME), int(Kind.DRIVER)]) & (pl.col("correlation") >= 0))
+    ops = _host_ops(ev)
+    top_gaps = []
+    for i in longest:
+        nxt_ev = ev.row(int(next_row[i]), named=True)
+        launch = launches.filter(pl.col("correlation") == nxt_ev["correlation"]) if nxt_ev["correlation"] >= 0 else None
+        launched_by = busy = None
+        if launch is not None and not launch.is_empty():
+            t_launch, tid = launch["ts_ns"][0], launch["tid"][0]
+            thread_ops = ops.filter(pl.col("tid") == tid)
+            launched_by = _innermost(thread_ops, t_launch)
+            busy = _most_present(thread_ops, int(gap_s[i]), int(gap_e[i]))
+        top_gaps.append(Gap(
+            step=int(w["step"][int(step_i[i])]),
+            start_in_step_ms=float(gap_s[i] - w_start[step_i[i]]) / 1e6,
+            duration_ms=float(gap_e[i] - gap_s[i]) / 1e6,
+            host_activity=_IDLE_CATEGORIES[int(dominant[i])],
+            host_ms={c: float(idle[i, k]) / 1e6 for k, c in enumerate(_IDLE_CATEGORIES)},
+            next_device_op=str(nxt_ev["name"]), launched_by=launched_by, busy_host_op=busy,
+        ))
+    return GapSummary(gap_min_us, len(gap_s), float((gap_e - gap_s).sum()) / 1e6, by_activity, top_gaps)
+
+
+def _host_ops(ev: pl.DataFrame) -> pl.DataFrame:
+    """CPU ops and annotations that say what the host does (not the step / DataLoader marks)."""
+    marks = re.compile(f"{PROFILER_STEP_PATTERN}|{DATALOADER_PATTERN}")
+    names = [n for n in ev["name"].unique().cast(pl.String).to_list() if n and marks.search(n)]
+    return ev.filter(pl.col("kind").is_in(_HOST_OPS) & ~pl.col("name").is_in(names)).select(
+        "name", "tid", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns"))
+
+
+def _innermost(ops: pl.DataFrame, t: int) -> str | None:
+    around = ops.filter((pl.col("ts_ns") <= t) & (pl.col("end_ns") > t))
+    if around.is_empty():
+        return None
+    return str(around.sort(["ts_ns", "end_ns"], descending=[True, False])["name"][0])
+
+
+def _most_present(ops: pl.DataFrame, a: int, b: int) -> str | None:
+    over = ops.filter((pl.col("ts_ns") < b) & (pl.col("end_ns") > a)).with_columns(
+        (pl.min_horizontal(pl.col("end_ns"), b) - pl.max_horizontal(pl.col("ts_ns"), a)).alias("overlap"))
+    if over.is_empty():
+        return None
+    return str(over.sort("overlap", descending=True)["name"][0])
