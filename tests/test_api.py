@@ -1,0 +1,67 @@
+"""The API and engines: same results whichever engine maps the ranks; the summary cache."""
+from __future__ import annotations
+
+import shutil
+
+import msgspec
+import pytest
+
+import rankscope
+from rankscope.api import analyze
+from rankscope.render.json import analysis_to_dict
+
+
+def _comparable(a) -> dict:
+    d = analysis_to_dict(a)
+    for r in d["ranks"]:
+        r.pop("from_cache")
+    return d
+
+
+@pytest.mark.parametrize("folder", ["param-dlrm-8rank", "cpu-gloo-4rank-straggler"])
+def test_engines_agree(corpus, folder):
+    results = [_comparable(analyze(corpus / folder, use_cache=False, engine=e, workers=2))
+               for e in ("inprocess", "local", "processes")]
+    assert results[0] == results[1] == results[2]
+    assert results[0]["job"]["ranks"] == list(range(results[0]["job"]["world_size"]))
+
+
+def test_summary_cache_hit_equals_fresh_and_follows_code(corpus, tmp_path, monkeypatch):
+    folder = corpus / "param-dlrm-8rank"
+    first = analyze(folder, cache_dir=tmp_path, engine="inprocess")
+    second = analyze(folder, cache_dir=tmp_path, engine="inprocess")
+    assert not any(s.from_cache for s in first.ranks) and all(s.from_cache for s in second.ranks)
+    assert _comparable(first) == _comparable(second)
+    # a change of the analysis code (its fingerprint) must not serve the old summary
+    import rankscope.api as api
+    monkeypatch.setattr(api, "code_fingerprint", lambda: "another-version")
+    third = analyze(folder, cache_dir=tmp_path, engine="inprocess")
+    blobs = sorted(p.name for p in tmp_path.rglob("summary-*"))
+    assert any("another-version" in b for b in blobs)
+    assert _comparable(third) == _comparable(first)
+
+
+def test_summary_cache_damaged_blob_is_recomputed(corpus, tmp_path):
+    folder = corpus / "cpu-gloo-4rank-healthy"
+    fresh = analyze(folder, cache_dir=tmp_path, engine="inprocess")
+    for blob in tmp_path.rglob("summary-*"):
+        blob.write_bytes(b"\x00garbage")
+    again = analyze(folder, cache_dir=tmp_path, engine="inprocess")
+    assert _comparable(again) == _comparable(fresh)
+
+
+def test_json_output_is_plain_json(corpus):
+    d = analysis_to_dict(analyze(corpus / "cpu-gloo-4rank-healthy", use_cache=False))
+    assert msgspec.json.decode(msgspec.json.encode(d)) == d
+    assert d["schema"] == "rankscope.analysis/1"
+    for r in d["ranks"]:
+        assert set(r["breakdown_ms"]) == {"compute", "comm_overlapped", "comm_exposed", "memcpy", "dataloader",
+                                          "sync", "host", "idle_other"}
+        assert sum(r["breakdown_ms"].values()) == pytest.approx(r["step_time_ms"]["mean"], rel=1e-3)
+
+
+def test_lazy_job_loads_one_rank(corpus, tmp_path):
+    job = rankscope.load(corpus / "param-dlrm-8rank", cache_dir=tmp_path)
+    assert len(job) == 8
+    trace = job.rank(3)
+    assert trace.meta.rank == 3 and trace.meta.dist_rank == 3 and len(trace.events) > 0
