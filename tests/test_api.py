@@ -1,7 +1,6 @@
 """The API and engines: same results whichever engine maps the ranks; the summary cache."""
 from __future__ import annotations
 
-import shutil
 
 import msgspec
 import pytest
