@@ -1,0 +1,116 @@
+"""DataLoader share of step time, and what the trace says about the DataLoader's workers.
+
+`dataloader_share(trace, windows=None) -> DataLoaderShare`
+  - DataLoader time of a step: the length of the union of the host spans named
+    `enumerate(DataLoader)#<Iterator>.__next__` (`model.DATALOADER_PATTERN`; CPU op or user
+    annotation, any thread), clipped to the step window (DESIGN.md "Step", stable). This is the
+    host waiting for the next batch: the `dataloader` category of DESIGN.md's step breakdown when
+    the device is idle meanwhile, and tb-profiler's "DataLoader" slice of the Overview step-time
+    breakdown (which also takes these spans).
+  - share_pct of a step = DataLoader time / step duration. Per rank: `share_pct` weighted by time
+    (sum of DataLoader time / sum of step durations) and `mean_step_share_pct` (mean of the
+    per-step shares). The first profiled step of a multi-process DataLoader can include the
+    workers' warm-up (prefetch of the first batches): it is reported like any other step.
+  - workers: the iterator class in the span name says whether the DataLoader runs in-process
+    (`_SingleProcessDataLoaderIter`: num_workers == 0, exact) or in worker processes
+    (`_MultiProcessingDataLoaderIter`: num_workers > 0). Worker processes are separate processes
+    that the profiler does not trace, so their count is not in a Kineto trace: `num_workers` is
+    None then (`multiprocessing=True`). `pin_memory_ops` counts `aten::pin_memory` /
+    `aten::_pin_memory` ops (the pin-memory thread of `pin_memory=True`).
+  Anchors: DESIGN.md step breakdown (`dataloader`); tb-profiler Overview "DataLoader" and its
+  recommendation "DataLoader time is high -> num_workers > 0"; seed study "num_workers 0 vs 4".
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+
+from rankscope.analyses.intervals import covered_between, union
+from rankscope.analyses.steps import StepWindows, step_windows
+from rankscope.model import DATALOADER_PATTERN, HOST_OP_KINDS, RankTrace
+
+NS_PER_MS = 1e6
+SINGLE_PROCESS_ITER = "_SingleProcessDataLoaderIter"
+MULTI_PROCESS_ITER = "_MultiProcessingDataLoaderIter"
+_ITERATOR = re.compile(r"^enumerate\(DataLoader\)#([^.]+)\.__next__")
+PIN_MEMORY_OPS = ("aten::pin_memory", "aten::_pin_memory")
+
+_STEPS_SCHEMA = {"step": pl.Int64, "duration_ms": pl.Float64, "dataloader_ms": pl.Float64,
+                 "share_pct": pl.Float64, "spans": pl.Int64}
+
+
+@dataclass
+class DataLoaderShare:
+    #: step, duration_ms, dataloader_ms, share_pct, spans (DataLoader spans starting in the step)
+    steps: pl.DataFrame
+    steps_source: str                      # "profiler_step" | "whole_trace"
+    spans: int                             # DataLoader __next__ spans in the trace
+    dataloader_ms: float                   # DataLoader time inside the step windows
+    step_time_ms: float
+    share_pct: float | None                # dataloader_ms / step_time_ms
+    mean_step_share_pct: float | None      # mean of the per-step shares
+    max_step_share_pct: float | None
+    outside_steps_ms: float                # DataLoader time outside every step window
+    iterators: list[str] = field(default_factory=list)   # iterator classes seen in the span names
+    multiprocessing: bool | None = None    # None: no DataLoader span
+    num_workers: int | None = None         # 0 when single-process; None when unknown
+    num_workers_source: str = "none"       # "iterator_class" | "unknown" | "none"
+    pin_memory_ops: int = 0
+
+    @property
+    def present(self) -> bool:
+        return self.spans > 0
+
+
+def dataloader_share(trace: RankTrace, windows: StepWindows | None = None) -> DataLoaderShare:
+    if windows is None:
+        windows = step_windows(trace)
+    ev = trace.events
+    wf = windows.frame
+    names = ev["name"].unique().cast(pl.String).to_list() if ev.height else []
+    dl_names = [n for n in names if n and re.search(DATALOADER_PATTERN, n)]
+    spans = ev.filter(pl.col("kind").is_in([int(k) for k in HOST_OP_KINDS]) & pl.col("name").is_in(dl_names)) \
+        if dl_names else ev.clear()
+    ts = spans["ts_ns"].to_numpy()
+    te = ts + spans["dur_ns"].to_numpy()
+    u_s, u_e = union(ts, te)
+
+    starts, ends = wf["start_ns"].to_numpy(), wf["end_ns"].to_numpy()
+    dur = wf["duration_ns"].to_numpy()
+    inside = covered_between(u_s, u_e, starts, ends) if len(starts) else np.zeros(0, np.int64)
+    # spans per step: by start time (a span starting before a window but reaching into it is counted
+    # in the window it starts in)
+    k = np.searchsorted(starts, ts, side="right") - 1
+    ok = (k >= 0) & (ts < ends[np.maximum(k, 0)]) if len(starts) else np.zeros(len(ts), bool)
+    counts = np.bincount(k[ok], minlength=len(starts)) if len(starts) else np.zeros(0, np.int64)
+    share = np.where(dur > 0, 100.0 * inside / np.maximum(dur, 1), 0.0)
+    steps = pl.DataFrame({"step": wf["step"].to_numpy(), "duration_ms": dur / NS_PER_MS,
+                          "dataloader_ms": inside / NS_PER_MS, "share_pct": share, "spans": counts},
+                         schema=_STEPS_SCHEMA)
+
+    total_dl = int(inside.sum())
+    total_steps = int(dur.sum())
+    total_union = int((u_e - u_s).sum())
+    iterators = sorted({m.group(1) for n in dl_names if (m := _ITERATOR.match(n))}) if spans.height else []
+    if not spans.height:
+        mp, workers, source = None, None, "none"
+    elif any(MULTI_PROCESS_ITER in it for it in iterators):
+        mp, workers, source = True, None, "unknown"
+    elif iterators and all(it == SINGLE_PROCESS_ITER for it in iterators):
+        mp, workers, source = False, 0, "iterator_class"
+    else:
+        mp, workers, source = None, None, "unknown"
+    pin_ops = int(ev.filter(pl.col("name").is_in([n for n in PIN_MEMORY_OPS if n in names])).height) \
+        if any(n in names for n in PIN_MEMORY_OPS) else 0
+    return DataLoaderShare(
+        steps=steps, steps_source=windows.source, spans=spans.height,
+        dataloader_ms=total_dl / NS_PER_MS, step_time_ms=total_steps / NS_PER_MS,
+        share_pct=100.0 * total_dl / total_steps if total_steps > 0 else None,
+        mean_step_share_pct=float(share.mean()) if len(share) else None,
+        max_step_share_pct=float(share.max()) if len(share) else None,
+        outside_steps_ms=max(total_union - total_dl, 0) / NS_PER_MS,
+        iterators=iterators, multiprocessing=mp, num_workers=workers, num_workers_source=source,
+        pin_memory_ops=pin_ops)
