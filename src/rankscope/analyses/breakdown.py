@@ -90,11 +90,17 @@ def _device_sets(ev: pl.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         "comp": _intervals(dev.filter(pl.col("kclass") == int(KernelClass.COMP))),
         "comm": _intervals(dev.filter(pl.col("kclass") == int(KernelClass.COMM))),
         "mem": _intervals(dev.filter(pl.col("kclass") == int(KernelClass.MEM))),
-        "dataloader": _intervals(ev.filter(pl.col("name").is_in(_names_matching(ev, DATALOADER_PATTERN)))),
+        "dataloader": _intervals(_dataloader_spans(ev)),
         "sync": _intervals(ev.filter((pl.col("kind") == int(Kind.RUNTIME))
                                      & pl.col("name").is_in(_names_matching(ev, BLOCKING_SYNC_PATTERN)))),
         "host": _intervals(host),
     }
+
+
+def _dataloader_spans(ev: pl.DataFrame) -> pl.DataFrame:
+    """Host `enumerate(DataLoader)#...__next__` spans (not their gpu_user_annotation mirrors)."""
+    return ev.filter(pl.col("kind").is_in([int(Kind.CPU_OP), int(Kind.USER_ANNOTATION)])
+                     & pl.col("name").is_in(_names_matching(ev, DATALOADER_PATTERN)))
 
 
 def training_thread(ev: pl.DataFrame) -> int | None:
@@ -122,7 +128,7 @@ def _cpu_only_sets(ev: pl.DataFrame) -> tuple[dict[str, tuple[np.ndarray, np.nda
                                          | pl.col("name").is_in(_names_matching(ev, DATALOADER_PATTERN)))),
         "comm": _intervals(ev.filter((pl.col("kclass") == int(KernelClass.COMM)))),
         "mem": empty,
-        "dataloader": _intervals(ev.filter(pl.col("name").is_in(_names_matching(ev, DATALOADER_PATTERN)))),
+        "dataloader": _intervals(_dataloader_spans(ev)),
         "sync": empty,
         "host": _intervals(ops.filter(pl.col("kind") == int(Kind.CPU_OP))),
     }, tid

@@ -7,17 +7,39 @@ ranks.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import polars as pl
 
 from rankscope.analyses.breakdown import CATEGORIES, classify_timeline, step_breakdown
+from rankscope.analyses.dataloader import dataloader_share
 from rankscope.analyses.gaps import GapSummary, idle_gaps
+from rankscope.analyses.memory import memory_timeline, pageable_memcpy
 from rankscope.analyses.steps import device_busy_ns, step_windows
 from rankscope.model import DEVICE_KINDS, Kind, KernelClass, RankMeta, RankTrace
 
 NS_PER_MS = 1e6
+#: Memory samples kept per device in the summary (peaks kept exactly): enough for a chart.
+MEMORY_POINTS = 200
+
+
+def as_plain(obj: Any) -> Any:
+    """An analysis result (dataclasses, polars frames, numpy numbers) as plain data that travels
+    from a worker and is cached as msgpack: frames become {column: list}."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: as_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, pl.DataFrame):
+        return {c: as_plain(v) for c, v in obj.to_dict(as_series=False).items()}
+    if isinstance(obj, dict):
+        return {str(k): as_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [as_plain(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj
 
 
 @dataclass
@@ -33,6 +55,9 @@ class RankSummary:
     breakdown_mean_ms: dict[str, float] = field(default_factory=dict)   # per category, mean per step
     overlap_efficiency: float | None = None
     gaps: GapSummary | None = None    # device idle gaps and what the host did meanwhile
+    dataloader: dict | None = None    # analyses.dataloader.DataLoaderShare as plain data
+    memory: dict | None = None        # analyses.memory.MemoryTimeline (<= MEMORY_POINTS per device)
+    memcpy: dict | None = None        # analyses.memory.MemcpyReport
     from_cache: bool = False
 
     @property
@@ -68,6 +93,9 @@ def summarize_rank(trace: RankTrace) -> RankSummary:
         breakdown_mode=breakdown.mode, breakdown_mean_ms=breakdown.mean_ms(),
         overlap_efficiency=breakdown.overlap_efficiency,
         gaps=idle_gaps(trace, windows, timeline) if len(dev) else None,
+        dataloader=as_plain(dataloader_share(trace, windows)),
+        memory=as_plain(memory_timeline(trace, MEMORY_POINTS, windows)) if len(trace.memory) else None,
+        memcpy=as_plain(pageable_memcpy(trace, windows)) if len(dev) else None,
     )
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from rankscope.analyses.breakdown import CATEGORIES as BREAKDOWN_CATEGORIES
 from rankscope.analyses.overview import step_time_stats
 from rankscope.api import Analysis
@@ -16,6 +18,10 @@ SCHEMA = "rankscope.analysis/1"
 
 def _r(x: float | None, nd: int = 3) -> float | None:
     return None if x is None else round(x, nd)
+
+
+def _pick(d: dict | None, *keys: str) -> dict | None:
+    return None if d is None else {k: d.get(k) for k in keys}
 
 
 def _rounded(parts: dict[str, float]) -> dict[str, float]:
@@ -43,6 +49,12 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
             "temporal_pct": None,
             "overlap_pct": None,
             "idle_ms": None,
+            "idle_gaps": msgspec.to_builtins(s.gaps) if s.gaps is not None else None,
+            "dataloader": _pick(s.dataloader, "share_pct", "mean_step_share_pct", "max_step_share_pct",
+                                "dataloader_ms", "num_workers", "multiprocessing", "iterators"),
+            "memory": {"devices": s.memory["devices"]} if s.memory else None,
+            "memcpy": _pick(s.memcpy, "pageable", "pageable_htod", "pageable_dtoh", "pinned",
+                            "pinned_vs_pageable_bandwidth_ratio", "pageable_pct_of_host_copy_time"),
             "salvaged": s.meta.salvaged,
             "from_cache": s.from_cache,
         })

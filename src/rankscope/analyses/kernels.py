@@ -1,0 +1,461 @@
+"""Device kernels: time by kernel class, top kernels, occupancy and Tensor Core use (one rank).
+
+Anchors: DESIGN.md "Kernel classes" (stable) for COMP / COMM / MEM (the `kclass` column set at
+ingest from `model.KERNEL_CLASS_PATTERNS`), DESIGN.md "HTA parity" for `kernel_breakdown`.
+
+`kernel_breakdown(trace, top_k)` follows HTA 0.5 `get_gpu_kernel_breakdown`
+(hta/analyzers/breakdown_analysis.py), with our kernel classes:
+  * device activity = every kernel, memcpy and memset event (HTA: every event with a stream);
+  * `overlap`: the device timeline split by which classes are running at each instant (the union
+    of each class's intervals, then a sweep): "COMP", "COMM", "MEM", "COMP+COMM", ... with the
+    share of the busy time. This is HTA's first frame (`kernel_type`, `sum`, `percentage`), whose
+    names read "COMPUTATION", "COMPUTATION overlapping COMMUNICATION", ...
+  * `classes`: per class the plain sum of event durations and its share of the sum over classes,
+    plus the busy time (union) of the class;
+  * `top_kernels`: per class the `top_k` names by summed duration with count, sum, mean, min,
+    max and sample standard deviation (ddof=1, 0 for a single call, as HTA's pandas `std` +
+    `fillna(0)`) in microseconds, then one `others` row per class for the remaining names (its
+    stats are over the individual events of those names). HTA also folds names past the 80%
+    cumulative-time quantile into "others" and computes the "others" stats over per-name sums;
+    we do not (documented difference; the per-name rows agree).
+  `hta_filter=True` reproduces the event selection HTA 0.5 applies at load time
+  (hta/common/trace.py `_filter_irrelevant_gpu_kernels`): with two or more `ProfilerStep#N`
+  spans, only device events whose launch (runtime/driver call with the same correlation id)
+  starts before the start of the last ProfilerStep are kept (the last, possibly cut, step is
+  dropped, as are device events without a launch on the CPU). Default: every device event.
+  HTA classifies with `^nccl.*Kernel` (COMM) and `^Memcpy|^Memset|^dma` (MEM): `ncclDevKernel_*`
+  matches there too, but symmetric-memory `multimem_*` / `cross_device_reduce` kernels are
+  COMPUTATION for HTA and COMM here, and RCCL/HIP names may differ; compare only where the two
+  classifications agree.
+
+`kernel_stats(trace, top_n)` per kernel name (kernel events only, not memcpy/memset): count,
+total, mean; estimated achieved occupancy; Tensor Core use inferred from the name; and the
+job-level FP32 GEMM share and Tensor Core share.
+
+Occupancy (per launch; per name the duration-weighted mean):
+  * preferred: the trace's own `est. achieved occupancy %` (Kineto/CUPTI), source "trace" --
+    except where it reads 0 for a kernel with more than 48 KiB of shared memory per block:
+    Kineto's occupancy-calculator call fails for opt-in shared memory and writes 0 (every such
+    kernel in the A100 and B200 corpus traces reads 0, e.g. cutlass s1688gemm 256x128 with
+    144 KiB, nvjet on B200), so those launches use the computed value;
+  * else computed here from the launch config and `deviceProperties` (source "computed"), with
+    the formula Kineto uses (libkineto DeviceProperties.cpp `kernelOccupancy` over the CUDA
+    occupancy calculator):
+        warps_per_block = ceil(block_threads / warpSize)
+        by_threads = floor(maxThreadsPerMultiprocessor / warpSize / warps_per_block)
+        by_regs    = 4 * floor(regsPerMultiprocessor / 4 / regs_per_warp) // warps_per_block,
+                     regs_per_warp = ceil(registers_per_thread * warpSize / 256) * 256
+                     (4 register sub-partitions per SM; skipped when registers are unknown/0)
+        by_smem    = floor(sharedMemPerMultiprocessor / smem_per_block),
+                     smem_per_block = ceil((shared_memory + reserved) / 128) * 128,
+                     reserved = 1 KiB per block on compute capability >= 8.0 (skipped when 0)
+        by_arch    = max resident blocks per SM (`MAX_BLOCKS_PER_SM`, 32 unless listed)
+        active     = min(by_threads, by_regs, by_smem, by_arch)        (theoretical)
+        theoretical_occupancy = active * block_threads / maxThreadsPerMultiprocessor
+        achieved_estimate     = min(active, grid_blocks / numSms) * block_threads
+                                / maxThreadsPerMultiprocessor
+    i.e. the theoretical occupancy capped by the blocks the grid actually gives each SM.
+    Devices without the needed properties (e.g. ROCm traces without launch config) get null.
+
+Tensor Core inference: `TENSOR_CORE_RULES`, a table of (regex, uses_tensor_cores, rule name),
+first match wins, case-insensitive, on the kernel name. A kernel is GEMM-like when it matches
+`GEMM_LIKE_PATTERN` (GEMM, GEMV, convolution, attention-GEMM kernels; not `fbgemm_gpu::`
+helpers, not Triton pointwise/reduction kernels). A GEMM-like kernel that matches no rule has
+unknown Tensor Core use (null); a kernel that is not GEMM-like and matches no rule uses none.
+  fp32_gemm_share_pct = GEMM-like time without Tensor Cores / GEMM-like time with a known answer
+  tensor_core_pct     = time of kernels using Tensor Cores / all kernel time (tb-profiler's
+                        "Tensor Cores utilization" definition)
+AMD matrix cores (MFMA: Tensile `_MI16x16x..`, Composable Kernel `xdl`, MIOpen `gtcx`) count as
+Tensor Cores.
+
+Pure functions: no printing, no file I/O. Results are small (top-N) frames.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from rankscope.analyses.intervals import union
+from rankscope.model import (DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, KernelClass,
+                             RankTrace)
+
+NS_PER_US = 1e3
+NS_PER_MS = 1e6
+_DEVICE = [int(k) for k in DEVICE_KINDS]
+_HOST = [int(k) for k in HOST_OP_KINDS]
+_LAUNCH = [int(Kind.RUNTIME), int(Kind.DRIVER)]
+_CLASSES = (KernelClass.COMP, KernelClass.COMM, KernelClass.MEM)
+
+# ----------------------------------------------------------------------------------------------
+# Tensor Core inference (data: extend by inserting rows at the front)
+_LOW_PRECISION = (r"(bf16|bfloat16|(?<![a-z])f16|fp16|half|tf32|tfloat32|fp8|e4m3|e5m2|e2m1|fp4|int8"
+                  r"|(?<![a-z])i8(?![0-9]))")
+_GEMM_FAMILY = r"((?<!fb)gemm|bmm|xmma|cutlass|sm[89]\d_|sm1[0-2]\d|fmha|flash_?(fwd|bwd|attn))"
+
+#: (regex, uses Tensor Cores, rule name). First match wins; case-insensitive.
+TENSOR_CORE_RULES: list[tuple[str, bool, str]] = [
+    # CUDA-core FFMA / SIMT variants of otherwise Tensor Core kernel families
+    (r"ffma|simt", False, "simt_ffma"),
+    # MMA instruction shapes and Tensor Core op classes: CUTLASS `tensorop`/`MmaTensorOp`,
+    # cuBLAS/cuDNN h884 / s1688 (TF32) / h1688 / h16816 / i8816, HMMA/IMMA/WGMMA/UMMA,
+    # xmma's `tensor16x8x8` field
+    (r"tensorop|[a-z](884|1688|16816|8816|16832)[a-z]|hmma|imma|wgmma|gmma_|umma|tcgen05"
+     r"|_tensor\d+x\d+x\d+", True, "mma_shape"),
+    # cuBLASLt JIT kernels on Hopper/Blackwell are MMA kernels
+    (r"nvjet", True, "cublaslt_nvjet"),
+    # AMD matrix cores: Tensile MFMA tiles, Composable Kernel xdlops, MIOpen igemm gtcx
+    (r"_MI\d+x\d+x\d+|mfma|xdlops|_xdl_|gtcx", True, "amd_matrix_core"),
+    # GEMM/attention family with a reduced-precision or TF32 data type in the name
+    (rf"^(?=.*{_GEMM_FAMILY})(?=.*{_LOW_PRECISION})", True, "gemm_low_precision"),
+    # FP32/FP64 CUDA-core GEMM, GEMV and convolution kernels (cuBLAS sgemm/gemv/dot, cuDNN
+    # scudnn/winograd/implicit_convolve_sgemm/wgrad_alg/dgrad_engine, MAGMA sgemm)
+    (r"sgemm|dgemm|cgemm|zgemm|gcgemm|scudnn|gemv|gemmsn|gemmk1|dot_kernel|winograd|wgrad_alg\d"
+     r"|dgrad_engine|convolve_sgemm", False, "fp32_cuda_core"),
+    # GEMM family whose only data type is FP32/FP64
+    (rf"^(?=.*{_GEMM_FAMILY})(?=.*(f32|float|f64|double))", False, "gemm_fp32_only"),
+]
+
+#: GEMM-like kernels: matrix multiply, matrix-vector, convolution and attention GEMM kernels.
+GEMM_LIKE_PATTERN = (
+    r"(?<!fb)gemm|gemv|bmm_|xmma|nvjet|tensorop|hmma|wgmma|cijk_|scudnn|winograd|wgrad_alg"
+    r"|dgrad_engine|dot_kernel|implicitgemm|implicit_gemm|conv_(fwd|bwd)|igemm_|fmha|flash_?(fwd|bwd|attn)"
+    r"|triton_tem_|(?<![a-z])mm_|cutlass(?!.*(reduction|reducesplitk))")
+#: Names never GEMM-like even if they match the pattern above.
+GEMM_LIKE_EXCLUDE = r"^triton_(poi|red|per)_|fbgemm_gpu::"
+
+#: Maximum resident blocks per SM by compute capability (CUDA occupancy calculator); others 32.
+MAX_BLOCKS_PER_SM: dict[tuple[int, int], int] = {
+    (7, 5): 16, (8, 6): 16, (8, 7): 16, (8, 9): 24, (12, 0): 24, (12, 1): 24,
+}
+REG_ALLOC_UNIT = 256          # registers, per warp
+REG_SUB_PARTITIONS = 4
+SMEM_ALLOC_UNIT = 128         # bytes
+SMEM_RESERVED_SM80 = 1024     # bytes per block, compute capability >= 8.0
+#: Kineto reports occupancy 0 for launches above the default (non opt-in) per-block shared memory
+KINETO_SMEM_OPTIN_BYTES = 48 * 1024
+
+
+def tensor_core_rule(name: str) -> tuple[bool | None, str | None, bool]:
+    """(uses Tensor Cores, rule name, GEMM-like) for one kernel name (see module docstring)."""
+    gemm = bool(re.search(GEMM_LIKE_PATTERN, name, re.I)) and not re.search(GEMM_LIKE_EXCLUDE, name, re.I)
+    for rx, tc, rule in TENSOR_CORE_RULES:
+        if re.search(rx, name, re.I):
+            return tc, rule, gemm
+    return (None if gemm else False), None, gemm
+
+
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class KernelBreakdown:
+    """Time by kernel class (HTA `get_gpu_kernel_breakdown` semantics, our classes).
+
+    classes      kernel_class ("COMP"|"COMM"|"MEM"), count, sum_ms (sum of durations),
+                 share_pct (of the sum over classes), busy_ms (union of the class's intervals)
+    overlap      kernel_types ("COMP", "COMM", "MEM", "COMP+COMM", ...), time_ms, share_pct of
+                 busy_ms (HTA's kernel-type frame)
+    top_kernels  kernel_class, name, count, sum_us, mean_us, min_us, max_us, std_us,
+                 share_of_class_pct; `top_k` names per class then one "others" row per class
+    """
+    classes: pl.DataFrame
+    overlap: pl.DataFrame
+    top_kernels: pl.DataFrame
+    sum_ms: float                 # sum of device event durations
+    busy_ms: float                # union of all device activity
+
+
+_CLASS_FRAME = {"kernel_class": pl.String, "count": pl.Int64, "sum_ms": pl.Float64,
+                "share_pct": pl.Float64, "busy_ms": pl.Float64}
+_OVERLAP_FRAME = {"kernel_types": pl.String, "time_ms": pl.Float64, "share_pct": pl.Float64}
+_TOP_FRAME = {"kernel_class": pl.String, "name": pl.String, "count": pl.Int64, "sum_us": pl.Float64,
+              "mean_us": pl.Float64, "min_us": pl.Float64, "max_us": pl.Float64, "std_us": pl.Float64,
+              "share_of_class_pct": pl.Float64}
+
+
+def _device_events(trace: RankTrace) -> pl.DataFrame:
+    return trace.events.with_row_index("row").filter(
+        pl.col("kind").is_in(_DEVICE) & pl.col("kclass").is_in([int(c) for c in _CLASSES]))
+
+
+def kernel_breakdown(trace: RankTrace, top_k: int = 10, hta_filter: bool = False) -> KernelBreakdown:
+    dev = _device_events(trace)
+    if hta_filter:
+        dev = _hta_selection(trace, dev)
+    dev = dev.select("kclass", "name", "ts_ns", "dur_ns")
+    if dev.is_empty():
+        return KernelBreakdown(pl.DataFrame(schema=_CLASS_FRAME), pl.DataFrame(schema=_OVERLAP_FRAME),
+                               pl.DataFrame(schema=_TOP_FRAME), 0.0, 0.0)
+    ts = dev["ts_ns"].to_numpy()
+    end = ts + dev["dur_ns"].to_numpy()
+    kc = dev["kclass"].to_numpy()
+
+    # classes: plain sums and per-class union
+    unions = {c: union(ts[kc == int(c)], end[kc == int(c)]) for c in _CLASSES}
+    total_sum = int(dev["dur_ns"].sum())
+    rows = []
+    for c in _CLASSES:
+        sel = kc == int(c)
+        if not sel.any():
+            continue
+        s = int(dev["dur_ns"].to_numpy()[sel].sum())
+        us, ue = unions[c]
+        rows.append({"kernel_class": c.name, "count": int(sel.sum()), "sum_ms": s / NS_PER_MS,
+                     "share_pct": 100.0 * s / total_sum if total_sum else 0.0,
+                     "busy_ms": float((ue - us).sum()) / NS_PER_MS})
+    classes = pl.DataFrame(rows, schema=_CLASS_FRAME).sort("sum_ms", descending=True)
+
+    overlap = _overlap_sweep(unions)
+    all_s, all_e = union(ts, end)
+    busy = int((all_e - all_s).sum())
+    top = _top_kernels(dev, top_k)
+    return KernelBreakdown(classes, overlap, top, total_sum / NS_PER_MS, busy / NS_PER_MS)
+
+
+def _hta_selection(trace: RankTrace, dev: pl.DataFrame) -> pl.DataFrame:
+    ev = trace.events
+    step_names = [n for n in ev["name"].unique().cast(pl.String).to_list()
+                  if n and re.match(PROFILER_STEP_PATTERN, n)]
+    if len(step_names) < 2:
+        return dev
+    last_start = ev.filter(pl.col("name").is_in(step_names) & pl.col("kind").is_in(_HOST))["ts_ns"].max()
+    launched = (ev.filter(pl.col("kind").is_in(_LAUNCH) & (pl.col("correlation") >= 0)
+                          & (pl.col("ts_ns") < last_start))
+                .select("correlation").unique())
+    return dev.join(launched, on="correlation", how="semi")
+
+
+def _overlap_sweep(unions: dict) -> pl.DataFrame:
+    """Split the device timeline by the set of classes running (bit i = class i of _CLASSES)."""
+    times, deltas = [], []
+    for i, c in enumerate(_CLASSES):
+        s, e = unions[c]
+        times += [s, e]
+        deltas += [np.full(len(s), 1 << i, np.int64), np.full(len(e), -(1 << i), np.int64)]
+    t = np.concatenate(times)
+    d = np.concatenate(deltas)
+    if len(t) == 0:
+        return pl.DataFrame(schema=_OVERLAP_FRAME)
+    order = np.argsort(t, kind="stable")
+    t, d = t[order], d[order]
+    running = np.cumsum(d)
+    seg = np.diff(t)                       # segment after event i lasts t[i+1] - t[i]
+    state = running[:-1]
+    keep = (state > 0) & (seg > 0)
+    sums = np.bincount(state[keep], weights=seg[keep], minlength=1 << len(_CLASSES))
+    busy = sums.sum()
+    rows = []
+    for mask in range(1, len(sums)):
+        if sums[mask] > 0:
+            label = "+".join(c.name for i, c in enumerate(_CLASSES) if mask & (1 << i))
+            rows.append({"kernel_types": label, "time_ms": sums[mask] / NS_PER_MS,
+                         "share_pct": 100.0 * sums[mask] / busy})
+    return pl.DataFrame(rows, schema=_OVERLAP_FRAME).sort("time_ms", descending=True)
+
+
+def _top_kernels(dev: pl.DataFrame, top_k: int) -> pl.DataFrame:
+    per = (dev.group_by("kclass", "name")
+           .agg(pl.len().cast(pl.Int64).alias("count"), pl.col("dur_ns").sum().alias("sum_ns"))
+           .with_columns(pl.col("sum_ns").rank("ordinal", descending=True).over("kclass").alias("rank"),
+                         (pl.col("sum_ns") / pl.col("sum_ns").sum().over("kclass")).alias("share")))
+    keep = per.filter(pl.col("rank") <= top_k).select("kclass", "name", "rank")
+    ev = dev.join(keep, on=["kclass", "name"], how="left").with_columns(
+        pl.when(pl.col("rank").is_null()).then(pl.lit("others")).otherwise(pl.col("name").cast(pl.String))
+        .alias("label"),
+        pl.col("rank").fill_null(top_k + 1))
+    d = pl.col("dur_ns").cast(pl.Float64) / NS_PER_US
+    out = (ev.group_by("kclass", "label", "rank")
+           .agg(pl.len().cast(pl.Int64).alias("count"), d.sum().alias("sum_us"), d.mean().alias("mean_us"),
+                d.min().alias("min_us"), d.max().alias("max_us"), d.std(ddof=1).fill_null(0.0).alias("std_us"))
+           .with_columns((100.0 * pl.col("sum_us") / pl.col("sum_us").sum().over("kclass"))
+                         .alias("share_of_class_pct"))
+           .sort(["kclass", "rank", "sum_us"], descending=[False, False, True]))
+    return out.select(
+        pl.col("kclass").map_elements(lambda c: KernelClass(c).name, return_dtype=pl.String).alias("kernel_class"),
+        pl.col("label").alias("name"), "count", "sum_us", "mean_us", "min_us", "max_us", "std_us",
+        "share_of_class_pct")
+
+
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class KernelStats:
+    """Per kernel name (top `top_n` by total time) and job-level Tensor Core figures.
+
+    kernels  name, kernel_class, count, total_ms, mean_us, share_pct (of kernel_ms),
+             occupancy_pct (duration-weighted mean estimated achieved occupancy),
+             occupancy_source ("trace" | "computed" | "mixed" | null),
+             theoretical_occupancy_pct (computed from launch config, duration-weighted; null
+             when not computable), grid_blocks, block_threads, registers_per_thread,
+             shared_memory_bytes (of the longest launch), gemm_like, tensor_core (bool | null
+             for a GEMM-like kernel the table cannot decide), tc_rule (rule that matched)
+    """
+    kernels: pl.DataFrame
+    kernel_count: int
+    kernel_ms: float                    # all kernel events (no memcpy/memset)
+    gemm_ms: float                      # GEMM-like kernels
+    gemm_tensor_core_ms: float
+    gemm_fp32_ms: float                 # GEMM-like without Tensor Cores
+    gemm_unknown_ms: float              # GEMM-like, Tensor Core use unknown
+    fp32_gemm_share_pct: float | None   # gemm_fp32 / (gemm_tensor_core + gemm_fp32)
+    tensor_core_ms: float               # every kernel inferred to use Tensor Cores
+    tensor_core_pct: float | None       # of kernel_ms
+    occupancy_pct: float | None         # duration-weighted over kernels with a value
+    occupancy_source: str | None        # "trace" | "computed" | "mixed" | None
+    occupancy_covered_pct: float | None  # share of kernel time with an occupancy value
+
+
+_STATS_FRAME = {"name": pl.String, "kernel_class": pl.String, "count": pl.Int64, "total_ms": pl.Float64,
+                "mean_us": pl.Float64, "share_pct": pl.Float64, "occupancy_pct": pl.Float64,
+                "occupancy_source": pl.String, "theoretical_occupancy_pct": pl.Float64,
+                "grid_blocks": pl.Int64, "block_threads": pl.Int64, "registers_per_thread": pl.Int64,
+                "shared_memory_bytes": pl.Int64, "gemm_like": pl.Boolean, "tensor_core": pl.Boolean,
+                "tc_rule": pl.String}
+
+
+def kernel_stats(trace: RankTrace, top_n: int = 20) -> KernelStats:
+    k = (trace.events.with_row_index("row").filter(pl.col("kind") == int(Kind.KERNEL))
+         .select(pl.col("row").cast(pl.Int64), "name", "kclass", "dur_ns", "device"))
+    if k.is_empty():
+        return KernelStats(pl.DataFrame(schema=_STATS_FRAME), 0, 0.0, 0.0, 0.0, 0.0, 0.0, None, 0.0, None,
+                           None, None, None)
+    args = trace.gpu_args.select("row", "grid_blocks", "block_threads", "registers_per_thread",
+                                 "shared_memory_bytes", "est_occupancy_pct")
+    k = k.join(args, on="row", how="left")
+    theo, achieved = launch_occupancy(
+        k["device"].to_numpy(), _np_int(k["grid_blocks"]), _np_int(k["block_threads"]),
+        _np_int(k["registers_per_thread"]), _np_int(k["shared_memory_bytes"]), trace.meta.devices)
+    trace_occ = k["est_occupancy_pct"].fill_null(np.nan).to_numpy()
+    kineto_failed = (trace_occ == 0) & (_np_int(k["shared_memory_bytes"]) > KINETO_SMEM_OPTIN_BYTES)
+    from_trace = ~np.isnan(trace_occ) & ~(kineto_failed & ~np.isnan(achieved))
+    occ = np.where(from_trace, trace_occ, achieved)
+    src = np.where(from_trace, 1, np.where(np.isnan(achieved), 0, 2)).astype(np.int8)
+    k = k.with_columns(pl.Series("occ", occ), pl.Series("src", src), pl.Series("theo", theo))
+
+    # Tensor Core inference per distinct name
+    names = k["name"].unique().cast(pl.String).to_list()
+    inferred = [tensor_core_rule(n) for n in names]
+    tc_frame = pl.DataFrame({"name": names, "tensor_core": [t for t, _, _ in inferred],
+                             "tc_rule": [r for _, r, _ in inferred], "gemm_like": [g for _, _, g in inferred]},
+                            schema={"name": pl.String, "tensor_core": pl.Boolean, "tc_rule": pl.String,
+                                    "gemm_like": pl.Boolean})
+    dur = pl.col("dur_ns").cast(pl.Float64)
+    occ_known = pl.col("occ").is_not_nan()
+    theo_known = pl.col("theo").is_not_nan()
+    longest = pl.col("dur_ns").arg_max()
+    per = (k.group_by("name", "kclass").agg(
+        pl.len().cast(pl.Int64).alias("count"), pl.col("dur_ns").sum().alias("sum_ns"),
+        ((pl.col("occ") * dur).filter(occ_known).sum() / dur.filter(occ_known).sum()).alias("occupancy_pct"),
+        (pl.col("src").filter(pl.col("src") > 0).min()).alias("src_min"),
+        (pl.col("src").filter(pl.col("src") > 0).max()).alias("src_max"),
+        ((pl.col("theo") * dur).filter(theo_known).sum() / dur.filter(theo_known).sum())
+        .alias("theoretical_occupancy_pct"),
+        pl.col("grid_blocks").get(longest), pl.col("block_threads").get(longest),
+        pl.col("registers_per_thread").get(longest), pl.col("shared_memory_bytes").get(longest))
+        .with_columns(pl.col("name").cast(pl.String))
+        .join(tc_frame, on="name", how="left"))
+    kernel_ns = float(per["sum_ns"].sum())
+
+    def _ms(expr) -> float:
+        return float(per.filter(expr)["sum_ns"].sum()) / NS_PER_MS
+
+    gemm = pl.col("gemm_like")
+    gemm_tc, gemm_fp32 = _ms(gemm & (pl.col("tensor_core") == True)), _ms(gemm & (pl.col("tensor_core") == False))  # noqa: E712
+    tc_ms = _ms(pl.col("tensor_core") == True)  # noqa: E712
+    known = gemm_tc + gemm_fp32
+
+    occ_weight = k.filter(occ_known)
+    occ_all = (float((occ_weight["occ"] * occ_weight["dur_ns"].cast(pl.Float64)).sum()
+                     / occ_weight["dur_ns"].sum()) if not occ_weight.is_empty() and occ_weight["dur_ns"].sum() > 0
+               else None)
+    srcs = set(np.unique(src[src > 0]).tolist())
+    source = _source_label(min(srcs), max(srcs)) if srcs else None
+
+    def _for_null(v):
+        return None if v is None else v
+
+    kernels = (per.sort("sum_ns", descending=True).head(top_n).select(
+        "name",
+        pl.col("kclass").map_elements(lambda c: KernelClass(c).name, return_dtype=pl.String).alias("kernel_class"),
+        "count", (pl.col("sum_ns") / NS_PER_MS).alias("total_ms"),
+        (pl.col("sum_ns") / pl.col("count") / NS_PER_US).alias("mean_us"),
+        (100.0 * pl.col("sum_ns") / kernel_ns if kernel_ns else pl.lit(0.0)).alias("share_pct"),
+        pl.col("occupancy_pct").fill_nan(None),
+        pl.struct("src_min", "src_max").map_elements(
+            lambda s: _for_null(_source_label(s["src_min"], s["src_max"])) if s["src_min"] is not None else None,
+            return_dtype=pl.String).alias("occupancy_source"),
+        pl.col("theoretical_occupancy_pct").fill_nan(None),
+        *[pl.col(c).replace(-1, None) for c in ("grid_blocks", "block_threads", "registers_per_thread",
+                                                "shared_memory_bytes")],
+        "gemm_like", "tensor_core", "tc_rule"))
+    return KernelStats(
+        kernels=kernels, kernel_count=k.height, kernel_ms=kernel_ns / NS_PER_MS,
+        gemm_ms=_ms(gemm), gemm_tensor_core_ms=gemm_tc, gemm_fp32_ms=gemm_fp32,
+        gemm_unknown_ms=_ms(gemm & pl.col("tensor_core").is_null()),
+        fp32_gemm_share_pct=100.0 * gemm_fp32 / known if known > 0 else None,
+        tensor_core_ms=tc_ms, tensor_core_pct=100.0 * tc_ms * NS_PER_MS / kernel_ns if kernel_ns else None,
+        occupancy_pct=occ_all, occupancy_source=source,
+        occupancy_covered_pct=(100.0 * float(occ_weight["dur_ns"].sum()) / kernel_ns if kernel_ns else None))
+
+
+def _source_label(lo: int, hi: int) -> str:
+    if lo == hi:
+        return "trace" if lo == 1 else "computed"
+    return "mixed"
+
+
+def _np_int(s: pl.Series) -> np.ndarray:
+    return s.fill_null(-1).to_numpy().astype(np.int64)
+
+
+def launch_occupancy(device: np.ndarray, grid_blocks: np.ndarray, block_threads: np.ndarray,
+                     registers: np.ndarray, shared_memory: np.ndarray,
+                     devices: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """Per launch: (theoretical occupancy %, estimated achieved occupancy %), NaN where the launch
+    config or the device properties are missing. Formula in the module docstring."""
+    n = len(device)
+    theo = np.full(n, np.nan)
+    achieved = np.full(n, np.nan)
+    props = {int(d.get("id", i)): d for i, d in enumerate(devices or []) if isinstance(d, dict)}
+    if not props:
+        return theo, achieved
+    only = next(iter(props.values())) if len({d.get("name") for d in props.values()}) == 1 else None
+    for dev_id in np.unique(device):
+        p = props.get(int(dev_id), only)
+        if p is None:
+            continue
+        try:
+            sms = int(p["numSms"])
+            max_threads = int(p["maxThreadsPerMultiprocessor"])
+            warp = int(p["warpSize"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if sms <= 0 or max_threads <= 0 or warp <= 0:
+            continue
+        sel = (device == dev_id) & (block_threads > 0) & (grid_blocks > 0)
+        if not sel.any():
+            continue
+        bt, gb = block_threads[sel], grid_blocks[sel]
+        regs, smem = registers[sel], shared_memory[sel]
+        major, minor = int(p.get("computeMajor", 0) or 0), int(p.get("computeMinor", 0) or 0)
+        big = np.iinfo(np.int64).max
+        warps_per_block = -(-bt // warp)
+        active = np.minimum(max_threads // warp // warps_per_block, MAX_BLOCKS_PER_SM.get((major, minor), 32))
+        regs_sm = p.get("regsPerMultiprocessor")
+        if regs_sm:
+            regs_per_warp = -(-(np.maximum(regs, 0) * warp) // REG_ALLOC_UNIT) * REG_ALLOC_UNIT
+            per_sub = int(regs_sm) // REG_SUB_PARTITIONS
+            with np.errstate(divide="ignore"):
+                warps_by_regs = np.where(regs_per_warp > 0,
+                                         REG_SUB_PARTITIONS * (per_sub // np.maximum(regs_per_warp, 1)), big)
+            active = np.minimum(active, np.where(regs_per_warp > 0, warps_by_regs // warps_per_block, big))
+        smem_sm = p.get("sharedMemPerMultiprocessor") or p.get("maxSharedMemoryPerMultiProcessor")
+        if smem_sm:
+            reserved = SMEM_RESERVED_SM80 if major >= 8 else 0
+            used = np.maximum(smem, 0)
+            per_block = -(-(used + reserved) // SMEM_ALLOC_UNIT) * SMEM_ALLOC_UNIT
+            by_smem = np.where(used > 0, int(smem_sm) // np.maximum(per_block, 1), big)
+            active = np.minimum(active, by_smem)
+        theo[sel] = 100.0 * active * bt / max_threads
+        achieved[sel] = 100.0 * np.minimum(active, gb / sms) * bt / max_threads
+    return theo, achieved

@@ -1,0 +1,86 @@
+"""Communication / computation overlap of one rank (DESIGN.md "HTA parity").
+
+Anchor: HTA 0.5 `TraceAnalysis.get_comm_comp_overlap` (hta/trace_analysis.py), implemented in
+`CommunicationAnalysis.get_comm_comp_overlap` (hta/analyzers/communication_analysis.py).
+
+Definition: overlap = |∪COMM ∩ ∪COMP| / |∪COMM|, the share of the time communication kernels run
+during which computation kernels run too, with DESIGN.md's kernel classes. Rank level: over the
+device events of the HTA scope (`temporal.hta_scope`: like HTA, the last profiler step and device
+events without a launch are left out unless `include_last_step`). Per step: the same ratio inside
+each step window (`steps.step_windows`, DESIGN.md "Step"), from all device events of the trace,
+since a window already says which time counts.
+
+Differs from HTA on purpose: HTA counts a kernel as communication only when its name matches
+`^nccl.*Kernel`, so symmetric-memory collectives (`multimem_*`, `*cross_device_reduce*`) are
+computation there, which turns communication time into "overlap" (docs/hta-parity.md, tracelens-b200).
+A rank without communication has no ratio (None; HTA gives NaN).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from rankscope.analyses.intervals import covered_between, union
+from rankscope.analyses.steps import StepWindows, step_windows
+from rankscope.analyses.temporal import device_intervals, hta_scope
+from rankscope.model import KernelClass, RankTrace
+
+NS_PER_MS = 1e6
+
+
+@dataclass
+class CommCompOverlap:
+    """`overlap_pct` is None when the rank runs no communication kernel. `steps`: one dict per step
+    window: step, comm_ms, overlapped_ms, overlap_pct (None without communication in the window)."""
+    overlap_pct: float | None
+    comm_ms: float                  # |∪COMM|
+    overlapped_ms: float            # |∪COMM ∩ ∪COMP|
+    compute_ms: float               # |∪COMP|
+    include_last_step: bool
+    steps: list[dict] = field(default_factory=list)
+    steps_source: str | None = None  # "profiler_step" | "whole_trace"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _overlap_in(comm: tuple[np.ndarray, np.ndarray], comp: tuple[np.ndarray, np.ndarray],
+                both: tuple[np.ndarray, np.ndarray], a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per window [a, b): |COMM|, |COMP| and |COMM ∩ COMP| (inclusion-exclusion on the unions)."""
+    c = covered_between(*comm, a, b)
+    p = covered_between(*comp, a, b)
+    u = covered_between(*both, a, b)
+    return c, p, c + p - u
+
+
+def _sets(events) -> tuple[tuple, tuple, tuple]:
+    cs, ce = device_intervals(events, KernelClass.COMM)
+    ps, pe = device_intervals(events, KernelClass.COMP)
+    return union(cs, ce), union(ps, pe), union(np.concatenate([cs, ps]), np.concatenate([ce, pe]))
+
+
+def comm_comp_overlap(trace: RankTrace, windows: StepWindows | None = None,
+                      include_last_step: bool = False) -> CommCompOverlap:
+    comm, comp, both = _sets(hta_scope(trace, include_last_step))
+    c, p, u = (int((e - s).sum()) for s, e in (comm, comp, both))
+    o = c + p - u
+    result = CommCompOverlap(overlap_pct=100.0 * o / c if c > 0 else None, comm_ms=c / NS_PER_MS,
+                             overlapped_ms=o / NS_PER_MS, compute_ms=p / NS_PER_MS,
+                             include_last_step=include_last_step)
+    if not trace.has_device_activity():
+        return result
+    windows = windows if windows is not None else step_windows(trace)
+    f = windows.frame
+    if f.is_empty():
+        return result
+    comm, comp, both = _sets(trace.events)
+    a = f["start_ns"].to_numpy()
+    b = f["end_ns"].to_numpy()
+    wc, _, wo = _overlap_in(comm, comp, both, a, b)
+    result.steps = [
+        {"step": int(s), "comm_ms": float(x) / NS_PER_MS, "overlapped_ms": float(y) / NS_PER_MS,
+         "overlap_pct": 100.0 * float(y) / float(x) if x > 0 else None}
+        for s, x, y in zip(f["step"].to_list(), wc, wo)]
+    result.steps_source = windows.source
+    return result
