@@ -116,15 +116,16 @@ def training_thread(ev: pl.DataFrame) -> int | None:
 
 def _cpu_only_sets(ev: pl.DataFrame) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], int | None]:
     tid = training_thread(ev)
+    tid_or_none = -(2**62) if tid is None else tid         # no CPU op at all: no training thread
     marks = _names_matching(ev, PROFILER_STEP_PATTERN) + _names_matching(ev, DATALOADER_PATTERN)
     collective = _names_matching(ev, HOST_COLLECTIVE_PATTERN)
     ops = ev.filter(pl.col("kind").is_in([int(Kind.CPU_OP), int(Kind.USER_ANNOTATION)]) & ~pl.col("name").is_in(marks))
-    train_ops = ops.filter((pl.col("tid") == tid) & (pl.col("kind") == int(Kind.CPU_OP)))
+    train_ops = ops.filter((pl.col("tid") == tid_or_none) & (pl.col("kind") == int(Kind.CPU_OP)))
     empty = (np.zeros(0, np.int64), np.zeros(0, np.int64))
     return {
         "comp": _intervals(train_ops.filter(~pl.col("name").is_in(collective))),
         # collective calls on the training thread (launch, wait) and data loading are not compute
-        "not_comp": _intervals(ev.filter(((pl.col("tid") == tid) & pl.col("name").is_in(collective))
+        "not_comp": _intervals(ev.filter(((pl.col("tid") == tid_or_none) & pl.col("name").is_in(collective))
                                          | pl.col("name").is_in(_names_matching(ev, DATALOADER_PATTERN)))),
         "comm": _intervals(ev.filter((pl.col("kclass") == int(KernelClass.COMM)))),
         "mem": empty,

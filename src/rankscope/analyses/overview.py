@@ -17,7 +17,11 @@ import polars as pl
 from rankscope.analyses.breakdown import CATEGORIES, classify_timeline, step_breakdown
 from rankscope.analyses.dataloader import dataloader_share
 from rankscope.analyses.gaps import GapSummary, idle_gaps
+from rankscope.analyses.idle import idle_time_breakdown
+from rankscope.analyses.launch import kernel_launch_stats, memory_bandwidth, queue_length
 from rankscope.analyses.memory import memory_timeline, pageable_memcpy
+from rankscope.analyses.overlap import comm_comp_overlap
+from rankscope.analyses.temporal import temporal_breakdown
 from rankscope.analyses.steps import device_busy_ns, step_windows
 from rankscope.model import DEVICE_KINDS, Kind, KernelClass, RankMeta, RankTrace
 
@@ -58,6 +62,7 @@ class RankSummary:
     dataloader: dict | None = None    # analyses.dataloader.DataLoaderShare as plain data
     memory: dict | None = None        # analyses.memory.MemoryTimeline (<= MEMORY_POINTS per device)
     memcpy: dict | None = None        # analyses.memory.MemcpyReport
+    hta: dict | None = None           # HTA-parity figures: temporal, overlap, idle, launch, queue, memory_bw
     from_cache: bool = False
 
     @property
@@ -96,7 +101,22 @@ def summarize_rank(trace: RankTrace) -> RankSummary:
         dataloader=as_plain(dataloader_share(trace, windows)),
         memory=as_plain(memory_timeline(trace, MEMORY_POINTS, windows)) if len(trace.memory) else None,
         memcpy=as_plain(pageable_memcpy(trace, windows)) if len(dev) else None,
+        hta=_hta_parity(trace) if len(dev) else None,
     )
+
+
+def _hta_parity(trace: RankTrace) -> dict:
+    """HTA's per-rank figures (docs/hta-parity.md), without the time series (kept small)."""
+    def no_series(d: dict) -> dict:
+        return {k: v for k, v in d.items() if k != "series"}
+    return as_plain({
+        "temporal": temporal_breakdown(trace).to_dict(),
+        "overlap": comm_comp_overlap(trace).to_dict(),
+        "idle": idle_time_breakdown(trace).to_dict(),
+        "launch": kernel_launch_stats(trace).to_dict(),
+        "queue": no_series(queue_length(trace).to_dict()),
+        "memory_bw": no_series(memory_bandwidth(trace).to_dict()),
+    })
 
 
 @dataclass

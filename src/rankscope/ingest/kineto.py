@@ -25,7 +25,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.ingest.columns import Col, columnize, scan_json
-from rankscope.model import (CATEGORY_KINDS, DEVICE_KINDS, Kind, RankMeta, RankTrace,
+from rankscope.model import (CATEGORY_KINDS, DEVICE_KINDS, Kind, KernelClass, RankMeta, RankTrace,
                              classify_names)
 
 CHUNK_BYTES = 4 << 20          # decompressed bytes decoded at once (transient memory ~6x this)
@@ -409,9 +409,10 @@ def _decode_chunk(body: bytes | memoryview, acc: _Accumulator) -> None:
     if stopped is None:
         return
     try:
-        events = _decode_events(body)
-    except msgspec.ValidationError:
-        events = _decode_leniently(bytes(body), acc)
+        try:
+            events = _decode_events(body)
+        except msgspec.ValidationError:    # a badly typed event; the JSON may still break later
+            events = _decode_leniently(bytes(body), acc)
     except msgspec.DecodeError as exc:
         m = _MSGSPEC_BYTE.search(str(exc))
         raise _JSONError(stopped if stopped >= 0 else (int(m.group(1)) if m else None)) from None
@@ -629,8 +630,9 @@ def _finish(buf: bytearray, acc: _Accumulator) -> dict | None:
                 continue
             try:
                 _decode_span(buf, p, acc)
-            except _JSONError:
-                return None
+            except _JSONError:          # that ']' was inside the trailer (e.g. "INFO": [...])
+                pos = p
+                continue
             return trailer if isinstance(trailer, dict) else {}
         pos = p
     return None
@@ -671,6 +673,9 @@ def read_kineto(path: str | Path, use_scanner: bool = True) -> tuple[RankTrace, 
         raise TraceError("empty file")
     parsed = _parse_stream(path, use_scanner)
     if parsed.acc.n_events == 0:
+        if parsed.acc.bad_events:
+            raise TraceError(f"JSON array of {parsed.acc.bad_events} values that are not trace events: "
+                             f"not a profiler trace")
         if parsed.cut_at_byte is not None:
             raise TraceError(f"{parsed.cut_reason} at byte {parsed.cut_at_byte}; no complete event before it")
         raise TraceError("no trace events")
@@ -696,6 +701,7 @@ def _build(path: Path, size: int, parsed: _Parsed, header: dict) -> RankTrace:
     used_by_dev[name_codes[is_dev & (name_codes >= 0)]] = True
     class_of_name = classify_names(names, used_by_dev[:len(names)])
     kclass = np.where(name_codes >= 0, class_of_name[np.maximum(name_codes, 0)] if len(names) else 0, 0)
+    kclass = np.where(np.isin(kind, [int(Kind.MEMCPY), int(Kind.MEMSET)]), int(KernelClass.MEM), kclass)
 
     pid = acc.take("x", "pid")
     device = acc.take("x", "device", np.int32)

@@ -20,6 +20,13 @@ def _r(x: float | None, nd: int = 3) -> float | None:
     return None if x is None else round(x, nd)
 
 
+def _temporal_pct(hta: dict | None) -> dict | None:
+    if not hta:
+        return None
+    t = hta["temporal"]
+    return {"compute": t["compute_pct"], "non_compute": t["non_compute_pct"], "idle": t["idle_pct"]}
+
+
 def _pick(d: dict | None, *keys: str) -> dict | None:
     return None if d is None else {k: d.get(k) for k in keys}
 
@@ -46,9 +53,10 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
             "breakdown_ms": _rounded(s.breakdown_mean_ms) if s.steps else None,
             "breakdown_mode": s.breakdown_mode,
             "overlap_efficiency": _r(s.overlap_efficiency, 4),
-            "temporal_pct": None,
-            "overlap_pct": None,
-            "idle_ms": None,
+            "temporal_pct": _temporal_pct(s.hta),
+            "overlap_pct": s.hta["overlap"]["overlap_pct"] if s.hta else None,
+            "idle_ms": s.hta["idle"]["idle_ms"] if s.hta else None,
+            "hta": s.hta,
             "idle_gaps": msgspec.to_builtins(s.gaps) if s.gaps is not None else None,
             "dataloader": _pick(s.dataloader, "share_pct", "mean_step_share_pct", "max_step_share_pct",
                                 "dataloader_ms", "num_workers", "multiprocessing", "iterators"),

@@ -1,0 +1,635 @@
+"""Collectives: one record per collective instance on each rank (map), matched across ranks (reduce).
+
+Map side, `rank_collectives(trace)` -> `RankCollectives` (small, msgspec-serializable: lists of numbers):
+  - which events are collectives: on GPU jobs the COMM device events (NCCL/RCCL/HCCL kernels,
+    symmetric-memory `multimem_*`, DESIGN.md kernel classes); arrival = kernel start, end = kernel end.
+    On CPU-only (gloo) jobs, or GPU jobs without COMM device events, the host `gloo:*` spans
+    (arrival = span start).
+  - type, normalized (`COLLECTIVE_TYPES`): from the launching op's metadata first (the kernel's own
+    `comm_args.collective`, then the enclosing `record_param_comms`, then the enclosing `nccl:*` /
+    `gloo:*` annotation, then `c10d::*` / `symm_mem::*` op names), the kernel name last: a NCCL
+    `SendRecv` kernel is an all_to_all or a send/recv depending on the op, RCCL
+    `ncclDevKernel_Generic` says nothing at all.
+    "The launching op" = the host op enclosing the kernel's launch call (runtime event with the
+    kernel's correlation id) on the launch thread: works for the 2023 format, where the kernel's
+    `External id` is its correlation id, and the current one.
+  - process group (`pg_name`, else "default"), seq (`Seq`, else -1), bytes in / out
+    (`In msg nelems` / `Out msg nelems` x dtype size, else the annotation's Input Dims x Input type),
+    group size (`Group size`, else the pg's size from distributedInfo, else world size).
+  - per instance, the step it belongs to and what the rank did before arriving, in the exact
+    DESIGN.md breakdown categories (`Timeline.in_windows`):
+      pre_ns         window [previous collective's end on this rank (the latest one ending at or
+                     before this arrival), or the step start if later) -> arrival)
+      since_step_ns  window [step start -> arrival): cumulative, clock-independent; the straggler
+                     analysis compares it across ranks.
+
+Reduce side (DESIGN.md "Collective", stable), over RankCollectives only (never event frames):
+  `member_frame` one row per (rank, instance) with its match key; `match_collectives` groups them:
+  one logical collective = same (process group, seq) on every member; without seq, the n-th
+  instance of that (process group, type) on each rank (send/recv/send_recv share type "p2p").
+  Per collective: arrival skew (max start - min start), last arriver, each member's wait (its start
+  -> the last arriver's start), transfer = min duration across members (tb-profiler), bytes
+  (nccl-tests size S), algbw = S / transfer and busbw = algbw x factor (`BUSBW_FACTOR`, from
+  nccl-tests doc/PERFORMANCE.md "Summary": all_reduce 2(n-1)/n; reduce_scatter, all_gather,
+  all_to_all (n-1)/n; broadcast, reduce, p2p 1). Timestamps are aligned with the clock offsets
+  given (see clock.py) before any comparison across ranks.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import polars as pl
+
+from rankscope.analyses.breakdown import CATEGORIES, Timeline, classify_timeline
+from rankscope.analyses.steps import step_windows
+from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, Kind, KernelClass, RankTrace
+
+NS_PER_MS = 1e6
+DEFAULT_PG = "default"
+
+#: Normalized collective types. The first nine are the stable vocabulary of issue 4; `send_recv`
+#: (a NCCL SendRecv kernel with nothing saying which), `gather`, `scatter` and `unknown` complete it.
+COLLECTIVE_TYPES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all",
+                    "send", "recv", "barrier", "send_recv", "gather", "scatter", "unknown")
+P2P_TYPES = ("send", "recv", "send_recv")
+
+#: Compacted (lower case, no '_' / ':') name fragment -> type; first match wins. Order matters:
+#: reducescatter before reduce, allreduce before reduce, allgather before gather, sendrecv before send.
+_TYPE_RULES: list[tuple[str, str]] = [
+    ("reducescatter", "reduce_scatter"),
+    ("allreduce", "all_reduce"),
+    ("crossdevicereduce", "all_reduce"),       # vLLM/sglang custom all-reduce kernels
+    ("allgather", "all_gather"),
+    ("alltoall", "all_to_all"),
+    ("barrier", "barrier"),
+    ("broadcast", "broadcast"),
+    ("sendrecv", "send_recv"),
+    ("send", "send"),
+    ("recv", "recv"),
+    ("reduce", "reduce"),
+    ("gather", "gather"),
+    ("scatter", "scatter"),
+]
+#: Name prefixes stripped before the rules apply (they would otherwise match nothing useful).
+_PREFIX = re.compile(r"^(void\s+)?(\(anonymous namespace\)::)?(nccl:|gloo:|c10d::|_?c10d_functional::|symm_mem::|"
+                     r"nccldevkernel_|ncclkernel_|rcclkernel_)", re.IGNORECASE)
+#: Values of `Collective name` that are not collectives (the work handle's wait).
+_NOT_COLLECTIVE = {"wait", "", "none", "null"}
+
+#: Host ops that carry collective metadata around a kernel launch (matched on the launch thread).
+_RPC_NAME = "record_param_comms"
+_ANNOTATION_RX = re.compile(r"^(nccl|gloo|rccl|hccl|xccl):")
+_OP_RX = re.compile(r"^(c10d::|_?c10d_functional::|symm_mem::)")
+_GLOO_RX = re.compile(r"^gloo:")
+
+#: Bytes per element by dtype name, as written by `comm_args.dtype` (c10 ScalarType names) and by
+#: `Input type` (C++ type names).
+DTYPE_BYTES: dict[str, int] = {
+    "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "c10::half": 2,
+    "bfloat16": 2, "c10::bfloat16": 2, "long": 8, "long int": 8, "int64": 8, "long long": 8,
+    "int": 4, "int32": 4, "short": 2, "int16": 2, "short int": 2, "byte": 1, "uint8": 1,
+    "unsigned char": 1, "char": 1, "int8": 1, "signed char": 1, "bool": 1, "complexfloat": 8,
+    "c10::complex<float>": 8, "complexdouble": 16, "c10::complex<double>": 16,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "c10::float8_e4m3fn": 1, "c10::float8_e5m2": 1,
+    "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "uint16": 2, "uint32": 4, "uint64": 8,
+}
+
+#: nccl-tests bus bandwidth factor (doc/PERFORMANCE.md, "Summary"), by type, for n members.
+BUSBW_FACTOR = {
+    "all_reduce": lambda n: 2.0 * (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+    "send": lambda n: 1.0, "recv": lambda n: 1.0, "send_recv": lambda n: 1.0,
+}
+
+
+def normalize_collective(name: str | None) -> str:
+    """A kernel, annotation, op or `Collective name` -> one of COLLECTIVE_TYPES ("unknown" if none).
+
+    >>> normalize_collective("ncclDevKernel_AllReduce_Sum_bf16_RING_LL128(ncclDevKernelArgsStorage<4096ul>)")
+    'all_reduce'
+    >>> normalize_collective("nccl:_all_gather_base"), normalize_collective("_reduce_scatter_base")
+    ('all_gather', 'reduce_scatter')
+    """
+    if not name:
+        return "unknown"
+    head = name.split("(", 1)[0].strip()
+    head = _PREFIX.sub("", head)
+    # templates: `multimem_all_reduce_kernel<c10::BFloat16, 16>` -> keep the name before '<'
+    head = head.split("<", 1)[0]
+    compact = head.lower().replace("_", "").replace(":", "")
+    if compact in _NOT_COLLECTIVE or compact == "generic":
+        return "unknown"
+    for frag, kind in _TYPE_RULES:
+        if frag in compact:
+            return kind
+    return "unknown"
+
+
+def dtype_bytes(dtype: str | None) -> int:
+    """Element size in bytes of a dtype name; 0 when unknown."""
+    if not dtype:
+        return 0
+    d = dtype.strip().lower()
+    if d.startswith("at::"):
+        d = d[4:]
+    return DTYPE_BYTES.get(d, DTYPE_BYTES.get(d.replace("c10::", ""), 0))
+
+
+def nccl_tests_bytes(ctype: str, in_bytes: int, out_bytes: int, group_size: int) -> int:
+    """The size S nccl-tests uses for algbw = S / t (doc/PERFORMANCE.md): the total array, i.e. the
+    output for all_gather (sendcount x n), the input for reduce_scatter (recvcount x n) and for
+    every other type. -1 when unknown."""
+    if ctype == "all_gather":
+        if out_bytes > 0:
+            return out_bytes
+        return in_bytes * group_size if in_bytes > 0 and group_size > 0 else -1
+    if in_bytes > 0:
+        return in_bytes
+    if ctype == "reduce_scatter" and out_bytes > 0 and group_size > 0:
+        return out_bytes * group_size
+    return out_bytes if out_bytes > 0 else -1
+
+
+def busbw_factor(ctype: str, n: int) -> float | None:
+    f = BUSBW_FACTOR.get(ctype)
+    return f(n) if f is not None and n >= 1 else None
+
+
+# ----------------------------------------------------------------------------------------------
+# Map side
+@dataclass
+class RankCollectives:
+    """One rank's collective instances, sorted by arrival; parallel lists (one entry per instance).
+    Times are int64 ns on this rank's own clock. `pre_ns` / `since_step_ns`: one list of
+    len(CATEGORIES) ns per instance, in `breakdown.CATEGORIES` order. Unknown numbers are -1.
+    Steps: the rank's step windows (step ids, start/end ns) and their exact breakdown, for
+    step-time statistics and load balance across ranks."""
+    rank: int
+    source: str = "none"                 # "device" (COMM kernels) | "host" (gloo spans) | "none"
+    hostname: str | None = None
+    world_size: int | None = None
+    pg: list[str] = field(default_factory=list)
+    seq: list[int] = field(default_factory=list)
+    type: list[str] = field(default_factory=list)
+    start_ns: list[int] = field(default_factory=list)
+    end_ns: list[int] = field(default_factory=list)
+    in_bytes: list[int] = field(default_factory=list)
+    out_bytes: list[int] = field(default_factory=list)
+    group_size: list[int] = field(default_factory=list)
+    dtype: list[str] = field(default_factory=list)
+    step: list[int] = field(default_factory=list)            # step id, -1 outside every step
+    window_start_ns: list[int] = field(default_factory=list)
+    pre_ns: list[list[int]] = field(default_factory=list)
+    since_step_ns: list[list[int]] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
+    step_start_ns: list[int] = field(default_factory=list)
+    step_end_ns: list[int] = field(default_factory=list)
+    step_breakdown_ns: list[list[int]] = field(default_factory=list)   # per step, ns per CATEGORIES
+    steps_source: str = "profiler_step"   # "profiler_step" | "whole_trace"
+
+    def __len__(self) -> int:
+        return len(self.start_ns)
+
+    def step_durations_ms(self) -> dict[int, float]:
+        return {s: (b - a) / NS_PER_MS for s, a, b in zip(self.steps, self.step_start_ns, self.step_end_ns)}
+
+
+def _names(ev: pl.DataFrame, test) -> list[str]:
+    return [n for n in ev["name"].unique().cast(pl.String).to_list() if n and test(n)]
+
+
+def _first_tensor_nelems(dims_json: str | None) -> int:
+    """Elements of the first argument of `Input Dims`: a tensor ([d0, d1]) or a tensor list
+    ([[d0], [d1]]): the product, or the sum of products. -1 when absent."""
+    if not dims_json:
+        return -1
+    try:
+        dims = json.loads(dims_json)
+    except (ValueError, TypeError):
+        return -1
+    if not isinstance(dims, list) or not dims:
+        return -1
+    first = dims[0]
+    if not isinstance(first, list) or not first:
+        return -1
+    if all(isinstance(d, int) for d in first):
+        return int(np.prod(first)) if first else -1
+    if all(isinstance(t, list) and all(isinstance(d, int) for d in t) for t in first):
+        total = sum(int(np.prod(t)) for t in first if t)
+        return total if total > 0 else -1
+    return -1
+
+
+def _first_type(types_json: str | None) -> str | None:
+    if not types_json:
+        return None
+    try:
+        types = json.loads(types_json)
+    except (ValueError, TypeError):
+        return None
+    if isinstance(types, list) and types and isinstance(types[0], str) and types[0] not in ("", "TensorList"):
+        return types[0]
+    return None
+
+
+def _enclosing(points: pl.DataFrame, spans: pl.DataFrame) -> pl.DataFrame:
+    """For each point (idx, pid, tid, t_ns) the span (row, pid, tid, ts_ns, end_ns) on the same
+    thread that started last at or before it and still runs at it: -> (idx, row). Spans of one
+    class do not nest on a thread (they are issued one after the other)."""
+    if points.is_empty() or spans.is_empty():
+        return pl.DataFrame(schema={"idx": pl.Int64, "row": pl.Int64})
+    p = points.sort("t_ns")
+    s = spans.select("row", "pid", "tid", pl.col("ts_ns").alias("t_ns"), "end_ns").sort("t_ns")
+    j = p.join_asof(s, on="t_ns", by=["pid", "tid"], strategy="backward", check_sortedness=False)
+    return j.filter(pl.col("row").is_not_null() & (pl.col("end_ns") > pl.col("t_ns"))).select("idx", "row")
+
+
+def _comm_args_by_row(trace: RankTrace) -> dict[int, dict]:
+    ca = {}
+    if not trace.comm_args.is_empty():
+        for r in trace.comm_args.with_columns(pl.col(pl.Categorical).cast(pl.String)).iter_rows(named=True):
+            ca[int(r["row"])] = r
+    return ca
+
+
+def _op_shape(trace: RankTrace, rows: list[int]) -> dict[int, tuple[int, str | None]]:
+    if not rows or trace.op_args.is_empty():
+        return {}
+    oa = trace.op_args.filter(pl.col("row").is_in(rows)).select(
+        "row", pl.col("input_dims").cast(pl.String), pl.col("input_types").cast(pl.String))
+    return {int(r): (_first_tensor_nelems(d), _first_type(t)) for r, d, t in oa.iter_rows()}
+
+
+def _pg_sizes(trace: RankTrace) -> dict[str, int]:
+    out = {}
+    for pg in trace.meta.pg_config or []:
+        if isinstance(pg, dict) and pg.get("pg_name") is not None and isinstance(pg.get("pg_size"), int):
+            out[str(pg["pg_name"])] = int(pg["pg_size"])
+    return out
+
+
+def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows=None) -> RankCollectives:
+    """The rank's collective instances (see module docstring). `timeline` / `windows`: pass the
+    ones the caller already has (summarize_rank) to avoid recomputing them."""
+    meta = trace.meta
+    rank = meta.dist_rank if meta.dist_rank is not None else meta.rank
+    out = RankCollectives(rank=int(rank), hostname=meta.hostname, world_size=meta.world_size)
+    windows = windows or step_windows(trace)
+    wf = windows.frame
+    out.steps = [int(s) for s in wf["step"]]
+    out.step_start_ns = [int(a) for a in wf["start_ns"]]
+    out.step_end_ns = [int(b) for b in wf["end_ns"]]
+    out.steps_source = windows.source
+    s_start = wf["start_ns"].to_numpy().astype(np.int64)
+    s_end = wf["end_ns"].to_numpy().astype(np.int64)
+    s_ids = wf["step"].to_numpy().astype(np.int64)
+
+    ev = trace.events.with_row_index("row").with_columns(pl.col("row").cast(pl.Int64))
+    dev_comm = ev.filter(pl.col("kind").is_in([int(k) for k in DEVICE_KINDS])
+                         & (pl.col("kclass") == int(KernelClass.COMM)))
+    if not dev_comm.is_empty():
+        out.source = "device"
+        inst = dev_comm
+    else:
+        gloo = _names(ev, _GLOO_RX.search)
+        inst = ev.filter(pl.col("kind").is_in([int(k) for k in HOST_OP_KINDS]) & pl.col("name").is_in(gloo))
+        # one span per (thread, start, name): some traces record it as op and annotation
+        inst = inst.unique(subset=["tid", "ts_ns", "name"], keep="first", maintain_order=True)
+        if inst.is_empty():
+            timeline = timeline or classify_timeline(trace, [s_start, s_end])
+            out.step_breakdown_ns = _window_breakdown(timeline, s_start, s_end).tolist()
+            return out
+        out.source = "host"
+    inst = inst.sort(["ts_ns", "row"])
+    n = inst.height
+    rows = inst["row"].to_list()
+    names = inst["name"].cast(pl.String).to_list()
+    comm_args = _comm_args_by_row(trace)
+
+    # the host ops around each kernel's launch: record_param_comms, nccl:* annotation, c10d::* op
+    rpc_row = [-1] * n
+    ann_row = [-1] * n
+    op_row = [-1] * n
+    if out.source == "device":
+        launch = ev.filter(pl.col("kind").is_in([int(Kind.RUNTIME), int(Kind.DRIVER)]) & (pl.col("correlation") >= 0)) \
+            .select("correlation", "pid", "tid", pl.col("ts_ns").alias("t_ns")).unique("correlation", keep="first")
+        pts = inst.with_row_index("idx").select(pl.col("idx").cast(pl.Int64), "correlation") \
+            .join(launch, on="correlation", how="inner").select("idx", "pid", "tid", "t_ns")
+        host = ev.filter(pl.col("kind").is_in([int(k) for k in HOST_OP_KINDS]))
+        classes = {
+            "rpc": _names(host, lambda s: s == _RPC_NAME),
+            "ann": _names(host, _ANNOTATION_RX.search),
+            "op": _names(host, _OP_RX.search),
+        }
+        for cls, target in (("rpc", rpc_row), ("ann", ann_row), ("op", op_row)):
+            if not classes[cls]:
+                continue
+            spans = host.filter(pl.col("name").is_in(classes[cls])).select(
+                "row", "pid", "tid", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns"))
+            for i, r in _enclosing(pts, spans).iter_rows():
+                target[int(i)] = int(r)
+        # kernels without a launch event: the host op sharing the kernel's External id
+        missing = [i for i in range(n) if rpc_row[i] < 0 and ann_row[i] < 0 and op_row[i] < 0]
+        if missing:
+            ext = inst["external_id"].to_list()
+            by_ext = {}
+            wanted = {ext[i] for i in missing if ext[i] is not None and ext[i] >= 0}
+            if wanted:
+                cand = host.filter(pl.col("external_id").is_in(list(wanted))).select(
+                    "row", "external_id", pl.col("name").cast(pl.String))
+                for r, e, nm in cand.iter_rows():
+                    cls = "rpc" if nm == _RPC_NAME else "ann" if _ANNOTATION_RX.search(nm) else \
+                        "op" if _OP_RX.search(nm) else None
+                    if cls:
+                        by_ext.setdefault((e, cls), r)
+            for i in missing:
+                rpc_row[i] = by_ext.get((ext[i], "rpc"), -1)
+                ann_row[i] = by_ext.get((ext[i], "ann"), -1)
+                op_row[i] = by_ext.get((ext[i], "op"), -1)
+    else:
+        ann_row = list(rows)          # the gloo span is its own annotation
+    shapes = _op_shape(trace, [r for r in ann_row + op_row if r >= 0])
+    name_of = dict(zip(ev["row"].to_list(), ev["name"].cast(pl.String).to_list())) if n else {}
+    pg_sizes = _pg_sizes(trace)
+
+    for i in range(n):
+        own = comm_args.get(rows[i])
+        rpc = comm_args.get(rpc_row[i]) if rpc_row[i] >= 0 else None
+        metas = [m for m in (own, rpc) if m]
+        ctype = "unknown"
+        for m in metas:
+            ctype = normalize_collective(m.get("collective"))
+            if ctype != "unknown":
+                break
+        if ctype == "unknown" and ann_row[i] >= 0:
+            ctype = normalize_collective(name_of.get(ann_row[i]))
+        if ctype == "unknown" and op_row[i] >= 0:
+            ctype = normalize_collective(name_of.get(op_row[i]))
+        if ctype == "unknown":
+            ctype = normalize_collective(names[i])
+        pg = next((str(m["pg_name"]) for m in metas if m.get("pg_name") not in (None, "")), DEFAULT_PG)
+        seq = next((int(m["seq"]) for m in metas if m.get("seq") is not None and m["seq"] >= 0), -1)
+        dtype = next((str(m["dtype"]) for m in metas if m.get("dtype")), None)
+        in_b = out_b = -1
+        for m in metas:
+            size = dtype_bytes(m.get("dtype"))
+            if size and m.get("in_msg_nelems") is not None and m["in_msg_nelems"] >= 0 and in_b < 0:
+                in_b = int(m["in_msg_nelems"]) * size
+            if size and m.get("out_msg_nelems") is not None and m["out_msg_nelems"] >= 0 and out_b < 0:
+                out_b = int(m["out_msg_nelems"]) * size
+        if in_b < 0:
+            for r in (ann_row[i], op_row[i]):
+                nel, t = shapes.get(r, (-1, None))
+                if nel > 0 and dtype_bytes(t):
+                    in_b = nel * dtype_bytes(t)
+                    dtype = dtype or t
+                    break
+        gsize = next((int(m["group_size"]) for m in metas if m.get("group_size") is not None and m["group_size"] > 0),
+                     pg_sizes.get(pg, meta.world_size if pg in (DEFAULT_PG, "0") and meta.world_size else -1))
+        out.pg.append(pg)
+        out.seq.append(seq)
+        out.type.append(ctype)
+        out.in_bytes.append(in_b)
+        out.out_bytes.append(out_b)
+        out.group_size.append(int(gsize) if gsize is not None else -1)
+        out.dtype.append(dtype or "")
+
+    start = inst["ts_ns"].to_numpy().astype(np.int64)
+    end = start + inst["dur_ns"].to_numpy().astype(np.int64)
+    out.start_ns = start.tolist()
+    out.end_ns = end.tolist()
+
+    # step of each arrival, and the windows before it
+    k = np.searchsorted(s_start, start, side="right") - 1
+    in_step = (k >= 0) & (start < s_end[np.maximum(k, 0)]) if len(s_start) else np.zeros(n, bool)
+    step = np.where(in_step, s_ids[np.maximum(k, 0)] if len(s_ids) else -1, -1)
+    ends_sorted = np.sort(end)
+    j = np.searchsorted(ends_sorted, start, side="right") - 1
+    trace_start = int(ev["ts_ns"].min())
+    prev_end = np.where(j >= 0, ends_sorted[np.maximum(j, 0)], trace_start)
+    step_start = np.where(in_step, s_start[np.maximum(k, 0)] if len(s_start) else trace_start, trace_start)
+    win_start = np.minimum(np.maximum(prev_end, step_start), start)
+    if timeline is None:
+        timeline = classify_timeline(trace, [s_start, s_end, win_start, start, step_start])
+    pre = _window_breakdown(timeline, win_start, start)
+    since = _window_breakdown(timeline, np.minimum(step_start, start), start)
+    out.step = step.astype(np.int64).tolist()
+    out.window_start_ns = win_start.tolist()
+    out.pre_ns = pre.tolist()
+    out.since_step_ns = since.tolist()
+    out.step_breakdown_ns = _window_breakdown(timeline, s_start, s_end).tolist()
+    return out
+
+
+def _window_breakdown(timeline: Timeline, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """ns per category in [a, b); time no segment covers goes to idle_other (as in step_breakdown)."""
+    parts = timeline.in_windows(a, b)
+    parts[:, CATEGORIES.index("idle_other")] += np.maximum((b - a) - parts.sum(axis=1), 0)
+    return parts
+
+
+# ----------------------------------------------------------------------------------------------
+# Reduce side
+def _match_type(t: str) -> str:
+    return "p2p" if t in P2P_TYPES else t
+
+
+def member_frame(ranks: Sequence[RankCollectives], offsets_ns: dict[int, int] | None = None,
+                 with_windows: bool = False) -> pl.DataFrame:
+    """One row per (rank, instance): rank, idx, pg, seq, type, mtype, occ (match key: pg, seq,
+    mtype, occ), start_ns / end_ns aligned (own clock minus the rank's offset), dur_ns, in_bytes,
+    out_bytes, group_size, step; with `with_windows`, `pre_<category>` and `since_<category>` (ns)."""
+    offsets_ns = offsets_ns or {}
+    frames = []
+    for rc in ranks:
+        if not len(rc):
+            continue
+        off = int(offsets_ns.get(rc.rank, 0))
+        start = np.asarray(rc.start_ns, dtype=np.int64)
+        end = np.asarray(rc.end_ns, dtype=np.int64)
+        cols = {
+            "rank": np.full(len(rc), rc.rank, dtype=np.int64), "idx": np.arange(len(rc), dtype=np.int64),
+            "pg": rc.pg, "seq": np.asarray(rc.seq, dtype=np.int64), "type": rc.type,
+            "start_ns": start - off, "end_ns": end - off, "dur_ns": end - start,
+            "in_bytes": np.asarray(rc.in_bytes, dtype=np.int64), "out_bytes": np.asarray(rc.out_bytes, dtype=np.int64),
+            "group_size": np.asarray(rc.group_size, dtype=np.int64), "step": np.asarray(rc.step, dtype=np.int64),
+        }
+        if with_windows:
+            pre = np.asarray(rc.pre_ns, dtype=np.int64).reshape(len(rc), len(CATEGORIES))
+            since = np.asarray(rc.since_step_ns, dtype=np.int64).reshape(len(rc), len(CATEGORIES))
+            for c, name in enumerate(CATEGORIES):
+                cols[f"pre_{name}"] = pre[:, c]
+                cols[f"since_{name}"] = since[:, c]
+        frames.append(pl.DataFrame(cols))
+    if not frames:
+        schema = {"rank": pl.Int64, "idx": pl.Int64, "pg": pl.String, "seq": pl.Int64, "type": pl.String,
+                  "mtype": pl.String, "occ": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "dur_ns": pl.Int64,
+                  "in_bytes": pl.Int64, "out_bytes": pl.Int64, "group_size": pl.Int64, "step": pl.Int64}
+        if with_windows:
+            schema.update({f"{p}_{c}": pl.Int64 for p in ("pre", "since") for c in CATEGORIES})
+        return pl.DataFrame(schema=schema)
+    df = pl.concat(frames, how="vertical")
+    with_seq = pl.col("seq") >= 0
+    df = df.with_columns(
+        pl.when(with_seq).then(pl.lit("*")).otherwise(
+            pl.col("type").replace_strict({t: "p2p" for t in P2P_TYPES}, default=pl.col("type"))).alias("mtype"))
+    # occurrence: n-th instance of (pg, seq) with seq, of (pg, mtype) without, on each rank (by arrival)
+    df = df.sort(["rank", "idx"]).with_columns(
+        pl.int_range(pl.len()).over(["rank", "pg", "seq", "mtype"]).cast(pl.Int64).alias("occ"))
+    return df
+
+
+KEY = ["pg", "seq", "mtype", "occ"]
+
+
+@dataclass
+class CollectiveTable:
+    """Cross-rank collectives (DESIGN.md "Collective").
+    `collectives`: one row per logical collective: cid, pg, seq, type, step, n_ranks, group_size,
+      complete (all group members present), start_min_ns / start_max_ns (aligned), skew_ns,
+      last_rank, first_rank, last_lead_ns (last arrival - second-latest arrival), transfer_ns
+      (min duration across members), bytes (nccl-tests S), algbw_gbps, busbw_gbps, end_spread_ns.
+    `members`: one row per (collective, rank): cid, rank, idx (instance index on the rank),
+      start_ns, end_ns (aligned), dur_ns, wait_ns (own start -> last arriver's start), is_last, step.
+    `offsets_ns`: the clock offsets applied (rank -> ns subtracted from its timestamps)."""
+    collectives: pl.DataFrame
+    members: pl.DataFrame
+    offsets_ns: dict[int, int]
+    unmatched: int                       # instances whose key no other rank has
+
+    @property
+    def count(self) -> int:
+        return self.collectives.height
+
+
+def match_collectives(ranks: Sequence[RankCollectives], offsets_ns: dict[int, int] | None = None,
+                      members: pl.DataFrame | None = None) -> CollectiveTable:
+    """Match instances across ranks by (pg, seq), or order within (pg, type) (module docstring).
+    Only collectives seen on at least two ranks are kept."""
+    offsets_ns = {int(k): int(v) for k, v in (offsets_ns or {}).items()}
+    m = members if members is not None else member_frame(ranks, offsets_ns)
+    if m.is_empty():
+        return CollectiveTable(_empty_collectives(), _empty_members(), offsets_ns, 0)
+    m = m.with_columns(pl.len().over(KEY).alias("n_ranks"))
+    unmatched = int((m["n_ranks"] < 2).sum())
+    m = m.filter(pl.col("n_ranks") >= 2)
+    if m.is_empty():
+        return CollectiveTable(_empty_collectives(), _empty_members(), offsets_ns, unmatched)
+    # ranks that have each pg at all (the expected membership when group_size is unknown)
+    ranks_per_pg = m.group_by("pg").agg(pl.col("rank").n_unique().alias("pg_ranks"))
+    # sort members by arrival inside each collective: the last row is the last arriver (ties: lower rank first)
+    m = m.sort(KEY + ["start_ns", "rank"])
+    g = m.group_by(KEY, maintain_order=True).agg(
+        pl.col("type").mode().first().alias("type"),
+        pl.col("step").max().alias("step"),
+        pl.len().alias("n_ranks"),
+        pl.col("group_size").max().alias("group_size_arg"),
+        pl.col("start_ns").min().alias("start_min_ns"),
+        pl.col("start_ns").max().alias("start_max_ns"),
+        pl.col("start_ns").sort().slice(-2, 1).first().alias("second_start_ns"),
+        pl.col("rank").last().alias("last_rank"),
+        pl.col("rank").first().alias("first_rank"),
+        pl.col("dur_ns").min().alias("transfer_ns"),
+        pl.col("end_ns").min().alias("end_min_ns"),
+        pl.col("end_ns").max().alias("end_max_ns"),
+        pl.col("in_bytes").max().alias("in_bytes"),
+        pl.col("out_bytes").max().alias("out_bytes"),
+    ).join(ranks_per_pg, on="pg", how="left")
+    g = g.sort(["start_min_ns", "pg", "seq", "occ"]).with_row_index("cid").with_columns(pl.col("cid").cast(pl.Int64))
+    group = np.where(g["group_size_arg"].to_numpy() > 0, g["group_size_arg"].to_numpy(), g["pg_ranks"].to_numpy())
+    types = g["type"].to_list()
+    nbytes = np.array([nccl_tests_bytes(t, int(i), int(o), int(n)) for t, i, o, n in
+                       zip(types, g["in_bytes"], g["out_bytes"], group)], dtype=np.int64)
+    transfer = g["transfer_ns"].to_numpy().astype(np.float64)
+    ok = (nbytes > 0) & (transfer > 0)
+    algbw = np.where(ok, nbytes / np.where(transfer > 0, transfer, 1.0), np.nan)      # bytes/ns == GB/s
+    factor = np.array([busbw_factor(t, int(n)) or np.nan for t, n in zip(types, group)])
+    coll = g.select(
+        "cid", "pg", "seq", "occ", "type", "step", "n_ranks",
+        pl.Series("group_size", group.astype(np.int64)),
+        (pl.col("n_ranks") >= pl.Series(group.astype(np.int64))).alias("complete"),
+        "start_min_ns", "start_max_ns",
+        (pl.col("start_max_ns") - pl.col("start_min_ns")).alias("skew_ns"),
+        "last_rank", "first_rank",
+        (pl.col("start_max_ns") - pl.col("second_start_ns")).alias("last_lead_ns"),
+        "transfer_ns",
+        (pl.col("end_max_ns") - pl.col("end_min_ns")).alias("end_spread_ns"),
+        pl.Series("bytes", nbytes),
+        pl.Series("algbw_gbps", algbw),
+        pl.Series("busbw_gbps", algbw * factor),
+    )
+    mem = m.join(g.select(KEY + ["cid", "start_max_ns", "last_rank"]), on=KEY, how="inner").select(
+        "cid", "rank", "idx", "start_ns", "end_ns", "dur_ns",
+        (pl.col("start_max_ns") - pl.col("start_ns")).alias("wait_ns"),
+        (pl.col("rank") == pl.col("last_rank")).alias("is_last"), "step",
+    ).sort(["cid", "rank"])
+    return CollectiveTable(coll, mem, offsets_ns, unmatched)
+
+
+def _empty_collectives() -> pl.DataFrame:
+    return pl.DataFrame(schema={
+        "cid": pl.Int64, "pg": pl.String, "seq": pl.Int64, "occ": pl.Int64, "type": pl.String, "step": pl.Int64,
+        "n_ranks": pl.UInt32, "group_size": pl.Int64, "complete": pl.Boolean, "start_min_ns": pl.Int64,
+        "start_max_ns": pl.Int64, "skew_ns": pl.Int64, "last_rank": pl.Int64, "first_rank": pl.Int64,
+        "last_lead_ns": pl.Int64, "transfer_ns": pl.Int64, "end_spread_ns": pl.Int64, "bytes": pl.Int64,
+        "algbw_gbps": pl.Float64, "busbw_gbps": pl.Float64})
+
+
+def _empty_members() -> pl.DataFrame:
+    return pl.DataFrame(schema={"cid": pl.Int64, "rank": pl.Int64, "idx": pl.Int64, "start_ns": pl.Int64,
+                                "end_ns": pl.Int64, "dur_ns": pl.Int64, "wait_ns": pl.Int64,
+                                "is_last": pl.Boolean, "step": pl.Int64})
+
+
+def summarize_collectives(table: CollectiveTable, by: Sequence[str] = ("type", "group_size")) -> pl.DataFrame:
+    """Per group (default: type and group size; ("pg",) for process groups): count, bytes,
+    transfer and skew (ms), mean algbw / busbw (GB/s, over collectives with known bytes; a
+    bytes-weighted mean: total bytes / total transfer time), and how often each rank was last."""
+    c = table.collectives
+    if c.is_empty():
+        return pl.DataFrame(schema={**{k: c.schema[k] for k in by}, "count": pl.UInt32})
+    known = pl.col("bytes") > 0
+    out = c.group_by(list(by)).agg(
+        pl.len().alias("count"),
+        pl.col("n_ranks").max().alias("max_ranks"),
+        pl.col("bytes").filter(known).sum().alias("total_bytes"),
+        (pl.col("transfer_ns").sum() / NS_PER_MS).alias("transfer_ms"),
+        (pl.col("skew_ns").mean() / NS_PER_MS).alias("skew_mean_ms"),
+        (pl.col("skew_ns").max() / NS_PER_MS).alias("skew_max_ms"),
+        (pl.col("bytes").filter(known).sum() / pl.col("transfer_ns").filter(known).sum()).alias("algbw_gbps"),
+        (pl.col("busbw_gbps").filter(known).mean()).alias("busbw_mean_gbps"),
+        pl.col("last_rank").mode().first().alias("most_often_last"),
+    ).sort(list(by))
+    return out
+
+
+def collectives_summary(table: CollectiveTable) -> dict:
+    """Plain data for the JSON output: count, by_type, by_pg rows (lists of dicts)."""
+    by_type = summarize_collectives(table, ("type", "group_size"))
+    by_pg = summarize_collectives(table, ("pg",))
+    c = table.collectives
+    return {
+        "count": c.height,
+        "complete": int(c["complete"].sum()) if c.height else 0,
+        "unmatched_instances": table.unmatched,
+        "clock_offsets_ms": {str(r): v / NS_PER_MS for r, v in sorted(table.offsets_ns.items())},
+        "by_type": _rows(by_type),
+        "by_pg": _rows(by_pg),
+    }
+
+
+def _rows(df: pl.DataFrame) -> list[dict]:
+    rows = df.to_dicts()
+    for r in rows:
+        for k, v in list(r.items()):
+            if isinstance(v, float) and not np.isfinite(v):
+                r[k] = None
+    return rows

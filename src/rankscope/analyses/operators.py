@@ -1,0 +1,353 @@
+"""Operators: calls, self CPU time and device time of the kernels they launch (one rank).
+
+Definitions (after the TensorBoard profiler's Operator view and torch.profiler `key_averages`):
+  * host op: a complete event of kind CPU_OP or USER_ANNOTATION (`record_function`), on its
+    thread (pid, tid). `ProfilerStep#N` spans take part in the nesting but are left out of the
+    result tables (as tb-profiler does).
+  * nesting: the parent of op C is the innermost op P on the same thread with
+    P.start <= C.start and C.end <= P.end. Ties on the start: the longer op is the outer one.
+  * self CPU time = duration - sum of the durations of the direct child ops. Runtime calls
+    (cudaLaunchKernel, ...) and Python frames are not ops: their time stays in the op's self time,
+    as in PyTorch's "Self CPU".
+  * self device time: every device event (kernel, memcpy, memset) whose correlation id matches a
+    runtime/driver call is given to the innermost op on the call's thread that encloses the
+    call's start (tb-profiler's "device self duration"); total device time = self + descendants'.
+  * total CPU time = sum of durations, total device time = sum of the ops' inclusive device
+    time: an op nested in an op of the same group counts twice (as in tb-profiler), which makes
+    the total_* columns of the "stack" grouping (child ops inherit their parent's location)
+    mostly double counts: read the self_* columns there. Self times never double count.
+  * whole trace (all steps and the time outside them); every thread of the trace.
+
+Grouping (`group_by`):
+  "name"    op name;
+  "shapes"  (op name, input shapes): `op_args.input_dims`, recorded with `record_shapes=True`
+            (null when the trace has none);
+  "stack"   source location, "file(line): function", from what the trace holds (`stack_source`):
+            - "call_stack": the op's own `Call stack` arg (2021 Kineto format, `with_stack=True`);
+            - "python_function": the `python_function` events on the op's thread (current Kineto,
+              `with_stack=True`): the Python frames that enclose the op's start;
+            - None: no stack in the trace (every op lands in location null).
+            `stack_frame="user"` (default) takes the innermost frame that is not library code
+            (`LIBRARY_MODULES`, the standard library, site-/dist-packages, `<built-in ...>`);
+            when every frame is library code, the innermost source frame. `stack_frame="top"`
+            takes the innermost source frame. An op without a stack of its own (a child aten op,
+            or an op on the autograd thread under a parent that has one) inherits the location of
+            its nearest enclosing op that has one; ops on threads without Python frames (the
+            backward thread of a python_function trace) stay at null.
+
+Method (vectorized, no per-event Python loop): ops of all threads are sorted by (thread, start,
+-end). An op's depth = ops before it in that order on its thread minus those that ended at or
+before its start (two binary searches on the sorted keys); its parent is the last op before it
+with depth - 1, found with one more binary search on (depth, position) keys, then checked for
+containment. Ops that only partly overlap (clock rounding) fail the check and are counted in
+`nesting_conflicts` instead of being nested. "Innermost op enclosing time t" (for launches and
+Python frames) is the last op starting at or before t on the thread, walked up its ancestors
+while it ends at or before t: one vectorized step per nesting level.
+
+Pure function: no printing, no file I/O. Results are the top-N groups only.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace
+
+NS_PER_MS = 1e6
+_HOST = [int(k) for k in HOST_OP_KINDS]
+_DEVICE = [int(k) for k in DEVICE_KINDS]
+_LAUNCH = [int(Kind.RUNTIME), int(Kind.DRIVER)]
+GROUPINGS = ("name", "shapes", "stack")
+
+#: Top-level modules/packages whose frames are library code for `stack_frame="user"` (besides
+#: the standard library, site-/dist-packages paths and `<built-in ...>` frames). Extendable.
+LIBRARY_MODULES: set[str] = {
+    "torch", "torchvision", "torchaudio", "torchtext", "functorch", "triton", "numpy", "apex",
+    "fbgemm_gpu", "flashinfer", "pytorch_lightning", "lightning", "accelerate", "deepspeed",
+}
+_FRAME = re.compile(r"^(.+?)\((\d+)\): (.*)$")
+_STDLIB = set(getattr(sys, "stdlib_module_names", ()))
+
+
+def is_library_frame(frame: str) -> bool:
+    """True for frames of library code (see `LIBRARY_MODULES`); False for user code."""
+    m = _FRAME.match(frame)
+    if not m:
+        return True
+    path = m.group(1).replace("\\", "/")
+    if path.startswith("<") or "/site-packages/" in path or "/dist-packages/" in path \
+            or re.search(r"/lib/python\d", path):
+        return True
+    if path.startswith("/"):
+        return False
+    top = path.split("/", 1)[0]
+    top = top[:-3] if top.endswith(".py") else top
+    return top in LIBRARY_MODULES or top in _STDLIB
+
+
+def is_source_frame(frame: str) -> bool:
+    m = _FRAME.match(frame)
+    return bool(m) and not m.group(1).startswith("<")
+
+
+@dataclass
+class OperatorStats:
+    """Top groups of host ops.
+
+    by_self_device, by_self_cpu: key columns (name | name, input_dims | location, top_op),
+        calls, total_cpu_ms, self_cpu_ms, self_device_ms, total_device_ms, device_events
+        (device events attributed to the group's ops directly); top `top_n` groups by
+        self_device_ms and by self_cpu_ms. `top_op` (stack grouping): the op name with the most
+        self CPU + self device time at that location; location null = ops without any stack.
+    """
+    group_by: str
+    by_self_device: pl.DataFrame
+    by_self_cpu: pl.DataFrame
+    ops: int                        # host op events (ProfilerStep spans excluded)
+    groups: int
+    self_cpu_ms: float              # sum of self CPU time over all ops (no double counting)
+    device_ms: float                # all device events of the trace
+    device_attributed_ms: float     # device events given to an op
+    stack_source: str | None        # "call_stack" | "python_function" | None (group_by="stack")
+    nesting_conflicts: int          # partly overlapping op pairs left unnested
+
+
+def operator_stats(trace: RankTrace, top_n: int = 20, group_by: str = "name",
+                   stack_frame: str = "user") -> OperatorStats:
+    if group_by not in GROUPINGS:
+        raise ValueError(f"group_by must be one of {GROUPINGS}, not {group_by!r}")
+    if stack_frame not in ("user", "top"):
+        raise ValueError(f"stack_frame must be 'user' or 'top', not {stack_frame!r}")
+    ev = trace.events.with_row_index("row").with_columns(pl.col("row").cast(pl.Int64))
+    ops = ev.filter(pl.col("kind").is_in(_HOST)).select("row", "name", "ts_ns", "dur_ns", "pid", "tid")
+    launches = (ev.filter(pl.col("kind").is_in(_LAUNCH) & (pl.col("correlation") >= 0))
+                .unique("correlation", keep="first").select("correlation", "ts_ns", "pid", "tid"))
+    device = ev.filter(pl.col("kind").is_in(_DEVICE)).select("correlation", "dur_ns")
+    pyf = (ev.filter((pl.col("kind") == int(Kind.PYTHON_FUNCTION)) & (pl.col("dur_ns") > 0))
+           .select("row", "name", "ts_ns", "dur_ns", "pid", "tid")) if group_by == "stack" else None
+
+    # one thread id space for ops, launches and Python frames
+    parts = [ops.select("pid", "tid"), launches.select("pid", "tid")]
+    if pyf is not None:
+        parts.append(pyf.select("pid", "tid"))
+    threads = pl.concat(parts).unique().with_row_index("g").with_columns(pl.col("g").cast(pl.Int64))
+    ops = ops.join(threads, on=["pid", "tid"], how="left")
+    launches = launches.join(threads, on=["pid", "tid"], how="left")
+
+    # ---- nesting of positive-duration ops; zero-duration ops hang under the op around them
+    ops = ops.sort("g", "ts_ns", pl.col("dur_ns"), descending=[False, False, True])
+    pos = ops.filter(pl.col("dur_ns") > 0)
+    zero = ops.filter(pl.col("dur_ns") <= 0)
+    ops = pl.concat([pos, zero])
+    g = ops["g"].to_numpy()
+    s = ops["ts_ns"].to_numpy()
+    e = s + np.maximum(ops["dur_ns"].to_numpy(), 0)
+    n_pos = pos.height
+    forest = _Forest(g[:n_pos], s[:n_pos], e[:n_pos])
+    parent = np.concatenate([forest.parent, forest.innermost(g[n_pos:], s[n_pos:])])
+    n = len(g)
+    dur = e - s
+    has_parent = parent >= 0
+    child_sum = np.zeros(n, dtype=np.int64)
+    np.add.at(child_sum, parent[has_parent], dur[has_parent])
+    self_cpu = np.maximum(dur - child_sum, 0)
+
+    # ---- device time via launches
+    linked = launches.join(device.filter(pl.col("correlation") >= 0), on="correlation", how="inner")
+    dev_op = forest.innermost(linked["g"].fill_null(-1).to_numpy(), linked["ts_ns"].to_numpy())
+    dev_dur = linked["dur_ns"].to_numpy()
+    self_dev = np.zeros(n, dtype=np.int64)
+    dev_count = np.zeros(n, dtype=np.int64)
+    hit = dev_op >= 0
+    np.add.at(self_dev, dev_op[hit], dev_dur[hit])
+    np.add.at(dev_count, dev_op[hit], 1)
+    total_dev = self_dev.copy()
+    node, amount = parent[dev_op[hit]], dev_dur[hit]
+    while len(node):
+        up = node >= 0
+        node, amount = node[up], amount[up]
+        np.add.at(total_dev, node, amount)
+        node = parent[node]
+
+    frame = ops.select("row", "name").with_columns(
+        pl.Series("dur_ns", dur), pl.Series("self_cpu_ns", self_cpu), pl.Series("self_dev_ns", self_dev),
+        pl.Series("total_dev_ns", total_dev), pl.Series("dev_events", dev_count))
+
+    stack_source = None
+    if group_by == "shapes":
+        frame = frame.join(trace.op_args.select("row", pl.col("input_dims").cast(pl.String)), on="row", how="left")
+        keys = ["name", "input_dims"]
+    elif group_by == "stack":
+        loc, stack_source = _locations(trace, ops, pyf, threads, parent, stack_frame)
+        frame = frame.with_columns(pl.Series("location", loc, dtype=pl.String))
+        keys = ["location"]
+    else:
+        keys = ["name"]
+
+    step_names = [x for x in ops["name"].unique().cast(pl.String).to_list() if x and re.match(PROFILER_STEP_PATTERN, x)]
+    frame = frame.filter(~pl.col("name").is_in(step_names)).with_columns(pl.col("name").cast(pl.String))
+    agg = [pl.len().cast(pl.Int64).alias("calls"),
+           (pl.col("dur_ns").sum() / NS_PER_MS).alias("total_cpu_ms"),
+           (pl.col("self_cpu_ns").sum() / NS_PER_MS).alias("self_cpu_ms"),
+           (pl.col("self_dev_ns").sum() / NS_PER_MS).alias("self_device_ms"),
+           (pl.col("total_dev_ns").sum() / NS_PER_MS).alias("total_device_ms"),
+           pl.col("dev_events").sum().cast(pl.Int64).alias("device_events")]
+    if group_by == "stack":
+        agg.append(pl.col("name").sort_by(pl.col("self_cpu_ns") + pl.col("self_dev_ns"), descending=True)
+                   .first().alias("top_op"))
+    grouped = frame.group_by(keys).agg(agg)
+    if group_by == "stack":      # top_op: the op name with the most self time at that location
+        best = (frame.group_by("location", "name").agg((pl.col("self_cpu_ns") + pl.col("self_dev_ns")).sum().alias("t"))
+                .sort(["t", "name"], descending=[True, False]).unique("location", keep="first", maintain_order=True)
+                .select("location", pl.col("name").alias("top_op")))
+        grouped = grouped.drop("top_op").join(best, on="location", how="left", nulls_equal=True)
+        keys = ["location", "top_op"]
+    cols = keys + ["calls", "total_cpu_ms", "self_cpu_ms", "self_device_ms", "total_device_ms", "device_events"]
+    grouped = grouped.select(cols)
+    by_dev = grouped.sort(["self_device_ms", "self_cpu_ms"], descending=True, nulls_last=True).head(top_n)
+    by_cpu = grouped.sort(["self_cpu_ms", "self_device_ms"], descending=True, nulls_last=True).head(top_n)
+    return OperatorStats(
+        group_by=group_by, by_self_device=by_dev, by_self_cpu=by_cpu, ops=frame.height, groups=grouped.height,
+        self_cpu_ms=float(self_cpu.sum()) / NS_PER_MS, device_ms=float(device["dur_ns"].sum()) / NS_PER_MS,
+        device_attributed_ms=float(dev_dur[hit].sum()) / NS_PER_MS, stack_source=stack_source,
+        nesting_conflicts=forest.conflicts)
+
+
+# ----------------------------------------------------------------------------------------------
+class _Forest:
+    """Nesting of [s, e) intervals (e > s) per group g, in sorted order (g, s, -e), which must be
+    the order the caller passes them in. `parent[i]`: index of the innermost enclosing interval
+    or -1. See the module docstring for the method."""
+
+    def __init__(self, g: np.ndarray, s: np.ndarray, e: np.ndarray):
+        self.g, self.s, self.e = g, s, e
+        n = len(g)
+        self.uniq = np.unique(np.concatenate([s, e]))
+        self.m = len(self.uniq) + 1
+        self.ks = g * self.m + np.searchsorted(self.uniq, s)
+        self.parent = np.full(n, -1, dtype=np.int64)
+        self.conflicts = 0
+        if n == 0:
+            return
+        ke = np.sort(g * self.m + np.searchsorted(self.uniq, e))
+        base = g * self.m
+        first = np.searchsorted(self.ks, base, side="left")
+        idx = np.arange(n, dtype=np.int64)
+        closed = np.searchsorted(ke, self.ks, side="right") - np.searchsorted(ke, base, side="left")
+        depth = (idx - first) - closed
+        k2 = depth * n + idx
+        order2 = np.argsort(k2, kind="stable")
+        k2s = k2[order2]
+        j = np.searchsorted(k2s, (depth - 1) * n + idx, side="left") - 1
+        cand = np.where(j >= 0, order2[np.maximum(j, 0)], -1)
+        ok = (depth > 0) & (cand >= 0)
+        c = np.maximum(cand, 0)
+        ok &= (depth[c] == depth - 1) & (g[c] == g) & (s[c] <= s) & (e[c] >= e)
+        self.parent = np.where(ok, cand, -1)
+        self.conflicts = int(((depth > 0) & ~ok).sum())
+
+    def innermost(self, qg: np.ndarray, qt: np.ndarray) -> np.ndarray:
+        """Index of the innermost interval of group qg that contains time qt (s <= qt < e), or -1."""
+        qg = np.asarray(qg, dtype=np.int64)
+        qt = np.asarray(qt, dtype=np.int64)
+        out = np.full(len(qg), -1, dtype=np.int64)
+        if len(self.g) == 0 or len(qg) == 0:
+            return out
+        r = np.searchsorted(self.uniq, qt, side="right") - 1
+        c = np.searchsorted(self.ks, qg * self.m + r, side="right") - 1
+        ok = (c >= 0) & (qg >= 0)
+        ok &= self.g[np.maximum(c, 0)] == qg
+        c = np.where(ok, c, -1)
+        while True:
+            live = c >= 0
+            bad = np.zeros(len(c), dtype=bool)
+            bad[live] = self.e[c[live]] <= qt[live]
+            if not bad.any():
+                break
+            c[bad] = self.parent[c[bad]]
+        out[:] = c
+        return out
+
+
+def _locations(trace: RankTrace, ops: pl.DataFrame, pyf: pl.DataFrame | None, threads: pl.DataFrame,
+               parent: np.ndarray, stack_frame: str) -> tuple[list, str | None]:
+    """Per op (in `ops` order): source location or None, and the stack source used."""
+    n = ops.height
+    pick = _pick_user if stack_frame == "user" else _pick_top
+    stacks = ops.select("row").join(trace.op_args.select("row", pl.col("call_stack").cast(pl.String)),
+                                    on="row", how="left")["call_stack"]
+    loc_id = np.full(n, -1, dtype=np.int64)
+    labels: list[str] = []
+    source = None
+    if stacks.null_count() < n:
+        source = "call_stack"
+        distinct = stacks.drop_nulls().unique().to_list()
+        picked = {cs: pick([f.strip() for f in cs.split(";") if f.strip()]) for cs in distinct}
+        labels = sorted({v for v in picked.values() if v is not None})
+        index = {lab: i for i, lab in enumerate(labels)}
+        mapping = pl.DataFrame({"call_stack": distinct,
+                                "lid": [index.get(picked[cs], -1) for cs in distinct]},
+                               schema={"call_stack": pl.String, "lid": pl.Int64})
+        loc_id = (pl.DataFrame({"call_stack": stacks}).join(mapping, on="call_stack", how="left", maintain_order="left")
+                  ["lid"].fill_null(-1).to_numpy().copy())
+    elif pyf is not None and not pyf.is_empty():
+        source = "python_function"
+        pyf = pyf.join(threads, on=["pid", "tid"], how="left").sort(
+            "g", "ts_ns", "dur_ns", descending=[False, False, True])
+        pg = pyf["g"].to_numpy()
+        ps = pyf["ts_ns"].to_numpy()
+        frames = _Forest(pg, ps, ps + pyf["dur_ns"].to_numpy())
+        names = pyf["name"].cast(pl.String).to_list()
+        distinct = sorted(set(names))
+        src_ok = {nm: is_source_frame(nm) for nm in distinct}
+        lib = {nm: is_library_frame(nm) for nm in distinct}
+        labels = [nm for nm in distinct if src_ok[nm]]
+        index = {lab: i for i, lab in enumerate(labels)}
+        fid = np.array([index.get(nm, -1) for nm in names], dtype=np.int64)
+        usable = np.array([src_ok[nm] and (stack_frame == "top" or not lib[nm]) for nm in names], dtype=bool)
+        source_frame = np.array([src_ok[nm] for nm in names], dtype=bool)
+        start = frames.innermost(ops["g"].to_numpy(), ops["ts_ns"].to_numpy())
+        loc_id = _walk_first(start, frames.parent, usable, fid)
+        if stack_frame == "user":           # all library: fall back to the innermost source frame
+            fallback = _walk_first(start, frames.parent, source_frame, fid)
+            loc_id = np.where(loc_id >= 0, loc_id, fallback)
+    # ops without a location inherit the nearest enclosing op's
+    cur = parent.copy()
+    missing = (loc_id < 0) & (cur >= 0)
+    while missing.any():
+        take = missing & (loc_id[np.maximum(cur, 0)] >= 0)
+        loc_id[take] = loc_id[cur[take]]
+        cur[missing] = parent[cur[missing]]
+        missing = (loc_id < 0) & (cur >= 0)
+    lab = np.array(labels + [None], dtype=object)
+    return lab[np.where(loc_id >= 0, loc_id, len(labels))].tolist(), source
+
+
+def _walk_first(start: np.ndarray, parent: np.ndarray, usable: np.ndarray, fid: np.ndarray) -> np.ndarray:
+    """From each start frame walk up to the first `usable` frame; its id in `fid`, else -1."""
+    cur = start.copy()
+    while True:
+        live = cur >= 0
+        skip = np.zeros(len(cur), dtype=bool)
+        skip[live] = ~usable[cur[live]]
+        if not skip.any():
+            break
+        cur[skip] = parent[cur[skip]]
+    return np.where(cur >= 0, fid[np.maximum(cur, 0)], -1)
+
+
+def _pick_user(frames: list[str]) -> str | None:
+    """Innermost non-library source frame of a 2021 call stack (innermost first), else the
+    innermost source frame."""
+    for f in frames:
+        if is_source_frame(f) and not is_library_frame(f):
+            return f
+    return _pick_top(frames)
+
+
+def _pick_top(frames: list[str]) -> str | None:
+    return next((f for f in frames if is_source_frame(f)), None)

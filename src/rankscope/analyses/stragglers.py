@@ -1,0 +1,480 @@
+"""Stragglers, step-time variance and load balance across ranks (DESIGN.md "Straggler", stable).
+
+A reduce over the ranks' `RankCollectives` (collectives.py) only: no event frames.
+
+Per rank:
+  - step time: mean, std and coefficient of variation across its steps; z-score of its mean against
+    the ranks' means (population std), % over the mean, and the share of steps in which it is the
+    slowest rank ("a rank with consistently higher step time"). Seed 003 flags z > 2 or > 10 % over
+    the mean (`step_time_outlier`). In synchronous data-parallel jobs every rank's step lasts as long
+    as the slowest rank's, so this is weak evidence there: the collectives carry the signal.
+  - collectives (after clock alignment, clock.py): how often it arrived last, the wait it imposed
+    (sum over collectives where it was last of every other member's wait), its own wait, and its
+    lateness: per collective where it was last, its arrival minus the next-latest arrival.
+
+A rank is a **straggler** when it arrived last at >= `last_share_min(n)` of its collectives AND its
+cost is >= `MIN_COST_PCT_OF_STEP` % of the median step time (and >= `MIN_COST_MS`). Without matched
+collectives (ranks that do not communicate), a step-time outlier is the only evidence and is used.
+
+**Cause and cost** (the what-if "if it ran like the median rank"): in each step where the rank was
+last, take the last collective K of that step where it was last, and compare what the rank did from
+its step start to its arrival at K (`since_step_ns`: durations, so clock offsets do not matter) with
+the median of the other members of K, grouped by cause (`CAUSE_GROUPS`):
+  gpu_compute <- compute + comm_overlapped (COMP ran; on CPU-only jobs this is the training
+                 thread's ops, reported as cpu_ops) · communication <- comm_exposed ·
+  memcpy <- memcpy · dataloader <- dataloader · cpu_ops <- host + sync · host_idle <- idle_other.
+`comm_overlapped` goes with compute, not communication: COMP ran there, and a rank that computes
+longer shows part of it as overlapped time; only exposed communication can make a rank late.
+The other members' window runs to the straggler's arrival too: after their own arrival they sat
+in K waiting (their `wait`), which counts as communication.
+excess[g] = rank's time in g - median over the others. Then, per step:
+  work excess  A = sum of the positive excesses outside communication (what it did that they did not),
+  others' wait B = -excess[communication] (how much longer the others sat in exposed communication,
+                   waits in K included),
+  lateness     L = per collective where it was last, [next-latest arrival, its arrival]: the length
+                   of their union (concurrent collectives, e.g. gloo's two worker threads, count once).
+cost = min(A, B, L) per step (0 in steps where it was never last), averaged over the steps with
+collectives. Each one alone overstates in some case: L counts the rank's own normal pace once the
+others are blocked behind an earlier collective (the gaps between DDP buckets), A counts excess work
+that overlaps others' work, B counts waits the others would have had anyway.
+cause = the group with the largest summed excess over those steps, if it explains at least
+`CAUSE_MIN_SHARE` of the positive excess; else `unknown`. Also `unknown` when the rank started those
+steps late (its step start minus the other members' median, aligned clocks) by at least
+`CAUSE_MIN_SHARE` of its lateness L: then the delay lies before the step (in synchronous training
+steps start together; param-dlrm-8rank's single profiled step starts 1.2-8.7 ms apart).
+
+**Load balance** (seed table: "all ranks idle at the same time" vs "one rank late"), from the ranks'
+step breakdowns: per step, the idle share every rank has (min over ranks of device-idle time / step;
+device idle = dataloader + sync + host + idle_other) and the wait spread: how much longer the median
+rank sits in exposed communication than the rank that sits there least, over the median step. Ranks
+that wait for a late one sit in exposed communication while it works; a job that is slow everywhere
+(no overlap, slow network) has exposed communication on every rank alike, and no spread. Verdict:
+"one_rank_late" (stragglers found), "all_ranks_idle" (common idle >= `ALL_IDLE_PCT`),
+"rotating_lateness" (wait spread >= `WAIT_IMBALANCE_PCT` without a single rank to blame), else
+"balanced".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import polars as pl
+
+from rankscope.analyses.breakdown import CATEGORIES
+from rankscope.analyses.clock import ClockAlignment, estimate_clock_offsets
+from rankscope.analyses.collectives import CollectiveTable, RankCollectives, match_collectives, member_frame
+from rankscope.analyses.intervals import union
+
+NS_PER_MS = 1e6
+
+#: Seed 003 ("straggler z-score"): a rank's mean step time > 2 sigma or > 10 % over the mean.
+STEP_Z_FLAG = 2.0
+STEP_PCT_FLAG = 10.0
+#: Last arrivals: at least half of the rank's collectives, and at least 1.5x the share chance gives
+#: (1/n): with 2 ranks that is 75 %.
+LAST_SHARE_MIN = 0.5
+LAST_SHARE_CHANCE_FACTOR = 1.5
+#: Cost threshold, relative to the median step time: the same order as seed 003's "10 % over the
+#: mean", halved because cost is measured directly (not through noisy step times). Healthy synthetic
+#: jobs (rank speed spread 1-2 %, synth.py) stay below 1 %; cpu-gloo-4rank-healthy below 3 %.
+MIN_COST_PCT_OF_STEP = 5.0
+MIN_COST_MS = 0.05
+#: The what-if (cost, cause) is evaluated for the ranks above the last-share bar and for this many
+#: ranks that were last most often (so a healthy job's report still shows its closest candidate).
+CANDIDATES_ALWAYS = 3
+#: A cause must explain at least this share of the rank's positive excess, else "unknown".
+CAUSE_MIN_SHARE = 0.5
+#: Load balance: common idle share (every rank idle at once) and the wait spread, in % of a step.
+ALL_IDLE_PCT = 20.0
+WAIT_IMBALANCE_PCT = 10.0
+
+CAUSES = ("dataloader", "host_idle", "cpu_ops", "gpu_compute", "memcpy", "communication", "unknown")
+#: Breakdown categories (breakdown.CATEGORIES) summed into each cause.
+CAUSE_GROUPS: dict[str, tuple[str, ...]] = {
+    "gpu_compute": ("compute", "comm_overlapped"),
+    "communication": ("comm_exposed",),
+    "memcpy": ("memcpy",),
+    "dataloader": ("dataloader",),
+    "cpu_ops": ("host", "sync"),
+    "host_idle": ("idle_other",),
+}
+IDLE_CATEGORIES = ("dataloader", "sync", "host", "idle_other")
+_GROUPS = list(CAUSE_GROUPS)
+_GROUP_MATRIX = np.array([[1 if c in CAUSE_GROUPS[g] else 0 for g in _GROUPS] for c in CATEGORIES], dtype=np.int64)
+
+
+def last_share_min(n_ranks: int) -> float:
+    return max(LAST_SHARE_MIN, min(1.0, LAST_SHARE_CHANCE_FACTOR / max(n_ranks, 1)))
+
+
+@dataclass
+class RankStats:
+    """One rank's step-time and collective figures (ms, percent)."""
+    rank: int
+    steps: int
+    step_time_mean_ms: float | None
+    step_time_std_ms: float | None
+    step_time_cv: float | None
+    step_time_z: float | None
+    step_time_pct_over_mean: float | None
+    slowest_step_share: float | None       # share of (common) steps where it is the slowest rank
+    step_time_outlier: bool                # seed 003: z > 2 or > 10 % over the mean
+    collectives: int
+    last_arrivals: int
+    last_arrival_pct: float | None
+    wait_imposed_ms_per_step: float        # median over the other ranks of their wait for it
+    own_wait_ms_per_step: float            # its own waits, summed over collectives
+    # the what-if, evaluated for candidate ranks only (last most often, or above the last-share bar); None otherwise
+    lateness_ms_per_step: float | None     # L
+    work_excess_ms_per_step: float | None  # A
+    others_wait_excess_ms_per_step: float | None  # B
+    cost_ms_per_step: float | None         # min(A, B, L) per step, averaged over steps with collectives
+    excess_ms_per_step: dict[str, float]   # cause group -> ms per step (vs the median other rank)
+    cause: str | None
+    step_start_lag_ms_per_step: float | None = None   # how much later than the others it started those steps
+    straggler: bool = False
+
+
+@dataclass
+class Straggler:
+    rank: int
+    cause: str
+    cost_ms_per_step: float
+    last_arrival_pct: float | None
+    step_time_z: float | None
+    step_time_pct_over_mean: float | None
+    wait_imposed_ms_per_step: float
+    excess_ms_per_step: dict[str, float]
+    steps: list[int]                       # steps in which it arrived last
+    evidence: str
+
+
+@dataclass
+class LoadBalance:
+    """Per common step: common_idle_pct (min over ranks of device-idle / step), wait_spread_pct
+    ((median - min over ranks of exposed communication) / median step) and least_waiting_rank
+    (the rank the others wait for, when one is late)."""
+    steps: list[dict]
+    common_idle_pct: float | None          # mean over steps
+    wait_spread_pct: float | None          # mean over steps
+    verdict: str                           # one_rank_late | all_ranks_idle | rotating_lateness | balanced | n/a
+    summary: str
+
+
+@dataclass
+class StragglerReport:
+    stragglers: list[Straggler]
+    verdict: str                           # one line: "no straggler: ..." or "rank 2 is a straggler ..."
+    ranks: list[RankStats]
+    load_balance: LoadBalance
+    median_step_ms: float | None
+    thresholds: dict = field(default_factory=dict)
+
+
+def _thresholds(n: int) -> dict:
+    return {"step_z_flag": STEP_Z_FLAG, "step_pct_flag": STEP_PCT_FLAG, "last_share_min": last_share_min(n),
+            "min_cost_pct_of_step": MIN_COST_PCT_OF_STEP, "min_cost_ms": MIN_COST_MS,
+            "cause_min_share": CAUSE_MIN_SHARE, "all_idle_pct": ALL_IDLE_PCT,
+            "wait_imbalance_pct": WAIT_IMBALANCE_PCT}
+
+
+def _step_table(ranks: Sequence[RankCollectives]) -> pl.DataFrame:
+    rows = {"rank": [], "step": [], "duration_ms": [], "idle_ms": [], "exposed_ms": []}
+    idle_idx = [CATEGORIES.index(c) for c in IDLE_CATEGORIES]
+    exposed = CATEGORIES.index("comm_exposed")
+    for rc in ranks:
+        bd = np.asarray(rc.step_breakdown_ns, dtype=np.int64).reshape(-1, len(CATEGORIES)) \
+            if rc.step_breakdown_ns else np.zeros((len(rc.steps), len(CATEGORIES)), np.int64)
+        for i, (s, a, b) in enumerate(zip(rc.steps, rc.step_start_ns, rc.step_end_ns)):
+            rows["rank"].append(rc.rank)
+            rows["step"].append(s)
+            rows["duration_ms"].append((b - a) / NS_PER_MS)
+            rows["idle_ms"].append(float(bd[i, idle_idx].sum()) / NS_PER_MS if i < len(bd) else 0.0)
+            rows["exposed_ms"].append(float(bd[i, exposed]) / NS_PER_MS if i < len(bd) else 0.0)
+    return pl.DataFrame(rows, schema={"rank": pl.Int64, "step": pl.Int64, "duration_ms": pl.Float64,
+                                      "idle_ms": pl.Float64, "exposed_ms": pl.Float64})
+
+
+def find_stragglers(ranks: Sequence[RankCollectives], table: CollectiveTable | None = None,
+                    clock: ClockAlignment | None = None) -> StragglerReport:
+    """Straggler verdict, per-rank figures and load balance (module docstring)."""
+    ranks = sorted(ranks, key=lambda r: r.rank)
+    n = len(ranks)
+    if table is None:
+        clock = clock or estimate_clock_offsets(ranks)
+        table = match_collectives(ranks, clock.applied_offsets())
+    steps = _step_table(ranks)
+    median_step = float(steps["duration_ms"].median()) if steps.height else None
+
+    # ---- step-time statistics
+    per_rank = steps.group_by("rank").agg(pl.len().alias("n"), pl.col("duration_ms").mean().alias("mean"),
+                                          pl.col("duration_ms").std(ddof=0).alias("std")).sort("rank")
+    means = per_rank["mean"].to_numpy() if per_rank.height else np.zeros(0)
+    job_mean = float(means.mean()) if len(means) else None
+    job_std = float(means.std()) if len(means) else None
+    common = steps.filter(pl.len().over("step") >= 2)
+    slowest = common.sort(["step", "duration_ms", "rank"], descending=[False, True, False]) \
+        .group_by("step", maintain_order=True).first()
+    n_common_steps = slowest.height
+    slowest_count = dict(slowest.group_by("rank").len().iter_rows())
+    step_stats = {}
+    for r, cnt, mean, std in per_rank.iter_rows():
+        z = (mean - job_mean) / job_std if job_std and job_std > 0 and n >= 2 else (0.0 if n >= 2 else None)
+        pct = 100.0 * (mean - job_mean) / job_mean if job_mean else None
+        outlier = n >= 3 and ((z is not None and z > STEP_Z_FLAG) or (pct is not None and pct > STEP_PCT_FLAG))
+        step_stats[r] = (cnt, mean, std, (std / mean if mean else None), z, pct,
+                         (slowest_count.get(r, 0) / n_common_steps if n_common_steps else None), bool(outlier))
+
+    # ---- collective figures (vectorized over ranks; the what-if only for candidate ranks)
+    coll, mem = table.collectives, table.members
+    n_steps_with_coll = max(1, coll["step"].n_unique()) if coll.height else 1
+    share_min = 100.0 * last_share_min(n)
+    per = {}
+    imposed = {}
+    if mem.height:
+        for r, n_coll, n_last, own in mem.group_by("rank").agg(
+                pl.len(), pl.col("is_last").sum(), pl.col("wait_ns").sum()).iter_rows():
+            per[int(r)] = (int(n_coll), int(n_last), float(own))
+        imposed = _imposed_wait(mem, coll)
+    candidates = sorted(per, key=lambda r: -per[r][1])[:CANDIDATES_ALWAYS] + \
+        [r for r, (nc, nl, _) in per.items() if nc and 100.0 * nl / nc >= share_min]
+    candidates = set(r for r in candidates if per[r][1] > 0)
+    step_starts = {rc.rank: {s: a - int(table.offsets_ns.get(rc.rank, 0)) for s, a in zip(rc.steps, rc.step_start_ns)}
+                   for rc in ranks}
+    # each member's windows (since its step start), keyed by collective id
+    mf = (mem.select("cid", "rank", "idx", "wait_ns").join(
+        member_frame([rc for rc in ranks], table.offsets_ns, with_windows=True)
+        .select(["rank", "idx"] + [f"since_{c}" for c in CATEGORIES]), on=["rank", "idx"], how="inner")
+          if candidates else None)
+    stats: list[RankStats] = []
+    for rc in ranks:
+        r = rc.rank
+        cnt, mean, std, cv, z, pct, slow_share, outlier = step_stats.get(r, (0, None, None, None, None, None, None, False))
+        n_coll, n_last, own_wait = per.get(r, (0, 0, 0.0))
+        L = A = B = cost = lag = None
+        excess, cause = {}, None
+        if r in candidates:
+            last_cids = coll.filter(pl.col("last_rank") == r)["cid"]
+            L, A, B, cost, excess, cause, lag = _what_if(r, rc, coll, mf, last_cids, step_starts)
+            L, A, B, cost, lag = (x / n_steps_with_coll for x in (L, A, B, cost, lag))
+            excess = {g: v / n_steps_with_coll for g, v in excess.items()}
+        stats.append(RankStats(
+            rank=r, steps=cnt, step_time_mean_ms=mean, step_time_std_ms=std, step_time_cv=cv, step_time_z=z,
+            step_time_pct_over_mean=pct, slowest_step_share=slow_share, step_time_outlier=outlier,
+            collectives=n_coll, last_arrivals=n_last,
+            last_arrival_pct=(100.0 * n_last / n_coll if n_coll else None),
+            wait_imposed_ms_per_step=imposed.get(r, 0.0) / n_steps_with_coll,
+            own_wait_ms_per_step=own_wait / NS_PER_MS / n_steps_with_coll,
+            lateness_ms_per_step=L, work_excess_ms_per_step=A, others_wait_excess_ms_per_step=B,
+            cost_ms_per_step=cost, excess_ms_per_step=excess, cause=cause, step_start_lag_ms_per_step=lag))
+
+    # ---- verdict
+    found: list[Straggler] = []
+    min_cost = max(MIN_COST_MS, (MIN_COST_PCT_OF_STEP / 100.0) * (median_step or 0.0))
+    if coll.height:
+        for s in stats:
+            if (s.last_arrival_pct is not None and s.last_arrival_pct >= share_min and s.cost_ms_per_step is not None
+                    and s.cost_ms_per_step >= min_cost):
+                s.straggler = True
+                last_steps = sorted({int(x) for x in coll.filter(pl.col("last_rank") == s.rank)["step"].to_list() if x >= 0})
+                found.append(Straggler(
+                    rank=s.rank, cause=s.cause or "unknown", cost_ms_per_step=s.cost_ms_per_step,
+                    last_arrival_pct=s.last_arrival_pct, step_time_z=s.step_time_z,
+                    step_time_pct_over_mean=s.step_time_pct_over_mean,
+                    wait_imposed_ms_per_step=s.wait_imposed_ms_per_step, excess_ms_per_step=s.excess_ms_per_step,
+                    steps=last_steps,
+                    evidence=(f"last to arrive at {s.last_arrivals} of {s.collectives} collectives "
+                              f"({s.last_arrival_pct:.0f}%); each other rank waited {s.wait_imposed_ms_per_step:.2f} ms "
+                              f"per step for it (median); it did {_top_excess(s.excess_ms_per_step)} more than the median "
+                              f"rank before arriving; cost {s.cost_ms_per_step:.2f} ms/step "
+                              f"({100 * s.cost_ms_per_step / median_step:.1f}% of the median step)"
+                              + (f"; it started those steps {s.step_start_lag_ms_per_step:.2f} ms/step after the "
+                                 f"median rank: the delay lies before the step's start (previous step, or before "
+                                 f"the profiled window), so the cause is not in this trace"
+                                 if s.cause == "unknown" and s.step_start_lag_ms_per_step >= CAUSE_MIN_SHARE
+                                 * s.lateness_ms_per_step > 0 else "")
+                              if median_step else "")))
+    else:
+        _step_only(stats, ranks, found)
+    found.sort(key=lambda s: -s.cost_ms_per_step)
+    balance = load_balance(ranks, bool(found))
+    verdict = _verdict(found, stats, coll.height, n, min_cost, share_min)
+    return StragglerReport(stragglers=found, verdict=verdict, ranks=stats, load_balance=balance,
+                           median_step_ms=median_step, thresholds=_thresholds(n))
+
+
+def _imposed_wait(mem: pl.DataFrame, coll: pl.DataFrame) -> dict[int, float]:
+    """Per rank: the median over the other ranks of the time (ms, summed over steps) they waited in
+    collectives where it arrived last; a rank's waits in concurrent collectives count once."""
+    w = mem.join(coll.select("cid", "last_rank"), on="cid").filter(
+        (pl.col("rank") != pl.col("last_rank")) & (pl.col("wait_ns") > 0)).select(
+        "last_rank", "rank", "step", pl.col("start_ns").alias("a"), (pl.col("start_ns") + pl.col("wait_ns")).alias("b"))
+    if w.is_empty():
+        return {}
+    g = ["last_rank", "rank", "step"]
+    w = w.sort(g + ["a"]).with_columns(pl.col("b").cum_max().shift(1).over(g).alias("reach"))
+    w = w.with_columns(pl.max_horizontal("a", pl.col("reach").fill_null(pl.col("a"))).alias("a2"))
+    per_other = w.group_by(["last_rank", "rank"]).agg(((pl.col("b") - pl.col("a2")).clip(lower_bound=0).sum()
+                                                       / NS_PER_MS).alias("ms"))
+    return {int(r): float(v) for r, v in per_other.group_by("last_rank").agg(pl.col("ms").median()).iter_rows()}
+
+
+def _what_if(r: int, rc: RankCollectives, coll: pl.DataFrame, mf: pl.DataFrame, last_cids: pl.Series,
+             step_starts: dict[int, dict[int, int]]):
+    """(L, A, B, cost, excess per group, cause, step-start lag), summed over the steps in which `r`
+    was last (ns converted to ms). Windows: from each rank's step start to the straggler's arrival
+    at K; the other members' part after their own arrival is their wait in K (communication).
+    Lag: its step start minus the other members' median step start (aligned clocks)."""
+    mine_last = coll.filter(pl.col("cid").is_in(last_cids.implode())).sort("start_max_ns")
+    cpu_only = rc.source == "host"
+    since_cols = [f"since_{c}" for c in CATEGORIES]
+    comm = _GROUPS.index("communication")
+    L = A = B = cost = lag = 0.0
+    excess_total = np.zeros(len(_GROUPS))
+    for (step,), grp in mine_last.group_by("step", maintain_order=True):
+        # lateness: union of [next-latest arrival, its arrival] (concurrent collectives count once)
+        lateness = _union_length(grp["start_max_ns"].to_numpy() - grp["last_lead_ns"].to_numpy(),
+                                 grp["start_max_ns"].to_numpy())
+        K = int(grp["cid"][-1])
+        members = mf.filter(pl.col("cid") == K)
+        me = members.filter(pl.col("rank") == r)
+        others = members.filter(pl.col("rank") != r)
+        if me.is_empty() or others.is_empty():
+            continue
+        mine_g = me.select(since_cols).to_numpy().astype(np.float64) @ _GROUP_MATRIX
+        oth_g = others.select(since_cols).to_numpy().astype(np.float64) @ _GROUP_MATRIX
+        oth_g[:, comm] += others["wait_ns"].to_numpy().astype(np.float64)
+        ex = mine_g[0] - np.median(oth_g, axis=0)
+        a = float(np.clip(np.delete(ex, comm), 0, None).sum())
+        b = float(max(-ex[comm], 0.0))
+        other_starts = [step_starts.get(int(o), {}).get(int(step)) for o in others["rank"].to_list()]
+        other_starts = [x for x in other_starts if x is not None]
+        mine_start = step_starts.get(r, {}).get(int(step))
+        if other_starts and mine_start is not None:
+            lag += max(0.0, mine_start - float(np.median(other_starts)))
+        L += lateness
+        A += a
+        B += b
+        cost += min(a, b, lateness)
+        excess_total += ex
+    excess = {g: float(v) / NS_PER_MS for g, v in zip(_GROUPS, excess_total)}
+    if cpu_only:        # the training thread's ops are CPU ops on CPU-only jobs
+        excess["cpu_ops"] = excess.get("cpu_ops", 0.0) + excess.pop("gpu_compute")
+    positive = {g: v for g, v in excess.items() if v > 0}
+    cause = "unknown"
+    if positive and lag < CAUSE_MIN_SHARE * L:
+        best = max(positive, key=positive.get)
+        if positive[best] >= CAUSE_MIN_SHARE * sum(positive.values()):
+            cause = best
+    return L / NS_PER_MS, A / NS_PER_MS, B / NS_PER_MS, cost / NS_PER_MS, excess, cause, lag / NS_PER_MS
+
+
+def _union_length(a: np.ndarray, b: np.ndarray) -> float:
+    s, e = union(a, b)
+    return float((e - s).sum())
+
+
+def _top_excess(excess: dict[str, float]) -> str:
+    pos = sorted(((v, g) for g, v in excess.items() if v > 0), reverse=True)[:2]
+    return ", ".join(f"{v:.2f} ms/step of {g}" for v, g in pos) if pos else "nothing"
+
+
+def _step_only(stats: list[RankStats], ranks: Sequence[RankCollectives], found: list[Straggler]) -> None:
+    """No matched collectives: a step-time outlier is the only evidence; its cause is the group in
+    which its mean step breakdown exceeds the median of the other ranks most."""
+    groups = {}
+    for rc in ranks:
+        bd = np.asarray(rc.step_breakdown_ns, dtype=np.float64).reshape(-1, len(CATEGORIES))
+        if len(bd):
+            groups[rc.rank] = bd.mean(axis=0) @ _GROUP_MATRIX / NS_PER_MS
+    for s in stats:
+        if not s.step_time_outlier or s.rank not in groups or len(groups) < 3:
+            continue
+        others = np.median(np.array([v for r, v in groups.items() if r != s.rank]), axis=0)
+        ex = groups[s.rank] - others
+        excess = {g: float(v) for g, v in zip(_GROUPS, ex)}
+        positive = {g: v for g, v in excess.items() if v > 0}
+        cause = "unknown"
+        if positive:
+            best = max(positive, key=positive.get)
+            cause = best if positive[best] >= CAUSE_MIN_SHARE * sum(positive.values()) else "unknown"
+        cost = max(0.0, (s.step_time_mean_ms or 0.0) - float(np.median([x.step_time_mean_ms for x in stats
+                                                                         if x.step_time_mean_ms is not None])))
+        s.straggler, s.cause, s.cost_ms_per_step, s.excess_ms_per_step = True, cause, cost, excess
+        found.append(Straggler(rank=s.rank, cause=cause, cost_ms_per_step=cost, last_arrival_pct=None,
+                               step_time_z=s.step_time_z, step_time_pct_over_mean=s.step_time_pct_over_mean,
+                               wait_imposed_ms_per_step=0.0, excess_ms_per_step=excess, steps=[],
+                               evidence=f"no collectives matched across ranks; mean step time "
+                                        f"{s.step_time_pct_over_mean:.1f}% over the mean (z = {s.step_time_z:.2f})"))
+
+
+def _verdict(found: list[Straggler], stats: list[RankStats], n_coll: int, n: int, min_cost: float,
+             share_min: float) -> str:
+    if found:
+        return "; ".join(f"rank {s.rank} is a straggler (cause {s.cause}, costs {s.cost_ms_per_step:.2f} ms/step, "
+                         f"last at {s.last_arrival_pct:.0f}% of collectives)" if s.last_arrival_pct is not None else
+                         f"rank {s.rank} is a straggler (cause {s.cause}, step time "
+                         f"{s.step_time_pct_over_mean:.1f}% over the mean)" for s in found)
+    if n < 2:
+        return "no straggler: fewer than two ranks"
+    if not n_coll:
+        return "no straggler: no collective matched across ranks and no step-time outlier"
+    top = max(stats, key=lambda s: (s.cost_ms_per_step or 0.0, s.last_arrivals))
+    return (f"no straggler: no rank arrives last at >= {share_min:.0f}% of collectives with a cost >= "
+            f"{min_cost:.2f} ms/step (highest: rank {top.rank}, last at {top.last_arrival_pct or 0:.0f}%, "
+            f"{top.cost_ms_per_step or 0.0:.2f} ms/step)")
+
+
+def load_balance(ranks: Sequence[RankCollectives], has_straggler: bool) -> LoadBalance:
+    """All ranks idle at once vs one rank late (module docstring)."""
+    steps = _step_table(ranks)
+    if steps.is_empty() or len(ranks) < 2:
+        return LoadBalance([], None, None, "n/a", "fewer than two ranks with steps")
+    s = steps.filter(pl.len().over("step") >= 2).with_columns(
+        (100 * pl.col("idle_ms") / pl.col("duration_ms")).alias("idle_pct"))
+    if s.is_empty():
+        return LoadBalance([], None, None, "n/a", "no step common to two ranks")
+    per_step = s.group_by("step").agg(
+        pl.col("idle_pct").min().alias("common_idle_pct"),
+        (100 * (pl.col("exposed_ms").median() - pl.col("exposed_ms").min()) / pl.col("duration_ms").median())
+        .alias("wait_spread_pct"),
+        pl.col("rank").sort_by(["exposed_ms", "rank"]).first().alias("least_waiting_rank"),
+    ).sort("step")
+    idle = float(per_step["common_idle_pct"].mean())
+    spread = float(per_step["wait_spread_pct"].mean())
+    figures = (f"every rank idle at once {idle:.1f}% of a step; the median rank sits in exposed communication "
+               f"{spread:.1f}% of a step longer than the rank that waits least")
+    if has_straggler:
+        verdict, summary = "one_rank_late", f"one rank late (see stragglers): {figures}"
+    elif idle >= ALL_IDLE_PCT:
+        verdict, summary = "all_ranks_idle", (f"all ranks idle at the same time (input pipeline / host bound "
+                                             f"everywhere, not one rank): {figures}")
+    elif spread >= WAIT_IMBALANCE_PCT:
+        verdict, summary = "rotating_lateness", (f"ranks wait for a late one, but no single rank is late "
+                                                f"consistently (imbalance that moves): {figures}")
+    else:
+        verdict, summary = "balanced", f"balanced: {figures}"
+    return LoadBalance(per_step.to_dicts(), idle, spread, verdict, summary)
+
+
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class CrossRank:
+    """Everything the cross-rank reduce produces, from the ranks' RankCollectives."""
+    clock: ClockAlignment
+    collectives: CollectiveTable
+    stragglers: StragglerReport
+    alpha_beta: list                      # alphabeta.AlphaBetaFit
+
+
+def cross_rank(ranks: Sequence[RankCollectives], align_clocks: bool = True) -> CrossRank:
+    """Clock alignment -> collective matching -> stragglers and load balance -> alpha-beta fits."""
+    from rankscope.analyses.alphabeta import fit_alpha_beta
+    ranks = sorted(ranks, key=lambda r: r.rank)
+    clock = estimate_clock_offsets(ranks) if align_clocks else ClockAlignment(
+        ranks=[r.rank for r in ranks], offset_ns=[0] * len(ranks), uncertainty_ns=[-1] * len(ranks),
+        collectives_used=[0] * len(ranks), applied=[False] * len(ranks), note="clock alignment off: raw timestamps")
+    table = match_collectives(ranks, clock.applied_offsets())
+    report = find_stragglers(ranks, table, clock)
+    return CrossRank(clock, table, report, fit_alpha_beta(table))
