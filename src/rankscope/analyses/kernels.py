@@ -16,17 +16,20 @@ ingest from `model.KERNEL_CLASS_PATTERNS`), DESIGN.md "HTA parity" for `kernel_b
     max and sample standard deviation (ddof=1, 0 for a single call, as HTA's pandas `std` +
     `fillna(0)`) in microseconds, then one `others` row per class for the remaining names (its
     stats are over the individual events of those names). HTA also folds names past the 80%
-    cumulative-time quantile into "others" and computes the "others" stats over per-name sums;
-    we do not (documented difference; the per-name rows agree).
+    cumulative-time quantile into "others", and when a class has more than `num_kernels` names
+    it re-aggregates by name over the per-name sums, so that its min/max/mean/std of every row
+    of such a class describe per-name sums, not kernels. We report per-kernel statistics; the
+    per-name sums agree with HTA, and so do all statistics of classes HTA did not fold.
   `hta_filter=True` reproduces the event selection HTA 0.5 applies at load time
   (hta/common/trace.py `_filter_irrelevant_gpu_kernels`): with two or more `ProfilerStep#N`
   spans, only device events whose launch (runtime/driver call with the same correlation id)
   starts before the start of the last ProfilerStep are kept (the last, possibly cut, step is
   dropped, as are device events without a launch on the CPU). Default: every device event.
-  HTA classifies with `^nccl.*Kernel` (COMM) and `^Memcpy|^Memset|^dma` (MEM): `ncclDevKernel_*`
-  matches there too, but symmetric-memory `multimem_*` / `cross_device_reduce` kernels are
-  COMPUTATION for HTA and COMM here, and RCCL/HIP names may differ; compare only where the two
-  classifications agree.
+  HTA classifies with `^nccl.*Kernel` (COMM) and `^Memcpy|^Memset|^dma` (MEM). `ncclDevKernel_*`
+  matches that too (HTA 0.5 calls it COMMUNICATION on the B200 trace), but the symmetric-memory
+  `multimem_*` / `cross_device_reduce` kernels are COMPUTATION for HTA and COMM here (B200: 73
+  multimem all-reduce kernels, 2.1 ms); HTA 0.5 fails to load the MI300 RCCL trace at all.
+  Compare with HTA only where the two classifications agree (tests/fixtures/kernels/README.md).
 
 `kernel_stats(trace, top_n)` per kernel name (kernel events only, not memcpy/memset): count,
 total, mean; estimated achieved occupancy; Tensor Core use inferred from the name; and the

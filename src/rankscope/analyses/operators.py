@@ -109,7 +109,7 @@ class OperatorStats:
     by_self_cpu: pl.DataFrame
     ops: int                        # host op events (ProfilerStep spans excluded)
     groups: int
-    self_cpu_ms: float              # sum of self CPU time over all ops (no double counting)
+    self_cpu_ms: float              # self CPU time of all ops, ProfilerStep spans included (no double count)
     device_ms: float                # all device events of the trace
     device_attributed_ms: float     # device events given to an op
     stack_source: str | None        # "call_stack" | "python_function" | None (group_by="stack")
@@ -179,7 +179,8 @@ def operator_stats(trace: RankTrace, top_n: int = 20, group_by: str = "name",
 
     stack_source = None
     if group_by == "shapes":
-        frame = frame.join(trace.op_args.select("row", pl.col("input_dims").cast(pl.String)), on="row", how="left")
+        frame = frame.join(trace.op_args.select("row", pl.col("input_dims").cast(pl.String)), on="row",
+                           how="left")
         keys = ["name", "input_dims"]
     elif group_by == "stack":
         loc, stack_source = _locations(trace, ops, pyf, threads, parent, stack_frame)
@@ -188,7 +189,8 @@ def operator_stats(trace: RankTrace, top_n: int = 20, group_by: str = "name",
     else:
         keys = ["name"]
 
-    step_names = [x for x in ops["name"].unique().cast(pl.String).to_list() if x and re.match(PROFILER_STEP_PATTERN, x)]
+    step_names = [x for x in ops["name"].unique().cast(pl.String).to_list()
+                  if x and re.match(PROFILER_STEP_PATTERN, x)]
     frame = frame.filter(~pl.col("name").is_in(step_names)).with_columns(pl.col("name").cast(pl.String))
     agg = [pl.len().cast(pl.Int64).alias("calls"),
            (pl.col("dur_ns").sum() / NS_PER_MS).alias("total_cpu_ms"),
@@ -196,15 +198,14 @@ def operator_stats(trace: RankTrace, top_n: int = 20, group_by: str = "name",
            (pl.col("self_dev_ns").sum() / NS_PER_MS).alias("self_device_ms"),
            (pl.col("total_dev_ns").sum() / NS_PER_MS).alias("total_device_ms"),
            pl.col("dev_events").sum().cast(pl.Int64).alias("device_events")]
-    if group_by == "stack":
-        agg.append(pl.col("name").sort_by(pl.col("self_cpu_ns") + pl.col("self_dev_ns"), descending=True)
-                   .first().alias("top_op"))
     grouped = frame.group_by(keys).agg(agg)
     if group_by == "stack":      # top_op: the op name with the most self time at that location
-        best = (frame.group_by("location", "name").agg((pl.col("self_cpu_ns") + pl.col("self_dev_ns")).sum().alias("t"))
-                .sort(["t", "name"], descending=[True, False]).unique("location", keep="first", maintain_order=True)
+        best = (frame.group_by("location", "name")
+                .agg((pl.col("self_cpu_ns") + pl.col("self_dev_ns")).sum().alias("t"))
+                .sort(["t", "name"], descending=[True, False])
+                .unique("location", keep="first", maintain_order=True)
                 .select("location", pl.col("name").alias("top_op")))
-        grouped = grouped.drop("top_op").join(best, on="location", how="left", nulls_equal=True)
+        grouped = grouped.join(best, on="location", how="left", nulls_equal=True)
         keys = ["location", "top_op"]
     cols = keys + ["calls", "total_cpu_ms", "self_cpu_ms", "self_device_ms", "total_device_ms", "device_events"]
     grouped = grouped.select(cols)
@@ -279,7 +280,7 @@ def _locations(trace: RankTrace, ops: pl.DataFrame, pyf: pl.DataFrame | None, th
     n = ops.height
     pick = _pick_user if stack_frame == "user" else _pick_top
     stacks = ops.select("row").join(trace.op_args.select("row", pl.col("call_stack").cast(pl.String)),
-                                    on="row", how="left")["call_stack"]
+                                    on="row", how="left", maintain_order="left")["call_stack"]
     loc_id = np.full(n, -1, dtype=np.int64)
     labels: list[str] = []
     source = None
