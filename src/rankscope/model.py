@@ -157,6 +157,9 @@ class RankTrace:
     op_args: pl.DataFrame
     memory: pl.DataFrame
     flows: pl.DataFrame
+    #: Derived frames that several analyses share (e.g. HTA's event scope), computed once per
+    #: trace by the analysis that owns them. Never persisted.
+    derived: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def rank(self) -> int:

@@ -75,7 +75,7 @@ _TYPE_RULES: list[tuple[str, str]] = [
     ("scatter", "scatter"),
 ]
 #: Name prefixes stripped before the rules apply (they would otherwise match nothing useful).
-_PREFIX = re.compile(r"^(void\s+)?(\(anonymous namespace\)::)?(nccl:|gloo:|c10d::|_?c10d_functional::|symm_mem::|"
+_PREFIX = re.compile(r"^(nccl:|gloo:|c10d::|_?c10d_functional::|symm_mem::|"
                      r"nccldevkernel_|ncclkernel_|rcclkernel_)", re.IGNORECASE)
 #: Values of `Collective name` that are not collectives (the work handle's wait).
 _NOT_COLLECTIVE = {"wait", "", "none", "null"}
@@ -120,8 +120,8 @@ def normalize_collective(name: str | None) -> str:
     """
     if not name:
         return "unknown"
-    head = name.split("(", 1)[0].strip()
-    head = _PREFIX.sub("", head)
+    head = re.sub(r"^\s*void\s+|\(anonymous namespace\)::", "", name)
+    head = _PREFIX.sub("", head.split("(", 1)[0].strip())
     # templates: `multimem_all_reduce_kernel<c10::BFloat16, 16>` -> keep the name before '<'
     head = head.split("<", 1)[0]
     compact = head.lower().replace("_", "").replace(":", "")

@@ -87,47 +87,58 @@ def idle_gaps(trace: RankTrace, windows: StepWindows | None = None, timeline: Ti
     by_activity = {c: float((gap_e - gap_s)[dominant == i].sum()) / 1e6 for i, c in enumerate(_IDLE_CATEGORIES)}
 
     longest = np.argsort(gap_s - gap_e, kind="stable")[:top]
-    launches = ev.filter(pl.col("kind").is_in([int(Kind.RUNTIME), int(Kind.DRIVER)]) & (pl.col("correlation") >= 0))
-    ops = _host_ops(ev)
+    nxt = ev[next_row[longest]]
+    launch_of = _launches(ev, nxt["correlation"].to_list())
+    ops_by_tid = _host_ops_by_thread(ev, {tid for _, tid in launch_of.values()})
     top_gaps = []
-    for i in longest:
-        nxt_ev = ev.row(int(next_row[i]), named=True)
-        launch = launches.filter(pl.col("correlation") == nxt_ev["correlation"]) if nxt_ev["correlation"] >= 0 else None
+    for i, name, corr in zip(longest, nxt["name"].cast(pl.String), nxt["correlation"]):
         launched_by = busy = None
-        if launch is not None and not launch.is_empty():
-            t_launch, tid = launch["ts_ns"][0], launch["tid"][0]
-            thread_ops = ops.filter(pl.col("tid") == tid)
-            launched_by = _innermost(thread_ops, t_launch)
-            busy = _most_present(thread_ops, int(gap_s[i]), int(gap_e[i]))
+        if corr in launch_of:
+            t_launch, tid = launch_of[corr]
+            op_ts, op_end, op_names = ops_by_tid[tid]
+            launched_by = _innermost(op_ts, op_end, op_names, t_launch)
+            busy = _most_present(op_ts, op_end, op_names, int(gap_s[i]), int(gap_e[i]))
         top_gaps.append(Gap(
             step=int(w["step"][int(step_i[i])]),
             start_in_step_ms=float(gap_s[i] - w_start[step_i[i]]) / 1e6,
             duration_ms=float(gap_e[i] - gap_s[i]) / 1e6,
             host_activity=_IDLE_CATEGORIES[int(dominant[i])],
             host_ms={c: float(idle[i, k]) / 1e6 for k, c in enumerate(_IDLE_CATEGORIES)},
-            next_device_op=str(nxt_ev["name"]), launched_by=launched_by, busy_host_op=busy,
+            next_device_op=str(name), launched_by=launched_by, busy_host_op=busy,
         ))
     return GapSummary(gap_min_us, len(gap_s), float((gap_e - gap_s).sum()) / 1e6, by_activity, top_gaps)
 
 
-def _host_ops(ev: pl.DataFrame) -> pl.DataFrame:
-    """CPU ops and annotations that say what the host does (not the step / DataLoader marks)."""
+def _launches(ev: pl.DataFrame, correlations: list[int]) -> dict[int, tuple[int, int]]:
+    """correlation -> (ts_ns, tid) of the runtime call that launched it."""
+    wanted = [c for c in correlations if c is not None and c >= 0]
+    rows = ev.filter(pl.col("kind").is_in([int(Kind.RUNTIME), int(Kind.DRIVER)]) & pl.col("correlation").is_in(wanted))
+    return {c: (t, tid) for c, t, tid in zip(rows["correlation"], rows["ts_ns"], rows["tid"])}
+
+
+def _host_ops_by_thread(ev: pl.DataFrame, tids: set[int]) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """CPU ops and annotations that say what the host does (not the step / DataLoader marks),
+    per thread: (start, end, names)."""
     marks = re.compile(f"{PROFILER_STEP_PATTERN}|{DATALOADER_PATTERN}")
     names = [n for n in ev["name"].unique().cast(pl.String).to_list() if n and marks.search(n)]
-    return ev.filter(pl.col("kind").is_in(_HOST_OPS) & ~pl.col("name").is_in(names)).select(
-        "name", "tid", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns"))
+    ops = ev.filter(pl.col("kind").is_in(_HOST_OPS) & ~pl.col("name").is_in(names) & pl.col("tid").is_in(list(tids)))
+    out = {}
+    for tid in tids:
+        t = ops.filter(pl.col("tid") == tid)
+        start = t["ts_ns"].to_numpy()
+        out[tid] = (start, start + t["dur_ns"].to_numpy(), t["name"].cast(pl.String).to_numpy())
+    return out
 
 
-def _innermost(ops: pl.DataFrame, t: int) -> str | None:
-    around = ops.filter((pl.col("ts_ns") <= t) & (pl.col("end_ns") > t))
-    if around.is_empty():
+def _innermost(start: np.ndarray, end: np.ndarray, names: np.ndarray, t: int) -> str | None:
+    around = np.flatnonzero((start <= t) & (end > t))
+    if len(around) == 0:
         return None
-    return str(around.sort(["ts_ns", "end_ns"], descending=[True, False])["name"][0])
+    return str(names[around[np.lexsort((end[around], -start[around]))[0]]])
 
 
-def _most_present(ops: pl.DataFrame, a: int, b: int) -> str | None:
-    over = ops.filter((pl.col("ts_ns") < b) & (pl.col("end_ns") > a)).with_columns(
-        (pl.min_horizontal(pl.col("end_ns"), b) - pl.max_horizontal(pl.col("ts_ns"), a)).alias("overlap"))
-    if over.is_empty():
+def _most_present(start: np.ndarray, end: np.ndarray, names: np.ndarray, a: int, b: int) -> str | None:
+    overlap = np.minimum(end, b) - np.maximum(start, a)
+    if len(overlap) == 0 or overlap.max() <= 0:
         return None
-    return str(over.sort("overlap", descending=True)["name"][0])
+    return str(names[int(np.argmax(overlap))])

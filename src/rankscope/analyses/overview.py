@@ -18,6 +18,8 @@ from rankscope.analyses.breakdown import CATEGORIES, classify_timeline, step_bre
 from rankscope.analyses.dataloader import dataloader_share
 from rankscope.analyses.gaps import GapSummary, idle_gaps
 from rankscope.analyses.idle import idle_time_breakdown
+from rankscope.analyses.kernels import kernel_breakdown, kernel_stats
+from rankscope.analyses.operators import operator_stats
 from rankscope.analyses.launch import kernel_launch_stats, memory_bandwidth, queue_length
 from rankscope.analyses.memory import memory_timeline, pageable_memcpy
 from rankscope.analyses.overlap import comm_comp_overlap
@@ -28,6 +30,8 @@ from rankscope.model import DEVICE_KINDS, Kind, KernelClass, RankMeta, RankTrace
 NS_PER_MS = 1e6
 #: Memory samples kept per device in the summary (peaks kept exactly): enough for a chart.
 MEMORY_POINTS = 200
+#: Rows kept in top-N tables (kernels, operators) per rank.
+TOP_N = 10
 
 
 def as_plain(obj: Any) -> Any:
@@ -63,6 +67,8 @@ class RankSummary:
     memory: dict | None = None        # analyses.memory.MemoryTimeline (<= MEMORY_POINTS per device)
     memcpy: dict | None = None        # analyses.memory.MemcpyReport
     hta: dict | None = None           # HTA-parity figures: temporal, overlap, idle, launch, queue, memory_bw
+    kernels: dict | None = None       # kernel classes, top kernels, occupancy, Tensor Core / FP32 GEMM share
+    operators: dict | None = None     # top ops by self device / CPU time, grouped by name
     from_cache: bool = False
 
     @property
@@ -102,23 +108,24 @@ def summarize_rank(trace: RankTrace) -> RankSummary:
         memory=as_plain(memory_timeline(trace, MEMORY_POINTS, windows)) if len(trace.memory) else None,
         memcpy=as_plain(pageable_memcpy(trace, windows)) if len(dev) else None,
         hta=_hta_parity(trace) if len(dev) else None,
+        kernels=as_plain({"breakdown": kernel_breakdown(trace, top_k=TOP_N), "stats": kernel_stats(trace, top_n=TOP_N)})
+        if len(dev) else None,
+        operators=as_plain(operator_stats(trace, top_n=TOP_N)),
     )
 
 
 def _hta_parity(trace: RankTrace) -> dict:
     """HTA's per-rank figures (docs/hta-parity.md), without the time series (kept small)."""
-    def no_series(d: dict) -> dict:
-        return {k: v for k, v in d.items() if k != "series"}
+    def fields(result, skip: tuple[str, ...] = ()) -> dict:
+        return {f.name: getattr(result, f.name) for f in dataclasses.fields(result) if f.name not in skip}
     return as_plain({
-        "temporal": temporal_breakdown(trace).to_dict(),
-        "overlap": comm_comp_overlap(trace).to_dict(),
-        "idle": idle_time_breakdown(trace).to_dict(),
-        "launch": kernel_launch_stats(trace).to_dict(),
-        "queue": no_series(queue_length(trace).to_dict()),
-        "memory_bw": no_series(memory_bandwidth(trace).to_dict()),
+        "temporal": fields(temporal_breakdown(trace)),
+        "overlap": fields(comm_comp_overlap(trace)),
+        "idle": fields(idle_time_breakdown(trace)),
+        "launch": fields(kernel_launch_stats(trace)),
+        "queue": fields(queue_length(trace), ("series",)),
+        "memory_bw": fields(memory_bandwidth(trace), ("series",)),
     })
-
-
 @dataclass
 class StepTimeStats:
     mean_ms: float | None

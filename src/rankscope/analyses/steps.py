@@ -28,6 +28,13 @@ class StepWindows:
 
 
 def step_windows(trace: RankTrace) -> StepWindows:
+    """Computed once per trace (every per-step analysis needs them)."""
+    if "step_windows" not in trace.derived:
+        trace.derived["step_windows"] = _step_windows(trace)
+    return trace.derived["step_windows"]
+
+
+def _step_windows(trace: RankTrace) -> StepWindows:
     ev = trace.events
     step_names = [n for n in ev["name"].unique().cast(pl.String).to_list() if n and _STEP.match(n)]
     marks = (

@@ -48,7 +48,14 @@ def hta_scope(trace: RankTrace, include_last_step: bool = False) -> pl.DataFrame
     """The events HTA 0.5 analyses for this rank (see module docstring), with their `row` in `trace.events`.
 
     HTA's device side is "has a stream and a correlation id" (plus Event/Context Sync); everything else is
-    host side. Order of rows is kept."""
+    host side. Order of rows is kept. Computed once per trace (several analyses use it)."""
+    key = ("hta_scope", include_last_step)
+    if key not in trace.derived:
+        trace.derived[key] = _hta_scope(trace, include_last_step)
+    return trace.derived[key]
+
+
+def _hta_scope(trace: RankTrace, include_last_step: bool) -> pl.DataFrame:
     ev = trace.events.with_row_index("row")
     if ev.is_empty():
         return ev

@@ -57,6 +57,8 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
             "overlap_pct": s.hta["overlap"]["overlap_pct"] if s.hta else None,
             "idle_ms": s.hta["idle"]["idle_ms"] if s.hta else None,
             "hta": s.hta,
+            "kernels": s.kernels,
+            "operators": s.operators,
             "idle_gaps": msgspec.to_builtins(s.gaps) if s.gaps is not None else None,
             "dataloader": _pick(s.dataloader, "share_pct", "mean_step_share_pct", "max_step_share_pct",
                                 "dataloader_ms", "num_workers", "multiprocessing", "iterators"),
