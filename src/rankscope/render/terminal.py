@@ -1,7 +1,6 @@
-"""Terminal output (rich): job header, per-rank table, input problems. Readable at 80 columns."""
+"""Terminal output (rich): job header, per-rank tables, the worst GPU idle gaps, top kernels and
+operators. Readable at 80 columns. Input problems go to stderr (cli.py), not here."""
 from __future__ import annotations
-
-from pathlib import Path
 
 from rich import box
 from rich.console import Console
@@ -41,18 +40,99 @@ def render_analysis(a: Analysis, console: Console) -> None:
     table.add_column("median ms", justify="right")
     table.add_column("max ms", justify="right")
     table.add_column("GPU busy", justify="right")
-    for s in a.ranks:
+    shown = _shown(a)
+    for s in shown:
         st = step_time_stats(s)
         table.add_row(str(s.rank), f"{s.meta.events_total:,}", str(len(s.steps)), _ms(st.mean_ms),
                       _ms(st.median_ms), _ms(st.max_ms), _pct(st.device_busy_pct))
     console.print(table)
-    _breakdown_table(a, console)
+    _more(a, shown, console)
+    _breakdown_table(a, shown, console)
+    _details_table(shown, console)
+    _highlights(a, console)
 
     for w in j.warnings:
         console.print(f"[yellow]warning:[/] {w}", highlight=False)
-    for p in a.problems:
-        tag = "[red]skipped:[/]" if p.fatal else "[yellow]warning:[/]"
-        console.print(f"{tag} {Path(p.file).name}: {p.problem}", highlight=False)
+
+
+#: Ranks listed in the per-rank tables; with more, the slowest are shown (all are in --json).
+MAX_RANK_ROWS = 16
+
+
+def _shown(a: Analysis) -> list:
+    if len(a.ranks) <= MAX_RANK_ROWS:
+        return a.ranks
+    slowest = sorted(a.ranks, key=lambda s: -(step_time_stats(s).mean_ms or 0.0))[:MAX_RANK_ROWS]
+    return sorted(slowest, key=lambda s: s.rank)
+
+
+def _more(a: Analysis, shown: list, console: Console) -> None:
+    if len(shown) < len(a.ranks):
+        console.print(f"  ({len(a.ranks) - len(shown)} more ranks not listed: the {len(shown)} slowest are; "
+                      f"--json has all)", highlight=False)
+
+
+def _details_table(shown: list, console: Console) -> None:
+    ranks = [s for s in shown if s.hta or s.dataloader]
+    if not ranks:
+        return
+    table = Table(title="Per rank: GPU use, HTA figures, data loading, precision", title_justify="left",
+                  header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
+                  caption="busy/idle: HTA temporal breakdown · ovl: comm-comp overlap · wait host/kern: idle "
+                          "waiting for the host / between kernels (ms) · data: DataLoader share of step · "
+                          "fp32: FP32 share of GEMM time · TC: Tensor Core share of kernel time",
+                  caption_justify="left")
+    for col in ("rank", "busy", "idle", "ovl", "wait host", "wait kern", "data", "fp32", "TC", "peak MB"):
+        table.add_column(col, justify="right")
+    for s in ranks:
+        h = s.hta or {}
+        t = h.get("temporal") or {}
+        idle = (h.get("idle") or {}).get("idle_ms") or {}
+        k = ((s.kernels or {}).get("stats")) or {}
+        peak = max((d["peak_allocated_mb"] for d in (s.memory or {}).get("devices", []) if d["device"] != "cpu"),
+                   default=None)
+        busy = None if not t else t.get("compute_pct", 0) + t.get("non_compute_pct", 0)
+        table.add_row(str(s.rank), _pct(busy), _pct(t.get("idle_pct")), _pct((h.get("overlap") or {}).get("overlap_pct")),
+                      _ms(idle.get("host_wait")), _ms(idle.get("kernel_wait")),
+                      _pct((s.dataloader or {}).get("share_pct")), _pct(k.get("fp32_gemm_share_pct")),
+                      _pct(k.get("tensor_core_pct")), _ms(peak))
+    console.print(table)
+
+
+def _highlights(a: Analysis, console: Console) -> None:
+    """The rank with the most GPU idle-gap time: its longest gaps, top kernels and ops."""
+    with_gaps = [s for s in a.ranks if s.gaps and s.gaps.gaps]
+    if with_gaps:
+        s = max(with_gaps, key=lambda r: r.gaps.gap_ms)
+        by = ", ".join(f"{k} {v:,.1f}" for k, v in s.gaps.gap_ms_by_host_activity.items() if v > 0)
+        console.print(f"[bold]GPU idle gaps[/] (>= {s.gaps.gap_min_us:.0f} µs), rank {s.rank}: {s.gaps.gaps} gaps, "
+                      f"{s.gaps.gap_ms:,.1f} ms; host meanwhile (ms): {by}", highlight=False)
+        for g in s.gaps.top[:3]:
+            console.print(f"  step {g.step} +{g.start_in_step_ms:,.1f} ms: {g.duration_ms:,.2f} ms idle, host "
+                          f"{_HOST_ACTIVITY[g.host_activity]}" + (f" ({g.busy_host_op})" if g.busy_host_op else "")
+                          + f"; ended by {_short(g.next_device_op)}"
+                          + (f" launched from {g.launched_by}" if g.launched_by else ""), highlight=False)
+    ranked = [s for s in a.ranks if s.kernels and s.kernels["stats"]["kernels"]["name"]]
+    if ranked:
+        s = ranked[0]
+        k = s.kernels["stats"]["kernels"]
+        top = ", ".join(f"{_short(n)} {ms:,.1f} ms" for n, ms in list(zip(k["name"], k["total_ms"]))[:3])
+        console.print(f"[bold]Top kernels[/] (rank {s.rank}): {top}", highlight=False)
+    ops = [s for s in a.ranks if s.operators and s.operators["by_self_device"]["name"]]
+    if ops:
+        s = ops[0]
+        o = s.operators["by_self_device"]
+        top = ", ".join(f"{_short(n)} {ms:,.1f} ms" for n, ms in list(zip(o["name"], o["self_device_ms"]))[:3])
+        console.print(f"[bold]Top ops by self GPU time[/] (rank {s.rank}): {top}", highlight=False)
+
+
+_HOST_ACTIVITY = {"dataloader": "in the DataLoader", "sync": "blocked in a synchronize", "host": "busy in CPU ops",
+                  "idle_other": "outside any op"}
+
+
+def _short(name: str, width: int = 48) -> str:
+    name = name.removeprefix("void ")
+    return name if len(name) <= width else name[:width - 1] + "…"
 
 
 _BREAKDOWN_HEADERS = (("compute", "comp"), ("comm_overlapped", "c.ovl"), ("comm_exposed", "c.exp"),
@@ -63,8 +143,8 @@ _BREAKDOWN_LEGEND = ("comp compute · c.ovl comm overlapped with compute · c.ex
                      "eff overlap efficiency")
 
 
-def _breakdown_table(a: Analysis, console: Console) -> None:
-    ranks = [s for s in a.ranks if s.steps]
+def _breakdown_table(a: Analysis, shown: list, console: Console) -> None:
+    ranks = [s for s in shown if s.steps]
     if not ranks:
         return
     cpu_only = all(s.breakdown_mode == "cpu_only" for s in ranks)
