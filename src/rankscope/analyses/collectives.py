@@ -56,6 +56,8 @@ DEFAULT_PG = "default"
 COLLECTIVE_TYPES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all",
                     "send", "recv", "barrier", "send_recv", "gather", "scatter", "unknown")
 P2P_TYPES = ("send", "recv", "send_recv")
+#: Types whose members all pass the same input size (all_to_all and p2p may differ by rank).
+SAME_SIZE_TYPES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "barrier")
 
 #: Compacted (lower case, no '_' / ':') name fragment -> type; first match wins. Order matters:
 #: reducescatter before reduce, allreduce before reduce, allgather before gather, sendrecv before send.
@@ -171,7 +173,9 @@ class RankCollectives:
     Times are int64 ns on this rank's own clock. `pre_ns` / `since_step_ns`: one list of
     len(CATEGORIES) ns per instance, in `breakdown.CATEGORIES` order. Unknown numbers are -1.
     Steps: the rank's step windows (step ids, start/end ns) and their exact breakdown, for
-    step-time statistics and load balance across ranks."""
+    step-time statistics and load balance across ranks. `orphan`: a kernel launched before the
+    profiled window (no launch event in the trace): ranks differ in how many they have, so
+    orphans without a seq are left out of order-based matching."""
     rank: int
     source: str = "none"                 # "device" (COMM kernels) | "host" (gloo spans) | "none"
     hostname: str | None = None
@@ -193,6 +197,7 @@ class RankCollectives:
     step_start_ns: list[int] = field(default_factory=list)
     step_end_ns: list[int] = field(default_factory=list)
     step_breakdown_ns: list[list[int]] = field(default_factory=list)   # per step, ns per CATEGORIES
+    orphan: list[bool] = field(default_factory=list)   # device kernel whose launch is not in the trace
     steps_source: str = "profiler_step"   # "profiler_step" | "whole_trace"
 
     def __len__(self) -> int:
@@ -318,11 +323,14 @@ def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows
     rpc_row = [-1] * n
     ann_row = [-1] * n
     op_row = [-1] * n
+    orphan = [False] * n
     if out.source == "device":
         launch = ev.filter(pl.col("kind").is_in([int(Kind.RUNTIME), int(Kind.DRIVER)]) & (pl.col("correlation") >= 0)) \
             .select("correlation", "pid", "tid", pl.col("ts_ns").alias("t_ns")).unique("correlation", keep="first")
         pts = inst.with_row_index("idx").select(pl.col("idx").cast(pl.Int64), "correlation") \
             .join(launch, on="correlation", how="inner").select("idx", "pid", "tid", "t_ns")
+        launched = set(pts["idx"].to_list())
+        orphan = [i not in launched for i in range(n)]
         host = ev.filter(pl.col("kind").is_in([int(k) for k in HOST_OP_KINDS]))
         classes = {
             "rpc": _names(host, lambda s: s == _RPC_NAME),
@@ -357,7 +365,9 @@ def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows
     else:
         ann_row = list(rows)          # the gloo span is its own annotation
     shapes = _op_shape(trace, [r for r in ann_row + op_row if r >= 0])
-    name_of = dict(zip(ev["row"].to_list(), ev["name"].cast(pl.String).to_list())) if n else {}
+    wanted_rows = [r for r in ann_row + op_row if r >= 0]
+    name_of = dict(ev.filter(pl.col("row").is_in(wanted_rows)).select("row", pl.col("name").cast(pl.String))
+                   .iter_rows()) if wanted_rows else {}
     pg_sizes = _pg_sizes(trace)
 
     for i in range(n):
@@ -406,6 +416,7 @@ def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows
     end = start + inst["dur_ns"].to_numpy().astype(np.int64)
     out.start_ns = start.tolist()
     out.end_ns = end.tolist()
+    out.orphan = orphan
 
     # step of each arrival, and the windows before it
     k = np.searchsorted(s_start, start, side="right") - 1
@@ -461,6 +472,7 @@ def member_frame(ranks: Sequence[RankCollectives], offsets_ns: dict[int, int] | 
             "start_ns": start - off, "end_ns": end - off, "dur_ns": end - start,
             "in_bytes": np.asarray(rc.in_bytes, dtype=np.int64), "out_bytes": np.asarray(rc.out_bytes, dtype=np.int64),
             "group_size": np.asarray(rc.group_size, dtype=np.int64), "step": np.asarray(rc.step, dtype=np.int64),
+            "orphan": np.asarray(rc.orphan if len(rc.orphan) == len(rc) else [False] * len(rc), dtype=bool),
         }
         if with_windows:
             pre = np.asarray(rc.pre_ns, dtype=np.int64).reshape(len(rc), len(CATEGORIES))
@@ -471,6 +483,7 @@ def member_frame(ranks: Sequence[RankCollectives], offsets_ns: dict[int, int] | 
         frames.append(pl.DataFrame(cols))
     if not frames:
         schema = {"rank": pl.Int64, "idx": pl.Int64, "pg": pl.String, "seq": pl.Int64, "type": pl.String,
+                  "orphan": pl.Boolean,
                   "mtype": pl.String, "occ": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "dur_ns": pl.Int64,
                   "in_bytes": pl.Int64, "out_bytes": pl.Int64, "group_size": pl.Int64, "step": pl.Int64}
         if with_windows:
@@ -481,9 +494,13 @@ def member_frame(ranks: Sequence[RankCollectives], offsets_ns: dict[int, int] | 
     df = df.with_columns(
         pl.when(with_seq).then(pl.lit("*")).otherwise(
             pl.col("type").replace_strict({t: "p2p" for t in P2P_TYPES}, default=pl.col("type"))).alias("mtype"))
-    # occurrence: n-th instance of (pg, seq) with seq, of (pg, mtype) without, on each rank (by arrival)
+    # occurrence: n-th instance of (pg, seq) with seq, of (pg, mtype) without, on each rank (by
+    # arrival); orphans without seq are not matched (occ -1, unique per rank so never grouped)
+    unmatchable = pl.col("orphan") & ~with_seq
     df = df.sort(["rank", "idx"]).with_columns(
-        pl.int_range(pl.len()).over(["rank", "pg", "seq", "mtype"]).cast(pl.Int64).alias("occ"))
+        pl.int_range(pl.len()).over(["rank", "pg", "seq", "mtype", "orphan"]).cast(pl.Int64).alias("occ"))
+    df = df.with_columns(pl.when(unmatchable).then(pl.lit("orphan:") + pl.col("rank").cast(pl.String))
+                         .otherwise(pl.col("mtype")).alias("mtype"))
     return df
 
 
@@ -504,6 +521,7 @@ class CollectiveTable:
     members: pl.DataFrame
     offsets_ns: dict[int, int]
     unmatched: int                       # instances whose key no other rank has
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def count(self) -> int:
@@ -542,6 +560,7 @@ def match_collectives(ranks: Sequence[RankCollectives], offsets_ns: dict[int, in
         pl.col("end_ns").max().alias("end_max_ns"),
         pl.col("in_bytes").max().alias("in_bytes"),
         pl.col("out_bytes").max().alias("out_bytes"),
+        pl.col("in_bytes").filter(pl.col("in_bytes") > 0).n_unique().alias("n_sizes"),
     ).join(ranks_per_pg, on="pg", how="left")
     g = g.sort(["start_min_ns", "pg", "seq", "occ"]).with_row_index("cid").with_columns(pl.col("cid").cast(pl.Int64))
     group = np.where(g["group_size_arg"].to_numpy() > 0, g["group_size_arg"].to_numpy(), g["pg_ranks"].to_numpy())
@@ -565,13 +584,20 @@ def match_collectives(ranks: Sequence[RankCollectives], offsets_ns: dict[int, in
         pl.Series("bytes", nbytes),
         pl.Series("algbw_gbps", algbw),
         pl.Series("busbw_gbps", algbw * factor),
+        ((pl.col("n_sizes") > 1) & pl.col("type").is_in(SAME_SIZE_TYPES)).alias("size_mismatch"),
     )
     mem = m.join(g.select(KEY + ["cid", "start_max_ns", "last_rank"]), on=KEY, how="inner").select(
         "cid", "rank", "idx", "start_ns", "end_ns", "dur_ns",
         (pl.col("start_max_ns") - pl.col("start_ns")).alias("wait_ns"),
         (pl.col("rank") == pl.col("last_rank")).alias("is_last"), "step",
     ).sort(["cid", "rank"])
-    return CollectiveTable(coll, mem, offsets_ns, unmatched)
+    warnings = []
+    by_order = coll.filter(pl.col("seq") < 0)
+    bad = int(by_order["size_mismatch"].sum()) if by_order.height else 0
+    if bad:
+        warnings.append(f"{bad} of {by_order.height} collectives matched by order (no sequence numbers) have members "
+                        f"with different sizes: the ranks' traces may not start at the same collective")
+    return CollectiveTable(coll, mem, offsets_ns, unmatched, warnings)
 
 
 def _empty_collectives() -> pl.DataFrame:
@@ -580,7 +606,7 @@ def _empty_collectives() -> pl.DataFrame:
         "n_ranks": pl.UInt32, "group_size": pl.Int64, "complete": pl.Boolean, "start_min_ns": pl.Int64,
         "start_max_ns": pl.Int64, "skew_ns": pl.Int64, "last_rank": pl.Int64, "first_rank": pl.Int64,
         "last_lead_ns": pl.Int64, "transfer_ns": pl.Int64, "end_spread_ns": pl.Int64, "bytes": pl.Int64,
-        "algbw_gbps": pl.Float64, "busbw_gbps": pl.Float64})
+        "algbw_gbps": pl.Float64, "busbw_gbps": pl.Float64, "size_mismatch": pl.Boolean})
 
 
 def _empty_members() -> pl.DataFrame:
@@ -620,6 +646,7 @@ def collectives_summary(table: CollectiveTable) -> dict:
         "count": c.height,
         "complete": int(c["complete"].sum()) if c.height else 0,
         "unmatched_instances": table.unmatched,
+        "warnings": list(table.warnings),
         "clock_offsets_ms": {str(r): v / NS_PER_MS for r, v in sorted(table.offsets_ns.items())},
         "by_type": _rows(by_type),
         "by_pg": _rows(by_pg),

@@ -269,6 +269,8 @@ def _overlap_sweep(unions: dict) -> pl.DataFrame:
 def _top_kernels(dev: pl.DataFrame, top_k: int) -> pl.DataFrame:
     per = (dev.group_by("kclass", "name")
            .agg(pl.len().cast(pl.Int64).alias("count"), pl.col("dur_ns").sum().alias("sum_ns"))
+           .sort([pl.col("kclass"), pl.col("sum_ns"), pl.col("name").cast(pl.String)],
+                 descending=[False, True, False])          # ties in a deterministic order
            .with_columns(pl.col("sum_ns").rank("ordinal", descending=True).over("kclass").alias("rank"),
                          (pl.col("sum_ns") / pl.col("sum_ns").sum().over("kclass")).alias("share")))
     keep = per.filter(pl.col("rank") <= top_k).select("kclass", "name", "rank")
@@ -383,7 +385,8 @@ def kernel_stats(trace: RankTrace, top_n: int = 20) -> KernelStats:
     srcs = set(np.unique(src[src > 0]).tolist())
     source = _source_label(min(srcs), max(srcs)) if srcs else None
 
-    kernels = (per.sort("sum_ns", descending=True).head(top_n).select(
+    kernels = (per.sort([pl.col("sum_ns"), pl.col("name").cast(pl.String)], descending=[True, False])
+               .head(top_n).select(
         "name",
         pl.col("kclass").map_elements(lambda c: KernelClass(c).name, return_dtype=pl.String).alias("kernel_class"),
         "count", (pl.col("sum_ns") / NS_PER_MS).alias("total_ms"),

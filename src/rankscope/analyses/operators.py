@@ -209,8 +209,11 @@ def operator_stats(trace: RankTrace, top_n: int = 20, group_by: str = "name",
         keys = ["location", "top_op"]
     cols = keys + ["calls", "total_cpu_ms", "self_cpu_ms", "self_device_ms", "total_device_ms", "device_events"]
     grouped = grouped.select(cols)
-    by_dev = grouped.sort(["self_device_ms", "self_cpu_ms"], descending=True, nulls_last=True).head(top_n)
-    by_cpu = grouped.sort(["self_cpu_ms", "self_device_ms"], descending=True, nulls_last=True).head(top_n)
+    keys = [c for c in grouped.columns if c in ("name", "input_dims", "location", "top_op")]
+    by_dev = grouped.sort(["self_device_ms", "self_cpu_ms", *keys], descending=[True, True] + [False] * len(keys),
+                          nulls_last=True).head(top_n)
+    by_cpu = grouped.sort(["self_cpu_ms", "self_device_ms", *keys], descending=[True, True] + [False] * len(keys),
+                          nulls_last=True).head(top_n)
     return OperatorStats(
         group_by=group_by, by_self_device=by_dev, by_self_cpu=by_cpu, ops=frame.height, groups=grouped.height,
         self_cpu_ms=float(self_cpu.sum()) / NS_PER_MS, device_ms=float(device["dur_ns"].sum()) / NS_PER_MS,
