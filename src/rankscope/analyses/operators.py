@@ -134,12 +134,13 @@ def operator_stats(trace: RankTrace, top_n: int = 20, group_by: str = "name",
     parts = [ops.select("pid", "tid"), launches.select("pid", "tid")]
     if pyf is not None:
         parts.append(pyf.select("pid", "tid"))
-    threads = pl.concat(parts).unique().with_row_index("g").with_columns(pl.col("g").cast(pl.Int64))
+    threads = (pl.concat(parts).unique().sort("pid", "tid").with_row_index("g")
+               .with_columns(pl.col("g").cast(pl.Int64)))
     ops = ops.join(threads, on=["pid", "tid"], how="left")
     launches = launches.join(threads, on=["pid", "tid"], how="left")
 
     # ---- nesting of positive-duration ops; zero-duration ops hang under the op around them
-    ops = ops.sort("g", "ts_ns", pl.col("dur_ns"), descending=[False, False, True])
+    ops = ops.sort("g", "ts_ns", pl.col("dur_ns"), "row", descending=[False, False, True, False])
     pos = ops.filter(pl.col("dur_ns") > 0)
     zero = ops.filter(pl.col("dur_ns") <= 0)
     ops = pl.concat([pos, zero])

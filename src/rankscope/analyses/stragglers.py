@@ -60,6 +60,7 @@ that wait for a late one sit in exposed communication while it works; a job that
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -521,6 +522,22 @@ class CrossRank:
     collectives: CollectiveTable
     stragglers: StragglerReport
     alpha_beta: list                      # alphabeta.AlphaBetaFit
+
+    def as_dict(self) -> dict:
+        """Plain data (JSON-ready): `collectives` (count, by_type, by_pg, alpha_beta, clock offsets,
+        warnings), `stragglers` (list), `straggler_verdict`, `load_balance`, `clock`, `ranks`."""
+        from rankscope.analyses.alphabeta import alpha_beta_rows
+        from rankscope.analyses.collectives import collectives_summary
+        rep = self.stragglers
+        return {
+            "collectives": {**collectives_summary(self.collectives), "alpha_beta": alpha_beta_rows(self.alpha_beta)},
+            "stragglers": [dataclasses.asdict(s) for s in rep.stragglers],
+            "straggler_verdict": rep.verdict,
+            "load_balance": dataclasses.asdict(rep.load_balance),
+            "clock": self.clock.as_dict(),
+            "ranks": [dataclasses.asdict(r) for r in rep.ranks],
+            "thresholds": dict(rep.thresholds),
+        }
 
 
 def cross_rank(ranks: Sequence[RankCollectives], align_clocks: bool = True) -> CrossRank:
