@@ -1,0 +1,211 @@
+"""Shared fixtures and the *independent* reference readers for the ingest tests.
+
+Expected numbers in these tests never come from rankscope itself: they come from the trace files
+read here with nothing but the standard library (`gzip`, `zlib`, `json`), from a file's own
+`distributedInfo`, or from a hand count stated in the test.
+
+The corpus (real profiler output, see ../shared/corpus/MANIFEST.md) is found at
+`$RANKSCOPE_CORPUS`, default `<repo>/../shared/corpus`. A missing corpus is a test FAILURE, never
+a skip: a green run without data would prove nothing.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zlib
+from decimal import Decimal
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_CORPUS = REPO.parent / "shared" / "corpus"
+
+#: Folders of the corpus used by several test modules (names from MANIFEST.md).
+DLRM = "param-dlrm-8rank"
+GLOO_HEALTHY = "cpu-gloo-4rank-healthy"
+MEMORY_TIMELINE = "hta-memory-timeline"
+
+
+def corpus_root() -> Path:
+    return Path(os.environ.get("RANKSCOPE_CORPUS", str(DEFAULT_CORPUS)))
+
+
+def corpus_missing_message() -> str:
+    return (f"trace corpus not found at {corpus_root()} (set RANKSCOPE_CORPUS to the folder that holds "
+            f"MANIFEST.md and the trace sets). A missing corpus fails the suite: it is never skipped.")
+
+
+@pytest.fixture(scope="session")
+def corpus() -> Path:
+    root = corpus_root()
+    if not root.is_dir() or not any(root.rglob("*.json.gz")):
+        pytest.fail(corpus_missing_message(), pytrace=False)
+    return root
+
+
+def corpus_trace_params() -> list:
+    """Every trace file of the corpus (all *.json.gz except the HTA memory timeline, which is not
+    a trace), as pytest params with the path relative to the corpus as id. Computed at collection
+    time; when the corpus is missing, one param that makes the test fail through `corpus`."""
+    root = corpus_root()
+    files = sorted(p for p in root.rglob("*.json.gz") if MEMORY_TIMELINE not in p.parts) if root.is_dir() else []
+    if not files:
+        return [pytest.param("<corpus missing>", id="corpus-missing")]
+    return [pytest.param(str(p.relative_to(root)), id=str(p.relative_to(root))) for p in files]
+
+
+def corpus_files(corpus: Path, folder: str) -> list[Path]:
+    files = sorted((corpus / folder).glob("*.json.gz"))
+    assert files, f"no *.json.gz in {corpus / folder}"
+    return files
+
+
+# ----------------------------------------------------------------------------------------------
+# Independent reference: plain gzip + json
+def raw_text(path: str | Path) -> bytes:
+    """The file's JSON text (gunzipped with the standard library when it is gzip)."""
+    data = Path(path).read_bytes()
+    return gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
+
+
+@lru_cache(maxsize=4)
+def _load_json_cached(path: str, exact: bool):
+    return json.loads(raw_text(path), parse_float=Decimal if exact else float)
+
+
+def load_json(path: str | Path, exact: bool = False):
+    """json.loads of the whole file. `exact=True` keeps floats as Decimal (their exact text), for
+    comparisons of nanosecond timestamps. The result is cached: treat it as read-only, deep-copy
+    (`fresh_json`) before editing."""
+    return _load_json_cached(str(path), exact)
+
+
+def fresh_json(path: str | Path):
+    """A private, editable copy of the parsed file."""
+    return json.loads(raw_text(path))
+
+
+def x_events(doc: dict) -> list[dict]:
+    return [e for e in doc["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"]
+
+
+def write_trace(path: Path, doc, gz: bool | None = None) -> Path:
+    """Write `doc` as JSON (gzip when the name ends in .gz, unless `gz` says otherwise)."""
+    text = json.dumps(doc).encode()
+    if gz is None:
+        gz = path.name.endswith(".gz")
+    path.write_bytes(gzip.compress(text, compresslevel=1) if gz else text)
+    return path
+
+
+def gunzip_prefix(data: bytes) -> bytes:
+    """Everything zlib can decompress from a (possibly cut or damaged) gzip stream, fed in small
+    pieces so that output before a failure is kept."""
+    d = zlib.decompressobj(wbits=31)
+    out = []
+    for i in range(0, len(data), 512):
+        try:
+            out.append(d.decompress(data[i:i + 512]))
+        except zlib.error:
+            break
+    return b"".join(out)
+
+
+_EVENTS_KEY = re.compile(r'"traceEvents"\s*:\s*\[')
+
+
+def complete_events_in_prefix(text: bytes | str) -> int:
+    """How many complete trace events a (possibly truncated) JSON trace text holds before its end:
+    the elements of the "traceEvents" array that `json.JSONDecoder.raw_decode` can read whole.
+    Independent of rankscope (standard library only)."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    m = _EVENTS_KEY.search(text)
+    if not m:
+        return 0
+    dec = json.JSONDecoder()
+    i, n = m.end(), 0
+    while True:
+        while i < len(text) and text[i] in " \t\r\n,":
+            i += 1
+        if i >= len(text) or text[i] == "]":
+            return n
+        try:
+            _, i = dec.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return n
+        n += 1
+
+
+def sha256_tree(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# ----------------------------------------------------------------------------------------------
+# A parse/summary cache shared by the tests whose subject is not the cache: the good ranks copied
+# with their mtime (copy_files) are then parsed once per session, only the damaged file each time.
+_SHARED: dict[str, Path] = {}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_cache(tmp_path_factory):
+    _SHARED["cache"] = tmp_path_factory.mktemp("shared-cache")
+
+
+def shared_cache_dir() -> Path:
+    return _SHARED["cache"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Folders of good ranks
+def copy_files(files: list[Path], dest: Path, names: list[str] | None = None) -> list[Path]:
+    dest.mkdir(parents=True, exist_ok=True)
+    out = []
+    for i, f in enumerate(files):
+        target = dest / (names[i] if names else f.name)
+        shutil.copy2(f, target)          # keeps the mtime: copies share cache entries (shared_cache_dir)
+        out.append(target)
+    return out
+
+
+@pytest.fixture
+def dlrm_dir(corpus: Path, tmp_path: Path) -> Path:
+    """A private copy of the complete 8-rank param-dlrm set (ranks 0..7, world_size 8 per the
+    files' distributedInfo)."""
+    d = tmp_path / "job"
+    copy_files(corpus_files(corpus, DLRM), d)
+    return d
+
+
+# ----------------------------------------------------------------------------------------------
+# The command line, as a user runs it
+def rankscope_cmd() -> list[str]:
+    script = Path(sys.executable).with_name("rankscope")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "rankscope.cli"]
+
+
+def run_cli(args: list[str], tmp_path: Path, env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
+    """Run `rankscope ARGS` in a subprocess. The default cache folder is pointed into tmp_path so
+    tests never touch the user's cache; COLUMNS is wide so tables are not folded."""
+    full_env = dict(os.environ)
+    full_env.setdefault("RANKSCOPE_CACHE_DIR", str(tmp_path / "default-cache"))
+    full_env["XDG_CACHE_HOME"] = str(tmp_path / "xdg-cache")
+    full_env["COLUMNS"] = "250"
+    if env:
+        full_env.update(env)
+    return subprocess.run(rankscope_cmd() + [str(a) for a in args], capture_output=True, text=True,
+                          env=full_env, timeout=timeout)
+
+
+def assert_no_traceback(proc: subprocess.CompletedProcess) -> None:
+    for stream, text in (("stderr", proc.stderr), ("stdout", proc.stdout)):
+        assert "Traceback" not in text, f"traceback on {stream}:\n{text}"

@@ -1,0 +1,99 @@
+"""The command line as a user runs it (subprocess `rankscope ...`).
+
+Expected numbers: ranks / world_size from the files' own distributedInfo, event counts from a
+plain json reading of each file (conftest.py).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import DLRM, assert_no_traceback, copy_files, corpus_files, load_json, run_cli, shared_cache_dir
+
+
+@pytest.fixture(scope="module")
+def dlrm_expected(corpus: Path) -> dict:
+    """file name -> (distributedInfo.rank, world_size, number of traceEvents), read with json."""
+    out = {}
+    for f in corpus_files(corpus, DLRM):
+        doc = load_json(f)
+        out[f.name] = (doc["distributedInfo"]["rank"], doc["distributedInfo"]["world_size"], len(doc["traceEvents"]))
+    return out
+
+
+def test_analyze_json_schema_ranks_and_step_times(corpus: Path, tmp_path: Path, dlrm_expected: dict):
+    proc = run_cli(["analyze", corpus / DLRM, "--json", "--cache-dir", tmp_path / "cache"], tmp_path)
+    assert_no_traceback(proc)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["schema"] == "rankscope.analysis/1"
+    assert out["job"]["world_size"] == 8 == {w for _, w, _ in dlrm_expected.values()}.pop()
+    assert out["job"]["ranks"] == list(range(8))
+    assert [r["rank"] for r in out["ranks"]] == list(range(8))
+    for r in out["ranks"]:
+        rank, _, n_events = dlrm_expected[Path(r["file"]).name]
+        assert r["rank"] == rank and r["rank_source"] == "distributedInfo"
+        assert r["events"] == n_events
+        st = r["step_time_ms"]
+        assert set(st) >= {"mean", "median", "max"}
+        assert all(isinstance(st[k], (int, float)) and st[k] > 0 for k in ("mean", "median", "max")), st
+    for key in ("job", "ranks", "steps", "collectives", "stragglers", "findings"):
+        assert key in out
+    assert out["job"]["missing_ranks"] == []
+
+
+def test_analyze_table_output(corpus: Path, tmp_path: Path):
+    proc = run_cli(["analyze", corpus / DLRM, "--cache-dir", shared_cache_dir()], tmp_path)
+    assert_no_traceback(proc)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip()
+    assert proc.stderr.strip() == ""
+
+
+def test_validate_table(corpus: Path, tmp_path: Path, dlrm_expected: dict):
+    proc = run_cli(["validate", corpus / DLRM, "--cache-dir", shared_cache_dir()], tmp_path)
+    assert_no_traceback(proc)
+    assert proc.returncode == 0, proc.stderr
+    for name in dlrm_expected:
+        assert name in proc.stdout, f"{name} missing from the validate table"
+    for _, _, n_events in dlrm_expected.values():
+        assert f"{n_events:,}" in proc.stdout or str(n_events) in proc.stdout
+
+
+def test_validate_json_with_a_bad_file(corpus: Path, tmp_path: Path, dlrm_expected: dict):
+    job = tmp_path / "job"
+    copy_files(corpus_files(corpus, DLRM), job)
+    (job / "broken.pt.trace.json").write_text('{"traceEvents": [')
+    proc = run_cli(["validate", job, "--json", "--cache-dir", shared_cache_dir()], tmp_path)
+    assert_no_traceback(proc)
+    assert proc.returncode == 1, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["schema"] == "rankscope.validate/1"
+    rows = {Path(r["file"]).name: r for r in out["files"]}
+    for name, (rank, _, n_events) in dlrm_expected.items():
+        assert rows[name]["ok"] is True and rows[name]["rank"] == rank and rows[name]["events"] == n_events
+    assert rows["broken.pt.trace.json"]["ok"] is False and rows["broken.pt.trace.json"]["problems"]
+    lines = [ln for ln in proc.stderr.splitlines() if "broken.pt.trace.json" in ln]
+    assert len(lines) == 1 and lines[0].startswith("rankscope: ")
+
+
+def test_analyze_without_arguments_is_a_usage_error(tmp_path: Path):
+    proc = run_cli(["analyze"], tmp_path)
+    assert_no_traceback(proc)
+    assert proc.returncode == 2
+    assert "Usage" in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_validate_without_arguments_is_a_usage_error(tmp_path: Path):
+    proc = run_cli(["validate"], tmp_path)
+    assert_no_traceback(proc)
+    assert proc.returncode == 2 and "Usage" in proc.stderr
+
+
+def test_unknown_option_is_a_usage_error(corpus: Path, tmp_path: Path):
+    proc = run_cli(["analyze", corpus / DLRM, "--no-such-option"], tmp_path)
+    assert_no_traceback(proc)
+    assert proc.returncode == 2 and "Usage" in proc.stderr
