@@ -144,8 +144,6 @@ def test_columnize_indices_select_rows():
         assert name.tolist() == [0, 1, 2, 2]
 
 
-@pytest.mark.xfail(strict=True, reason="bug: kind 't' with a float exactly half-way in ns (0.0005 us): "
-                   "C llround() rounds half away from zero (1 ns), Python np.rint() half to even (0 ns)")
 def test_parity_t_float_half_ns():
     vals = [0.0005, 0.0025, -0.0005]
     a, _ = _run(Event.ts, None, "t", 0, vals, True)
@@ -153,16 +151,12 @@ def test_parity_t_float_half_ns():
     assert a.tolist() == b.tolist()
 
 
-@pytest.mark.xfail(strict=True, reason="bug: kind 't' with a bool: C treats True as the number 1 "
-                   "(PyNumber_Check branch) -> 1000 ns, Python gives the default 0")
 def test_parity_t_bool():
     a, _ = _run(Event.ts, None, "t", 0, [True], True)
     b, _ = _run(Event.ts, None, "t", 0, [True], False)
     assert a.tolist() == b.tolist()
 
 
-@pytest.mark.xfail(strict=True, reason="bug: kind 'p' (grid/block) with float or digit-string items: C "
-                   "as_int64() accepts them ([1.5, 2] -> 2, ['2', '3'] -> 6), Python requires ints (default -1)")
 def test_parity_p_float_and_string_items():
     vals = [[1.5, 2], ["2", "3"]]
     a, _ = _run(Event.args, Args.grid, "p", -1, vals, True)
@@ -170,9 +164,6 @@ def test_parity_p_float_and_string_items():
     assert a.tolist() == b.tolist()
 
 
-@pytest.mark.xfail(strict=True, reason="bug: pure-Python columnize raises OverflowError for kind 'p' "
-                   "with an item >= 2**63 ([2**70]) and kind 'f' with an int beyond float range (2**1100); "
-                   "C gives the default")
 @pytest.mark.parametrize("inner, kind, default, value", [(Args.grid, "p", -1, [2**70]),
                                                          (Args.flops, "f", NAN, 2**1100)],
                          ids=["p-2**70", "f-2**1100"])
@@ -182,8 +173,6 @@ def test_python_twin_never_raises_on_huge_ints(inner, kind, default, value):
     assert _same(a, b)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: with the pure-Python twin (no C extension) a trace whose "
-                   "kernel has \"grid\": [2**70] makes read_kineto raise OverflowError instead of reading it")
 def test_reader_without_c_extension_survives_huge_grid(tmp_path: Path, monkeypatch):
     p = write_trace(tmp_path / "t.json", {"traceEvents": [
         {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1, "dur": 1, "args": {"grid": [2**70, 1, 1]}},
@@ -337,6 +326,10 @@ SCANNER_BUGS = {
 }
 
 
+#: Divergences not fixed yet (the others were fixed; their cases stay as regression tests).
+STILL_OPEN = {"lone-surrogate-name"}
+
+
 def _event_case(event_text: str) -> str:
     events = [json.dumps(_kernel(i)) for i in range(6)]
     events[2] = event_text
@@ -354,7 +347,8 @@ def test_scanner_equals_msgspec_path_on_crafted_events(tmp_path: Path, event: st
 
 @pytest.mark.parametrize("event, why", list(SCANNER_BUGS.values()), ids=list(SCANNER_BUGS))
 def test_scanner_divergences(tmp_path: Path, event: str, why: str, request):
-    request.node.add_marker(pytest.mark.xfail(strict=True, reason=f"bug: scanner vs msgspec path: {why}"))
+    if request.node.callspec.id in STILL_OPEN:
+        request.node.add_marker(pytest.mark.xfail(strict=True, reason=f"bug: scanner vs msgspec path: {why}"))
     try:
         fast, ref = _read_both(tmp_path, _event_case(event))
     except Exception as exc:     # not TraceError: a crash

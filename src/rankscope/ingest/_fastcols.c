@@ -198,8 +198,8 @@ static PyObject *columnize(PyObject *self, PyObject *args) {
                     PyErr_Clear();
                 } else if (v != NULL && PyFloat_CheckExact(v)) {
                     double d = PyFloat_AS_DOUBLE(v) * 1000.0;
-                    if (isfinite(d) && fabs(d) < 9.2e18) ns = llround(d);
-                } else if (v != NULL && v != Py_None && PyNumber_Check(v)) {
+                    if (isfinite(d) && fabs(d) < 9.2e18) ns = (long long)nearbyint(d);   /* half to even */
+                } else if (v != NULL && v != Py_None && !PyBool_Check(v) && PyNumber_Check(v)) {
                     /* decimal.Decimal (exact text of the number): round(v * 1000), half to even */
                     PyObject *thousand = PyLong_FromLong(1000);
                     PyObject *scaled = thousand ? PyNumber_Multiply(v, thousand) : NULL;
@@ -269,7 +269,8 @@ static PyObject *columnize(PyObject *self, PyObject *args) {
                     long long acc = 1, x;
                     Py_ssize_t m = PyList_GET_SIZE(v), i;
                     for (i = 0; i < m; i++) {
-                        if (!as_int64(PyList_GET_ITEM(v, i), &x)) break;
+                        PyObject *item = PyList_GET_ITEM(v, i);
+                        if (!PyLong_CheckExact(item) || !as_int64(item, &x)) break;    /* ints only */
                         acc *= x;
                     }
                     if (i == m) prod = acc;
@@ -657,9 +658,16 @@ static int decimal_us_to_ns(const char *p, const char *end, const char **stop, l
 
 /* Parse the value at ps->p and store it into column `col` at row `row`. -1: error (ps->error set
    for a syntax error, or a Python exception set). */
+static void set_default(column_t *col, Py_ssize_t row);
+
 static int store_value(parser_t *ps, column_t *col, Py_ssize_t row) {
     char c = ps->p < ps->end ? *ps->p : 0;
     char k = col->kind;
+    set_default(col, row);          /* a repeated key: the last value wins, as in a decoder */
+    if (k == 't' && c != '"' && c != '-' && (c < '0' || c > '9')) {
+        ps->error = 1;              /* ts/dur that is not a number: the reference path decides */
+        return -1;
+    }
     if (k == 'r') {
         const char *start = ps->p;
         if (skip_value(ps, 1) < 0) return -1;
@@ -759,8 +767,9 @@ static int store_value(parser_t *ps, column_t *col, Py_ssize_t row) {
         switch (k) {
         case 'f':
             if (t == V_INT) ((double *)col->data)[row] = (double)iv;
-            else if (t == V_FLOAT) ((double *)col->data)[row] = dv;
-            return 0;   /* V_BIGINT: msgspec gives a Python int; as_double would convert it.  */
+            else if (t == V_FLOAT && isfinite(dv)) ((double *)col->data)[row] = dv;
+            else if (t == V_BIGINT) { ps->error = 1; return -1; }   /* rare: the reference path decides */
+            return 0;
         case 'i':
             if (t == V_INT) ((int64_t *)col->data)[row] = iv;
             else if (t == V_FLOAT && isfinite(dv) && fabs(dv) <= 9.2e18) ((int64_t *)col->data)[row] = (long long)dv;
@@ -775,7 +784,7 @@ static int store_value(parser_t *ps, column_t *col, Py_ssize_t row) {
     return skip_value(ps, 1);     /* true/false/null/object/array: default */
 }
 
-static inline void set_default(column_t *col, Py_ssize_t row) {
+static void set_default(column_t *col, Py_ssize_t row) {
     switch (col->kind) {
     case 'f': ((double *)col->data)[row] = col->dflt_f; break;
     case 's': case 'r': ((int32_t *)col->data)[row] = -1; break;
@@ -811,7 +820,8 @@ static int scan_members(parser_t *ps, const keymap_t *map, column_t *cols, Py_ss
         ps->p++;
         skip_ws(ps);
         if (ps->p >= ps->end) { ps->error = 1; return -1; }
-        int slot = esc ? -1 : keymap_find(map, key, klen);
+        if (esc) { ps->error = 1; return -1; }      /* escaped key: the reference path decides */
+        int slot = keymap_find(map, key, klen);
         if (args_map != NULL && !esc && klen == 4 && memcmp(key, "args", 4) == 0) {
             /* the nested object: last "args" wins, like a decoder filling a field twice */
             if (*args_seen) {

@@ -61,7 +61,10 @@ def _convert(v: Any, spec: Col) -> float | int:
             return ns if abs(ns) < 2**63 else int(default)
         return int(default)
     if kind == "f":
-        return float(v) if type(v) in (int, float) else float(default)
+        try:
+            return float(v) if type(v) in (int, float) else float(default)
+        except OverflowError:
+            return float(default)
     if kind == "i":
         if type(v) is int and -2**63 <= v < 2**63:
             return v
@@ -87,8 +90,11 @@ def _convert(v: Any, spec: Col) -> float | int:
             return -1
         return _code(spec.table, text)
     if kind == "p":
-        if type(v) is list and v and all(type(x) is int for x in v):
-            return int(np.prod(v, dtype=np.int64))
+        if type(v) is list and v and all(type(x) is int and -2**63 <= x < 2**63 for x in v):
+            product = 1
+            for x in v:
+                product = (product * x + 2**63) % 2**64 - 2**63     # int64 wrap-around, like C
+            return product
         return int(default)
     raise ValueError(f"unknown column kind {kind!r}")
 

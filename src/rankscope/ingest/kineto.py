@@ -271,6 +271,8 @@ class _Accumulator:
     use_scanner: bool = True
     bad_events: int = 0         # not objects, or unusable: skipped
     repaired_events: int = 0    # kept without their badly typed fields
+    invalid_utf8_chunks: int = 0     # chunks whose invalid UTF-8 bytes were replaced by U+FFFD
+    replaced_utf8_chunk: bool = False
     n_events: int = 0           # trace events of every phase
     n_x: int = 0                # complete events so far (= next `row`)
     phase_counts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
@@ -415,7 +417,17 @@ def _decode_chunk(body: bytes | memoryview, acc: _Accumulator) -> None:
             events = _decode_leniently(bytes(body), acc)
     except msgspec.DecodeError as exc:
         m = _MSGSPEC_BYTE.search(str(exc))
-        raise _JSONError(stopped if stopped >= 0 else (int(m.group(1)) if m else None)) from None
+        raise _JSONError(int(m.group(1)) if m else (stopped if stopped >= 0 else None)) from None
+    except UnicodeDecodeError:             # invalid UTF-8 in a string: keep the events, mark the bytes
+        if acc.replaced_utf8_chunk:
+            raise _JSONError(None) from None
+        acc.invalid_utf8_chunks += 1
+        acc.replaced_utf8_chunk = True
+        try:
+            _decode_chunk(bytes(body).decode("utf-8", "replace").encode("utf-8"), acc)
+        finally:
+            acc.replaced_utf8_chunk = False
+        return
     acc.add(events)
 
 
@@ -601,7 +613,7 @@ def _parse_header(header_bytes: bytes) -> dict:
     if not text.strip():
         return {}
     try:
-        h = _decode_header(text + b"}")
+        h = _decode_header(text.decode("utf-8", "replace").encode("utf-8") + b"}")
     except (msgspec.DecodeError, msgspec.ValidationError):
         return {}   # an unreadable header loses metadata (rank from the file name), not events
     return {k: getattr(h, k) for k in h.__struct_fields__ if getattr(h, k) is not None}
@@ -736,6 +748,8 @@ def _build(path: Path, size: int, parsed: _Parsed, header: dict) -> RankTrace:
     span = (int(ts.min()), int((ts + dur).max())) if len(ts) else None
     if acc.bad_events:
         problems.append(f"{acc.bad_events} malformed events skipped")
+    if acc.invalid_utf8_chunks:
+        problems.append("invalid UTF-8 in event strings, replaced by U+FFFD")
     if acc.repaired_events:
         problems.append(f"{acc.repaired_events} events with badly typed fields kept without those fields")
     if parsed.cut_at_byte is not None:
