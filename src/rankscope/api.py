@@ -16,6 +16,7 @@ from typing import Callable, Iterator
 
 from rankscope import engine as engines
 from rankscope.analyses.overview import RankSummary, summarize_rank
+from rankscope.analyses.stragglers import CrossRank, cross_rank
 import msgspec
 
 from rankscope.analyses import code_fingerprint
@@ -46,6 +47,7 @@ class Analysis:
     ranks: list[RankSummary]                       # sorted by rank
     problems: list[InputProblem] = field(default_factory=list)   # files skipped or salvaged
     engine: str = "inprocess"
+    cross: CrossRank | None = None                 # collectives, clock alignment, stragglers, alpha-beta
 
     @property
     def skipped(self) -> list[InputProblem]:
@@ -129,7 +131,12 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
     problems += [InputProblem(f, why) for f, why in duplicates]
     for s in kept:
         problems += [InputProblem(s.meta.file, p, fatal=False) for p in s.meta.problems]
-    return Analysis(job=_job_info(kept, rank_warnings), ranks=kept, problems=problems, engine=chosen)
+        if s.collectives is not None:
+            s.collectives.rank = s.rank
+    with_coll = [s.collectives for s in kept if s.collectives is not None]
+    cross = cross_rank(with_coll) if with_coll else None
+    return Analysis(job=_job_info(kept, rank_warnings), ranks=kept, problems=problems, engine=chosen,
+                    cross=cross)
 
 
 def _size(p: Path) -> int:

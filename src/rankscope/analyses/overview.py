@@ -15,6 +15,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.breakdown import CATEGORIES, classify_timeline, step_breakdown
+from rankscope.analyses.collectives import RankCollectives, rank_collectives
 from rankscope.analyses.dataloader import dataloader_share
 from rankscope.analyses.gaps import GapSummary, idle_gaps
 from rankscope.analyses.idle import idle_time_breakdown
@@ -69,6 +70,7 @@ class RankSummary:
     hta: dict | None = None           # HTA-parity figures: temporal, overlap, idle, launch, queue, memory_bw
     kernels: dict | None = None       # kernel classes, top kernels, occupancy, Tensor Core / FP32 GEMM share
     operators: dict | None = None     # top ops by self device / CPU time, grouped by name
+    collectives: RankCollectives | None = None   # this rank's collectives, for the cross-rank reduce
     from_cache: bool = False
 
     @property
@@ -111,6 +113,7 @@ def summarize_rank(trace: RankTrace) -> RankSummary:
         kernels=as_plain({"breakdown": kernel_breakdown(trace, top_k=TOP_N), "stats": kernel_stats(trace, top_n=TOP_N)})
         if len(dev) else None,
         operators=as_plain(operator_stats(trace, top_n=TOP_N)),
+        collectives=rank_collectives(trace, timeline, windows),
     )
 
 

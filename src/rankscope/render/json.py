@@ -20,6 +20,19 @@ def _r(x: float | None, nd: int = 3) -> float | None:
     return None if x is None else round(x, nd)
 
 
+def _cross(a: Analysis) -> dict:
+    """collectives and stragglers (stable), plus the clock alignment, load balance and per-rank
+    straggler statistics (extras)."""
+    if a.cross is None:
+        return {"collectives": {"count": 0, "by_type": [], "alpha_beta": []}, "stragglers": [],
+                "straggler_verdict": "no collectives in the trace: nothing to compare across ranks",
+                "load_balance": None, "clock": None, "rank_stats": []}
+    d = a.cross.as_dict()
+    return {"collectives": d["collectives"], "stragglers": d["stragglers"],
+            "straggler_verdict": d["straggler_verdict"], "load_balance": d["load_balance"],
+            "clock": d["clock"], "rank_stats": d["ranks"], "straggler_thresholds": d["thresholds"]}
+
+
 def _temporal_pct(hta: dict | None) -> dict | None:
     if not hta:
         return None
@@ -85,7 +98,6 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
         },
         "ranks": ranks,
         "steps": steps,
-        "collectives": {"count": None, "by_type": [], "alpha_beta": []},
-        "stragglers": [],
+        **_cross(a),
         "findings": [],
     }

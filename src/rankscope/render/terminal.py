@@ -49,6 +49,7 @@ def render_analysis(a: Analysis, console: Console) -> None:
     _more(a, shown, console)
     _breakdown_table(a, shown, console)
     _details_table(shown, console)
+    _cross_section(a, console)
     _highlights(a, console)
 
     for w in j.warnings:
@@ -99,6 +100,34 @@ def _details_table(shown: list, console: Console) -> None:
     console.print(table)
 
 
+def _cross_section(a: Analysis, console: Console) -> None:
+    if a.cross is None:
+        return
+    d = a.cross.as_dict()
+    console.print(f"[bold]Across ranks:[/] {d['straggler_verdict']}", highlight=False)
+    if d["stragglers"]:
+        table = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+        for col, just in (("rank", "right"), ("cause", "left"), ("cost ms/step", "right"), ("last at", "right"),
+                          ("others wait ms/step", "right")):
+            table.add_column(col, justify=just)
+        for st in d["stragglers"]:
+            table.add_row(str(st["rank"]), st["cause"], _ms(st["cost_ms_per_step"]), _pct(st["last_arrival_pct"]),
+                          _ms(st["wait_imposed_ms_per_step"]))
+        console.print(table)
+        for st in d["stragglers"]:
+            console.print(f"  rank {st['rank']}: {st['evidence']}", highlight=False)
+    c = d["collectives"]
+    types = "; ".join(f"{t['type']} x{t['count']} (skew mean {t['skew_mean_ms']:,.2f} / max {t['skew_max_ms']:,.2f} ms"
+                      + (f", busbw {t['busbw_mean_gbps']:,.1f} GB/s" if t.get("busbw_mean_gbps") else "") + ")"
+                      for t in c["by_type"][:4])
+    console.print(f"  collectives: {c['count']} matched across ranks ({c['complete']} on every member)"
+                  + (f": {types}" if types else ""), highlight=False)
+    if d["load_balance"]:
+        console.print(f"  load balance: {d['load_balance']['summary']}", highlight=False)
+    if d["clock"]:
+        console.print(f"  clocks: {d['clock']['note']}", highlight=False)
+
+
 def _highlights(a: Analysis, console: Console) -> None:
     """The rank with the most GPU idle-gap time: its longest gaps, top kernels and ops."""
     with_gaps = [s for s in a.ranks if s.gaps and s.gaps.gaps]
@@ -118,7 +147,7 @@ def _highlights(a: Analysis, console: Console) -> None:
         k = s.kernels["stats"]["kernels"]
         top = ", ".join(f"{_short(n)} {ms:,.1f} ms" for n, ms in list(zip(k["name"], k["total_ms"]))[:3])
         console.print(f"[bold]Top kernels[/] (rank {s.rank}): {top}", highlight=False)
-    ops = [s for s in a.ranks if s.operators and s.operators["by_self_device"]["name"]]
+    ops = [s for s in a.ranks if s.has_device and s.operators and s.operators["by_self_device"]["name"]]
     if ops:
         s = ops[0]
         o = s.operators["by_self_device"]
