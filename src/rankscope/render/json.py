@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 
 from rankscope.analyses.breakdown import CATEGORIES as BREAKDOWN_CATEGORIES
-from rankscope.analyses.overview import step_time_stats
+from rankscope.analyses.overview import as_plain, step_time_stats
 from rankscope.api import Analysis
 
 SCHEMA = "rankscope.analysis/1"
@@ -27,7 +27,7 @@ def _cross(a: Analysis) -> dict:
         return {"collectives": {"count": 0, "by_type": [], "alpha_beta": []}, "stragglers": [],
                 "straggler_verdict": "no collectives in the trace: nothing to compare across ranks",
                 "load_balance": None, "clock": None, "rank_stats": []}
-    d = a.cross.as_dict()
+    d = as_plain(a.cross.as_dict())
     return {"collectives": d["collectives"], "stragglers": d["stragglers"],
             "straggler_verdict": d["straggler_verdict"], "load_balance": d["load_balance"],
             "clock": d["clock"], "rank_stats": d["ranks"], "straggler_thresholds": d["thresholds"]}
