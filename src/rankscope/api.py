@@ -24,7 +24,7 @@ from rankscope.ingest import Cache, TraceError, load_rank
 from rankscope.ingest.cache import content_key
 from rankscope.ingest.kineto import read_kineto
 from rankscope.ingest.discover import assign_ranks, discover
-from rankscope.model import InputProblem, RankTrace
+from rankscope.model import InputProblem, RankMeta, RankTrace
 
 
 @dataclass
@@ -94,11 +94,69 @@ def _rank_task(task: _Task) -> RankSummary | InputProblem:
         return InputProblem(task.path, f"internal error while reading: {type(exc).__name__}: {exc}")
 
 
-def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True,
-            engine: str = "auto", workers: int | None = None,
-            on_progress: Callable[[int, int, str], None] | None = None) -> Analysis:
-    """Analyse a job: a folder of per-rank traces, one file, or a list of either.
-    `on_progress(done, total, file)` is called as ranks finish."""
+def _load_task(task: _Task) -> RankMeta | InputProblem:
+    """Ingest only (parse, or find in the cache): the rank's metadata. Never raises for bad input."""
+    try:
+        if not task.use_cache:
+            return read_kineto(task.path)[0].meta
+        cache = Cache(task.cache_dir)
+        key = content_key(task.path)
+        meta = cache.get_meta(key, task.path)
+        if meta is None:
+            trace, _ = load_rank(task.path, cache, key=key)
+            meta = trace.meta
+        return meta
+    except TraceError as exc:
+        return InputProblem(task.path, str(exc))
+    except OSError as exc:
+        return InputProblem(task.path, f"cannot read: {exc.strerror or exc}")
+    except MemoryError:
+        return InputProblem(task.path, "out of memory while reading this file")
+    except Exception as exc:
+        return InputProblem(task.path, f"internal error while reading: {type(exc).__name__}: {exc}")
+
+
+@dataclass
+class Ingest:
+    """What `load` / `validate` find: per kept file its metadata (rank assigned), the problems."""
+    ranks: list[RankMeta]
+    problems: list[InputProblem]
+    warnings: list[str]
+    engine: str
+
+    @property
+    def skipped(self) -> list[InputProblem]:
+        return [p for p in self.problems if p.fatal]
+
+
+def ingest(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True,
+           engine: str = "auto", workers: int | None = None,
+           on_progress: Callable[[int, int, str], None] | None = None) -> Ingest:
+    """Read (or find in the cache) every rank of a job without analysing it."""
+    metas, problems, chosen = _map_files(inputs, _load_task, cache_dir, use_cache, engine, workers, on_progress)
+    kept, warnings, rank_problems = _assign(metas)
+    return Ingest(kept, problems + rank_problems, warnings + _coverage(kept)[2], chosen)
+
+
+def _assign(metas: list[RankMeta]) -> tuple[list[RankMeta], list[str], list[InputProblem]]:
+    """Ranks for the files read: sets rank/rank_source on the kept ones (sorted by rank); returns
+    them, warnings, and the problems (duplicates skipped, per-file warnings of the kept)."""
+    metas = sorted(metas, key=lambda m: m.file)
+    assignments, warnings, duplicates = assign_ranks([m.file for m in metas], [m.dist_rank for m in metas],
+                                                     [not m.salvaged for m in metas])
+    by_file = {m.file: m for m in metas}
+    kept = []
+    for a in assignments:
+        m = by_file[a.file]
+        m.rank, m.rank_source = a.rank, a.source
+        kept.append(m)
+    problems = [InputProblem(f, why) for f, why in duplicates]
+    problems += [InputProblem(m.file, p, fatal=False) for m in kept for p in m.problems]
+    return kept, warnings, problems
+
+
+def _map_files(inputs, task_fn, cache_dir, use_cache, engine, workers, on_progress) -> tuple[list, list, str]:
+    """Discover the files and map `task_fn` over them: (results, problems, engine used)."""
     items = inputs if isinstance(inputs, list) else [inputs]
     found = discover(items)
     problems = [InputProblem(str(f), why, fatal=False) for f, why in found.ignored]
@@ -115,22 +173,23 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
         if on_progress:
             on_progress(done, len(tasks), tasks[i].path)
 
-    results = engines.map_ranks(_rank_task, tasks, engine=chosen, workers=workers, on_done=progress)
-    summaries = [r for r in results if isinstance(r, RankSummary)]
+    results = engines.map_ranks(task_fn, tasks, engine=chosen, workers=workers, on_done=progress)
     problems += [r for r in results if isinstance(r, InputProblem)]
-    summaries.sort(key=lambda s: s.meta.file)
-    assignments, rank_warnings, duplicates = assign_ranks(
-        [s.meta.file for s in summaries], [s.meta.dist_rank for s in summaries],
-        [not s.meta.salvaged for s in summaries])
+    return [r for r in results if not isinstance(r, InputProblem)], problems, chosen
+
+
+def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True,
+            engine: str = "auto", workers: int | None = None,
+            on_progress: Callable[[int, int, str], None] | None = None) -> Analysis:
+    """Analyse a job: a folder of per-rank traces, one file, or a list of either.
+    `on_progress(done, total, file)` is called as ranks finish."""
+    summaries, problems, chosen = _map_files(inputs, _rank_task, cache_dir, use_cache, engine, workers,
+                                             on_progress)
+    kept_metas, rank_warnings, rank_problems = _assign([s.meta for s in summaries])
     by_file = {s.meta.file: s for s in summaries}
-    kept = []
-    for a in assignments:
-        s = by_file[a.file]
-        s.meta.rank, s.meta.rank_source = a.rank, a.source
-        kept.append(s)
-    problems += [InputProblem(f, why) for f, why in duplicates]
+    kept = [by_file[m.file] for m in kept_metas]
+    problems += rank_problems
     for s in kept:
-        problems += [InputProblem(s.meta.file, p, fatal=False) for p in s.meta.problems]
         if s.collectives is not None:
             s.collectives.rank = s.rank
     with_coll = [s.collectives for s in kept if s.collectives is not None]
@@ -146,17 +205,25 @@ def _size(p: Path) -> int:
         return 0
 
 
-def _job_info(ranks: list[RankSummary], warnings: list[str]) -> JobInfo:
-    warnings = list(warnings)
-    world_sizes = {r.meta.world_size for r in ranks if r.meta.world_size}
-    world = max(world_sizes) if world_sizes else (len(ranks) or None)
+def _coverage(metas: list[RankMeta]) -> tuple[int | None, list[int], list[str]]:
+    """World size, missing ranks and the warnings about them."""
+    warnings = []
+    world_sizes = {m.world_size for m in metas if m.world_size}
+    world = max(world_sizes) if world_sizes else (len(metas) or None)
     if len(world_sizes) > 1:
         warnings.append(f"ranks disagree on world size: {sorted(world_sizes)}")
-    rank_ids = [r.rank for r in ranks]
-    missing = sorted(set(range(world or 0)) - set(rank_ids)) if world else []
-    if missing and ranks:
+    present = {m.rank for m in metas}
+    missing = sorted(set(range(world or 0)) - present) if world else []
+    if missing and metas:
         shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
-        warnings.append(f"{len(rank_ids)} of {world} ranks present; missing: {shown}")
+        warnings.append(f"{len(present)} of {world} ranks present; missing: {shown}")
+    return world, missing, warnings
+
+
+def _job_info(ranks: list[RankSummary], warnings: list[str]) -> JobInfo:
+    world, missing, coverage = _coverage([r.meta for r in ranks])
+    warnings = list(warnings) + coverage
+    rank_ids = [r.rank for r in ranks]
     backends = sorted({r.meta.backend for r in ranks if r.meta.backend})
     steps = sorted({s["step"] for r in ranks for s in r.steps if r.steps_source == "profiler_step"})
     sources = {r.steps_source for r in ranks}
@@ -200,9 +267,11 @@ class Job:
         return len(self.files)
 
 
-def load(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True) -> Job:
-    """Discover a job's trace files and their ranks without holding any rank's events."""
-    analysis = analyze(inputs, cache_dir=cache_dir, use_cache=use_cache)
+def load(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True,
+         engine: str = "auto") -> Job:
+    """Read a job's trace files (in parallel, into the cache) and assign ranks, without analysing
+    them; `job.rank(r)` then returns a rank's frames (from the cache when it is on)."""
+    found = ingest(inputs, cache_dir=cache_dir, use_cache=use_cache, engine=engine)
     cache = Cache(cache_dir) if use_cache else None
-    return Job(files={s.rank: s.meta.file for s in analysis.ranks}, cache=cache,
-               warnings=analysis.job.warnings + [str(p) for p in analysis.problems])
+    return Job(files={m.rank: m.file for m in found.ranks}, cache=cache,
+               warnings=found.warnings + [str(p) for p in found.problems])

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rankscope import __version__
-from rankscope.api import Analysis, analyze
+from rankscope.api import analyze, ingest
 from rankscope.engine import ENGINES
 from rankscope.ingest.cache import default_cache_dir
 
@@ -25,25 +25,25 @@ def _err(message: str) -> None:
     click.echo(f"rankscope: {message}", err=True)
 
 
-def _run_analysis(paths: tuple[str, ...], cache_dir: str | None, no_cache: bool, engine: str,
-                  workers: int | None, quiet: bool) -> Analysis:
+def _with_progress(run, quiet: bool, label: str):
+    """Call run(on_progress) with a progress bar on stderr (when it is a terminal); print every
+    input problem on stderr, one line each."""
     stderr = Console(stderr=True)
     show = not quiet and stderr.is_terminal
-    with Progress(TextColumn("loading ranks"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=stderr, transient=True, disable=not show) as bar:
-        task = bar.add_task("load", total=None)
+        task = bar.add_task(label, total=None)
 
         def progress(done: int, total: int, _file: str) -> None:
             bar.update(task, completed=done, total=total)
 
-        result = analyze(list(paths), cache_dir=cache_dir, use_cache=not no_cache, engine=engine,
-                         workers=workers, on_progress=progress)
+        result = run(progress)
     for p in result.problems:
         _err(str(p) if p.fatal else f"warning: {p}")
     return result
 
 
-def _exit_code(result: Analysis) -> int:
+def _exit_code(result) -> int:
     if not result.ranks:
         _err("no usable trace found" + ("" if result.problems else " (give a folder of *.pt.trace.json[.gz] files)"))
         return EXIT_NOTHING
@@ -87,7 +87,9 @@ def analyze_cmd(paths, demo, cache_dir, no_cache, engine, workers, as_json, quie
         paths = (str(demo_job_dir(Path(cache_dir) if cache_dir else default_cache_dir())),) + tuple(paths)
     if not paths:
         raise click.UsageError("give a folder of traces (or files), or --demo")
-    result = _run_analysis(paths, cache_dir, no_cache, engine, workers, quiet)
+    result = _with_progress(lambda progress: analyze(list(paths), cache_dir=cache_dir, use_cache=not no_cache,
+                                                     engine=engine, workers=workers, on_progress=progress),
+                            quiet, "analysing ranks")
     code = _exit_code(result)
     if result.ranks:
         if as_json:
@@ -105,16 +107,18 @@ def analyze_cmd(paths, demo, cache_dir, no_cache, engine, workers, as_json, quie
 @common_options
 def validate_cmd(paths, cache_dir, no_cache, engine, workers, as_json, quiet) -> None:
     """Check trace files before sharing them: rank, format, events, steps, problems per file."""
-    result = _run_analysis(paths, cache_dir, no_cache, engine, workers, quiet)
-    from rankscope.render.validate import validation_rows, render_validation
+    result = _with_progress(lambda progress: ingest(list(paths), cache_dir=cache_dir, use_cache=not no_cache,
+                                                    engine=engine, workers=workers, on_progress=progress),
+                            quiet, "reading ranks")
+    from rankscope.render.validate import render_validation, validation_rows
     rows = validation_rows(result)
     if as_json:
         sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(
-            {"schema": "rankscope.validate/1", "files": rows, "job_warnings": result.job.warnings}), indent=1))
+            {"schema": "rankscope.validate/1", "files": rows, "job_warnings": result.warnings}), indent=1))
         sys.stdout.write("\n")
     else:
-        render_validation(rows, result.job.warnings, Console(highlight=False))
-    sys.exit(_exit_code(result) if result.ranks else EXIT_NOTHING)
+        render_validation(rows, result.warnings, Console(highlight=False))
+    sys.exit(_exit_code(result))
 
 
 @main.command("synth")

@@ -130,6 +130,8 @@ class RankMeta:
     salvaged: bool = False                # the file was cut or corrupt; events before the cut kept
     problems: list[str] = field(default_factory=list)
     size_bytes: int = 0
+    device_events: int = 0                # kernels + memcpy + memset
+    profiler_steps: int = 0               # distinct ProfilerStep#N marks on the host
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)

@@ -546,7 +546,7 @@ def match_collectives(ranks: Sequence[RankCollectives], offsets_ns: dict[int, in
     # sort members by arrival inside each collective: the last row is the last arriver (ties: lower rank first)
     m = m.sort(KEY + ["start_ns", "rank"])
     g = m.group_by(KEY, maintain_order=True).agg(
-        pl.col("type").mode().first().alias("type"),
+        pl.col("type").mode().sort().first().alias("type"),
         pl.col("step").max().alias("step"),
         pl.len().alias("n_ranks"),
         pl.col("group_size").max().alias("group_size_arg"),
@@ -632,7 +632,7 @@ def summarize_collectives(table: CollectiveTable, by: Sequence[str] = ("type", "
         (pl.col("skew_ns").max() / NS_PER_MS).alias("skew_max_ms"),
         (pl.col("bytes").filter(known).sum() / pl.col("transfer_ns").filter(known).sum()).alias("algbw_gbps"),
         (pl.col("busbw_gbps").filter(known).mean()).alias("busbw_mean_gbps"),
-        pl.col("last_rank").mode().first().alias("most_often_last"),
+        pl.col("last_rank").mode().min().alias("most_often_last"),      # ties: the lowest rank
     ).sort(list(by))
     return out
 

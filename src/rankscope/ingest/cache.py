@@ -21,7 +21,7 @@ import polars as pl
 from rankscope.model import FRAME_NAMES, RankMeta, RankTrace
 
 #: Bump when the parser's output changes: old entries are then ignored.
-PARSER_VERSION = "2"
+PARSER_VERSION = "3"
 _EDGE_BYTES = 1 << 20
 
 
@@ -52,6 +52,18 @@ class Cache:
 
     def _entry(self, key: str) -> Path:
         return self.root / key[:2] / key
+
+    def get_meta(self, key: str, file: str) -> RankMeta | None:
+        """Only the metadata of a cached rank (no frames read)."""
+        entry = self._entry(key)
+        try:
+            meta = RankMeta.from_dict(json.loads((entry / "meta.json").read_text()))
+        except Exception:
+            return None
+        if not all((entry / f"{name}.parquet").exists() for name in FRAME_NAMES):
+            return None
+        meta.file = file
+        return meta
 
     def get(self, key: str, file: str) -> RankTrace | None:
         entry = self._entry(key)

@@ -25,8 +25,8 @@ import numpy as np
 import polars as pl
 
 from rankscope.ingest.columns import Col, columnize, scan_json
-from rankscope.model import (CATEGORY_KINDS, DEVICE_KINDS, Kind, KernelClass, RankMeta, RankTrace,
-                             classify_names)
+from rankscope.model import (CATEGORY_KINDS, DEVICE_KINDS, PROFILER_STEP_PATTERN, Kind, KernelClass, RankMeta,
+                             RankTrace, classify_names)
 
 CHUNK_BYTES = 4 << 20          # decompressed bytes decoded at once (transient memory ~6x this)
 HEADER_LIMIT = 64 << 20        # give up looking for "traceEvents" after this many bytes
@@ -737,6 +737,7 @@ def _build(path: Path, size: int, parsed: _Parsed, header: dict) -> RankTrace:
         "stream": acc.take("x", "stream"), "correlation": corr,
         "external_id": acc.take("x", "external_id"), "kclass": kclass.astype(np.uint8),
     })
+    n_profiler_steps = _profiler_steps(names, name_codes, kind)
     del name_codes, kclass
 
     text = _categories(_inverse(t.text))
@@ -773,10 +774,18 @@ def _build(path: Path, size: int, parsed: _Parsed, header: dict) -> RankTrace:
         base_time_ns=_int_or_none(header.get("baseTimeNanoseconds")),
         display_time_unit=header.get("displayTimeUnit") if isinstance(header.get("displayTimeUnit"), str) else None,
         events_total=acc.n_events, phase_counts=phase_counts,
+        device_events=int(is_dev.sum()), profiler_steps=n_profiler_steps,
         thread_names=threads, process_names=processes,
         span_ns=span, salvaged=parsed.cut_at_byte is not None, problems=problems, size_bytes=size,
     )
     return RankTrace(meta=meta, events=events, memory=memory, flows=flows, **side)
+
+
+def _profiler_steps(names: list[str], name_codes: np.ndarray, kind: np.ndarray) -> int:
+    step = re.compile(PROFILER_STEP_PATTERN)
+    is_step = np.array([bool(step.match(n)) for n in names] + [False], dtype=bool)
+    host = np.isin(kind, [int(Kind.CPU_OP), int(Kind.USER_ANNOTATION)])
+    return int(len(np.unique(name_codes[host & is_step[name_codes]])))
 
 
 def _format_of(cat_table: dict) -> str:

@@ -6,20 +6,19 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from rankscope.api import Analysis
+from rankscope.api import Ingest
 
 
-def validation_rows(a: Analysis) -> list[dict]:
+def validation_rows(found: Ingest) -> list[dict]:
     rows = []
     notes: dict[str, list[str]] = {}
-    for p in a.problems:
+    for p in found.problems:
         notes.setdefault(p.file, []).append(p.problem)
-    for s in a.ranks:
-        rows.append({"file": s.meta.file, "ok": True, "rank": s.rank, "rank_source": s.meta.rank_source,
-                     "format": s.meta.format, "events": s.meta.events_total, "device_events": s.device_events,
-                     "steps": len(s.steps) if s.steps_source == "profiler_step" else 0,
-                     "salvaged": s.meta.salvaged, "problems": notes.pop(s.meta.file, [])})
-    for p in a.problems:
+    for m in found.ranks:
+        rows.append({"file": m.file, "ok": True, "rank": m.rank, "rank_source": m.rank_source,
+                     "format": m.format, "events": m.events_total, "device_events": m.device_events,
+                     "steps": m.profiler_steps, "salvaged": m.salvaged, "problems": notes.pop(m.file, [])})
+    for p in found.problems:
         if p.file in notes and p.fatal:
             rows.append({"file": p.file, "ok": False, "rank": None, "rank_source": None, "format": None,
                          "events": 0, "device_events": 0, "steps": 0, "salvaged": False,
