@@ -74,7 +74,7 @@ def _more(a: Analysis, shown: list, console: Console) -> None:
 
 
 def _details_table(shown: list, console: Console) -> None:
-    ranks = [s for s in shown if s.hta or s.dataloader]
+    ranks = [s for s in shown if s.hta]           # GPU ranks: CPU-only jobs have none of these figures
     if not ranks:
         return
     table = Table(title="Per rank: GPU use, HTA figures, data loading, precision", title_justify="left",
@@ -101,7 +101,7 @@ def _details_table(shown: list, console: Console) -> None:
 
 
 def _cross_section(a: Analysis, console: Console) -> None:
-    if a.cross is None:
+    if a.cross is None or len(a.ranks) < 2:
         return
     d = a.cross.as_dict()
     console.print(f"[bold]Across ranks:[/] {d['straggler_verdict']}", highlight=False)
