@@ -10,6 +10,7 @@ the cross-rank part works on the small summaries only.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -61,59 +62,60 @@ class _Task:
     use_cache: bool
 
 
+def _one_line_errors(task_fn):
+    """A per-rank task never raises: bad input, and even a bug, becomes one InputProblem line, so
+    one rank never takes the others down."""
+    @functools.wraps(task_fn)
+    def run(task: _Task):
+        try:
+            return task_fn(task)
+        except TraceError as exc:
+            return InputProblem(task.path, str(exc))
+        except OSError as exc:
+            return InputProblem(task.path, f"cannot read: {exc.strerror or exc}")
+        except MemoryError:
+            return InputProblem(task.path, "out of memory while reading this file")
+        except Exception as exc:
+            return InputProblem(task.path, f"internal error while reading: {type(exc).__name__}: {exc}")
+    return run
+
+
+@_one_line_errors
 def _rank_task(task: _Task) -> RankSummary | InputProblem:
-    """The per-rank map step (runs in a worker). Never raises for bad input.
-    With a cache, the summary itself is cached too (keyed by file content and analysis code)."""
-    try:
-        if not task.use_cache:
-            return summarize_rank(read_kineto(task.path)[0])
-        cache = Cache(task.cache_dir)
-        key = content_key(task.path)
-        blob_name = f"summary-{code_fingerprint()}.msgpack"
-        blob = cache.get_blob(key, blob_name)
-        if blob is not None:
-            try:
-                summary = msgspec.msgpack.decode(blob, type=RankSummary)
-                summary.meta.file = task.path
-                summary.from_cache = True
-                return summary
-            except msgspec.DecodeError:
-                pass                      # damaged: recompute and rewrite
-        trace, cached = load_rank(task.path, cache, key=key)
-        summary = summarize_rank(trace)
-        cache.put_blob(key, blob_name, msgspec.msgpack.encode(summary))
-        summary.from_cache = cached
-        return summary
-    except TraceError as exc:
-        return InputProblem(task.path, str(exc))
-    except OSError as exc:
-        return InputProblem(task.path, f"cannot read: {exc.strerror or exc}")
-    except MemoryError:
-        return InputProblem(task.path, "out of memory while reading this file")
-    except Exception as exc:  # a bug must not take the other ranks down; report it on one line
-        return InputProblem(task.path, f"internal error while reading: {type(exc).__name__}: {exc}")
+    """The per-rank map step (runs in a worker). With a cache, the summary itself is cached too
+    (keyed by file content and analysis code)."""
+    if not task.use_cache:
+        return summarize_rank(read_kineto(task.path)[0])
+    cache = Cache(task.cache_dir)
+    key = content_key(task.path)
+    blob_name = f"summary-{code_fingerprint()}.msgpack"
+    blob = cache.get_blob(key, blob_name)
+    if blob is not None:
+        try:
+            summary = msgspec.msgpack.decode(blob, type=RankSummary)
+            summary.meta.file = task.path
+            summary.from_cache = True
+            return summary
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            pass                      # damaged, or from an older layout: recompute and rewrite
+    trace, cached = load_rank(task.path, cache, key=key)
+    summary = summarize_rank(trace)
+    cache.put_blob(key, blob_name, msgspec.msgpack.encode(summary))
+    summary.from_cache = cached
+    return summary
 
 
+@_one_line_errors
 def _load_task(task: _Task) -> RankMeta | InputProblem:
-    """Ingest only (parse, or find in the cache): the rank's metadata. Never raises for bad input."""
-    try:
-        if not task.use_cache:
-            return read_kineto(task.path)[0].meta
-        cache = Cache(task.cache_dir)
-        key = content_key(task.path)
-        meta = cache.get_meta(key, task.path)
-        if meta is None:
-            trace, _ = load_rank(task.path, cache, key=key)
-            meta = trace.meta
-        return meta
-    except TraceError as exc:
-        return InputProblem(task.path, str(exc))
-    except OSError as exc:
-        return InputProblem(task.path, f"cannot read: {exc.strerror or exc}")
-    except MemoryError:
-        return InputProblem(task.path, "out of memory while reading this file")
-    except Exception as exc:
-        return InputProblem(task.path, f"internal error while reading: {type(exc).__name__}: {exc}")
+    """Ingest only (parse, or find in the cache): the rank's metadata."""
+    if not task.use_cache:
+        return read_kineto(task.path)[0].meta
+    cache = Cache(task.cache_dir)
+    key = content_key(task.path)
+    meta = cache.get_meta(key, task.path)
+    if meta is None:
+        meta = load_rank(task.path, cache, key=key)[0].meta
+    return meta
 
 
 @dataclass
