@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from rankscope.analyses.intervals import covered_between, union
+from rankscope.analyses.intervals import covered_between, sorted_unique, union
 from rankscope.analyses.steps import StepWindows, step_windows
 from rankscope.model import (DATALOADER_PATTERN, DEVICE_KINDS, PROFILER_STEP_PATTERN, Kind, KernelClass,
                              RankTrace)
@@ -181,7 +181,7 @@ def classify_timeline(trace: RankTrace, cuts: list[np.ndarray] | None = None) ->
         sets, tid = _device_sets(ev), None
     points = [a for u in sets.values() for a in u] + list(cuts or [])
     points = [p for p in points if len(p)]
-    bounds = np.unique(np.concatenate(points)) if points else np.zeros(0, np.int64)
+    bounds = sorted_unique(np.concatenate(points)) if points else np.zeros(0, np.int64)
     left, length = bounds[:-1], np.diff(bounds)
     m = {name: _member(u, left) for name, u in sets.items()}
     comp = m["comp"] & ~m["not_comp"] if cpu_only else m["comp"]

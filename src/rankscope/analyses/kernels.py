@@ -83,6 +83,7 @@ Pure functions: no printing, no file I/O. Results are small (top-N) frames.
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -150,6 +151,7 @@ SMEM_RESERVED_SM80 = 1024     # bytes per block, compute capability >= 8.0
 KINETO_SMEM_OPTIN_BYTES = 48 * 1024
 
 
+@functools.lru_cache(maxsize=1 << 16)      # the same kernel names recur on every rank
 def tensor_core_rule(name: str) -> tuple[bool | None, str | None, bool]:
     """(uses Tensor Cores, rule name, GEMM-like) for one kernel name (see module docstring)."""
     gemm = bool(re.search(GEMM_LIKE_PATTERN, name, re.I)) and not re.search(GEMM_LIKE_EXCLUDE, name, re.I)

@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import polars as pl
 
-from rankscope.analyses.intervals import union
+from rankscope.analyses.intervals import sorted_unique, union
 from rankscope.analyses.temporal import hta_scope
 from rankscope.model import DEVICE_KINDS, Kind, KernelClass, RankTrace
 
@@ -125,7 +125,7 @@ def _downsample(t: np.ndarray, v: np.ndarray, bins: int) -> dict[str, np.ndarray
     if t1 <= t0:
         return {"start": np.array([t0]), "max": np.array([float(v.max())]), "mean": np.array([float(v[-1])])}
     edges = np.linspace(t0, t1, bins + 1).round().astype(np.int64)
-    edges = np.unique(edges)
+    edges = sorted_unique(edges)
     nb = len(edges) - 1
     prefix, vv = _time_weighted(t, v.astype(np.float64))
     integ = _integral_to(t, prefix, vv, edges)

@@ -56,7 +56,7 @@ from functools import lru_cache
 import numpy as np
 import polars as pl
 
-from rankscope.analyses.intervals import covered_between, union
+from rankscope.analyses.intervals import covered_between, sorted_unique, union
 from rankscope.analyses.steps import StepWindows, step_windows
 from rankscope.model import Kind, RankTrace
 
@@ -289,7 +289,7 @@ def _decimate(ts: np.ndarray, series: list[np.ndarray], max_points: int) -> np.n
         first = np.flatnonzero(np.r_[True, sb[1:] != sb[:-1]])
         last = np.r_[first[1:] - 1, n - 1]
         picks += [order[first], order[last]]
-    return np.unique(np.concatenate(picks))
+    return sorted_unique(np.concatenate(picks))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -55,6 +55,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from rankscope.analyses.intervals import sorted_unique
 from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace
 
 NS_PER_MS = 1e6
@@ -231,7 +232,7 @@ class _Forest:
     def __init__(self, g: np.ndarray, s: np.ndarray, e: np.ndarray):
         self.g, self.s, self.e = g, s, e
         n = len(g)
-        self.uniq = np.unique(np.concatenate([s, e]))
+        self.uniq = sorted_unique(np.concatenate([s, e]))
         self.m = len(self.uniq) + 1
         self.ks = g * self.m + np.searchsorted(self.uniq, s)
         self.parent = np.full(n, -1, dtype=np.int64)
