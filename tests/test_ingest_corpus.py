@@ -5,7 +5,6 @@ file's own `distributedInfo`, or from MANIFEST.md's exact figures (stated where 
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 

@@ -104,7 +104,8 @@ def classify_names(names: list[str], kinds_present_gpu: np.ndarray) -> np.ndarra
 #: Step annotation, DataLoader span and synchronization names (used by analyses).
 PROFILER_STEP_PATTERN = r"^ProfilerStep#(\d+)$"
 DATALOADER_PATTERN = r"^enumerate\(DataLoader\)#.*__next__"
-SYNC_RUNTIME_PATTERN = r"(cuda|hip)(Device|Stream|Event)Synchronize|(cuda|hip)StreamWaitEvent"
+#: Host calls that block until the device catches up (`.item()`, explicit synchronize).
+BLOCKING_SYNC_PATTERN = r"^(cuda|hip)(Device|Stream|Event)Synchronize"
 
 
 @dataclass
@@ -169,9 +170,6 @@ class RankTrace:
 
     def frames(self) -> dict[str, pl.DataFrame]:
         return {name: getattr(self, name) for name in FRAME_NAMES}
-
-    def device_events(self) -> pl.DataFrame:
-        return self.events.filter(pl.col("kind").is_in([int(k) for k in DEVICE_KINDS]))
 
     def has_device_activity(self) -> bool:
         return self.events["kind"].is_in([int(k) for k in DEVICE_KINDS]).any()

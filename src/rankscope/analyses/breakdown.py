@@ -34,13 +34,11 @@ import polars as pl
 
 from rankscope.analyses.intervals import covered_between, sorted_unique, union
 from rankscope.analyses.steps import StepWindows, step_windows
-from rankscope.model import (DATALOADER_PATTERN, DEVICE_KINDS, PROFILER_STEP_PATTERN, Kind, KernelClass,
-                             RankTrace)
+from rankscope.model import (BLOCKING_SYNC_PATTERN, DATALOADER_PATTERN, DEVICE_KINDS, PROFILER_STEP_PATTERN, Kind,
+                             KernelClass, RankTrace)
 
 CATEGORIES = ("compute", "comm_overlapped", "comm_exposed", "memcpy", "dataloader", "sync", "host",
               "idle_other")
-#: Host calls that block until the device catches up (`.item()`, explicit synchronize).
-BLOCKING_SYNC_PATTERN = r"^(cuda|hip)(Device|Stream|Event)Synchronize"
 #: Host ops that are collectives, not computation (CPU-only jobs).
 HOST_COLLECTIVE_PATTERN = r"^(c10d::|record_param_comms|gloo:|nccl:)"
 NS_PER_MS = 1e6

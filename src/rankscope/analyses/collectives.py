@@ -203,8 +203,6 @@ class RankCollectives:
     def __len__(self) -> int:
         return len(self.start_ns)
 
-    def step_durations_ms(self) -> dict[int, float]:
-        return {s: (b - a) / NS_PER_MS for s, a, b in zip(self.steps, self.step_start_ns, self.step_end_ns)}
 
 
 def _names(ev: pl.DataFrame, test) -> list[str]:
@@ -449,10 +447,6 @@ def _window_breakdown(timeline: Timeline, a: np.ndarray, b: np.ndarray) -> np.nd
 
 # ----------------------------------------------------------------------------------------------
 # Reduce side
-def _match_type(t: str) -> str:
-    return "p2p" if t in P2P_TYPES else t
-
-
 def member_frame(ranks: Sequence[RankCollectives], offsets_ns: dict[int, int] | None = None,
                  with_windows: bool = False) -> pl.DataFrame:
     """One row per (rank, instance): rank, idx, pg, seq, type, mtype, occ (match key: pg, seq,
