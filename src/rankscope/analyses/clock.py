@@ -23,6 +23,8 @@ and correcting them by noise would only blur the arrival order.
 """
 from __future__ import annotations
 
+import warnings
+
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -106,7 +108,8 @@ def estimate_clock_offsets(ranks: Sequence[RankCollectives], members: pl.DataFra
     for _ in range(_ITERATIONS):
         ref = np.nanmedian(E - offset[None, :], axis=1, keepdims=True)
         d = E - ref
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)      # ranks without a matched collective
             new = np.where(used > 0, np.nanmedian(np.where(np.isnan(d), np.nan, d), axis=0), 0.0)
         new = np.nan_to_num(new)
         if np.allclose(new, offset, atol=0.5):
@@ -115,7 +118,8 @@ def estimate_clock_offsets(ranks: Sequence[RankCollectives], members: pl.DataFra
         offset = new
     ref = np.nanmedian(E - offset[None, :], axis=1, keepdims=True)
     resid = E - ref - offset[None, :]
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
         mad = np.nanmedian(np.abs(resid), axis=0)
     sigma = 1.4826 * np.nan_to_num(mad)
     stderr = 1.2533 * sigma / np.sqrt(np.maximum(used, 1))
