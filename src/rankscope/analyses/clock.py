@@ -24,7 +24,6 @@ and correcting them by noise would only blur the arrival order.
 from __future__ import annotations
 
 import warnings
-
 from dataclasses import dataclass, field
 from typing import Sequence
 
