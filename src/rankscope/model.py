@@ -101,6 +101,24 @@ def classify_names(names: list[str], kinds_present_gpu: np.ndarray) -> np.ndarra
     return out
 
 
+def event_kernel_classes(kind: np.ndarray, name_codes: np.ndarray, names: list[str]) -> np.ndarray:
+    """Kernel class per event: memcpy/memset events are MEM whatever their name; other events
+    take their name's class (`classify_names`). `name_codes` index `names`; -1 = no name."""
+    is_dev = np.isin(kind, [int(k) for k in DEVICE_KINDS])
+    used_by_dev = np.zeros(len(names) + 1, dtype=bool)
+    used_by_dev[name_codes[is_dev & (name_codes >= 0)]] = True
+    class_of_name = np.append(classify_names(names, used_by_dev[:len(names)]), np.uint8(KernelClass.NONE))
+    kclass = class_of_name[np.where(name_codes >= 0, name_codes, len(names))]
+    return np.where(np.isin(kind, [int(Kind.MEMCPY), int(Kind.MEMSET)]), np.uint8(KernelClass.MEM), kclass)
+
+
+def names_matching(frame: pl.DataFrame, pattern: str | re.Pattern) -> list[str]:
+    """The distinct names of `frame` that match `pattern` (regex search). Filter rows with
+    `pl.col("name").is_in(...)` on these instead of a string match on every row."""
+    rx = re.compile(pattern) if isinstance(pattern, str) else pattern
+    return [n for n in frame["name"].unique().cast(pl.String).to_list() if n and rx.search(n)]
+
+
 #: Step annotation, DataLoader span and synchronization names (used by analyses).
 PROFILER_STEP_PATTERN = r"^ProfilerStep#(\d+)$"
 DATALOADER_PATTERN = r"^enumerate\(DataLoader\)#.*__next__"

@@ -26,7 +26,6 @@ with compute = time COMP runs and comm = time COMM runs.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,8 +33,9 @@ import polars as pl
 
 from rankscope.analyses.intervals import covered_between, sorted_unique, union
 from rankscope.analyses.steps import StepWindows, step_windows
+from rankscope.analyses.dataloader import dataloader_spans
 from rankscope.model import (BLOCKING_SYNC_PATTERN, DATALOADER_PATTERN, DEVICE_KINDS, PROFILER_STEP_PATTERN, Kind,
-                             KernelClass, RankTrace)
+                             KernelClass, RankTrace, names_matching)
 
 CATEGORIES = ("compute", "comm_overlapped", "comm_exposed", "memcpy", "dataloader", "sync", "host",
               "idle_other")
@@ -69,11 +69,6 @@ class StepBreakdown:
         return float(np.clip((self.compute_ms + self.comm_ms - self.step_ms) / lo, 0.0, 1.0))
 
 
-def _names_matching(ev: pl.DataFrame, pattern: str) -> list[str]:
-    rx = re.compile(pattern)
-    return [n for n in ev["name"].unique().cast(pl.String).to_list() if n and rx.search(n)]
-
-
 def _intervals(df: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     ts = df["ts_ns"].to_numpy()
     return union(ts, ts + df["dur_ns"].to_numpy())
@@ -81,29 +76,23 @@ def _intervals(df: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 
 def _device_sets(ev: pl.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     dev = ev.filter(pl.col("kind").is_in([int(k) for k in DEVICE_KINDS]))
-    marks = _names_matching(ev, PROFILER_STEP_PATTERN) + _names_matching(ev, DATALOADER_PATTERN)
+    marks = names_matching(ev, PROFILER_STEP_PATTERN) + names_matching(ev, DATALOADER_PATTERN)
     host = ev.filter(pl.col("kind").is_in([int(Kind.CPU_OP), int(Kind.RUNTIME), int(Kind.DRIVER)])
                      & ~pl.col("name").is_in(marks))
     return {
         "comp": _intervals(dev.filter(pl.col("kclass") == int(KernelClass.COMP))),
         "comm": _intervals(dev.filter(pl.col("kclass") == int(KernelClass.COMM))),
         "mem": _intervals(dev.filter(pl.col("kclass") == int(KernelClass.MEM))),
-        "dataloader": _intervals(_dataloader_spans(ev)),
+        "dataloader": _intervals(dataloader_spans(ev)),
         "sync": _intervals(ev.filter((pl.col("kind") == int(Kind.RUNTIME))
-                                     & pl.col("name").is_in(_names_matching(ev, BLOCKING_SYNC_PATTERN)))),
+                                     & pl.col("name").is_in(names_matching(ev, BLOCKING_SYNC_PATTERN)))),
         "host": _intervals(host),
     }
 
 
-def _dataloader_spans(ev: pl.DataFrame) -> pl.DataFrame:
-    """Host `enumerate(DataLoader)#...__next__` spans (not their gpu_user_annotation mirrors)."""
-    return ev.filter(pl.col("kind").is_in([int(Kind.CPU_OP), int(Kind.USER_ANNOTATION)])
-                     & pl.col("name").is_in(_names_matching(ev, DATALOADER_PATTERN)))
-
-
 def training_thread(ev: pl.DataFrame) -> int | None:
     """The thread with the ProfilerStep marks; else the one with the most CPU op time."""
-    steps = ev.filter(pl.col("name").is_in(_names_matching(ev, PROFILER_STEP_PATTERN)))
+    steps = ev.filter(pl.col("name").is_in(names_matching(ev, PROFILER_STEP_PATTERN)))
     if not steps.is_empty():
         return int(steps["tid"].mode().sort()[0])
     ops = ev.filter(pl.col("kind") == int(Kind.CPU_OP))
@@ -115,8 +104,8 @@ def training_thread(ev: pl.DataFrame) -> int | None:
 def _cpu_only_sets(ev: pl.DataFrame) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], int | None]:
     tid = training_thread(ev)
     tid_or_none = -(2**62) if tid is None else tid         # no CPU op at all: no training thread
-    marks = _names_matching(ev, PROFILER_STEP_PATTERN) + _names_matching(ev, DATALOADER_PATTERN)
-    collective = _names_matching(ev, HOST_COLLECTIVE_PATTERN)
+    marks = names_matching(ev, PROFILER_STEP_PATTERN) + names_matching(ev, DATALOADER_PATTERN)
+    collective = names_matching(ev, HOST_COLLECTIVE_PATTERN)
     ops = ev.filter(pl.col("kind").is_in([int(Kind.CPU_OP), int(Kind.USER_ANNOTATION)]) & ~pl.col("name").is_in(marks))
     train_ops = ops.filter((pl.col("tid") == tid_or_none) & (pl.col("kind") == int(Kind.CPU_OP)))
     empty = (np.zeros(0, np.int64), np.zeros(0, np.int64))
@@ -124,10 +113,10 @@ def _cpu_only_sets(ev: pl.DataFrame) -> tuple[dict[str, tuple[np.ndarray, np.nda
         "comp": _intervals(train_ops.filter(~pl.col("name").is_in(collective))),
         # collective calls on the training thread (launch, wait) and data loading are not compute
         "not_comp": _intervals(ev.filter(((pl.col("tid") == tid_or_none) & pl.col("name").is_in(collective))
-                                         | pl.col("name").is_in(_names_matching(ev, DATALOADER_PATTERN)))),
+                                         | pl.col("name").is_in(names_matching(ev, DATALOADER_PATTERN)))),
         "comm": _intervals(ev.filter((pl.col("kclass") == int(KernelClass.COMM)))),
         "mem": empty,
-        "dataloader": _intervals(_dataloader_spans(ev)),
+        "dataloader": _intervals(dataloader_spans(ev)),
         "sync": empty,
         "host": _intervals(ops.filter(pl.col("kind") == int(Kind.CPU_OP))),
     }, tid

@@ -46,7 +46,7 @@ import polars as pl
 
 from rankscope.analyses.breakdown import CATEGORIES, Timeline, classify_timeline
 from rankscope.analyses.steps import step_windows
-from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, Kind, KernelClass, RankTrace
+from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, Kind, KernelClass, RankTrace, names_matching
 
 NS_PER_MS = 1e6
 DEFAULT_PG = "default"
@@ -205,10 +205,6 @@ class RankCollectives:
 
 
 
-def _names(ev: pl.DataFrame, test) -> list[str]:
-    return [n for n in ev["name"].unique().cast(pl.String).to_list() if n and test(n)]
-
-
 def _first_tensor_nelems(dims_json: str | None) -> int:
     """Elements of the first argument of `Input Dims`: a tensor ([d0, d1]) or a tensor list
     ([[d0], [d1]]): the product, or the sum of products. -1 when absent."""
@@ -302,7 +298,7 @@ def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows
         out.source = "device"
         inst = dev_comm
     else:
-        gloo = _names(ev, _GLOO_RX.search)
+        gloo = names_matching(ev, _GLOO_RX)
         inst = ev.filter(pl.col("kind").is_in([int(k) for k in HOST_OP_KINDS]) & pl.col("name").is_in(gloo))
         # one span per (thread, start, name): some traces record it as op and annotation
         inst = inst.unique(subset=["tid", "ts_ns", "name"], keep="first", maintain_order=True)
@@ -331,9 +327,9 @@ def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows
         orphan = [i not in launched for i in range(n)]
         host = ev.filter(pl.col("kind").is_in([int(k) for k in HOST_OP_KINDS]))
         classes = {
-            "rpc": _names(host, lambda s: s == _RPC_NAME),
-            "ann": _names(host, _ANNOTATION_RX.search),
-            "op": _names(host, _OP_RX.search),
+            "rpc": names_matching(host, f"^{re.escape(_RPC_NAME)}$"),
+            "ann": names_matching(host, _ANNOTATION_RX),
+            "op": names_matching(host, _OP_RX),
         }
         for cls, target in (("rpc", rpc_row), ("ann", ann_row), ("op", op_row)):
             if not classes[cls]:

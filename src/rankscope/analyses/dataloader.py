@@ -30,7 +30,7 @@ import polars as pl
 
 from rankscope.analyses.intervals import covered_between, union
 from rankscope.analyses.steps import StepWindows, step_windows
-from rankscope.model import DATALOADER_PATTERN, HOST_OP_KINDS, RankTrace
+from rankscope.model import DATALOADER_PATTERN, HOST_OP_KINDS, RankTrace, names_matching
 
 NS_PER_MS = 1e6
 SINGLE_PROCESS_ITER = "_SingleProcessDataLoaderIter"
@@ -65,15 +65,18 @@ class DataLoaderShare:
         return self.spans > 0
 
 
+def dataloader_spans(events: pl.DataFrame) -> pl.DataFrame:
+    """Host `enumerate(DataLoader)#...__next__` spans (not their gpu_user_annotation mirrors)."""
+    return events.filter(pl.col("kind").is_in([int(k) for k in HOST_OP_KINDS])
+                         & pl.col("name").is_in(names_matching(events, DATALOADER_PATTERN)))
+
+
 def dataloader_share(trace: RankTrace, windows: StepWindows | None = None) -> DataLoaderShare:
     if windows is None:
         windows = step_windows(trace)
     ev = trace.events
     wf = windows.frame
-    names = ev["name"].unique().cast(pl.String).to_list() if ev.height else []
-    dl_names = [n for n in names if n and re.search(DATALOADER_PATTERN, n)]
-    spans = ev.filter(pl.col("kind").is_in([int(k) for k in HOST_OP_KINDS]) & pl.col("name").is_in(dl_names)) \
-        if dl_names else ev.clear()
+    spans = dataloader_spans(ev)
     ts = spans["ts_ns"].to_numpy()
     te = ts + spans["dur_ns"].to_numpy()
     u_s, u_e = union(ts, te)
@@ -94,7 +97,8 @@ def dataloader_share(trace: RankTrace, windows: StepWindows | None = None) -> Da
     total_dl = int(inside.sum())
     total_steps = int(dur.sum())
     total_union = int((u_e - u_s).sum())
-    iterators = sorted({m.group(1) for n in dl_names if (m := _ITERATOR.match(n))}) if spans.height else []
+    dl_names = spans["name"].unique().cast(pl.String).to_list()
+    iterators = sorted({m.group(1) for n in dl_names if n and (m := _ITERATOR.match(n))})
     if not spans.height:
         mp, workers, source = None, None, "none"
     elif any(MULTI_PROCESS_ITER in it for it in iterators):
@@ -103,8 +107,8 @@ def dataloader_share(trace: RankTrace, windows: StepWindows | None = None) -> Da
         mp, workers, source = False, 0, "iterator_class"
     else:
         mp, workers, source = None, None, "unknown"
-    pin_ops = int(ev.filter(pl.col("name").is_in([n for n in PIN_MEMORY_OPS if n in names])).height) \
-        if any(n in names for n in PIN_MEMORY_OPS) else 0
+    pin_names = names_matching(ev, "^(" + "|".join(re.escape(n) for n in PIN_MEMORY_OPS) + ")$")
+    pin_ops = ev.filter(pl.col("name").is_in(pin_names)).height if pin_names else 0
     return DataLoaderShare(
         steps=steps, steps_source=windows.source, spans=spans.height,
         dataloader_ms=total_dl / NS_PER_MS, step_time_ms=total_steps / NS_PER_MS,

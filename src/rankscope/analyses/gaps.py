@@ -11,7 +11,6 @@ Per rank the result keeps the total gap time per dominant category and the TOP_G
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,7 +19,7 @@ import polars as pl
 from rankscope.analyses.breakdown import CATEGORIES, Timeline, classify_timeline
 from rankscope.analyses.intervals import union
 from rankscope.analyses.steps import StepWindows, step_windows
-from rankscope.model import DATALOADER_PATTERN, DEVICE_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace
+from rankscope.model import DATALOADER_PATTERN, DEVICE_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace, names_matching
 
 #: Shorter idle stretches are launch jitter, not gaps (tb-profiler's GPU-idle view shows >= 0.1 ms).
 GAP_MIN_US = 100.0
@@ -119,8 +118,7 @@ def _launches(ev: pl.DataFrame, correlations: list[int]) -> dict[int, tuple[int,
 def _host_ops_by_thread(ev: pl.DataFrame, tids: set[int]) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """CPU ops and annotations that say what the host does (not the step / DataLoader marks),
     per thread: (start, end, names)."""
-    marks = re.compile(f"{PROFILER_STEP_PATTERN}|{DATALOADER_PATTERN}")
-    names = [n for n in ev["name"].unique().cast(pl.String).to_list() if n and marks.search(n)]
+    names = names_matching(ev, f"{PROFILER_STEP_PATTERN}|{DATALOADER_PATTERN}")
     ops = ev.filter(pl.col("kind").is_in(_HOST_OPS) & ~pl.col("name").is_in(names) & pl.col("tid").is_in(list(tids)))
     out = {}
     for tid in tids:

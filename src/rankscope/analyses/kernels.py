@@ -92,7 +92,7 @@ import polars as pl
 
 from rankscope.analyses.intervals import union
 from rankscope.model import (DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, KernelClass,
-                             RankTrace)
+                             RankTrace, names_matching)
 
 NS_PER_US = 1e3
 NS_PER_MS = 1e6
@@ -229,8 +229,7 @@ def kernel_breakdown(trace: RankTrace, top_k: int = 10, hta_filter: bool = False
 
 def _hta_selection(trace: RankTrace, dev: pl.DataFrame) -> pl.DataFrame:
     ev = trace.events
-    step_names = [n for n in ev["name"].unique().cast(pl.String).to_list()
-                  if n and re.match(PROFILER_STEP_PATTERN, n)]
+    step_names = names_matching(ev, PROFILER_STEP_PATTERN)
     if len(step_names) < 2:
         return dev
     last_start = ev.filter(pl.col("name").is_in(step_names) & pl.col("kind").is_in(_HOST))["ts_ns"].max()

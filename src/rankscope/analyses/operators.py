@@ -56,7 +56,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import sorted_unique
-from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace
+from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace, names_matching
 
 NS_PER_MS = 1e6
 _HOST = [int(k) for k in HOST_OP_KINDS]
@@ -191,8 +191,7 @@ def operator_stats(trace: RankTrace, top_n: int = 20, group_by: str = "name",
     else:
         keys = ["name"]
 
-    step_names = [x for x in ops["name"].unique().cast(pl.String).to_list()
-                  if x and re.match(PROFILER_STEP_PATTERN, x)]
+    step_names = names_matching(ops, PROFILER_STEP_PATTERN)
     frame = frame.filter(~pl.col("name").is_in(step_names)).with_columns(pl.col("name").cast(pl.String))
     agg = [pl.len().cast(pl.Int64).alias("calls"),
            (pl.col("dur_ns").sum() / NS_PER_MS).alias("total_cpu_ms"),

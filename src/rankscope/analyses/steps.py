@@ -6,17 +6,15 @@ is one step spanning the whole trace (`source == "whole_trace"`), and callers sa
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import covered_between, union
-from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace
+from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace, names_matching
 
 _DEVICE = [int(k) for k in DEVICE_KINDS]
-_STEP = re.compile(PROFILER_STEP_PATTERN)
 _LAUNCH = [int(Kind.RUNTIME), int(Kind.DRIVER)]
 
 
@@ -36,7 +34,7 @@ def step_windows(trace: RankTrace) -> StepWindows:
 
 def _step_windows(trace: RankTrace) -> StepWindows:
     ev = trace.events
-    step_names = [n for n in ev["name"].unique().cast(pl.String).to_list() if n and _STEP.match(n)]
+    step_names = names_matching(ev, PROFILER_STEP_PATTERN)
     marks = (
         ev.filter(pl.col("kind").is_in([int(k) for k in HOST_OP_KINDS]) & pl.col("name").is_in(step_names))
         .select(

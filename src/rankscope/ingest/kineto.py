@@ -25,8 +25,8 @@ import numpy as np
 import polars as pl
 
 from rankscope.ingest.columns import Col, columnize, scan_json
-from rankscope.model import (CATEGORY_KINDS, DEVICE_KINDS, PROFILER_STEP_PATTERN, Kind, KernelClass, RankMeta,
-                             RankTrace, classify_names)
+from rankscope.model import (CATEGORY_KINDS, DEVICE_KINDS, PROFILER_STEP_PATTERN, Kind, RankMeta, RankTrace,
+                             event_kernel_classes)
 
 CHUNK_BYTES = 4 << 20          # decompressed bytes decoded at once (transient memory ~6x this)
 HEADER_LIMIT = 64 << 20        # give up looking for "traceEvents" after this many bytes
@@ -709,11 +709,7 @@ def _build(path: Path, size: int, parsed: _Parsed, header: dict) -> RankTrace:
     names = _inverse(t.name)
     name_codes = acc.take("x", "name", np.int32)
     is_dev = np.isin(kind, [int(k) for k in DEVICE_KINDS])
-    used_by_dev = np.zeros(len(names) + 1, dtype=bool)       # names of device events -> class per name
-    used_by_dev[name_codes[is_dev & (name_codes >= 0)]] = True
-    class_of_name = classify_names(names, used_by_dev[:len(names)])
-    kclass = np.where(name_codes >= 0, class_of_name[np.maximum(name_codes, 0)] if len(names) else 0, 0)
-    kclass = np.where(np.isin(kind, [int(Kind.MEMCPY), int(Kind.MEMSET)]), int(KernelClass.MEM), kclass)
+    kclass = event_kernel_classes(kind, name_codes, names)
 
     pid = acc.take("x", "pid")
     device = acc.take("x", "device", np.int32)
