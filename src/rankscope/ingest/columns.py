@@ -21,7 +21,8 @@ try:  # pragma: no cover - exercised implicitly when the build succeeded
 except ImportError:  # pragma: no cover - fallback when no C compiler was available
     _fastcols = None
 
-_DTYPES = {"t": np.int64, "f": np.float64, "i": np.int64, "s": np.int32, "k": np.int64,
+#: numpy dtype of the column each kind produces
+DTYPES = {"t": np.int64, "f": np.float64, "i": np.int64, "s": np.int32, "k": np.int64,
            "r": np.int32, "p": np.int64}
 
 
@@ -111,7 +112,7 @@ def _columnize_py(objs: list, specs: Sequence[Col], indices: np.ndarray | None) 
             if inner_name is not None:
                 v = getattr(v, inner_name, None)
             values.append(_convert(v, spec))
-        out.append(np.array(values, dtype=_DTYPES[spec.kind]))
+        out.append(np.array(values, dtype=DTYPES[spec.kind]))
     return out
 
 
@@ -122,7 +123,7 @@ def columnize(objs: list, specs: Sequence[Col], indices: np.ndarray | None = Non
         return _columnize_py(objs, specs, indices)
     idx = None if indices is None else np.ascontiguousarray(indices, dtype=np.int64)
     buffers = _fastcols.columnize(objs, [tuple(s) for s in specs], idx)
-    return [np.frombuffer(b, dtype=_DTYPES[s.kind]) for b, s in zip(buffers, specs)]
+    return [np.frombuffer(b, dtype=DTYPES[s.kind]) for b, s in zip(buffers, specs)]
 
 
 def scan_json(body, specs: Sequence[tuple], tables: list[dict]) -> tuple[list[np.ndarray], int, int] | int | None:
@@ -136,7 +137,7 @@ def scan_json(body, specs: Sequence[tuple], tables: list[dict]) -> tuple[list[np
     if not isinstance(out, tuple):
         return int(out)
     buffers, n, bad = out
-    return [np.frombuffer(b, dtype=_DTYPES[s[2]]) for b, s in zip(buffers, specs)], n, bad
+    return [np.frombuffer(b, dtype=DTYPES[s[2]]) for b, s in zip(buffers, specs)], n, bad
 
 
 def has_c_extension() -> bool:

@@ -24,7 +24,7 @@ import msgspec
 import numpy as np
 import polars as pl
 
-from rankscope.ingest.columns import Col, columnize, scan_json
+from rankscope.ingest.columns import DTYPES, Col, columnize, scan_json
 from rankscope.model import (CATEGORY_KINDS, DEVICE_KINDS, PROFILER_STEP_PATTERN, Kind, RankMeta, RankTrace,
                              event_kernel_classes)
 
@@ -339,8 +339,11 @@ class _Accumulator:
         x_idx = np.flatnonzero(is_x)
         row_in_chunk = np.cumsum(is_x) - 1 + self.n_x       # global row of each complete event
         ext = c["ext"][x_idx]
+        cat_kind = _cat_kind_lut(t.cat)
+        kind = np.where(c["cat"] >= 0, cat_kind[np.maximum(c["cat"], 0)] if len(cat_kind) else -1, -1)
         self._keep("x", {
-            "cat": c["cat"][x_idx], "name": c["name"][x_idx], "ts_ns": c["ts_ns"][x_idx],
+            "kind": np.where(kind[x_idx] >= 0, kind[x_idx], int(Kind.OTHER)).astype(np.uint8),
+            "name": c["name"][x_idx], "ts_ns": c["ts_ns"][x_idx],
             "dur_ns": c["dur_ns"][x_idx], "pid": c["pid"][x_idx], "tid": c["tid"][x_idx],
             "device": c["device"][x_idx].astype(np.int32), "stream": c["stream"][x_idx],
             "correlation": c["corr"][x_idx], "external_id": np.where(ext >= 0, ext, c["ext21"][x_idx]),
@@ -349,8 +352,6 @@ class _Accumulator:
         if len(flow_idx):
             self._keep("flows", {k: c[k][flow_idx] for k in ("ph", "cat", "id", "ts_ns", "pid", "tid")})
 
-        cat_kind = _cat_kind_lut(t.cat)
-        kind = np.where(c["cat"] >= 0, cat_kind[np.maximum(c["cat"], 0)] if len(cat_kind) else -1, -1)
         device = np.isin(kind, [int(k) for k in DEVICE_KINDS]) & is_x
         host_ops = np.isin(kind, [int(Kind.CPU_OP), int(Kind.USER_ANNOTATION), int(Kind.PYTHON_FUNCTION)]) & is_x
         groups = {
@@ -701,11 +702,7 @@ def _build(path: Path, size: int, parsed: _Parsed, header: dict) -> RankTrace:
     ph_names = _inverse(t.ph)
     phase_counts = {ph_names[i]: int(n) for i, n in enumerate(acc.phase_counts) if n}
 
-    cat = acc.take("x", "cat", np.int32)
-    cat_kind = _cat_kind_lut(t.cat)
-    kind = np.where(cat >= 0, cat_kind[np.maximum(cat, 0)] if len(cat_kind) else int(Kind.OTHER),
-                    int(Kind.OTHER)).astype(np.uint8)
-    del cat
+    kind = acc.take("x", "kind", np.uint8)
     names = _inverse(t.name)
     name_codes = acc.take("x", "name", np.int32)
     is_dev = np.isin(kind, [int(k) for k in DEVICE_KINDS])
@@ -801,13 +798,12 @@ def _inverse(table: dict) -> list[str]:
 
 _SIDE_TEXT = {"collective", "in_split_size", "out_split_size", "dtype", "pg_name", "pg_desc",
               "pg_ranks", "input_dims", "input_types", "call_stack"}
-_SIDE_DTYPES = {"s": np.int32, "r": np.int32, "f": np.float64}
 
 
 def _side_frame(acc: _Accumulator, frame: str, text: pl.Series) -> pl.DataFrame:
     data = {"row": acc.take(frame, "row")}
     for name, spec in zip(acc.side_names[frame], acc.side_specs[frame]):
-        values = acc.take(frame, name, _SIDE_DTYPES.get(spec.kind, np.int64))
+        values = acc.take(frame, name, DTYPES[spec.kind])
         data[name] = _text_column(values, text) if name in _SIDE_TEXT else values
     return pl.DataFrame(data)
 
