@@ -54,11 +54,12 @@ class Cache:
         return self.root / key[:2] / key
 
     def get_meta(self, key: str, file: str) -> RankMeta | None:
-        """Only the metadata of a cached rank (no frames read)."""
+        """Only the metadata of a cached rank (no frames read). `file`: where this content lives
+        now (the same content may have been cached under another name)."""
         entry = self._entry(key)
         try:
             meta = RankMeta.from_dict(json.loads((entry / "meta.json").read_text()))
-        except Exception:
+        except Exception:    # absent or damaged: a miss, rewritten by put()
             return None
         if not all((entry / f"{name}.parquet").exists() for name in FRAME_NAMES):
             return None
@@ -66,16 +67,13 @@ class Cache:
         return meta
 
     def get(self, key: str, file: str) -> RankTrace | None:
-        entry = self._entry(key)
-        meta_path = entry / "meta.json"
-        if not meta_path.exists():
+        meta = self.get_meta(key, file)
+        if meta is None:
             return None
         try:
-            meta = RankMeta.from_dict(json.loads(meta_path.read_text()))
-            frames = {name: pl.read_parquet(entry / f"{name}.parquet") for name in FRAME_NAMES}
-        except Exception:   # a damaged entry is a miss; it gets rewritten
+            frames = {name: pl.read_parquet(self._entry(key) / f"{name}.parquet") for name in FRAME_NAMES}
+        except Exception:    # a damaged frame is a miss; it gets rewritten
             return None
-        meta.file = file    # the same content may live under another name
         return RankTrace(meta=meta, **frames)
 
     def get_blob(self, key: str, name: str) -> bytes | None:
