@@ -508,6 +508,16 @@ bad:
 
 static int skip_value(parser_t *ps, int depth);
 
+/* At an object member: `"key"`, whitespace, ':', whitespace. */
+static int scan_key(parser_t *ps, const char **key, Py_ssize_t *n, int *esc) {
+    if (ps->p >= ps->end || *ps->p != '"' || scan_string(ps, key, n, esc) < 0) { ps->error = 1; return -1; }
+    skip_ws(ps);
+    if (ps->p >= ps->end || *ps->p != ':') { ps->error = 1; return -1; }
+    ps->p++;
+    skip_ws(ps);
+    return 0;
+}
+
 static int skip_container(parser_t *ps, int depth, char close) {
     if (depth > MAX_DEPTH) { ps->error = 1; return -1; }
     ps->p++;
@@ -516,11 +526,7 @@ static int skip_container(parser_t *ps, int depth, char close) {
     while (ps->p < ps->end) {
         if (close == '}') {
             const char *s; Py_ssize_t n; int esc;
-            if (*ps->p != '"' || scan_string(ps, &s, &n, &esc) < 0) { ps->error = 1; return -1; }
-            skip_ws(ps);
-            if (ps->p >= ps->end || *ps->p != ':') { ps->error = 1; return -1; }
-            ps->p++;
-            skip_ws(ps);
+            if (scan_key(ps, &s, &n, &esc) < 0) return -1;
         }
         if (skip_value(ps, depth + 1) < 0) return -1;
         skip_ws(ps);
@@ -814,11 +820,7 @@ static int scan_members(parser_t *ps, const keymap_t *map, column_t *cols, Py_ss
     if (ps->p < ps->end && *ps->p == '}') { ps->p++; return 0; }
     while (ps->p < ps->end) {
         const char *key; Py_ssize_t klen; int esc;
-        if (*ps->p != '"' || scan_string(ps, &key, &klen, &esc) < 0) { ps->error = 1; return -1; }
-        skip_ws(ps);
-        if (ps->p >= ps->end || *ps->p != ':') { ps->error = 1; return -1; }
-        ps->p++;
-        skip_ws(ps);
+        if (scan_key(ps, &key, &klen, &esc) < 0) return -1;
         if (ps->p >= ps->end) { ps->error = 1; return -1; }
         if (esc) { ps->error = 1; return -1; }      /* escaped key: the reference path decides */
         int slot = keymap_find(map, key, klen);
