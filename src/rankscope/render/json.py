@@ -75,7 +75,7 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
             "idle_gaps": msgspec.to_builtins(s.gaps) if s.gaps is not None else None,
             "dataloader": _pick(s.dataloader, "share_pct", "mean_step_share_pct", "max_step_share_pct",
                                 "dataloader_ms", "num_workers", "multiprocessing", "iterators"),
-            "memory": {"devices": s.memory["devices"]} if s.memory else None,
+            "memory": {"devices": s.memory["devices"], "timeline": s.memory.get("timeline")} if s.memory else None,
             "memcpy": _pick(s.memcpy, "pageable", "pageable_htod", "pageable_dtoh", "pinned",
                             "pinned_vs_pageable_bandwidth_ratio", "pageable_pct_of_host_copy_time"),
             "salvaged": s.meta.salvaged,
