@@ -1,0 +1,239 @@
+"""`rankscope export perfetto`: every rank of a job in ONE Chrome-trace JSON file (gzip when the
+name ends in .gz) that opens in https://ui.perfetto.dev and chrome://tracing.
+
+Layout: one process per rank (pid = rank, name `rank 3`, process_sort_index = rank); its tracks
+(analyses/timeline.py) as threads named `rank 3 / <track>` with tids unique across the file and
+the original pid/tid in the thread_name event's args; counters (ph "C") per rank process.
+Times: `ts`/`dur` in µs with ns decimals, ts = (own timestamp - rank's clock offset - origin) / 1000;
+the origin (earliest aligned timestamp, ns) and the offsets are in the top-level "rankscope" key.
+
+Streaming: `export_perfetto` runs the analysis (small per-rank summaries, for the clock alignment
+and the collective waits), then loads, converts and writes one rank at a time: memory holds one
+rank's frames, never the job's. `TraceWriter` writes JSON text built column-wise (polars string
+expressions, names escaped once per distinct value), so no Python object per event is created.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import msgspec
+import polars as pl
+
+from rankscope.analyses.overview import as_plain
+from rankscope.analyses.timeline import RankTimeline, collective_waits, job_origin_ns, rank_timeline
+from rankscope.api import _one_line_errors, analyze
+from rankscope.ingest import Cache, load_rank
+from rankscope.model import InputProblem
+
+SCHEMA = "rankscope.perfetto/1"
+#: Rows converted to JSON text at once (bounds the text held in memory: ~40 MB).
+BATCH_ROWS = 200_000
+#: isal gzip level (0-3): 1 writes ~3x faster than zlib's default at a few % larger files.
+GZIP_LEVEL = 1
+_SLICE_COLUMNS = ("track", "ts_ns", "dur_ns", "name", "cat")
+
+
+# ----------------------------------------------------------------------------------------------
+# JSON text, column-wise
+def _json_strings(s: pl.Series) -> pl.Series:
+    """JSON string literals of a text column (each distinct value encoded once); null stays null."""
+    s = s.cast(pl.String)
+    distinct = s.drop_nulls().unique().to_list()
+    encoded = [msgspec.json.encode(v).decode() for v in distinct]
+    return s.replace_strict(distinct, encoded, default=None, return_dtype=pl.String)
+
+
+def _json_values(s: pl.Series) -> pl.Series:
+    """JSON text of each value (null where the value is null or not a finite number)."""
+    if s.dtype in (pl.String, pl.Categorical) or s.dtype == pl.Null:
+        return _json_strings(s)
+    if s.dtype == pl.Boolean:
+        return s.replace_strict({True: "true", False: "false"}, return_dtype=pl.String)
+    if s.dtype.is_float():
+        s = pl.select(pl.when(s.is_finite()).then(s)).to_series()
+    return s.cast(pl.String)
+
+
+def _us(ns: pl.Expr) -> pl.Expr:
+    """Exact µs text of an int64 ns value: 1234567 -> "1234.567", 2000 -> "2"."""
+    a = ns.abs()
+    frac = (a % 1000).cast(pl.String).str.zfill(3).str.strip_chars_end("0")
+    return pl.concat_str([pl.when(ns < 0).then(pl.lit("-")).otherwise(pl.lit("")), (a // 1000).cast(pl.String),
+                          pl.when(frac == "").then(pl.lit("")).otherwise(pl.lit(".") + frac)])
+
+
+def _args(frame: pl.DataFrame, columns: list[str]) -> pl.Series:
+    """`{"key":value,...}` per row, leaving out null values."""
+    if not columns:
+        return pl.repeat("{}", frame.height, eager=True)
+    values = pl.DataFrame([_json_values(frame[c]).alias(c) for c in columns])
+    pieces = [(pl.lit("," + msgspec.json.encode(c).decode() + ":") + pl.col(c)).fill_null("") for c in columns]
+    return values.select(pl.lit("{") + pl.concat_str(pieces).str.strip_prefix(",") + pl.lit("}")).to_series()
+
+
+def slice_lines(frame: pl.DataFrame, pid: int, tids: dict[int, int], origin_ns: int) -> pl.Series:
+    """Chrome `X` events (JSON text, one per row) of a timeline slice frame."""
+    args = _args(frame, [c for c in frame.columns if c not in _SLICE_COLUMNS])
+    return pl.DataFrame({
+        "tid": frame["track"].replace_strict(tids, return_dtype=pl.Int64), "ts": frame["ts_ns"] - origin_ns,
+        "dur": frame["dur_ns"], "name": _json_strings(frame["name"]).fill_null('""'),
+        "cat": _json_strings(frame["cat"]).fill_null('""'), "args": args,
+    }).select(pl.concat_str([
+        pl.lit(f'{{"ph":"X","pid":{pid},"tid":'), pl.col("tid").cast(pl.String), pl.lit(',"ts":'), _us(pl.col("ts")),
+        pl.lit(',"dur":'), _us(pl.col("dur")), pl.lit(',"name":'), pl.col("name"), pl.lit(',"cat":'), pl.col("cat"),
+        pl.lit(',"args":'), pl.col("args"), pl.lit("}")]).alias("line"))["line"]
+
+
+def counter_lines(frame: pl.DataFrame, pid: int, origin_ns: int) -> pl.Series:
+    """Chrome `C` events: {"name": counter, "args": {series: value}}; non-finite values left out."""
+    f = pl.DataFrame({"name": _json_strings(frame["counter"]), "key": _json_strings(frame["series"]),
+                      "ts": frame["ts_ns"] - origin_ns, "value": _json_values(frame["value"])}).drop_nulls()
+    return f.select(pl.concat_str([
+        pl.lit(f'{{"ph":"C","pid":{pid},"name":'), pl.col("name"), pl.lit(',"ts":'), _us(pl.col("ts")),
+        pl.lit(',"args":{'), pl.col("key"), pl.lit(":"), pl.col("value"), pl.lit("}}")]).alias("line"))["line"]
+
+
+# ----------------------------------------------------------------------------------------------
+class TraceWriter:
+    """A Chrome-trace JSON object written incrementally: `{"displayTimeUnit": "ms", "traceEvents":
+    [...], "rankscope": {...}}`. Written to `<out>.partial` and renamed by `close` (a failed export
+    leaves no half file under the name asked for)."""
+
+    def __init__(self, out: str | Path):
+        self.out = Path(out)
+        self.partial = self.out.with_name(self.out.name + ".partial")
+        if self.out.name.endswith(".gz"):
+            from isal import igzip
+            self._file = igzip.open(self.partial, "wb", compresslevel=GZIP_LEVEL)
+        else:
+            self._file = open(self.partial, "wb")
+        self._file.write(b'{"displayTimeUnit":"ms","traceEvents":[\n')
+        self._first = True
+        self.events = 0
+        self._next_tid = 1
+
+    def _lines(self, lines: pl.Series | list[str]) -> None:
+        if len(lines) == 0:
+            return
+        text = lines.str.join(",\n").item() if isinstance(lines, pl.Series) else ",\n".join(lines)
+        self._file.write((b"" if self._first else b",\n") + text.encode())
+        self._first = False
+        self.events += len(lines)
+
+    def rank(self, tl: RankTimeline, origin_ns: int) -> int:
+        """Write one rank: its process, tracks, slices and counters. Returns the events written."""
+        before, pid = self.events, tl.rank
+        tids = {}
+        meta = [{"ph": "M", "pid": pid, "name": "process_name", "args": {"name": f"rank {tl.rank}"}},
+                {"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": tl.rank}}]
+        for track, label, sort_index, opid, otid in tl.tracks.sort("sort_index").iter_rows():
+            tids[track] = tid = self._next_tid
+            self._next_tid += 1
+            original = {} if opid < 0 and otid < 0 else {"original_pid": opid, "original_tid": otid}
+            meta += [{"ph": "M", "pid": pid, "tid": tid, "name": "thread_name",
+                      "args": {"name": f"rank {tl.rank} / {label}", **original}},
+                     {"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": sort_index}}]
+        self._lines([msgspec.json.encode(m).decode() for m in meta])
+        for frame in tl.slices:
+            for batch in frame.iter_slices(BATCH_ROWS):
+                self._lines(slice_lines(batch, pid, tids, origin_ns))
+        for batch in tl.counters.iter_slices(BATCH_ROWS):
+            self._lines(counter_lines(batch, pid, origin_ns))
+        return self.events - before
+
+    def close(self, metadata: dict) -> int:
+        """Finish the file with the metadata; returns its size in bytes."""
+        self._file.write(b'\n],"rankscope":' + msgspec.json.encode(metadata) + b"}\n")
+        self._file.close()
+        os.replace(self.partial, self.out)
+        return self.out.stat().st_size
+
+    def abort(self) -> None:
+        self._file.close()
+        self.partial.unlink(missing_ok=True)
+
+
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class ExportResult:
+    out: str
+    ranks: list[int]                       # ranks written
+    events: int
+    size_bytes: int
+    problems: list[InputProblem] = field(default_factory=list)
+
+    @property
+    def skipped(self) -> list[InputProblem]:
+        return [p for p in self.problems if p.fatal]
+
+
+@dataclass
+class _RankTask:
+    path: str
+    rank: int
+    cache_dir: str | None
+    use_cache: bool
+    offset_ns: int
+    waits: pl.DataFrame | None
+
+
+@_one_line_errors
+def _timeline_task(task: _RankTask) -> RankTimeline:
+    """Load one rank (from the cache when on) and build its timeline; bad input -> InputProblem."""
+    trace, _ = load_rank(task.path, Cache(task.cache_dir) if task.use_cache else None)
+    trace.meta.rank = task.rank
+    return rank_timeline(trace, task.offset_ns, task.waits)
+
+
+def export_perfetto(inputs, out: str | Path, cache_dir: str | Path | None = None, use_cache: bool = True,
+                    on_progress: Callable[[int, int, str], None] | None = None) -> ExportResult:
+    """Analyse the job (for clock offsets and collective waits), then write its merged timeline to
+    `out` one rank at a time. `on_progress(done, total, file)`: total = 2 x files (analysis, export)."""
+    def analysing(done: int, total: int, file: str) -> None:
+        if on_progress:
+            on_progress(done, 2 * total, file)
+
+    analysis = analyze(inputs, cache_dir=cache_dir, use_cache=use_cache, on_progress=analysing)
+    problems = list(analysis.problems)
+    if not analysis.ranks:
+        return ExportResult(str(out), [], 0, 0, problems)
+    cross = analysis.cross
+    offsets = cross.clock.applied_offsets() if cross is not None else {}
+    offset_of = [offsets.get(s.rank, 0) for s in analysis.ranks]
+    origin = job_origin_ns([s.meta.span_ns for s in analysis.ranks], offset_of)
+    cache_root = str(cache_dir) if cache_dir is not None else None
+    total = len(analysis.ranks) + len(analysis.problems)
+    writer = TraceWriter(out)
+    written, rank_meta = [], []
+    try:
+        for i, (s, offset) in enumerate(zip(analysis.ranks, offset_of)):
+            waits = collective_waits(cross.collectives, s.rank) if cross is not None else None
+            tl = _timeline_task(_RankTask(s.meta.file, s.rank, cache_root, use_cache, offset, waits))
+            if isinstance(tl, InputProblem):
+                problems.append(tl)
+            else:
+                events = writer.rank(tl, origin)
+                written.append(s.rank)
+                rank_meta.append({"rank": s.rank, "pid": s.rank, "file": s.meta.file, "clock_offset_ns": offset,
+                                  "events": events, "tracks": tl.tracks.height, "moved_to_overlap_tracks": tl.moved,
+                                  "clipped": tl.clipped, "notes": tl.notes})
+            if on_progress:
+                on_progress(total + i + 1, 2 * total, s.meta.file)
+            del tl
+    except BaseException:
+        writer.abort()
+        raise
+    if not written:
+        writer.abort()
+        return ExportResult(str(out), [], 0, 0, problems)
+    metadata = {
+        "schema": SCHEMA, "origin_ns": origin,
+        "time": "ts/dur in µs since origin_ns on the aligned clock: (own timestamp - clock_offset_ns - origin_ns) / 1000",
+        "clock": as_plain(cross.clock.as_dict()) if cross is not None else None,
+        "ranks": rank_meta, "skipped": [str(p) for p in problems if p.fatal], "warnings": analysis.job.warnings,
+    }
+    size = writer.close(metadata)
+    return ExportResult(str(out), written, writer.events, size, problems)
