@@ -99,5 +99,5 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
         "ranks": ranks,
         "steps": steps,
         **_cross(a),
-        "findings": [],
+        "findings": [f.as_dict() for f in a.findings],
     }

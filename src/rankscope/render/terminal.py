@@ -1,9 +1,12 @@
-"""Terminal output (rich): job header, per-rank tables, the worst GPU idle gaps, top kernels and
-operators. Readable at 80 columns. Input problems go to stderr (cli.py), not here."""
+"""Terminal output (rich): job header, per-rank tables, stragglers, the worst GPU idle gaps, top
+kernels and operators, then the findings with their fixes. Readable at 80 columns. Input
+problems go to stderr (cli.py), not here. `brief`: the job header and the findings only."""
 from __future__ import annotations
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
 from rich.table import Table
 
 from rankscope.analyses.overview import step_time_stats
@@ -18,12 +21,22 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1f}%"
 
 
-def render_analysis(a: Analysis, console: Console) -> None:
+def render_analysis(a: Analysis, console: Console, brief: bool = False) -> None:
+    _header(a, console)
+    if not brief:
+        _tables(a, console)
+    _findings(a, console, brief)
+    for w in a.job.warnings:
+        console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
+
+
+def _header(a: Analysis, console: Console) -> None:
     j = a.job
     ranks_text = _ranges(j.ranks)
     world = f"{len(j.ranks)} of {j.world_size}" if j.world_size and j.world_size != len(j.ranks) else f"{len(j.ranks)}"
     steps_text = (_ranges(j.steps) if j.steps else "none (one step = whole trace)")
-    console.print(f"[bold]rankscope[/] job: {world} ranks ({ranks_text}), backend {j.backend or 'unknown'}")
+    noun = "rank" if len(j.ranks) == 1 and not (j.world_size or 0) > 1 else "ranks"
+    console.print(f"[bold]rankscope[/] job: {world} {noun} ({ranks_text}), backend {j.backend or 'unknown'}")
     console.print(f"  devices: {', '.join(j.devices) or 'none (CPU only)'}")
     console.print(f"  steps profiled: {steps_text}   time span: {_ms(j.span_ms)} ms"
                   + (f"   hosts: {', '.join(j.hosts)}" if j.hosts else ""))
@@ -32,6 +45,8 @@ def render_analysis(a: Analysis, console: Console) -> None:
     console.print(f"  events: {total_events:,} ({total_events // max(len(a.ranks), 1):,} per rank)"
                   f"   cache: {cached}/{len(a.ranks)} ranks   engine: {a.engine}")
 
+
+def _tables(a: Analysis, console: Console) -> None:
     table = Table(title="Step time per rank", title_justify="left", header_style="bold")
     table.add_column("rank", justify="right")
     table.add_column("events", justify="right")
@@ -52,8 +67,45 @@ def render_analysis(a: Analysis, console: Console) -> None:
     _cross_section(a, console)
     _highlights(a, console)
 
-    for w in j.warnings:
-        console.print(f"[yellow]warning:[/] {w}", highlight=False)
+
+SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
+
+
+def _findings(a: Analysis, console: Console, brief: bool) -> None:
+    if not a.findings:
+        console.print("[bold]Findings:[/] none: no threshold crossed (`rankscope thresholds` lists them)")
+        return
+    counts = ", ".join(f"{n} {sev}" for sev in SEVERITY_STYLE
+                       if (n := sum(f.severity == sev for f in a.findings)))
+    console.print(f"[bold]Findings[/] ({counts}), most urgent first:")
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(justify="right", no_wrap=True)
+    grid.add_column()
+    for i, f in enumerate(a.findings, 1):
+        text = Text()
+        text.append(f.severity.upper(), style=SEVERITY_STYLE[f.severity])
+        text.append(f" {f.id}", style="bold")
+        text.append(f" ({'rank' if len(f.ranks) == 1 else 'ranks'} {_ranges(f.ranks) if f.ranks else '-'}): {f.summary}")
+        if not brief:
+            text.append(f"\nwhy: {f.explanation}", style="dim")
+        text.append("\nfix: ", style="green")
+        text.append(f.fix)
+        grid.add_row(f"{i}.", text)
+    console.print(grid)
+    if not brief:
+        console.print("More: --json (evidence and thresholds per finding), --html report.html (charts), "
+                      "`rankscope export perfetto DIR -o job.json.gz` (all ranks on one timeline)", style="dim")
+
+
+def render_thresholds(thresholds: dict, console: Console) -> None:
+    table = Table(title="Finding thresholds (override: analyze --threshold NAME=VALUE)", title_justify="left",
+                  header_style="bold", box=box.SIMPLE_HEAD)
+    table.add_column("name")
+    table.add_column("value", justify="right")
+    table.add_column("unit / source", overflow="fold")
+    for name, t in thresholds.items():
+        table.add_row(name, f"{t.value:g}", escape(f"{t.unit}; {t.source}"))
+    console.print(table)
 
 
 #: Ranks listed in the per-rank tables; with more, the slowest are shown (all are in --json).
