@@ -188,3 +188,26 @@ def test_cli_threshold_option(corpus, tmp_path):
     assert next(x for x in f if x["id"] == "dataloader_stall")["severity"] == "medium"
     listing = run_cli(["thresholds", "--json"], tmp_path)
     assert set(json.loads(listing.stdout)) == set(THRESHOLDS)
+
+
+def _schema_validator():
+    from importlib.resources import files
+
+    import jsonschema
+    schema = json.loads(files("rankscope").joinpath("schemas/analysis.schema.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def test_json_output_validates_against_the_published_schema(analyses):
+    """docs: src/rankscope/schemas/analysis.schema.json (shipped in the package) is the contract."""
+    validator = _schema_validator()
+    for name, a in analyses.items():
+        errors = [e.message for e in validator.iter_errors(json.loads(json.dumps(analysis_to_dict(a))))]
+        assert errors == [], (name, errors[:3])
+    # the schema is not vacuous: a wrong finding id, a missing breakdown part, a bad severity all fail
+    d = json.loads(json.dumps(analysis_to_dict(analyses["cpu-gloo-4rank-straggler"])))
+    d["findings"][0]["id"] = "made_up"
+    del d["steps"][0]["breakdown_ms"]["sync"]
+    d["findings"][-1]["severity"] = "critical"
+    assert len(list(validator.iter_errors(d))) == 3
