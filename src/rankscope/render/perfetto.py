@@ -191,49 +191,54 @@ def _timeline_task(task: _RankTask) -> RankTimeline:
 def export_perfetto(inputs, out: str | Path, cache_dir: str | Path | None = None, use_cache: bool = True,
                     on_progress: Callable[[int, int, str], None] | None = None) -> ExportResult:
     """Analyse the job (for clock offsets and collective waits), then write its merged timeline to
-    `out` one rank at a time. `on_progress(done, total, file)`: total = 2 x files (analysis, export)."""
+    `out` one rank at a time. `on_progress(done, total, file)`: each file counts twice (analysis, export)."""
+    writer = TraceWriter(out)                      # a file that cannot be written fails before any work
+    try:
+        result = _export(writer, inputs, cache_dir, use_cache, on_progress)
+    except BaseException:
+        writer.abort()
+        raise
+    if not result.ranks:
+        writer.abort()
+    return result
+
+
+def _export(writer: TraceWriter, inputs, cache_dir, use_cache: bool, on_progress) -> ExportResult:
+    files = 0
+
     def analysing(done: int, total: int, file: str) -> None:
+        nonlocal files
+        files = total
         if on_progress:
             on_progress(done, 2 * total, file)
 
     analysis = analyze(inputs, cache_dir=cache_dir, use_cache=use_cache, on_progress=analysing)
     problems = list(analysis.problems)
-    if not analysis.ranks:
-        return ExportResult(str(out), [], 0, 0, problems)
     cross = analysis.cross
     offsets = cross.clock.applied_offsets() if cross is not None else {}
     offset_of = [offsets.get(s.rank, 0) for s in analysis.ranks]
     origin = job_origin_ns([s.meta.span_ns for s in analysis.ranks], offset_of)
     cache_root = str(cache_dir) if cache_dir is not None else None
-    total = len(analysis.ranks) + len(analysis.problems)
-    writer = TraceWriter(out)
-    written, rank_meta = [], []
-    try:
-        for i, (s, offset) in enumerate(zip(analysis.ranks, offset_of)):
-            waits = collective_waits(cross.collectives, s.rank) if cross is not None else None
-            tl = _timeline_task(_RankTask(s.meta.file, s.rank, cache_root, use_cache, offset, waits))
-            if isinstance(tl, InputProblem):
-                problems.append(tl)
-            else:
-                events = writer.rank(tl, origin)
-                written.append(s.rank)
-                rank_meta.append({"rank": s.rank, "pid": s.rank, "file": s.meta.file, "clock_offset_ns": offset,
-                                  "events": events, "tracks": tl.tracks.height, "moved_to_overlap_tracks": tl.moved,
-                                  "clipped": tl.clipped, "notes": tl.notes})
-            if on_progress:
-                on_progress(total + i + 1, 2 * total, s.meta.file)
-            del tl
-    except BaseException:
-        writer.abort()
-        raise
+    written = []
+    for i, (s, offset) in enumerate(zip(analysis.ranks, offset_of)):
+        waits = collective_waits(cross.collectives, s.rank) if cross is not None else None
+        tl = _timeline_task(_RankTask(s.meta.file, s.rank, cache_root, use_cache, offset, waits))
+        if isinstance(tl, InputProblem):
+            problems.append(tl)
+        else:
+            events = writer.rank(tl, origin)
+            written.append({"rank": s.rank, "pid": s.rank, "file": s.meta.file, "clock_offset_ns": offset,
+                            "events": events, "tracks": tl.tracks.height, "moved_to_overlap_tracks": tl.moved,
+                            "clipped": tl.clipped, "notes": tl.notes})
+        del tl
+        if on_progress:
+            on_progress(files + i + 1, files + len(analysis.ranks), s.meta.file)
     if not written:
-        writer.abort()
-        return ExportResult(str(out), [], 0, 0, problems)
-    metadata = {
+        return ExportResult(str(writer.out), [], 0, 0, problems)
+    size = writer.close({
         "schema": SCHEMA, "origin_ns": origin,
         "time": "ts/dur in µs since origin_ns on the aligned clock: (own timestamp - clock_offset_ns - origin_ns) / 1000",
         "clock": as_plain(cross.clock.as_dict()) if cross is not None else None,
-        "ranks": rank_meta, "skipped": [str(p) for p in problems if p.fatal], "warnings": analysis.job.warnings,
-    }
-    size = writer.close(metadata)
-    return ExportResult(str(out), written, writer.events, size, problems)
+        "ranks": written, "skipped": [str(p) for p in problems if p.fatal], "warnings": analysis.job.warnings,
+    })
+    return ExportResult(str(writer.out), [w["rank"] for w in written], writer.events, size, problems)
