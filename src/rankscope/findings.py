@@ -310,7 +310,7 @@ def _comm(job: _Job) -> Iterable[Finding]:
                 threshold={k: t[k] for k in ("after_backward_pct", "low_overlap_pct", "comm_significant_pct")},
                 cost_ms_per_step=med_ms)
 
-    comm_ms = median(job.part(s, "comm_exposed") + job.part(s, "comm_overlapped") for s in with_comm)
+    comm_ms = median(exposed[s.rank] + job.part(s, "comm_overlapped") for s in with_comm)   # waits excluded
     compute_ms = median(job.part(s, "compute") + job.part(s, "comm_overlapped") for s in with_comm)
     if compute_ms >= 0 and comm_ms > t["comm_bound_ratio"] * compute_ms:
         ratio = comm_ms / compute_ms if compute_ms > 0 else None
