@@ -177,5 +177,36 @@ def export_perfetto_cmd(paths, out, cache_dir, no_cache, quiet) -> None:
     sys.exit(code)
 
 
+@main.command("diff")
+@click.argument("before", type=click.Path(exists=True))
+@click.argument("after", type=click.Path(exists=True))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema rankscope.diff/1).")
+@click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
+              help=f"Where parsed ranks are kept (default {default_cache_dir()}; env RANKSCOPE_CACHE_DIR).")
+@click.option("--no-cache", is_flag=True, help="Parse every file; neither read nor write the cache.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+def diff_cmd(before, after, as_json, cache_dir, no_cache, quiet) -> None:
+    """A/B comparison of two runs (trace folders or single traces): what changed, beyond noise."""
+    from rankscope.analyses.diff import diff_analyses
+    sides = []
+    for path in (before, after):
+        result = _with_progress(lambda progress, path=path: analyze([path], cache_dir=cache_dir, use_cache=not no_cache,
+                                                                    on_progress=progress),
+                                quiet, f"analysing {Path(path).name}")
+        if not result.ranks:
+            _err(f"{path}: no usable trace found (give a folder of *.pt.trace.json[.gz] files, or one file)")
+            sys.exit(EXIT_NOTHING)
+        sides.append(result)
+    d = diff_analyses(*sides, labels=(before, after))
+    if as_json:
+        from rankscope.render.diff_json import diff_to_dict
+        sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(diff_to_dict(d)), indent=1))
+        sys.stdout.write("\n")
+    else:
+        from rankscope.render.diff_terminal import render_diff
+        render_diff(d, Console(highlight=False))
+    sys.exit(EXIT_SKIPPED if any(side.skipped for side in sides) else EXIT_OK)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -26,7 +26,8 @@ from rankscope.analyses.memory import memory_timeline, pageable_memcpy
 from rankscope.analyses.overlap import comm_comp_overlap
 from rankscope.analyses.temporal import temporal_breakdown
 from rankscope.analyses.steps import device_busy_ns, step_windows
-from rankscope.model import DEVICE_KINDS, Kind, KernelClass, RankMeta, RankTrace
+from rankscope.model import (DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, KernelClass, RankMeta,
+                             RankTrace, names_matching)
 
 NS_PER_MS = 1e6
 #: Memory samples kept per device in the summary (peaks kept exactly): enough for a chart.
@@ -71,6 +72,7 @@ class RankSummary:
     kernels: dict | None = None       # kernel classes, top kernels, occupancy, Tensor Core / FP32 GEMM share
     operators: dict | None = None     # top ops by self device / CPU time, grouped by name
     collectives: RankCollectives | None = None   # this rank's collectives, for the cross-rank reduce
+    name_totals: dict | None = None   # every kernel / op name: {"kernels"|"ops": name_totals(...)} (diff)
     from_cache: bool = False
 
     @property
@@ -114,7 +116,24 @@ def summarize_rank(trace: RankTrace) -> RankSummary:
         if len(dev) else None,
         operators=as_plain(operator_stats(trace, top_n=TOP_N)),
         collectives=rank_collectives(trace, timeline, windows),
+        name_totals={"kernels": name_totals(dev), "ops": name_totals(_host_ops(ev))},
     )
+
+
+def name_totals(events: pl.DataFrame) -> dict:
+    """Per event name, as columns: name, count, total_ns (summed duration) and sumsq_ns2 (summed
+    squared duration, float: the per-call variance for the diff's Welch test). Every name, sorted."""
+    t = (events.group_by(pl.col("name").cast(pl.String))
+         .agg(pl.len().cast(pl.Int64).alias("count"), pl.col("dur_ns").sum().cast(pl.Int64).alias("total_ns"),
+              (pl.col("dur_ns").cast(pl.Float64) ** 2).sum().alias("sumsq_ns2"))
+         .sort("name"))
+    return as_plain(t)
+
+
+def _host_ops(ev: pl.DataFrame) -> pl.DataFrame:
+    """Host ops (CPU ops, user annotations) without the ProfilerStep spans."""
+    ops = ev.filter(pl.col("kind").is_in([int(k) for k in HOST_OP_KINDS]))
+    return ops.filter(~pl.col("name").is_in(names_matching(ops, PROFILER_STEP_PATTERN)))
 
 
 def _hta_parity(trace: RankTrace) -> dict:
