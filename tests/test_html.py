@@ -93,7 +93,7 @@ def hostile_report(tmp_path_factory) -> dict:
 
 def _figures(page: str) -> dict:
     """The chart specs the page hands to Plotly (its one application/json block)."""
-    blocks = re.findall(r'<script type="application/json" id="rankscope-figures">(.*?)</script>', page, re.S)
+    blocks = re.findall(r'<script type="application/json" id="rankscope-figures">(.*?)</script>', page, re.DOTALL)
     assert len(blocks) == 1
     return json.loads(blocks[0])
 
@@ -105,7 +105,7 @@ def test_self_contained_plotly_embedded(reports):
     plotly_js = plotly.offline.get_plotlyjs()
     assert plotly_js in page                                  # the package's bundle, inline, byte for byte
     ours = page.replace(plotly_js, "")                        # (plotly.js's own strings name URLs it never loads)
-    assert not re.search(r"<(script|link|img|iframe)\b[^>]*\b(src|href)\s*=", ours, re.I)
+    assert not re.search(r"<(script|link|img|iframe)\b[^>]*\b(src|href)\s*=", ours, re.IGNORECASE)
     assert "http://" not in ours and "https://" not in ours
     assert ours.count("<script") == 3                         # plotly.js, the chart specs, the page's boot code
 
@@ -151,7 +151,7 @@ def test_hostile_names_escaped(hostile_report):
         assert fragment not in page
     assert html.escape(HOSTILE_KERNEL) in page                # reached the top-kernels table, as text
     assert html.escape(HOSTILE_DEVICE) in page                # the device name in the header
-    block = re.search(r'id="rankscope-figures">(.*?)</script>', page, re.S).group(1)
+    block = re.search(r'id="rankscope-figures">(.*?)</script>', page, re.DOTALL).group(1)
     assert "<" not in block and ">" not in block and "\u2028" not in block
     labels = _figures(page)["chart-collective-skew"]["variants"]["all"]["data"][0]["x"]
     assert labels == [html.escape(f"{HOSTILE_TYPE} (2 ranks)", quote=False)]   # plotly shows it as text

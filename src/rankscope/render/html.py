@@ -271,8 +271,8 @@ def _finding(f: dict) -> str:
              f"steps {_ranges(sorted(f['steps']))}" if f.get("steps") else ""]
     evidence = f.get("evidence") or {}
     threshold = f.get("threshold") or {}
-    parts = [f'<div class="head"><span class="badge">{_e(severity)}</span>{_e(f.get("summary") or "")} '
-             f'<code>{_e(f.get("id"))}</code></div>',
+    parts = [(f'<div class="head"><span class="badge">{_e(severity)}</span>{_e(f.get("summary") or "")} '
+              f'<code>{_e(f.get("id"))}</code></div>'),
              _note(" · ".join(w for w in where if w)),
              _table(["evidence", "value"], [[k, v] for k, v in evidence.items()]) if evidence else "",
              f"<p>{_e(f['explanation'])}</p>" if f.get("explanation") else "",
