@@ -14,6 +14,7 @@ Independent sources, per test:
 """
 from __future__ import annotations
 
+import html
 import json
 import math
 import re
@@ -27,6 +28,7 @@ from conftest import (GLOO_HEALTHY, assert_no_traceback, corpus_files, load_json
                       x_events)
 from rankscope.analyses.diff import (ALPHA, COLLECTIVE_METRICS, STEP_METRICS, compare_samples, diff_analyses,
                                      student_t_p_two_sided, verdict_text)
+from rankscope.render.diff_html import render_diff_html
 from rankscope.render.diff_json import SCHEMA, diff_to_dict
 from rankscope.synth import generate_job, parse_injection
 
@@ -284,3 +286,30 @@ def test_cli_terminal_headline_first_and_bad_input(corpus: Path, tmp_path: Path)
     lines = proc.stderr.splitlines()
     assert lines and all(line.startswith("rankscope: ") and str(bad) in line for line in lines), proc.stderr
     assert any("rank0.pt.trace.json" in line for line in lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# HTML section
+HOSTILE = '</script><img src=x onerror="window.__pwned=1">'
+
+
+def test_html_page_escapes_names_and_holds_the_comparison(corpus: Path):
+    report = diff_to_dict(_diff(corpus / LOADER0, corpus / LOADER2))
+    report["ops"]["rows"][0]["name"] = HOSTILE                   # a hostile name written by hand
+    report["compared"]["warnings"].append(HOSTILE)
+    page = render_diff_html(report)
+    assert HOSTILE not in page and page.count(html.escape(HOSTILE)) >= 2
+    assert '<section id="diff">' in page and html.escape(report["headline"]) in page
+    assert "<script src" not in page and "<link" not in page        # nothing fetched: plotly.js is inline
+    for label in ("step time ms", "DataLoader %", "dataloader ms", "arrival skew ms"):
+        assert f"<td>{label}</td>" in page, label
+
+
+def test_cli_html_option(corpus: Path, tmp_path: Path):
+    out = tmp_path / "diff.html"
+    proc = run_cli(["diff", corpus / GLOO_HEALTHY, corpus / GLOO_HEALTHY, "-q", "--html", out,
+                    "--cache-dir", shared_cache_dir()], tmp_path)
+    assert_no_traceback(proc)
+    assert proc.returncode == 0, proc.stderr
+    page = out.read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>") and "no metric changed significantly" in page

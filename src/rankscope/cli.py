@@ -185,7 +185,9 @@ def export_perfetto_cmd(paths, out, cache_dir, no_cache, quiet) -> None:
               help=f"Where parsed ranks are kept (default {default_cache_dir()}; env RANKSCOPE_CACHE_DIR).")
 @click.option("--no-cache", is_flag=True, help="Parse every file; neither read nor write the cache.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
-def diff_cmd(before, after, as_json, cache_dir, no_cache, quiet) -> None:
+@click.option("--html", "html_path", type=click.Path(dir_okay=False), default=None, metavar="PATH",
+              help="Also write the comparison as a self-contained HTML page to PATH.")
+def diff_cmd(before, after, as_json, cache_dir, no_cache, quiet, html_path) -> None:
     """A/B comparison of two runs (trace folders or single traces): what changed, beyond noise."""
     from rankscope.analyses.diff import diff_analyses
     sides = []
@@ -198,8 +200,15 @@ def diff_cmd(before, after, as_json, cache_dir, no_cache, quiet) -> None:
             sys.exit(EXIT_NOTHING)
         sides.append(result)
     d = diff_analyses(*sides, labels=(before, after))
+    from rankscope.render.diff_json import diff_to_dict
+    if html_path:
+        from rankscope.render.diff_html import render_diff_html
+        try:
+            Path(html_path).write_text(render_diff_html(diff_to_dict(d)), encoding="utf-8")
+        except OSError as exc:
+            _err(f"{html_path}: cannot write the HTML page: {exc.strerror or exc}")
+            sys.exit(EXIT_NOTHING)
     if as_json:
-        from rankscope.render.diff_json import diff_to_dict
         sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(diff_to_dict(d)), indent=1))
         sys.stdout.write("\n")
     else:

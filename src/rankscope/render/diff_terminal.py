@@ -21,7 +21,7 @@ LABELS = {"step_time_ms": "step time ms", "gpu_idle_ms": "GPU idle ms", "gpu_idl
           "collective_busbw_gbps": "busbw GB/s"}
 
 
-def _label(metric: str) -> str:
+def metric_label(metric: str) -> str:
     group, _, part = metric.partition(".")
     return f"  {part.replace('_', ' ')}" if part else LABELS.get(metric, metric)
 
@@ -34,11 +34,13 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:+.1f}%"
 
 
+def p_text(p: float | None) -> str:
+    return "n/a" if p is None else ("<0.001" if p < 0.001 else f"{p:.3f}")
+
+
 def _p(c: Comparison) -> str:
     """The p-value, starred when the change is significant."""
-    if c.p_value is None:
-        return "n/a"
-    return ("<0.001" if c.p_value < 0.001 else f"{c.p_value:.3f}") + ("*" if c.significant else " ")
+    return p_text(c.p_value) + ("*" if c.significant else " " if c.p_value is not None else "")
 
 
 def _ci(c: Comparison) -> str:
@@ -57,7 +59,7 @@ def _metrics_table(title: str, metrics: dict[str, Comparison], console: Console)
     for m, c in metrics.items():
         if m == "breakdown_ms.compute":
             t.add_row("step breakdown ms", style="dim")
-        t.add_row(_label(m), _num(c.before), _num(c.after), _num(c.delta), _pct(c.delta_pct), _p(c), _ci(c),
+        t.add_row(metric_label(m), _num(c.before), _num(c.after), _num(c.delta), _pct(c.delta_pct), _p(c), _ci(c),
                   style="bold" if c.significant else None)
     console.print(t)
     console.print(f"  * significant: p < {ALPHA} (Welch's t-test) and the bootstrap CI of the delta excludes 0",
@@ -94,7 +96,7 @@ def _ranks(d: Diff, console: Console) -> None:
         moves = largest_moves(r.metrics, 1)
         rank = str(r.rank_after) if r.rank_before == r.rank_after else f"{r.rank_before}->{r.rank_after}"
         t.add_row(rank, _num(st.before), _num(st.after), _pct(st.delta_pct), _p(st),
-                  f"{_label(moves[0].metric).strip()} {moves[0].delta:+.1f} ms" if moves else "")
+                  f"{metric_label(moves[0].metric).strip()} {moves[0].delta:+.1f} ms" if moves else "")
     t.columns[-1].justify = "left"
     console.print(t)
     if len(rows) < len(d.ranks):

@@ -1,0 +1,142 @@
+"""`rankscope diff --html`: the A/B comparison as a section of the HTML report, from the
+`rankscope.diff/1` dict (render.diff_json). Reuses the report's page helpers (render/html.py):
+escaping, tables, charts, the CSS and the embedded plotly.js. Computes nothing: it picks rows
+(the largest changes first, as the dict orders them) and formats them. Every name is escaped.
+"""
+from __future__ import annotations
+
+import plotly.offline
+
+from rankscope import __version__
+from rankscope.analyses.breakdown import CATEGORIES
+from rankscope.render.diff_terminal import metric_label, p_text
+from rankscope.render.html import (_BOOT, _CSS, CATEGORY_COLORS, CATEGORY_LABELS, _e, _fmt, _Html, _kv, _layout, _name,
+                                   _note, _one_chart, _script_json, _table)
+from rankscope.render.terminal import _ranges
+
+#: Rows listed per table (the dict, i.e. --json, has all).
+MAX_RANK_ROWS = 32
+MAX_NAME_ROWS = 20
+
+
+def render_diff_html(report: dict) -> str:
+    """One self-contained page (plotly.js inline, no network) holding `diff_section`."""
+    figures: dict[str, dict] = {}
+    body = diff_section(report, figures)
+    plotly_js = plotly.offline.get_plotlyjs().replace("</script", "<\\/script")
+    head = (f'<meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>rankscope diff</title><style>{_CSS}</style>\n<script>{plotly_js}</script>\n")
+    foot = f"<footer>rankscope {_e(__version__)} &middot; schema {_e(report.get('schema'))}</footer>"
+    return (f'<!DOCTYPE html>\n<html lang="en"><head>{head}</head>\n<body><main class="page">{body}{foot}</main>\n'
+            f'<script type="application/json" id="rankscope-figures">{_script_json(figures)}</script>\n'
+            f"<script>{_BOOT}</script>\n</body></html>\n")
+
+
+def diff_section(report: dict, figures: dict) -> str:
+    """The `<section id="diff">` of a report: conclusion, what was compared, the tests, per rank,
+    collectives and stragglers, findings, and the op / kernel diff."""
+    parts = [f'<section id="diff"><h2>A/B comparison</h2><p><b>{_e(report["headline"])}</b></p>',
+             _compared(report), _breakdown_chart(report, figures),
+             "<h3>Job-wide, mean per step</h3>", _note("Samples: every compared step of every compared rank."),
+             _metrics(report["job"]), _ranks(report), _cross(report), _findings(report),
+             _names("Kernels (device activity) by impact", report["kernels"]),
+             _names("Ops (host) by impact", report["ops"]), "</section>"]
+    return "".join(parts)
+
+
+def _compared(report: dict) -> str:
+    c, s = report["compared"], report["settings"]
+
+    def side(x: dict) -> str:
+        return (f"{x['input']}: {len(x['ranks'])} rank(s) ({_ranges(x['ranks'])}), {x['steps']} steps on the "
+                f"compared ranks, {', '.join(x['formats'])}")
+    how = "by rank id" if c["rank_match"] == "rank_id" else "paired in sorted order"
+    rows = [("before", side(c["before"])), ("after", side(c["after"])),
+            ("ranks compared", f"{len(c['rank_pairs'])} ({how})"), ("step samples a side", _fmt(c["samples"])),
+            ("test", f"Welch's t-test (two-sided) and a {_fmt(s['ci_level_pct'], 0)}% percentile bootstrap CI of "
+                     f"the delta ({s['bootstrap_resamples']} resamples, seed {s['bootstrap_seed']}); significant: "
+                     f"p < {s['alpha']} and the CI excludes 0")]
+    warnings = "".join(f"<li>{_e(w)}</li>" for w in c["warnings"])
+    return _kv(rows) + (f'<ul class="warnings">{warnings}</ul>' if warnings else "")
+
+
+def _breakdown_chart(report: dict, figures: dict) -> str:
+    parts = report["job"].get("breakdown_ms") or {}
+    data = [{"type": "bar", "name": CATEGORY_LABELS[cat], "x": ["before", "after"],
+             "y": [parts[cat]["before"], parts[cat]["after"]], "marker": {"color": CATEGORY_COLORS[cat]},
+             "hovertemplate": "%{x}: %{y:.3f} ms per step"} for cat in CATEGORIES if cat in parts]
+    return _one_chart(figures, "chart-diff-breakdown", data, _layout("", "ms per step", slots=2))
+
+
+def _sig(m: dict) -> _Html:
+    return _Html("<b>yes</b>" if m["significant"] else "no")
+
+
+def _ci(m: dict) -> str | None:
+    return None if m["ci"] is None else f"{_fmt(m['ci'][0])} .. {_fmt(m['ci'][1])}"
+
+
+def _metrics(metrics: dict) -> str:
+    rows = []
+    for name, m in metrics.items():
+        group = m.items() if name == "breakdown_ms" else [(None, m)]
+        for part, x in group:
+            label = metric_label(f"{name}.{part}" if part else name).strip() + (" ms" if part else "")
+            rows.append([label, x["before"], x["after"], x["delta"], x["delta_pct"], p_text(x["p_value"]), _ci(x),
+                         _sig(x)])
+    return _table(["metric", "before", "after", "delta", "delta %", "p", "CI of delta", "significant"], rows,
+                  numeric={1, 2, 3, 4, 5, 6})
+
+
+def _ranks(report: dict) -> str:
+    ranks = sorted(report["ranks"], key=lambda r: -abs(r["metrics"]["step_time_ms"]["delta"] or 0))[:MAX_RANK_ROWS]
+    if len(report["ranks"]) < 2:
+        return ""
+    rows = [[f"{r['rank_before']} / {r['rank_after']}", r["steps_compared"], st["before"], st["after"],
+             st["delta_pct"], p_text(st["p_value"]), _sig(st)]
+            for r in sorted(ranks, key=lambda r: r["rank_after"]) for st in [r["metrics"]["step_time_ms"]]]
+    more = len(report["ranks"]) - len(ranks)
+    return ("<h3>Per rank: step time ms</h3>" + _note("Samples: the rank's own compared steps."
+                                                      + (f" The {len(ranks)} largest changes of {len(report['ranks'])}"
+                                                         " rank pairs are listed." if more > 0 else ""))
+            + _table(["rank before / after", "steps", "before", "after", "delta %", "p", "significant"], rows,
+                     numeric={1, 2, 3, 4, 5}))
+
+
+def _cross(report: dict) -> str:
+    out = ""
+    if report["collectives"]:
+        out += "<h3>Collectives</h3>" + _note("Samples: the matched collectives of each job.") \
+            + _metrics(report["collectives"])
+    s = report["stragglers"]
+    if s["verdict_before"] or s["verdict_after"]:
+        out += "<h3>Stragglers</h3>" + _kv([("before", s["verdict_before"] or "n/a"),
+                                             ("after", s["verdict_after"] or "n/a")])
+        rows = [[x["rank"], x["status"], x["cause_before"], x["cause_after"], x["cost_ms_per_step_before"],
+                 x["cost_ms_per_step_after"]] for x in s["changes"]]
+        if rows:
+            out += _table(["rank", "status", "cause before", "cause after", "cost ms/step before",
+                           "cost ms/step after"], rows, numeric={0, 4, 5})
+    return out
+
+
+def _findings(report: dict) -> str:
+    findings = report["findings"]
+    if findings is None:
+        return "<h3>Findings</h3>" + _note("Not compared: the analyses carry no findings.")
+    rows = [[f["status"], _Html(f"<code>{_e(f['id'])}</code>"), _ranges(f["ranks"]),
+             f"{f['severity_before'] or '–'} → {f['severity_after'] or '–'}", f["summary"]] for f in findings]
+    return "<h3>Findings, by id and ranks</h3>" + (_table(["status", "id", "ranks", "severity", "summary"], rows)
+                                                    if rows else _note("No findings on either side."))
+
+
+def _names(title: str, names: dict) -> str:
+    if not names["rows"]:
+        return ""
+    counts = ", ".join(f"{n} {s}" for s, n in names["counts"].items())
+    rows = [[_name(r["name"], 90), r["status"], r["calls_before"], r["calls_after"], r["per_call_us_before"],
+             r["per_call_us_after"], r["impact_ms_per_step"]] for r in names["rows"][:MAX_NAME_ROWS]]
+    return (f"<h3>{_e(title)}</h3>" + _note(f"{counts}. Slower / faster: time per call, Welch's t-test over the "
+                                          f"calls; impact: change of total time per step.")
+            + _table(["name", "status", "calls before", "calls after", "µs per call before", "µs per call after",
+                      "impact ms/step"], rows, numeric={2, 3, 4, 5, 6}))
