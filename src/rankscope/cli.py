@@ -79,8 +79,11 @@ def main() -> None:
 @main.command("analyze")
 @click.argument("paths", nargs=-1, type=click.Path())
 @click.option("--demo", is_flag=True, help="Analyse a generated demo job (8 ranks, one straggler).")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False), default=None, metavar="PATH",
+              help="Also write a self-contained HTML report (findings and charts, works offline) to PATH.")
 @common_options
-def analyze_cmd(paths, demo, cache_dir, no_cache, engine, workers, as_json, quiet) -> None:
+def analyze_cmd(paths, demo, cache_dir, no_cache, engine, workers, as_json, quiet,
+                html_path) -> None:
     """Analyse a job: a folder of per-rank traces (or files)."""
     if demo:
         from rankscope.synth import demo_job_dir
@@ -99,7 +102,20 @@ def analyze_cmd(paths, demo, cache_dir, no_cache, engine, workers, as_json, quie
         else:
             from rankscope.render.terminal import render_analysis
             render_analysis(result, Console(highlight=False))
+        if html_path:
+            _write_html(result, html_path)
     sys.exit(code)
+
+
+def _write_html(result, path: str) -> None:
+    from rankscope.render.html import render_html
+    from rankscope.render.json import analysis_to_dict
+    try:
+        Path(path).write_text(render_html(analysis_to_dict(result)), encoding="utf-8")
+    except OSError as exc:
+        _err(f"cannot write the HTML report {path}: {exc.strerror or exc}")
+        sys.exit(EXIT_NOTHING)
+    click.echo(f"wrote HTML report to {path}", err=True)
 
 
 @main.command("validate")
