@@ -133,9 +133,10 @@ class Ingest:
 
 def ingest(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True,
            engine: str = "auto", workers: int | None = None,
-           on_progress: Callable[[int, int, str], None] | None = None) -> Ingest:
+           on_progress: Callable[[int, int, str], None] | None = None, address: str | None = None) -> Ingest:
     """Read (or find in the cache) every rank of a job without analysing it."""
-    metas, problems, chosen = _map_files(inputs, _load_task, cache_dir, use_cache, engine, workers, on_progress)
+    metas, problems, chosen = _map_files(inputs, _load_task, cache_dir, use_cache, engine, workers, on_progress,
+                                         address)
     kept, warnings, rank_problems = _assign(metas)
     return Ingest(kept, problems + rank_problems, warnings + _coverage(kept)[2], chosen)
 
@@ -157,14 +158,15 @@ def _assign(metas: list[RankMeta]) -> tuple[list[RankMeta], list[str], list[Inpu
     return kept, warnings, problems
 
 
-def _map_files(inputs, task_fn, cache_dir, use_cache, engine, workers, on_progress) -> tuple[list, list, str]:
+def _map_files(inputs, task_fn, cache_dir, use_cache, engine, workers, on_progress,
+               address=None) -> tuple[list, list, str]:
     """Discover the files and map `task_fn` over them: (results, problems, engine used)."""
     items = inputs if isinstance(inputs, list) else [inputs]
     found = discover(items)
     problems = [InputProblem(str(f), why, fatal=False) for f, why in found.ignored]
     files = sorted(found.traces, key=lambda p: -_size(p))     # largest first: better balance
     workers = workers or engines.default_workers()
-    chosen = engines.choose_engine(engine, sum(_size(p) for p in files), len(files), workers)
+    chosen = engines.choose_engine(engine, sum(_size(p) for p in files), len(files), workers, address)
     cache_root = str(cache_dir) if cache_dir is not None else None
     tasks = [_Task(str(p), cache_root, use_cache) for p in files]
     done = 0
@@ -175,18 +177,20 @@ def _map_files(inputs, task_fn, cache_dir, use_cache, engine, workers, on_progre
         if on_progress:
             on_progress(done, len(tasks), tasks[i].path)
 
-    results = engines.map_ranks(task_fn, tasks, engine=chosen, workers=workers, on_done=progress)
+    results = engines.map_ranks(task_fn, tasks, engine=chosen, workers=workers, on_done=progress, address=address,
+                                on_lost=lambda task, why: InputProblem(task.path, why))
     problems += [r for r in results if isinstance(r, InputProblem)]
     return [r for r in results if not isinstance(r, InputProblem)], problems, chosen
 
 
 def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True,
             engine: str = "auto", workers: int | None = None,
-            on_progress: Callable[[int, int, str], None] | None = None) -> Analysis:
+            on_progress: Callable[[int, int, str], None] | None = None, address: str | None = None) -> Analysis:
     """Analyse a job: a folder of per-rank traces, one file, or a list of either.
-    `on_progress(done, total, file)` is called as ranks finish."""
+    `on_progress(done, total, file)` is called as ranks finish. `engine="ray"` maps the ranks on
+    Ray: the cluster at `address` (e.g. "auto", "ray://head:10001"), else a local runtime."""
     summaries, problems, chosen = _map_files(inputs, _rank_task, cache_dir, use_cache, engine, workers,
-                                             on_progress)
+                                             on_progress, address)
     kept_metas, rank_warnings, rank_problems = _assign([s.meta for s in summaries])
     by_file = {s.meta.file: s for s in summaries}
     kept = [by_file[m.file] for m in kept_metas]

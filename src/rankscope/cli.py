@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from rankscope import __version__
 from rankscope.api import analyze, ingest
-from rankscope.engine import ENGINES
+from rankscope.engine import ENGINES, EngineError
 from rankscope.ingest.cache import default_cache_dir
 
 EXIT_OK, EXIT_SKIPPED, EXIT_NOTHING = 0, 1, 2
@@ -37,7 +37,11 @@ def _with_progress(run, quiet: bool, label: str):
         def progress(done: int, total: int, _file: str) -> None:
             bar.update(task, completed=done, total=total)
 
-        result = run(progress)
+        try:
+            result = run(progress)
+        except EngineError as exc:
+            _err(str(exc))
+            sys.exit(EXIT_NOTHING)
     for p in result.problems:
         _err(str(p) if p.fatal else f"warning: {p}")
     return result
@@ -56,9 +60,13 @@ _common = [
     click.option("--no-cache", is_flag=True, help="Parse every file; neither read nor write the cache."),
     click.option("--engine", type=click.Choice(ENGINES), default="auto", show_default=True,
                  help="Per-rank work: local thread pool, worker processes, one by one in this process, "
-                      "or auto by input size."),
+                      "Ray tasks (pip install 'rankscope[ray]'), or auto by input size."),
+    click.option("--address", default=None, metavar="ADDR",
+                 help="Ray cluster to run on (implies --engine ray): 'auto', 'HOST:6379' or 'ray://HOST:10001'. "
+                      "Without it, --engine ray starts a local Ray runtime of --workers CPUs."),
     click.option("--workers", type=click.IntRange(min=1), default=None,
-                 help="Parallel ranks for the local/processes engines (default: usable CPU cores)."),
+                 help="Parallel ranks for the local/processes engines, CPUs of a local Ray runtime "
+                      "(default: usable CPU cores)."),
     click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema rankscope.analysis/1)."),
     click.option("-q", "--quiet", is_flag=True, help="No progress bar."),
 ]
@@ -82,7 +90,7 @@ def main() -> None:
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), default=None, metavar="PATH",
               help="Also write a self-contained HTML report (findings and charts, works offline) to PATH.")
 @common_options
-def analyze_cmd(paths, demo, cache_dir, no_cache, engine, workers, as_json, quiet,
+def analyze_cmd(paths, demo, cache_dir, no_cache, engine, address, workers, as_json, quiet,
                 html_path) -> None:
     """Analyse a job: a folder of per-rank traces (or files)."""
     if demo:
@@ -91,7 +99,8 @@ def analyze_cmd(paths, demo, cache_dir, no_cache, engine, workers, as_json, quie
     if not paths:
         raise click.UsageError("give a folder of traces (or files), or --demo")
     result = _with_progress(lambda progress: analyze(list(paths), cache_dir=cache_dir, use_cache=not no_cache,
-                                                     engine=engine, workers=workers, on_progress=progress),
+                                                     engine=engine, workers=workers, on_progress=progress,
+                                                     address=address),
                             quiet, "analysing ranks")
     code = _exit_code(result)
     if result.ranks:
@@ -121,10 +130,11 @@ def _write_html(result, path: str) -> None:
 @main.command("validate")
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @common_options
-def validate_cmd(paths, cache_dir, no_cache, engine, workers, as_json, quiet) -> None:
+def validate_cmd(paths, cache_dir, no_cache, engine, address, workers, as_json, quiet) -> None:
     """Check trace files before sharing them: rank, format, events, steps, problems per file."""
     result = _with_progress(lambda progress: ingest(list(paths), cache_dir=cache_dir, use_cache=not no_cache,
-                                                    engine=engine, workers=workers, on_progress=progress),
+                                                    engine=engine, workers=workers, on_progress=progress,
+                                                    address=address),
                             quiet, "reading ranks")
     from rankscope.render.validate import render_validation, validation_rows
     rows = validation_rows(result)

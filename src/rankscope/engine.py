@@ -6,14 +6,20 @@
              each holding their own polars/numpy, and no worker start-up on cached loads.
   processes  a pool of worker processes, for per-rank work that would hold the GIL.
   inprocess  one rank after the other (debugging, tiny inputs).
+  ray        Ray tasks (`pip install 'rankscope[ray]'`): on the cluster at `address`, or on a local
+             runtime of `workers` CPUs started for this call. Each task reads its file by path
+             (the files must be readable at the same path on every node, and rankscope installed
+             there); only the small results travel back to the driver.
 
 The mapped function takes one item (a file) and returns a small picklable result; the driver
-never receives event frames. A later engine (Ray) plugs in behind the same `map_ranks`.
+never receives event frames.
 """
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import os
+import socket
 import sys
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from typing import Callable, Iterable, TypeVar
@@ -21,7 +27,13 @@ from typing import Callable, Iterable, TypeVar
 T = TypeVar("T")
 R = TypeVar("R")
 
-ENGINES = ("auto", "local", "processes", "inprocess")
+ENGINES = ("auto", "local", "processes", "inprocess", "ray")
+RAY_MISSING = "engine ray needs `pip install 'rankscope[ray]'`"
+#: Ray re-runs a task whose worker or node died this many times, then reports the item as lost.
+RAY_TASK_RETRIES = 2
+#: How long to try a TCP connection to a Ray address before saying it is unreachable (ray.init
+#: itself retries for minutes).
+RAY_CONNECT_TIMEOUT_S = 10.0
 #: Below this much input (bytes on disk), process start-up costs more than it saves.
 AUTO_INPROCESS_BELOW_BYTES = 16 << 20
 
@@ -33,9 +45,17 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def choose_engine(engine: str, total_bytes: int, n_items: int, workers: int) -> str:
+class EngineError(RuntimeError):
+    """The engine cannot run here (not installed, cluster unreachable); the message is one line."""
+
+
+def choose_engine(engine: str, total_bytes: int, n_items: int, workers: int, address: str | None = None) -> str:
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    if address and engine not in ("auto", "ray"):
+        raise EngineError(f"a Ray address ({address}) needs engine ray, not {engine}")
+    if address:
+        return "ray"
     if engine != "auto":
         return engine
     if n_items <= 1 or workers <= 1 or total_bytes < AUTO_INPROCESS_BELOW_BYTES:
@@ -44,10 +64,16 @@ def choose_engine(engine: str, total_bytes: int, n_items: int, workers: int) -> 
 
 
 def map_ranks(fn: Callable[[T], R], items: Iterable[T], engine: str = "local", workers: int | None = None,
-              on_done: Callable[[int, R], None] | None = None) -> list[R]:
+              on_done: Callable[[int, R], None] | None = None, address: str | None = None,
+              on_lost: Callable[[T, str], R] | None = None) -> list[R]:
     """Apply `fn` to every item; results in item order. `on_done(i, result)` runs in the driver
-    as each finishes (progress bars)."""
+    as each finishes (progress bars). `on_lost(item, why)` stands in for the result of an item
+    whose worker died (Ray, after its retries); without it that raises EngineError."""
     items = list(items)
+    if not items:
+        return []
+    if engine == "ray":
+        return _map_ray(fn, items, workers, on_done, address, on_lost)
     results: list = [None] * len(items)
     if engine == "inprocess" or len(items) <= 1:
         for i, item in enumerate(items):
@@ -70,3 +96,72 @@ def map_ranks(fn: Callable[[T], R], items: Iterable[T], engine: str = "local", w
             if on_done:
                 on_done(i, results[i])
     return results
+
+
+def _map_ray(fn, items: list, workers: int | None, on_done, address: str | None, on_lost) -> list:
+    """Ray tasks over `fn`, gathered with ray.wait as they finish. Uses the Ray runtime this process
+    is already connected to, else connects to `address`, else starts a local one of `workers` CPUs;
+    what it started or connected to, it shuts down."""
+    try:
+        import ray
+        import ray.exceptions
+    except ImportError:
+        raise EngineError(RAY_MISSING) from None
+    started = not ray.is_initialized()
+    if started:
+        quiet = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
+        try:
+            if address:
+                _check_reachable(address)
+                ray.init(address=address, **quiet)
+            else:
+                ray.init(address="local", num_cpus=workers or default_workers(), **quiet)
+        except EngineError:
+            raise
+        except Exception as exc:  # ray raises ConnectionError, RuntimeError, ValueError ...
+            where = f"the Ray cluster at {address}" if address else "a local Ray runtime"
+            raise EngineError(f"cannot start or reach {where}: {_first_line(exc)}") from None
+    try:
+        task = ray.remote(num_cpus=1, max_retries=RAY_TASK_RETRIES)(fn)
+        index = {task.remote(item): i for i, item in enumerate(items)}
+        results: list = [None] * len(items)
+        pending = list(index)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)           # block for one,
+            if pending:                                                # then take all that are done
+                more, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
+                ready += more
+            for ref in ready:
+                i = index[ref]
+                try:
+                    results[i] = ray.get(ref)
+                except ray.exceptions.RayTaskError:
+                    raise                      # `fn` itself raised: as with the other engines
+                except ray.exceptions.RayError as exc:   # its worker or node died, after the retries
+                    why = f"lost on Ray: {_first_line(exc)}"
+                    if on_lost is None:
+                        raise EngineError(why) from None
+                    results[i] = on_lost(items[i], why)
+                if on_done:
+                    on_done(i, results[i])
+        return results
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+def _check_reachable(address: str) -> None:
+    """A HOST:PORT address (optionally ray://) must accept a TCP connection; others ("auto") are
+    left to Ray."""
+    host, sep, port = address.split("://", 1)[-1].rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=RAY_CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise EngineError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc}") from None
