@@ -15,6 +15,8 @@ expressions, names escaped once per distinct value), so no Python object per eve
 from __future__ import annotations
 
 import os
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -34,6 +36,11 @@ BATCH_ROWS = 200_000
 #: isal gzip level (0-3): 1 writes ~3x faster than zlib's default at a few % larger files.
 GZIP_LEVEL = 1
 _SLICE_COLUMNS = ("track", "ts_ns", "dur_ns", "name", "cat")
+#: Thread ids of rank r: r x TID_STRIDE + 1, + 2, ... (unique in the file; far more than a rank's tracks).
+TID_STRIDE = 10_000
+#: Ranks converted ahead of the writer (threads; polars and numpy work outside the GIL). Each
+#: holds one rank's frames and JSON text in memory.
+PIPELINE_RANKS = 2
 
 
 # ----------------------------------------------------------------------------------------------
@@ -96,6 +103,28 @@ def counter_lines(frame: pl.DataFrame, pid: int, origin_ns: int) -> pl.Series:
         pl.lit(',"args":{'), pl.col("key"), pl.lit(":"), pl.col("value"), pl.lit("}}")]).alias("line"))["line"]
 
 
+def rank_json(tl: RankTimeline, origin_ns: int) -> tuple[list[bytes], int]:
+    """One rank as JSON text: its process, tracks (tids `rank x TID_STRIDE + n`, unique in the
+    file), slices and counters, in chunks of comma-separated events. Returns (chunks, events)."""
+    pid, tids = tl.rank, {}
+    meta = [{"ph": "M", "pid": pid, "name": "process_name", "args": {"name": f"rank {tl.rank}"}},
+            {"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": tl.rank}}]
+    for n, (track, label, sort_index, opid, otid) in enumerate(tl.tracks.sort("sort_index").iter_rows()):
+        tids[track] = tid = tl.rank * TID_STRIDE + n + 1
+        original = {} if opid < 0 and otid < 0 else {"original_pid": opid, "original_tid": otid}
+        meta += [{"ph": "M", "pid": pid, "tid": tid, "name": "thread_name",
+                  "args": {"name": f"rank {tl.rank} / {label}", **original}},
+                 {"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": sort_index}}]
+    chunks, events = [b",\n".join(msgspec.json.encode(m) for m in meta)], len(meta)
+    batches = [slice_lines(b, pid, tids, origin_ns) for f in tl.slices for b in f.iter_slices(BATCH_ROWS)]
+    batches += [counter_lines(b, pid, origin_ns) for b in tl.counters.iter_slices(BATCH_ROWS)]
+    for lines in batches:
+        if len(lines):
+            chunks.append(lines.str.join(",\n").item().encode())
+            events += len(lines)
+    return chunks, events
+
+
 # ----------------------------------------------------------------------------------------------
 class TraceWriter:
     """A Chrome-trace JSON object written incrementally: `{"displayTimeUnit": "ms", "traceEvents":
@@ -113,36 +142,13 @@ class TraceWriter:
         self._file.write(b'{"displayTimeUnit":"ms","traceEvents":[\n')
         self._first = True
         self.events = 0
-        self._next_tid = 1
 
-    def _lines(self, lines: pl.Series | list[str]) -> None:
-        if len(lines) == 0:
-            return
-        text = lines.str.join(",\n").item() if isinstance(lines, pl.Series) else ",\n".join(lines)
-        self._file.write((b"" if self._first else b",\n") + text.encode())
-        self._first = False
-        self.events += len(lines)
-
-    def rank(self, tl: RankTimeline, origin_ns: int) -> int:
-        """Write one rank: its process, tracks, slices and counters. Returns the events written."""
-        before, pid = self.events, tl.rank
-        tids = {}
-        meta = [{"ph": "M", "pid": pid, "name": "process_name", "args": {"name": f"rank {tl.rank}"}},
-                {"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": tl.rank}}]
-        for track, label, sort_index, opid, otid in tl.tracks.sort("sort_index").iter_rows():
-            tids[track] = tid = self._next_tid
-            self._next_tid += 1
-            original = {} if opid < 0 and otid < 0 else {"original_pid": opid, "original_tid": otid}
-            meta += [{"ph": "M", "pid": pid, "tid": tid, "name": "thread_name",
-                      "args": {"name": f"rank {tl.rank} / {label}", **original}},
-                     {"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": sort_index}}]
-        self._lines([msgspec.json.encode(m).decode() for m in meta])
-        for frame in tl.slices:
-            for batch in frame.iter_slices(BATCH_ROWS):
-                self._lines(slice_lines(batch, pid, tids, origin_ns))
-        for batch in tl.counters.iter_slices(BATCH_ROWS):
-            self._lines(counter_lines(batch, pid, origin_ns))
-        return self.events - before
+    def write(self, chunks: list[bytes], events: int) -> None:
+        """Append chunks of comma-separated events (`rank_json`)."""
+        for chunk in chunks:
+            self._file.write(chunk if self._first else b",\n" + chunk)
+            self._first = False
+        self.events += events
 
     def close(self, metadata: dict) -> int:
         """Finish the file with the metadata; returns its size in bytes."""
@@ -177,24 +183,33 @@ class _RankTask:
     cache_dir: str | None
     use_cache: bool
     offset_ns: int
+    origin_ns: int
     waits: pl.DataFrame | None
 
 
 @_one_line_errors
-def _timeline_task(task: _RankTask) -> RankTimeline:
-    """Load one rank (from the cache when on) and build its timeline; bad input -> InputProblem."""
+def _rank_task(task: _RankTask) -> tuple[dict, list[bytes], int]:
+    """Load one rank (from the cache when on), build its timeline and its JSON text: (what the
+    file's metadata says about the rank, chunks, events). Bad input -> InputProblem."""
     trace, _ = load_rank(task.path, Cache(task.cache_dir) if task.use_cache else None)
     trace.meta.rank = task.rank
-    return rank_timeline(trace, task.offset_ns, task.waits)
+    tl = rank_timeline(trace, task.offset_ns, task.waits)
+    del trace
+    chunks, events = rank_json(tl, task.origin_ns)
+    return ({"rank": task.rank, "pid": task.rank, "file": task.path, "clock_offset_ns": task.offset_ns,
+             "events": events, "tracks": tl.tracks.height, "moved_to_overlap_tracks": tl.moved,
+             "clipped": tl.clipped, "notes": tl.notes}, chunks, events)
 
 
 def export_perfetto(inputs, out: str | Path, cache_dir: str | Path | None = None, use_cache: bool = True,
-                    on_progress: Callable[[int, int, str], None] | None = None) -> ExportResult:
+                    on_progress: Callable[[int, int, str], None] | None = None,
+                    pipeline_ranks: int = PIPELINE_RANKS) -> ExportResult:
     """Analyse the job (for clock offsets and collective waits), then write its merged timeline to
-    `out` one rank at a time. `on_progress(done, total, file)`: each file counts twice (analysis, export)."""
+    `out` rank by rank, converting up to `pipeline_ranks` ranks at once (in rank order).
+    `on_progress(done, total, file)`: each file counts twice (analysis, export)."""
     writer = TraceWriter(out)                      # a file that cannot be written fails before any work
     try:
-        result = _export(writer, inputs, cache_dir, use_cache, on_progress)
+        result = _export(writer, inputs, cache_dir, use_cache, on_progress, max(1, pipeline_ranks))
     except BaseException:
         writer.abort()
         raise
@@ -203,7 +218,7 @@ def export_perfetto(inputs, out: str | Path, cache_dir: str | Path | None = None
     return result
 
 
-def _export(writer: TraceWriter, inputs, cache_dir, use_cache: bool, on_progress) -> ExportResult:
+def _export(writer: TraceWriter, inputs, cache_dir, use_cache: bool, on_progress, pipeline_ranks: int) -> ExportResult:
     files = 0
 
     def analysing(done: int, total: int, file: str) -> None:
@@ -219,20 +234,24 @@ def _export(writer: TraceWriter, inputs, cache_dir, use_cache: bool, on_progress
     offset_of = [offsets.get(s.rank, 0) for s in analysis.ranks]
     origin = job_origin_ns([s.meta.span_ns for s in analysis.ranks], offset_of)
     cache_root = str(cache_dir) if cache_dir is not None else None
+    tasks = [_RankTask(s.meta.file, s.rank, cache_root, use_cache, offset, origin,
+                       collective_waits(cross.collectives, s.rank) if cross is not None else None)
+             for s, offset in zip(analysis.ranks, offset_of)]
     written = []
-    for i, (s, offset) in enumerate(zip(analysis.ranks, offset_of)):
-        waits = collective_waits(cross.collectives, s.rank) if cross is not None else None
-        tl = _timeline_task(_RankTask(s.meta.file, s.rank, cache_root, use_cache, offset, waits))
-        if isinstance(tl, InputProblem):
-            problems.append(tl)
-        else:
-            events = writer.rank(tl, origin)
-            written.append({"rank": s.rank, "pid": s.rank, "file": s.meta.file, "clock_offset_ns": offset,
-                            "events": events, "tracks": tl.tracks.height, "moved_to_overlap_tracks": tl.moved,
-                            "clipped": tl.clipped, "notes": tl.notes})
-        del tl
-        if on_progress:
-            on_progress(files + i + 1, files + len(analysis.ranks), s.meta.file)
+    with ThreadPoolExecutor(pipeline_ranks) as pool:
+        pending: deque = deque()
+        for i in range(len(tasks)):
+            while len(pending) < pipeline_ranks and i + len(pending) < len(tasks):
+                pending.append(pool.submit(_rank_task, tasks[i + len(pending)]))
+            done = pending.popleft().result()
+            if isinstance(done, InputProblem):
+                problems.append(done)
+            else:
+                written.append(done[0])
+                writer.write(done[1], done[2])
+            del done
+            if on_progress:
+                on_progress(files + i + 1, files + len(tasks), tasks[i].path)
     if not written:
         return ExportResult(str(writer.out), [], 0, 0, problems)
     size = writer.close({
