@@ -236,6 +236,12 @@ def test_clock_offsets_are_applied(clock_job):
     assert spread_out.max() < 10_000
     applied = {r["rank"]: r["clock_offset_ns"] for r in doc["rankscope"]["ranks"]}
     assert applied[2] == shift[2] - shift[0] and applied[0] == 0
+    # straggler waits are on the same clock: each starts where one of the rank's NCCL kernels starts
+    for r in range(4):
+        starts = {ns(e["ts"]) for e in doc["traceEvents"]
+                  if e["ph"] == "X" and e["pid"] == r and e["cat"] == "kernel" and "nccl" in e["name"].lower()}
+        waits = track_events(doc, f"rank {r} / straggler waits")
+        assert waits and all(ns(w["ts"]) in starts for w in waits)
 
 
 def test_straggler_waits_on_the_ranks_that_wait(corpus, out_dir):
