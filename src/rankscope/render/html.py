@@ -307,7 +307,7 @@ def _heatmap(report: dict, figures: dict) -> str:
     y = [str(r["rank"]) for r in ranks]
     z = [[durations.get((r["rank"], step)) for step in steps] for r in ranks]
     height = max(260, min(760, 110 + 16 * len(y)))
-    data = [{"type": "heatmap", "x": [str(s) for s in steps], "y": y, "z": z, "colorscale": "YlOrRd",
+    data = [{"type": "heatmap", "x": [str(s) for s in steps], "y": y, "z": z, "colorscale": "YlOrRd", "reversescale": True,
              "colorbar": {"title": {"text": "ms"}}, "xgap": 1, "ygap": 1 if len(y) <= 64 else 0,
              "hovertemplate": "rank %{y}, step %{x}: %{z:.3f} ms<extra></extra>"}]
     layout = _layout("step", "rank", height, yaxis={"title": {"text": "rank"}, "type": "category",
