@@ -151,16 +151,31 @@ def welch(n_b, mean_b, var_b, n_a, mean_a, var_a) -> tuple[np.ndarray, np.ndarra
 
 def bootstrap_means(x: np.ndarray, seed: int) -> np.ndarray:
     """(rows, n) samples -> (rows, BOOTSTRAP_RESAMPLES) means of resamples drawn with replacement.
-    The resample indices depend only on n and the seed: a row's result never depends on the others."""
+    The resample indices depend only on n and the seed: a row's result never depends on the others.
+    Each chunk of resamples becomes a (resamples, n) matrix of how often each sample was drawn, so
+    the means of every row are one matrix product."""
     rows, n = x.shape
     rng = np.random.default_rng(seed)
     out = np.empty((rows, BOOTSTRAP_RESAMPLES))
     per = max(1, min(BOOTSTRAP_RESAMPLES, _BOOTSTRAP_CHUNK // n))
-    block = max(1, _BOOTSTRAP_CHUNK // (per * n))
     for i in range(0, BOOTSTRAP_RESAMPLES, per):
-        idx = rng.integers(0, n, size=(min(per, BOOTSTRAP_RESAMPLES - i), n))
-        for r in range(0, rows, block):
-            out[r:r + block, i:i + len(idx)] = x[r:r + block][:, idx].mean(axis=2)
+        m = min(per, BOOTSTRAP_RESAMPLES - i)
+        idx = rng.integers(0, n, size=(m, n)) + n * np.arange(m)[:, None]
+        counts = np.bincount(idx.ravel(), minlength=m * n).reshape(m, n).astype(np.float64)
+        out[:, i:i + m] = x @ counts.T / n
+    return out
+
+
+def bootstrap_ci(before: np.ndarray, after: np.ndarray) -> list[tuple[float, float]]:
+    """Per row of (rows, n) samples: the percentile bootstrap CI of mean(after) - mean(before) at
+    level 1 - ALPHA, in blocks of rows (memory bound)."""
+    block = max(1, _BOOTSTRAP_CHUNK // BOOTSTRAP_RESAMPLES)
+    out: list[tuple[float, float]] = []
+    for r in range(0, len(before), block):
+        diffs = (bootstrap_means(after[r:r + block], BOOTSTRAP_SEED + 1)
+                 - bootstrap_means(before[r:r + block], BOOTSTRAP_SEED))
+        lo, hi = np.quantile(diffs, [ALPHA / 2, 1 - ALPHA / 2], axis=1)
+        out += zip(lo.tolist(), hi.tolist())
     return out
 
 
@@ -205,9 +220,7 @@ def compare_samples(items: Sequence[tuple[Any, str, np.ndarray, np.ndarray]]) ->
             vb = b.var(axis=1, ddof=1) if nb > 1 else np.zeros(len(group))
             va = a.var(axis=1, ddof=1) if na > 1 else np.zeros(len(group))
             t, df, p = welch(nb, mb, vb, na, ma, va)
-            diffs = bootstrap_means(a, BOOTSTRAP_SEED + 1) - bootstrap_means(b, BOOTSTRAP_SEED)
-            lo, hi = np.quantile(diffs, [ALPHA / 2, 1 - ALPHA / 2], axis=1)
-            ci = list(zip(lo.tolist(), hi.tolist()))
+            ci = bootstrap_ci(b, a)
         for i, (key, metric, _, _) in enumerate(group):
             out[key] = _comparison(metric, mb[i], ma[i], p[i], ci[i], nb, na, t[i], df[i])
     return out
@@ -459,11 +472,11 @@ _TOTALS_SCHEMA = {"name": pl.String, "count": pl.Int64, "total_ns": pl.Int64, "s
 
 
 def _name_totals(summaries: list, table: str) -> pl.DataFrame:
-    frames = [pl.DataFrame(s.name_totals[table], schema=_TOTALS_SCHEMA) for s in summaries if s.name_totals]
-    if not frames:
-        return pl.DataFrame(schema=_TOTALS_SCHEMA)
-    return pl.concat(frames).group_by("name").agg(pl.col("count").sum(), pl.col("total_ns").sum(),
-                                                  pl.col("sumsq_ns2").sum())
+    """The ranks' per-name tables of `table`, summed over the ranks (one frame built from all)."""
+    tables = [s.name_totals[table] for s in summaries if s.name_totals]
+    columns = {c: [v for t in tables for v in t[c]] for c in _TOTALS_SCHEMA}
+    return pl.DataFrame(columns, schema=_TOTALS_SCHEMA).group_by("name").agg(
+        pl.col("count").sum(), pl.col("total_ns").sum(), pl.col("sumsq_ns2").sum())
 
 
 def name_diff(before: list, after: list, table: str, steps: tuple[int, int]) -> NameDiff:
