@@ -18,6 +18,7 @@ from typing import Callable, Iterator
 from rankscope import engine as engines
 from rankscope.analyses.overview import RankSummary, summarize_rank
 from rankscope.analyses.stragglers import CrossRank, cross_rank
+from rankscope.findings import Finding, evaluate as evaluate_findings, resolve_thresholds
 import msgspec
 
 from rankscope.analyses import code_fingerprint
@@ -49,6 +50,7 @@ class Analysis:
     problems: list[InputProblem] = field(default_factory=list)   # files skipped or salvaged
     engine: str = "inprocess"
     cross: CrossRank | None = None                 # collectives, clock alignment, stragglers, alpha-beta
+    findings: list[Finding] = field(default_factory=list)   # ordered: severity, then cost per step
 
     @property
     def skipped(self) -> list[InputProblem]:
@@ -185,10 +187,14 @@ def _map_files(inputs, task_fn, cache_dir, use_cache, engine, workers, on_progre
 
 def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True,
             engine: str = "auto", workers: int | None = None,
-            on_progress: Callable[[int, int, str], None] | None = None, address: str | None = None) -> Analysis:
+            on_progress: Callable[[int, int, str], None] | None = None, address: str | None = None,
+            thresholds: dict[str, float] | None = None) -> Analysis:
     """Analyse a job: a folder of per-rank traces, one file, or a list of either.
     `on_progress(done, total, file)` is called as ranks finish. `engine="ray"` maps the ranks on
-    Ray: the cluster at `address` (e.g. "auto", "ray://head:10001"), else a local runtime."""
+    Ray: the cluster at `address` (e.g. "auto", "ray://head:10001"), else a local runtime.
+    `thresholds` overrides the findings' thresholds by name (`findings.THRESHOLDS`); unknown
+    names raise ValueError before any file is read."""
+    resolve_thresholds(thresholds)
     summaries, problems, chosen = _map_files(inputs, _rank_task, cache_dir, use_cache, engine, workers,
                                              on_progress, address)
     kept_metas, rank_warnings, rank_problems = _assign([s.meta for s in summaries])
@@ -200,8 +206,10 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
             s.collectives.rank = s.rank
     with_coll = [s.collectives for s in kept if s.collectives is not None]
     cross = cross_rank(with_coll) if with_coll else None
-    return Analysis(job=_job_info(kept, rank_warnings), ranks=kept, problems=problems, engine=chosen,
-                    cross=cross)
+    result = Analysis(job=_job_info(kept, rank_warnings), ranks=kept, problems=problems, engine=chosen,
+                      cross=cross)
+    result.findings = evaluate_findings(result, thresholds)
+    return result
 
 
 def _size(p: Path) -> int:

@@ -87,10 +87,12 @@ def main() -> None:
 @main.command("analyze")
 @click.argument("paths", nargs=-1, type=click.Path())
 @click.option("--demo", is_flag=True, help="Analyse a generated demo job (8 ranks, one straggler).")
+@click.option("--threshold", "thresholds", multiple=True, metavar="NAME=VALUE",
+              help="Override a finding threshold (repeatable); `rankscope thresholds` lists them.")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), default=None, metavar="PATH",
               help="Also write a self-contained HTML report (findings and charts, works offline) to PATH.")
 @common_options
-def analyze_cmd(paths, demo, cache_dir, no_cache, engine, address, workers, as_json, quiet,
+def analyze_cmd(paths, demo, thresholds, cache_dir, no_cache, engine, address, workers, as_json, quiet,
                 html_path) -> None:
     """Analyse a job: a folder of per-rank traces (or files)."""
     if demo:
@@ -98,9 +100,15 @@ def analyze_cmd(paths, demo, cache_dir, no_cache, engine, address, workers, as_j
         paths = (str(demo_job_dir(Path(cache_dir) if cache_dir else default_cache_dir())),) + tuple(paths)
     if not paths:
         raise click.UsageError("give a folder of traces (or files), or --demo")
+    from rankscope.findings import parse_threshold, resolve_thresholds
+    try:
+        overrides = dict(parse_threshold(t) for t in thresholds)
+        resolve_thresholds(overrides)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     result = _with_progress(lambda progress: analyze(list(paths), cache_dir=cache_dir, use_cache=not no_cache,
                                                      engine=engine, workers=workers, on_progress=progress,
-                                                     address=address),
+                                                     address=address, thresholds=overrides),
                             quiet, "analysing ranks")
     code = _exit_code(result)
     if result.ranks:
@@ -110,7 +118,7 @@ def analyze_cmd(paths, demo, cache_dir, no_cache, engine, address, workers, as_j
             sys.stdout.write("\n")
         else:
             from rankscope.render.terminal import render_analysis
-            render_analysis(result, Console(highlight=False))
+            render_analysis(result, Console(highlight=False), brief=quiet)
         if html_path:
             _write_html(result, html_path)
     sys.exit(code)
@@ -168,6 +176,21 @@ def synth_cmd(out, ranks, steps, seed, injections, scale, no_gzip) -> None:
         raise click.UsageError(str(exc)) from None
     click.echo(f"wrote {ranks} rank traces and ground_truth.json to {out} "
                f"({len(truth.get('injections', []))} injection(s))")
+
+
+@main.command("thresholds")
+@click.option("--json", "as_json", is_flag=True, help="Print them as one JSON object.")
+def thresholds_cmd(as_json) -> None:
+    """List the findings' thresholds: name, default value, unit and source (override with
+    `analyze --threshold NAME=VALUE`)."""
+    from rankscope.findings import THRESHOLDS
+    if as_json:
+        sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(
+            {name: {"value": t.value, "unit": t.unit, "source": t.source} for name, t in THRESHOLDS.items()}), indent=1))
+        sys.stdout.write("\n")
+        return
+    from rankscope.render.terminal import render_thresholds
+    render_thresholds(THRESHOLDS, Console(highlight=False))
 
 
 # ---- export: other tools' formats ------------------------------------------------------------

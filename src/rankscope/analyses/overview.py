@@ -18,6 +18,7 @@ from rankscope.analyses.breakdown import CATEGORIES, classify_timeline, step_bre
 from rankscope.analyses.collectives import RankCollectives, rank_collectives
 from rankscope.analyses.dataloader import dataloader_share
 from rankscope.analyses.gaps import GapSummary, idle_gaps
+from rankscope.analyses.grad_sync import gradient_sync_schedule
 from rankscope.analyses.idle import idle_time_breakdown
 from rankscope.analyses.kernels import kernel_breakdown, kernel_stats
 from rankscope.analyses.operators import operator_stats
@@ -73,6 +74,7 @@ class RankSummary:
     operators: dict | None = None     # top ops by self device / CPU time, grouped by name
     collectives: RankCollectives | None = None   # this rank's collectives, for the cross-rank reduce
     name_totals: dict | None = None   # every kernel / op name: {"kernels"|"ops": name_totals(...)} (diff)
+    grad_sync: dict | None = None     # analyses.grad_sync.GradSyncSchedule: gradient collectives vs backward
     from_cache: bool = False
 
     @property
@@ -117,6 +119,7 @@ def summarize_rank(trace: RankTrace) -> RankSummary:
         operators=as_plain(operator_stats(trace, top_n=TOP_N)),
         collectives=rank_collectives(trace, timeline, windows),
         name_totals={"kernels": name_totals(dev), "ops": name_totals(_host_ops(ev))},
+        grad_sync=as_plain(gradient_sync_schedule(trace)),
     )
 
 
