@@ -68,7 +68,6 @@ MEMORY_POINTS = 20_000
 _ORDER = {"steps": 0, "thread": 1, "stream": 2, "idle gaps": 3, "exposed comm": 4, "straggler waits": 5,
           "profiler": 6}
 _ORDER_STRIDE = 1_000_000
-_EMPTY_I64 = np.zeros(0, np.int64)
 
 
 @dataclass
@@ -150,42 +149,31 @@ def nest_lanes(start: np.ndarray, end: np.ndarray, max_lanes: int = MAX_LANES) -
 
 def _nested(frames: list[pl.DataFrame], tracks: pl.DataFrame) -> tuple[list[pl.DataFrame], pl.DataFrame, int, int]:
     """Apply `nest_lanes` per track: slices on lane k > 0 move to a new track `<label> (overlap k)`
-    placed right after its base track."""
-    labels = dict(zip(tracks["track"].to_list(), tracks["label"].to_list()))
-    sorts = dict(zip(tracks["track"].to_list(), tracks["sort_index"].to_list()))
-    next_id = int(tracks["track"].max()) + 1 if tracks.height else 0
-    extra: dict[tuple[int, int], int] = {}
+    (same original ids) placed right after its base track. Returns (frames, tracks, moved, clipped)."""
+    base = {row["track"]: row for row in tracks.iter_rows(named=True)}
+    extra: dict[tuple[int, int], int] = {}          # (base track, lane) -> new track id
     moved = clipped = 0
     out = []
     for f in frames:
-        if f.is_empty():
+        start = f["ts_ns"].to_numpy()
+        lanes, ends = np.zeros(f.height, np.int64), start + f["dur_ns"].to_numpy()
+        for part in f.select(pl.int_range(pl.len()).alias("i"), "track").partition_by("track"):
+            i = part["i"].to_numpy()
+            lanes[i], ends[i] = nest_lanes(start[i], ends[i])
+        pick = lanes > 0
+        if not pick.any():
             out.append(f)
             continue
-        f = f.with_row_index("_i")
-        lanes = np.zeros(f.height, np.int64)
-        ends = (f["ts_ns"] + f["dur_ns"]).to_numpy().copy()
-        for part in f.select("_i", "track", "ts_ns", "dur_ns").partition_by("track"):
-            i = part["_i"].to_numpy()
-            s = part["ts_ns"].to_numpy()
-            lane, e = nest_lanes(s, s + part["dur_ns"].to_numpy())
-            lanes[i], ends[i] = lane, e
-        if not lanes.any():
-            out.append(f.drop("_i"))
-            continue
-        old_end = (f["ts_ns"] + f["dur_ns"]).to_numpy()
-        clipped += int((ends != old_end).sum())
-        moved += int((lanes > 0).sum())
+        clipped += int((ends != start + f["dur_ns"].to_numpy()).sum())
+        moved += int(pick.sum())
         track = f["track"].to_numpy().copy()
-        for t, k in sorted(set(zip(track[lanes > 0].tolist(), lanes[lanes > 0].tolist()))):
-            if (t, k) not in extra:
-                extra[(t, k)] = next_id
-                next_id += 1
-        pick = lanes > 0
-        track[pick] = [extra[(t, k)] for t, k in zip(track[pick].tolist(), lanes[pick].tolist())]
-        out.append(f.drop("_i").with_columns(pl.Series("track", track), pl.Series("dur_ns", ends - f["ts_ns"].to_numpy())))
-    if extra:
-        rows = [{"track": tid, "label": labels[t] + (" (overlap)" if k == 1 else f" (overlap {k})"),
-                 "sort_index": sorts[t] + k, "pid": -1, "tid": -1} for (t, k), tid in extra.items()]
+        for key in zip(track[pick].tolist(), lanes[pick].tolist()):
+            extra.setdefault(key, len(base) + len(extra))
+        track[pick] = [extra[key] for key in zip(track[pick].tolist(), lanes[pick].tolist())]
+        out.append(f.with_columns(pl.Series("track", track), pl.Series("dur_ns", ends - start)))
+    rows = [{**base[t], "track": new, "label": base[t]["label"] + (" (overlap)" if k == 1 else f" (overlap {k})"),
+             "sort_index": base[t]["sort_index"] + k} for (t, k), new in extra.items()]
+    if rows:
         tracks = pl.concat([tracks, pl.DataFrame(rows, schema=tracks.schema)])
     return out, tracks, moved, clipped
 
