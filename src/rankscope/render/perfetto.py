@@ -59,8 +59,10 @@ def _json_values(s: pl.Series) -> pl.Series:
         return _json_strings(s)
     if s.dtype == pl.Boolean:
         return s.replace_strict({True: "true", False: "false"}, return_dtype=pl.String)
-    if s.dtype.is_float():
-        s = pl.select(pl.when(s.is_finite()).then(s)).to_series()
+    if s.dtype.is_float():                         # whole numbers without ".0"; NaN/inf left out
+        whole = s.is_finite() & (s == s.round()) & (s.abs() < 2**53)
+        return pl.select(pl.when(whole).then(s.cast(pl.Int64, strict=False).cast(pl.String))
+                         .when(s.is_finite()).then(s.cast(pl.String))).to_series()
     return s.cast(pl.String)
 
 
