@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 
 import rankscope
@@ -168,32 +169,49 @@ def test_healthy_vs_itself_nothing_significant(corpus: Path):
     assert all(s.status == "persisting" for s in d.stragglers)
 
 
-def test_trace_diff_added_and_removed_names_match_plain_json(corpus: Path):
-    control, test = corpus_files(corpus, f"{TRACE_DIFF}/control"), corpus_files(corpus, f"{TRACE_DIFF}/test")
-    assert len(control) == len(test) == 1
+def _json_names(file: Path, cats: set[str], skip: re.Pattern | None = None) -> dict[str, int]:
+    """Plain json: calls per event name, for the complete events of the given categories."""
+    counts: dict[str, int] = {}
+    for e in x_events(load_json(file)):
+        if e.get("cat") in cats and not (skip and skip.match(e["name"])):
+            counts[e["name"]] = counts.get(e["name"], 0) + 1
+    return counts
 
-    def names(files, cats, skip=None) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for e in x_events(load_json(files[0])):
-            if e.get("cat") in cats and not (skip and skip.match(e["name"])):
-                counts[e["name"]] = counts.get(e["name"], 0) + 1
-        return counts
 
-    d = _diff(corpus / TRACE_DIFF / "control", corpus / TRACE_DIFF / "test")
+def _check_names(d, before: Path, after: Path) -> None:
+    """Added / removed names and the calls per name of the kernel and op tables = plain json."""
     for table, cats, skip in ((d.kernels, DEVICE_CATS, None), (d.ops, HOST_CATS, STEP)):
-        before, after = names(control, cats, skip), names(test, cats, skip)
+        b, a = _json_names(before, cats, skip), _json_names(after, cats, skip)
         rows = {r["name"]: r for r in table.rows.iter_rows(named=True)}
         added = {n for n, r in rows.items() if r["status"] == "added"}
         removed = {n for n, r in rows.items() if r["status"] == "removed"}
-        assert added == after.keys() - before.keys() and removed == before.keys() - after.keys()
+        assert added == a.keys() - b.keys() and removed == b.keys() - a.keys()
         assert table.counts["added"] == len(added) > 0 and table.counts["removed"] == len(removed) > 0
-        assert {n: r["calls_before"] for n, r in rows.items() if r["calls_before"]} == before
-        assert {n: r["calls_after"] for n, r in rows.items() if r["calls_after"]} == after
+        assert {n: r["calls_before"] for n, r in rows.items() if r["calls_before"]} == b
+        assert {n: r["calls_after"] for n, r in rows.items() if r["calls_after"]} == a
+
+
+def test_trace_diff_added_and_removed_names_match_plain_json(corpus: Path):
+    control, test = corpus_files(corpus, f"{TRACE_DIFF}/control"), corpus_files(corpus, f"{TRACE_DIFF}/test")
+    assert len(control) == len(test) == 1
+    d = _diff(corpus / TRACE_DIFF / "control", corpus / TRACE_DIFF / "test")
+    _check_names(d, control[0], test[0])
     impact = d.kernels.rows["impact_ms_per_step"].abs().to_list()
     assert impact == sorted(impact, reverse=True)
     ranks = [load_json(f[0])["distributedInfo"]["rank"] for f in (control, test)]
     assert d.compared.rank_match == "order" and d.compared.rank_pairs == [tuple(ranks)]
     assert "paired 1 rank(s) in sorted order" in d.compared.warnings[0]
+
+
+def test_across_formats_names_match(corpus: Path):
+    """2021 Kineto (cats Kernel / Memcpy / Operator) against the current format: names still match."""
+    old, new = corpus_files(corpus, WORKERS0)[0], corpus_files(corpus, f"{TRACE_DIFF}/control")[0]
+    d = _diff(corpus / WORKERS0, corpus / TRACE_DIFF / "control")
+    assert (d.compared.formats_before, d.compared.formats_after) == (["kineto-2021"], ["kineto"])
+    _check_names(d, old, new)
+    common = _json_names(old, DEVICE_CATS).keys() & _json_names(new, DEVICE_CATS).keys()
+    assert common and all(d.kernels.rows.filter(pl.col("name") == n)["status"][0] in ("slower", "faster", "same")
+                          for n in common)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from rankscope.analyses.diff import ALPHA, Comparison, Diff, NameDiff, largest_moves
+from rankscope.render.terminal import _short
 
 #: Rows of the per-rank table and of each name table (all are in --json).
 MAX_RANK_ROWS = 16
@@ -131,10 +132,6 @@ def _findings(d: Diff, console: Console) -> None:
                       f"{escape(f.summary or '')}", highlight=False)
 
 
-def _short(name: str) -> str:
-    return name if len(name) <= NAME_WIDTH else name[:NAME_WIDTH - 1] + "…"
-
-
 def _names(title: str, d: NameDiff, console: Console) -> None:
     if d.rows.is_empty():
         return
@@ -142,7 +139,7 @@ def _names(title: str, d: NameDiff, console: Console) -> None:
     t = _table(f"{title} by impact: {counts}", ("name", "status", "calls", "µs per call", "ms/step"))
     t.columns[1].justify = "left"
     for r in d.rows.head(MAX_NAME_ROWS).iter_rows(named=True):
-        t.add_row(escape(_short(r["name"])), r["status"], f"{r['calls_before']}->{r['calls_after']}",
+        t.add_row(escape(_short(r["name"], NAME_WIDTH)), r["status"], f"{r['calls_before']}->{r['calls_after']}",
                   f"{_us(r['per_call_us_before'])}->{_us(r['per_call_us_after'])}", f"{r['impact_ms_per_step']:+.2f}")
     console.print(t)
     console.print(f"  slower / faster: time per call, p < {ALPHA} (Welch's t-test over the calls); "
