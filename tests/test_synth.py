@@ -12,6 +12,7 @@ import re
 import zlib
 from collections import defaultdict
 from pathlib import Path
+from statistics import median
 
 import pytest
 
@@ -95,6 +96,7 @@ def test_one_file_per_rank_with_kineto_header(jobs, healthy):
     assert truth["world_size"] == RANKS and truth["seed"] == SEED
     assert truth["steps"] == [5, 6, 7]
     assert truth["expected"]["stragglers"] == [] and truth["expected"]["findings"] == []
+    assert truth["expected"]["possible_findings"] == []
 
 
 def test_ground_truth_counts_equal_the_files(healthy):
@@ -202,7 +204,7 @@ def test_host_idle_straggler_makes_the_step_longer_by_its_delay(jobs, healthy):
     injection = parse_injection(f"straggler:rank=2,cause=host_idle,delay_ms={DELAY_MS}")
     truth, docs = make_job(jobs, "host_idle", [injection])
     [straggler] = truth["expected"]["stragglers"]
-    assert straggler == {"rank": 2, "cause": "host_idle", "delay_ms_per_step": DELAY_MS,
+    assert straggler == {"rank": 2, "cause": "host_idle", "injection": "straggler", "delay_ms_per_step": DELAY_MS,
                          "cost_ms_per_step": straggler["cost_ms_per_step"]}
     assert truth["expected"]["findings"] == ["straggler_rank"]
     for rank in range(RANKS):
@@ -261,6 +263,134 @@ def test_no_overlap_issues_all_reduces_after_backward(jobs, healthy):
         assert overlapped_ms(calm[rank]) > 5 * STEPS
         assert overlapped_ms(docs[rank]) < 0.01 * overlapped_ms(calm[rank])
         assert min(a - b for a, b in zip(step_durations_ms(docs[rank]), step_durations_ms(calm[rank]))) > 2.0
+
+
+GEMM = re.compile(r"gemm", re.I)
+
+
+def gemm_kernels(doc: dict) -> list[dict]:
+    return [e for e in compute_kernels(doc) if GEMM.search(e["name"])]
+
+
+def pageable_htod(doc: dict) -> list[dict]:
+    return [e for e in events(doc, "gpu_memcpy") if e["name"] == "Memcpy HtoD (Pageable -> Device)"]
+
+
+def test_pageable_memcpy_copies_the_batch_blocking(jobs, healthy):
+    """Plain json: two HtoD copies from pageable memory per step (features of batch_mb MB, labels),
+    at ~gbps, each inside a cudaMemcpyAsync that lasts until the copy is done (the driver stages
+    it), then cudaStreamSynchronize, as in the real ResNet50 trace (kineto-resnet50-workers0)."""
+    _, calm = healthy
+    truth, docs = make_job(jobs, "pageable", [parse_injection("pageable_memcpy:batch_mb=16,gbps=5")])
+    assert truth["expected"]["findings"] == ["unpinned_memcpy"] and truth["expected"]["stragglers"] == []
+    for rank, doc in docs.items():
+        copies = pageable_htod(doc)
+        assert len(copies) == 2 * STEPS and pageable_htod(calm[rank]) == []
+        assert truth["expected"]["per_rank"][str(rank)]["pageable_memcpy_count"] == sum(
+            "Pageable" in e["name"] for e in events(doc, "gpu_memcpy"))
+        big = [e for e in copies if e["args"]["bytes"] > 1 << 20]
+        assert len(big) == STEPS and all(abs(e["args"]["bytes"] - (16 << 20)) <= 8192 * 4 for e in big)
+        gbps = [e["args"]["bytes"] / e["dur"] / 1000 for e in big]
+        assert all(4 < x < 6.5 for x in gbps) and 4.5 < sum(gbps) / len(gbps) < 5.5, gbps   # 5% noise per copy
+        runtime = sorted(events(doc, "cuda_runtime"), key=lambda e: e["ts"])
+        for copy in copies:
+            i = next(i for i, e in enumerate(runtime) if e["args"]["correlation"] == copy["args"]["correlation"])
+            call = runtime[i]
+            assert call["name"] == "cudaMemcpyAsync" and call["ts"] + call["dur"] >= copy["ts"] + copy["dur"]
+            assert runtime[i + 1]["name"] == "cudaStreamSynchronize"
+        longer = [a - b for a, b in zip(step_durations_ms(doc), step_durations_ms(calm[rank]))]
+        copy_ms = sum(e["dur"] for e in big) / 1000 / STEPS
+        assert all(0.8 * copy_ms < d < 1.2 * copy_ms for d in longer), (longer, copy_ms)
+
+
+def test_pageable_memcpy_on_one_rank_makes_it_a_memcpy_straggler(jobs):
+    truth, docs = make_job(jobs, "pageable-one", [parse_injection("pageable_memcpy:rank=2,batch_mb=16,gbps=5")])
+    assert [len(pageable_htod(docs[r])) for r in range(RANKS)] == [0, 0, 2 * STEPS, 0]
+    [straggler] = truth["expected"]["stragglers"]
+    assert (straggler["rank"], straggler["cause"], straggler["injection"]) == (2, "memcpy", "pageable_memcpy")
+    assert straggler["delay_ms_per_step"] is None
+    copy_ms = sum(e["dur"] for e in pageable_htod(docs[2])) / 1000 / STEPS
+    assert all(0.7 * copy_ms < c < 1.05 * copy_ms for c in straggler["cost_ms_per_step"]), (straggler, copy_ms)
+    assert truth["expected"]["findings"] == ["straggler_rank"]
+
+
+def test_fp32_gemm_uses_cublas_sgemm_kernels_slowdown_times_slower(jobs, healthy):
+    """Kernel names of cuBLAS FP32 SGEMM on CUDA cores (`sgemm`: the FP32 GEMM prefix); the same
+    GEMMs as the healthy twin, `slowdown` times longer in total; aten::mm inputs in float."""
+    _, calm = healthy
+    truth, docs = make_job(jobs, "fp32", [parse_injection("fp32_gemm:slowdown=6")])
+    assert truth["expected"]["findings"] == ["tensor_cores_unused"]
+    for rank, doc in docs.items():
+        gemms, twin = gemm_kernels(doc), gemm_kernels(calm[rank])
+        assert len(gemms) == len(twin) > 0
+        assert all("sgemm" in e["name"] and "bf16" not in e["name"] for e in gemms)
+        assert all("bf16" in e["name"] for e in twin)
+        assert busy_ms(gemms) / busy_ms(twin) == pytest.approx(6.0, rel=0.03)
+        mm = [e for e in events(doc, "cpu_op") if e["name"] == "aten::mm"]
+        assert mm and all(t == "float" for e in mm for t in e["args"]["Input type"])
+    assert {e["name"] for e in gemm_kernels(docs[0])} == {
+        "ampere_sgemm_128x64_tn", "ampere_sgemm_128x64_nt",
+        "void cutlass::Kernel2<cutlass_80_simt_sgemm_256x128_8x4_nn_align1>"
+        "(cutlass_80_simt_sgemm_256x128_8x4_nn_align1::Params)"}
+
+
+def test_fp32_gemm_on_one_rank_is_a_gpu_compute_straggler(jobs):
+    truth, docs = make_job(jobs, "fp32-one", [parse_injection("fp32_gemm:rank=3,slowdown=4")])
+    assert [any("sgemm" in e["name"] for e in gemm_kernels(docs[r])) for r in range(RANKS)] == [False] * 3 + [True]
+    [straggler] = truth["expected"]["stragglers"]
+    assert (straggler["rank"], straggler["cause"]) == (3, "gpu_compute")
+    extra_ms = (busy_ms(gemm_kernels(docs[3])) * 3 / 4) / STEPS          # 4x slower: 3/4 of it is extra
+    assert all(0.8 * extra_ms < c <= 1.02 * extra_ms for c in straggler["cost_ms_per_step"]), (straggler, extra_ms)
+    assert truth["expected"]["findings"] == ["straggler_rank", "tensor_cores_unused"]
+
+
+def test_uneven_shards_lengthen_only_the_batch_sized_kernels(jobs, healthy):
+    """Against the healthy twin (same seed, same noise draws): the uneven rank's GEMMs (batch-sized)
+    take extra_pct % longer, its optimizer kernels (parameter-sized) exactly as long; other ranks
+    are unchanged."""
+    _, calm = healthy
+    truth, docs = make_job(jobs, "uneven", [parse_injection("uneven_shards:rank=1,extra_pct=30")])
+    assert truth["expected"]["findings"] == ["straggler_rank"]
+    [straggler] = truth["expected"]["stragglers"]
+    assert (straggler["rank"], straggler["cause"], straggler["injection"]) == (1, "gpu_compute", "uneven_shards")
+
+    def adam_ms(doc):
+        return busy_ms([e for e in compute_kernels(doc) if "FusedAdamMathFunctor" in e["name"]])
+    for rank, doc in docs.items():
+        ratio = busy_ms(gemm_kernels(doc)) / busy_ms(gemm_kernels(calm[rank]))
+        assert ratio == pytest.approx(1.30 if rank == 1 else 1.0, abs=0.005), rank
+        assert adam_ms(doc) == pytest.approx(adam_ms(calm[rank]), rel=1e-3)
+    # What rank 1 computes more per step, the others wait (most of it: GEMMs are ~55% of its compute).
+    extra_ms = (busy_ms(compute_kernels(docs[1])) - busy_ms(compute_kernels(calm[1]))) / STEPS
+    assert all(0.8 * extra_ms < c <= 1.02 * extra_ms for c in straggler["cost_ms_per_step"]), (straggler, extra_ms)
+
+
+def test_launch_bound_splits_work_into_tiny_kernels_and_the_gpu_idles(jobs, healthy):
+    """HTA's short kernel (launch call longer than the kernel it launches), counted with plain json;
+    GPU busy share of the step from the kernels' union."""
+    _, calm = healthy
+    truth, docs = make_job(jobs, "launch", [parse_injection("launch_bound:kernels_per_op=4,kernel_us=3")])
+    assert truth["expected"]["findings"] == ["launch_overhead"]
+    assert "gpu_idle_host_bound" in truth["expected"]["possible_findings"]
+
+    def busy_share(doc):
+        spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in compute_kernels(doc))
+        busy, end = 0.0, float("-inf")
+        for a, b in spans:
+            busy += max(0.0, b - max(a, end))
+            end = max(end, b)
+        return busy / 1000 / sum(step_durations_ms(doc))
+    for rank, doc in docs.items():
+        kernels = compute_kernels(doc)
+        # batch-sized ops launch 4 kernels each; the optimizer's (parameter-sized) are unchanged
+        assert len(gemm_kernels(doc)) == 4 * len(gemm_kernels(calm[rank]))
+        assert [e["name"] for e in kernels if "FusedAdam" in e["name"]] == [
+            e["name"] for e in compute_kernels(calm[rank]) if "FusedAdam" in e["name"]]
+        assert median(e["dur"] for e in kernels) == pytest.approx(3.0, rel=0.1)          # kernel_us
+        launches = {e["args"]["correlation"]: e for e in events(doc, "cuda_runtime") if e["name"] == "cudaLaunchKernel"}
+        short = sum(launches[k["args"]["correlation"]]["dur"] > k["dur"] for k in kernels)
+        assert short / len(kernels) > 0.9
+        assert busy_share(doc) < 0.3 < 0.8 < busy_share(calm[rank])
 
 
 def test_clock_offset_shifts_one_rank_only(jobs, healthy):
@@ -328,6 +458,13 @@ def test_parse_injection_fills_defaults_and_types():
     assert parse_injection("no_overlap") == Injection("no_overlap", {})
     assert parse_injection("clock_offset:rank=1,offset_ms=-3") == Injection(
         "clock_offset", {"rank": 1, "offset_ms": -3.0})
+    assert parse_injection("fp32_gemm") == Injection("fp32_gemm", {"rank": "all", "slowdown": 8.0})
+    assert parse_injection("launch_bound:rank=all,kernels_per_op=16") == Injection(
+        "launch_bound", {"rank": "all", "kernels_per_op": 16, "kernel_us": 3.0})
+    assert parse_injection("uneven_shards:rank=3,extra_pct=30") == Injection(
+        "uneven_shards", {"rank": 3, "extra_pct": 30.0})
+    assert parse_injection("pageable_memcpy:rank=0") == Injection(
+        "pageable_memcpy", {"rank": 0, "batch_mb": 32.0, "gbps": 6.0})
 
 
 @pytest.mark.parametrize("text, message", [
@@ -341,6 +478,10 @@ def test_parse_injection_fills_defaults_and_types():
     ("straggler:rank=one", "rank must be int"),
     ("straggler:rank=1,delay_ms=0", "delay_ms must be > 0"),
     ("clock_offset:rank=-1,offset_ms=2", "rank -1 out of range"),
+    ("fp32_gemm:rank=some", "rank must be a rank number or 'all'"),
+    ("uneven_shards:rank=all", "rank must be int"),
+    ("launch_bound:kernels_per_op=0", "kernels_per_op must be >= 1"),
+    ("pageable_memcpy:gbps=0", "gbps must be >= 0.1"),
 ])
 def test_parse_injection_rejects_bad_text(text, message):
     with pytest.raises(ValueError) as error:
@@ -351,8 +492,8 @@ def test_parse_injection_rejects_bad_text(text, message):
 def test_generate_job_checks_injections_against_the_job(tmp_path):
     with pytest.raises(ValueError, match=r"rank 8 out of range \(job has 8 ranks\)"):
         generate_job(tmp_path, ranks=8, injections=[parse_injection("straggler:rank=8")])
-    with pytest.raises(NotImplementedError, match="fp32_gemm"):
-        generate_job(tmp_path, ranks=2, injections=[parse_injection("fp32_gemm:rank=0")])
+    with pytest.raises(ValueError, match=r"fp32_gemm: rank 2 out of range \(job has 2 ranks\)"):
+        generate_job(tmp_path, ranks=2, injections=[parse_injection("fp32_gemm:rank=2")])
 
 
 def test_demo_job_is_generated_once(tmp_path):

@@ -43,7 +43,7 @@ import numpy as np
 GROUND_TRUTH_SCHEMA = "rankscope.ground_truth/1"
 GROUND_TRUTH_FILE = "ground_truth.json"
 GENERATOR = "rankscope.synth"
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 
 FIRST_STEP = 5                  # ProfilerStep#5 is the first profiled step
 DEFAULT_LAYERS = 6              # transformer blocks at scale=1
@@ -67,6 +67,7 @@ NCCL_HOP_LATENCY_US = 1.5
 COLLECTIVE_END_JITTER_NS = 3_000  # NCCL kernels of one collective end within this on all ranks
 KERNEL_LAUNCH_LATENCY_NS = 4_000  # runtime call start -> earliest kernel start
 LAUNCH_CALL_US = 5.0              # cudaLaunchKernel CPU time
+LAUNCH_LOOP_US = 2.0              # host time between the launches of a multi-kernel op
 RESERVE_GRANULE_BYTES = 20 << 20  # caching allocator grows reserved memory in these steps
 
 # Noise (lognormal sigmas) and pacing of the host threads.
@@ -94,25 +95,52 @@ class Injection:
     params: dict = field(default_factory=dict)
 
 
+class RankOrAll:
+    """Parameter type: one rank number, or "all" (every rank: a job-wide fault)."""
+
+
 @dataclass(frozen=True)
 class _KindSpec:
-    params: dict[str, type]                     # parameter -> type (int, float, str)
+    params: dict[str, type]                     # parameter -> type (int, float, str, RankOrAll)
     defaults: dict[str, object]
-    implemented: bool = True
+    help: str = ""
 
 
 KIND_PARAMS: dict[str, _KindSpec] = {
     "straggler": _KindSpec({"rank": int, "cause": str, "delay_ms": float},
-                           {"cause": "host_idle", "delay_ms": 40.0}),
-    "no_overlap": _KindSpec({}, {}),
-    "clock_offset": _KindSpec({"rank": int, "offset_ms": float}, {}),
-    "truncated": _KindSpec({"rank": int}, {}),
-    # Planned (issue 7): parsed and validated, but generate_job raises NotImplementedError.
-    "launch_bound": _KindSpec({"rank": int}, {}, implemented=False),
-    "pageable_memcpy": _KindSpec({"rank": int}, {}, implemented=False),
-    "uneven_shards": _KindSpec({"rank": int, "extra_pct": float}, {"extra_pct": 20.0}, implemented=False),
-    "fp32_gemm": _KindSpec({"rank": int}, {}, implemented=False),
+                           {"cause": "host_idle", "delay_ms": 40.0},
+                           "one rank late every step by delay_ms: cause dataloader (a longer DataLoader "
+                           "__next__), host_idle (main thread busy outside any op between forward and "
+                           "backward) or gpu_compute (its kernels slower by delay_ms in total)"),
+    "no_overlap": _KindSpec({}, {}, "DDP all-reduces launched one by one after backward (no overlap)"),
+    "clock_offset": _KindSpec({"rank": int, "offset_ms": float}, {}, "the rank's host clock off by offset_ms"),
+    "truncated": _KindSpec({"rank": int}, {}, "the rank's file cut mid-event (writer killed)"),
+    "launch_bound": _KindSpec({"rank": RankOrAll, "kernels_per_op": int, "kernel_us": float},
+                              {"rank": "all", "kernels_per_op": 8, "kernel_us": 3.0},
+                              "tiny tensors, eager mode: every forward/backward op launches kernels_per_op "
+                              "kernels of ~kernel_us each (each launch ~5 us of CPU): the GPU idles between them "
+                              "(one rank alone is not slower: the others' GPU-bound pace hides it)"),
+    "pageable_memcpy": _KindSpec({"rank": RankOrAll, "batch_mb": float, "gbps": float},
+                                 {"rank": "all", "batch_mb": 32.0, "gbps": 6.0},
+                                 "the input batch (batch_mb MB per step, e.g. float32 features) copied HtoD "
+                                 "from pageable memory at ~gbps GB/s, blocking the host (pin_memory=False)"),
+    "uneven_shards": _KindSpec({"rank": int, "extra_pct": float}, {"extra_pct": 20.0},
+                               "the rank gets extra_pct % more samples per step: its batch-sized kernels "
+                               "(forward, loss, backward) run that much longer"),
+    "fp32_gemm": _KindSpec({"rank": RankOrAll, "slowdown": float}, {"rank": "all", "slowdown": 8.0},
+                           "the Linear layers' GEMMs run in FP32 on CUDA cores (cuBLAS SIMT sgemm kernels, "
+                           "no TF32), slowdown x slower than the bf16 Tensor Core GEMMs"),
 }
+
+
+def injection_help() -> str:
+    """One line per injection kind: its parameters with defaults, and what it simulates."""
+    lines = []
+    for kind, spec in KIND_PARAMS.items():
+        params = ",".join(f"{name}={spec.defaults[name]}" if name in spec.defaults else f"{name}=..."
+                          for name in spec.params)
+        lines.append(f"{kind}{':' + params if params else ''}  {spec.help}")
+    return "\n".join(lines)
 
 
 def parse_injection(text: str) -> Injection:
@@ -161,6 +189,10 @@ def _normalized(inj: Injection, world_size: int | None = None) -> Injection:
 
 
 def _typed(kind: str, name: str, value: object, expected: type) -> object:
+    if expected is RankOrAll:
+        if value == "all" or (isinstance(value, int) and not isinstance(value, bool)):
+            return value
+        raise ValueError(f"injection {kind}: {name} must be a rank number or 'all', got {value!r}")
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if not isinstance(value, expected) or isinstance(value, bool):
@@ -170,7 +202,7 @@ def _typed(kind: str, name: str, value: object, expected: type) -> object:
 
 def _check_ranges(kind: str, params: dict, world_size: int | None) -> None:
     rank = params.get("rank")
-    if rank is not None and (rank < 0 or (world_size is not None and rank >= world_size)):
+    if isinstance(rank, int) and (rank < 0 or (world_size is not None and rank >= world_size)):
         bound = f" (job has {world_size} ranks)" if world_size is not None else ""
         raise ValueError(f"injection {kind}: rank {rank} out of range{bound}")
     if kind == "straggler":
@@ -179,6 +211,13 @@ def _check_ranges(kind: str, params: dict, world_size: int | None) -> None:
                              f"got {params['cause']!r}")
         if params["delay_ms"] <= 0:
             raise ValueError(f"injection straggler: delay_ms must be > 0, got {params['delay_ms']}")
+    for name, low in _MINIMUM.get(kind, {}).items():
+        if params[name] < low:
+            raise ValueError(f"injection {kind}: {name} must be >= {low}, got {params[name]}")
+
+
+_MINIMUM = {"launch_bound": {"kernels_per_op": 1, "kernel_us": 1.0}, "pageable_memcpy": {"batch_mb": 0.001, "gbps": 0.1},
+            "uneven_shards": {"extra_pct": 0.0}, "fp32_gemm": {"slowdown": 1.0}}
 
 
 @dataclass
@@ -188,16 +227,13 @@ class _RankFaults:
     gpu_compute_delay_ns: int = 0
     clock_offset_ns: int = 0
     truncated: bool = False
+    program_changes: dict[str, tuple] = field(default_factory=dict)   # kind -> parameters (see _PROGRAM_CHANGES)
 
 
 @dataclass
 class _JobFaults:
     ranks: list[_RankFaults]
     overlap_comm: bool = True
-
-    def without_stragglers(self) -> _JobFaults:
-        """The same job with no per-rank timing faults: the counterfactual for straggler cost."""
-        return _JobFaults([_RankFaults() for _ in self.ranks], self.overlap_comm)
 
 
 def _ms_to_ns(ms: float) -> int:
@@ -234,14 +270,35 @@ _APPLY = {
 }
 
 
+def _program_change(inj: Injection) -> tuple:
+    """The parameters of an injection that changes what the rank runs (_PROGRAM_CHANGES)."""
+    return tuple(value for name, value in inj.params.items() if name != "rank")
+
+
+def _targets(inj: Injection, world_size: int) -> range | list[int]:
+    rank = inj.params["rank"]
+    return range(world_size) if rank == "all" else [rank]
+
+
 def _plan_faults(injections: list[Injection], world_size: int) -> _JobFaults:
     faults = _JobFaults([_RankFaults() for _ in range(world_size)])
     for inj in injections:
-        if not KIND_PARAMS[inj.kind].implemented:
-            raise NotImplementedError(f"injection kind {inj.kind!r} is planned but not implemented yet; "
-                                      f"implemented: {', '.join(_APPLY)}")
-        _APPLY[inj.kind](faults, inj.params)
+        if inj.kind in _APPLY:
+            _APPLY[inj.kind](faults, inj.params)
+            continue
+        for rank in _targets(inj, world_size):
+            faults.ranks[rank].program_changes[inj.kind] = _program_change(inj)
     return faults
+
+
+#: What the late rank of each straggler-making injection spends its extra time on (DESIGN.md causes).
+_STRAGGLER_CAUSE_BY_KIND = {"uneven_shards": "gpu_compute", "fp32_gemm": "gpu_compute", "pageable_memcpy": "memcpy"}
+
+
+def _makes_straggler(inj: Injection) -> bool:
+    """One rank does more than the others: the straggler kind, and the per-rank program changes
+    aimed at a single rank (rank="all" slows every rank alike: no straggler)."""
+    return inj.kind == "straggler" or (inj.kind in _STRAGGLER_CAUSE_BY_KIND and inj.params["rank"] != "all")
 
 
 # --------------------------------------------------------------------------------------------
@@ -305,6 +362,7 @@ class Op:
     inputs: tuple[tuple[list, str], ...] = ()  # (dims, type) per input, for record_shapes args
     seq: str | None = None                    # autograd sequence number role: SEQ_*
     mem: tuple[int, int] | None = None        # [memory] event: (bytes, address offset)
+    launches: int = 1                         # times `launch` runs back to back (a multi-kernel op)
 
     @cached_property
     def shape_args(self) -> dict:
@@ -625,7 +683,10 @@ def _accumulate_grad(param_dims: list, bucket: AllReduce | None = None) -> Op:
                  (Op("aten::mul", 9.0, launch=_ew(_MUL_SCALAR, scale_kernel_us), inputs=((param_dims, BF16), SCALAR)),))
     accumulate = Op("torch::autograd::AccumulateGrad", 5.0, (Op("aten::detach", 3.0, (Op("detach", 1.5),)),))
     children = (accumulate, mul_out) if bucket is None else (accumulate, mul_out, bucket)
-    return Op("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", 4.0, children)
+    return Op(_ACCUMULATE_GRAD_NODE, 4.0, children)
+
+
+_ACCUMULATE_GRAD_NODE = "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"
 
 
 def _layer_norm_backward(s: _Shape, freed: tuple[int, int]) -> Op:
@@ -658,13 +719,15 @@ def _flash_backward(s: _Shape, freed: tuple[int, int]) -> Op:
 
 
 def _inputs_copy(s: _Shape) -> Op:
-    ids = [s.batch, s.seq]
-    nbytes = s.tokens * 8
-    copy = Op("aten::copy_", 9.0, launch=Memcpy("Memcpy HtoD (Pinned -> Device)", nbytes, 22.0),
-              inputs=((ids, "long int"), (ids, "long int"), SCALAR))
-    to_copy = Op("aten::_to_copy", 6.0, (Op("aten::empty_strided", 3.0), copy),
-                 inputs=((ids, "long int"),) + (NONE,) * 6)
-    return Op("aten::to", 4.0, (to_copy,), inputs=((ids, "long int"),) + (NONE,) * 5)
+    """Token ids (or labels) to the GPU from pinned memory: DataLoader(pin_memory=True), non_blocking."""
+    return _host_to_device([s.batch, s.seq], "long int", Memcpy("Memcpy HtoD (Pinned -> Device)", s.tokens * 8, 22.0))
+
+
+def _host_to_device(dims: list, dtype: str, copy: Memcpy) -> Op:
+    """tensor.to("cuda") as the profiler records it: aten::to > aten::_to_copy > aten::copy_ > memcpy."""
+    copy_op = Op("aten::copy_", 9.0, launch=copy, inputs=((dims, dtype), (dims, dtype), SCALAR))
+    to_copy = Op("aten::_to_copy", 6.0, (Op("aten::empty_strided", 3.0), copy_op), inputs=((dims, dtype),) + (NONE,) * 6)
+    return Op("aten::to", 4.0, (to_copy,), inputs=((dims, dtype),) + (NONE,) * 5)
 
 
 def _optimizer_ops(params: int, tensors: int) -> tuple[Op, ...]:
@@ -710,6 +773,103 @@ def build_program(layers: int = DEFAULT_LAYERS) -> Program:
                    buckets=tuple(sorted(buckets, key=lambda b: b.bucket)),
                    optimizer=_optimizer_ops(params, tensors=layers * PARAM_TENSORS_PER_BLOCK), sync=sync,
                    static_bytes=params * (2 + 2 + 12))   # bf16 weights and grads; fp32 master, exp_avg, exp_avg_sq
+
+
+# ---- Per-rank program changes (injections that change what a rank runs)
+
+def _map_ops(op: Op | AllReduce, change, skip: str | None = None) -> Op | AllReduce:
+    """The op tree with `change(op) -> Op` applied to every op, children first; subtrees of ops
+    named `skip` are kept as they are."""
+    if type(op) is AllReduce or op.name == skip:
+        return op
+    children = tuple(_map_ops(child, change, skip) for child in op.children)
+    return change(replace(op, children=children) if children != op.children else op)
+
+
+def _map_batch_ops(program: Program, change) -> Program:
+    """`change` applied to the ops whose work grows with the batch: the input copies, forward, loss
+    and backward (not the parameter-sized gradient accumulation, optimizer and loss.item())."""
+    def tree(ops):
+        return tuple(_map_ops(op, change, skip=_ACCUMULATE_GRAD_NODE) for op in ops)
+    return replace(program, inputs=tree(program.inputs), forward=tree(program.forward), loss=tree(program.loss),
+                   backward=tree(program.backward))
+
+
+def _uneven_shards(program: Program, extra_pct: float) -> Program:
+    """extra_pct % more samples: batch-sized kernels run longer, input copies move more bytes."""
+    factor = 1.0 + extra_pct / 100.0
+
+    def change(op: Op) -> Op:
+        launch = op.launch
+        if type(launch) is Kernel:
+            return replace(op, launch=replace(launch, dur_us=launch.dur_us * factor))
+        if type(launch) is Memcpy:
+            return replace(op, launch=replace(launch, nbytes=round(launch.nbytes * factor)))
+        return op
+    return _map_batch_ops(program, change)
+
+
+#: FP32 cuBLAS kernels for the bf16 GEMMs: on H100 cuBLAS runs FP32 SGEMM (TF32 off, PyTorch's
+#: default for matmul) with its sm80 SIMT kernels; names as they appear in real H100 profiles.
+_FP32_GEMM_NAMES = {
+    _GEMM_TN: "ampere_sgemm_128x64_tn",
+    _GEMM_NN: "void cutlass::Kernel2<cutlass_80_simt_sgemm_256x128_8x4_nn_align1>"
+              "(cutlass_80_simt_sgemm_256x128_8x4_nn_align1::Params)",
+    _GEMM_NT: "ampere_sgemm_128x64_nt",
+}
+
+
+def _fp32_gemm(program: Program, slowdown: float) -> Program:
+    def change(op: Op) -> Op:
+        launch = op.launch
+        if type(launch) is not Kernel or launch.name not in _FP32_GEMM_NAMES:
+            return op
+        kernel = Kernel(_FP32_GEMM_NAMES[launch.name], launch.dur_us * slowdown, grid=(64, 48, 1), block=(128, 1, 1),
+                        registers=126, shared_mem=32_768, sigma=launch.sigma)
+        return replace(op, launch=kernel, inputs=tuple((dims, "float" if t == BF16 else t) for dims, t in op.inputs))
+    return replace(program, forward=tuple(_map_ops(op, change) for op in program.forward),
+                   backward=tuple(_map_ops(op, change) for op in program.backward))
+
+
+def _launch_bound(program: Program, kernels_per_op: int, kernel_us: float) -> Program:
+    def change(op: Op) -> Op:
+        if type(op.launch) is not Kernel:
+            return op
+        return replace(op, launch=replace(op.launch, dur_us=kernel_us, sigma=0.1), launches=kernels_per_op)
+    return _map_batch_ops(program, change)
+
+
+def _pageable_memcpy(program: Program, batch_mb: float, gbps: float) -> Program:
+    """The batch (float32 features of batch_mb MB, then the labels) copied from pageable memory:
+    cudaMemcpyAsync returns only when the driver has staged the copy, then aten::copy_ syncs."""
+    s = _Shape()
+    width = max(1, round(batch_mb * (1 << 20) / (s.tokens * 4)))
+    features = _host_to_device(s.act(width), "float",
+                               Memcpy("Memcpy HtoD (Pageable -> Device)", s.tokens * width * 4, gbps, blocking=True))
+    labels = _host_to_device([s.batch, s.seq], "long int",
+                             Memcpy("Memcpy HtoD (Pageable -> Device)", s.tokens * 8, gbps, blocking=True))
+    return replace(program, inputs=(features, labels))
+
+
+#: Applied in this order: launch_bound sets every batch-sized kernel's duration, so FP32 GEMMs
+#: stay `slowdown` times slower than the other tiny kernels.
+_PROGRAM_CHANGES = {"pageable_memcpy": _pageable_memcpy, "uneven_shards": _uneven_shards,
+                    "launch_bound": _launch_bound, "fp32_gemm": _fp32_gemm}
+
+
+def _rank_programs(program: Program, faults: _JobFaults) -> list[Program]:
+    """Each rank's program; ranks with the same changes share one object."""
+    built: dict[tuple, Program] = {}
+    out = []
+    for rank in faults.ranks:
+        key = tuple((kind, rank.program_changes[kind]) for kind in _PROGRAM_CHANGES if kind in rank.program_changes)
+        if key not in built:
+            changed = program
+            for kind, params in key:
+                changed = _PROGRAM_CHANGES[kind](changed, *params)
+            built[key] = changed
+        out.append(built[key])
+    return out
 
 
 def _round_up(value: int, granule: int) -> int:
@@ -943,7 +1103,10 @@ class _RankSim:
             t = self._run(child, tid, t)
         launch = op.launch
         if launch is not None:
-            t = (self._launch if type(launch) is Kernel else self._memcpy)(launch, tid, t, ext)
+            run = self._launch if type(launch) is Kernel else self._memcpy
+            t = run(launch, tid, t, ext)
+            for _ in range(op.launches - 1):
+                t = run(launch, tid, t + self._cpu_ns(LAUNCH_LOOP_US), ext)
         t += half_self_ns
         self.sink.end(handle, t)
         return t
@@ -1168,7 +1331,8 @@ class _Timeline:
 
 def _simulate_timing(program: Program, world: int, steps: int, seed: int, faults: _JobFaults) -> _Timeline:
     """All ranks in lock step, no events: where every collective starts and ends on every rank."""
-    sims = [_RankSim(r, world, program, faults.ranks[r], faults.overlap_comm, seed, _NULL_SINK) for r in range(world)]
+    programs = _rank_programs(program, faults)
+    sims = [_RankSim(r, world, programs[r], faults.ranks[r], faults.overlap_comm, seed, _NULL_SINK) for r in range(world)]
     network = _Network(world, seed, program.buckets)
     comm_spans = np.empty((steps, world, len(program.buckets), 2), dtype=np.int64)
     for step in range(steps):
@@ -1325,17 +1489,18 @@ def _generate(out: Path, ranks: int, steps: int, seed: int, injections: list[Inj
               gzip: bool, scale: float) -> dict:
     program = build_program(max(1, round(DEFAULT_LAYERS * scale)))
     timeline = _simulate_timing(program, ranks, steps, seed, faults)
-    has_stragglers = any(inj.kind == "straggler" for inj in injections)
-    baseline = (_simulate_timing(program, ranks, steps, seed, faults.without_stragglers())
-                if has_stragglers else timeline)
+    healthy = [inj for inj in injections if not _makes_straggler(inj)]   # the counterfactual for straggler cost
+    baseline = (_simulate_timing(program, ranks, steps, seed, _plan_faults(healthy, ranks))
+                if len(healthy) < len(injections) else timeline)
 
     out.mkdir(parents=True, exist_ok=True)
     for old in out.iterdir():
         if _TRACE_FILE.match(old.name):
             old.unlink()
     per_rank = {}
+    programs = _rank_programs(program, faults)
     for rank in range(ranks):
-        per_rank[str(rank)] = _write_rank(out, rank, ranks, program, faults, seed, timeline, gzip)
+        per_rank[str(rank)] = _write_rank(out, rank, ranks, programs[rank], faults, seed, timeline, gzip)
     truth = _ground_truth(seed, ranks, steps, injections, faults, program, timeline, baseline, per_rank)
     (out / GROUND_TRUTH_FILE).write_bytes(msgspec.json.format(msgspec.json.encode(truth), indent=1) + b"\n")
     return truth
@@ -1357,7 +1522,7 @@ def _write_rank(out: Path, rank: int, world: int, program: Program, faults: _Job
 
 def _rank_truth(path: Path, sim: _RankSim, events: list[dict], faults: _RankFaults) -> dict:
     """True values for one rank, counted from the events that are complete in its file."""
-    kernels = nccl_kernels = collectives = memcpys = 0
+    kernels = nccl_kernels = collectives = memcpys = pageable = 0
     for event in events:
         cat = event.get("cat")
         if cat == "kernel":
@@ -1365,12 +1530,13 @@ def _rank_truth(path: Path, sim: _RankSim, events: list[dict], faults: _RankFaul
             nccl_kernels += event["name"].startswith("ncclDevKernel_")
         elif cat == "gpu_memcpy":
             memcpys += 1
+            pageable += "Pageable" in event["name"]
         elif cat == "cpu_op" and event["name"] == "record_param_comms":
             collectives += 1
     return {"file": path.name, "device": sim.device, "pid": sim.pid,
             "step_time_ms": [round((end - start) / 1e6, 6) for start, end in sim.step_spans],
             "kernel_count": kernels, "nccl_kernel_count": nccl_kernels, "collective_count": collectives,
-            "memcpy_count": memcpys, "events": len(events),
+            "memcpy_count": memcpys, "pageable_memcpy_count": pageable, "events": len(events),
             "clock_offset_ms": faults.clock_offset_ns / 1e6, "truncated": faults.truncated}
 
 
@@ -1384,8 +1550,9 @@ def _ground_truth(seed: int, world: int, steps: int, injections: list[Injection]
                   "dtype": "BFloat16", "allreduce_nelems": [b.nelems for b in program.buckets],
                   "bus_bandwidth_gbps": BUS_BANDWIDTH_GBPS},
         "expected": {
-            "stragglers": [_straggler_truth(inj, timeline, baseline) for inj in injections if inj.kind == "straggler"],
+            "stragglers": [_straggler_truth(inj, timeline, baseline) for inj in injections if _makes_straggler(inj)],
             "findings": _expected_findings(injections),
+            "possible_findings": _possible_findings(injections),
             "comm_overlap": faults.overlap_comm,
             "collectives_per_step": len(program.buckets),
             "clock_offsets_ms": {str(r): f.clock_offset_ns / 1e6
@@ -1397,15 +1564,17 @@ def _ground_truth(seed: int, world: int, steps: int, injections: list[Injection]
 
 
 def _straggler_truth(inj: Injection, timeline: _Timeline, baseline: _Timeline) -> dict:
-    """The injected delay, and what it really cost: per step, the median over the other ranks of
-    their step-time increase against the same job without stragglers (ms)."""
+    """The late rank, its cause, the injected delay (straggler kind; null for the others) and what
+    it really cost: per step, the median over the other ranks of their step-time increase against
+    the same job without straggler-making injections (ms)."""
     rank = inj.params["rank"]
     others = [r for r in range(len(timeline.step_spans)) if r != rank] or [rank]
     cost_ms = []
     for step in range(len(timeline.comm_spans)):
         increases = [_span_ns(timeline.step_spans[r][step]) - _span_ns(baseline.step_spans[r][step]) for r in others]
         cost_ms.append(round(float(np.median(increases)) / 1e6, 3))
-    return {"rank": rank, "cause": inj.params["cause"], "delay_ms_per_step": inj.params["delay_ms"],
+    cause = inj.params["cause"] if inj.kind == "straggler" else _STRAGGLER_CAUSE_BY_KIND[inj.kind]
+    return {"rank": rank, "cause": cause, "injection": inj.kind, "delay_ms_per_step": inj.params.get("delay_ms"),
             "cost_ms_per_step": cost_ms}
 
 
@@ -1413,19 +1582,35 @@ def _span_ns(span: tuple[int, int]) -> int:
     return span[1] - span[0]
 
 
-_FINDINGS_BY_KIND = {"straggler": ("straggler_rank",), "no_overlap": ("exposed_communication", "low_overlap")}
+_FINDINGS_BY_KIND = {"no_overlap": ("exposed_communication", "low_overlap"), "fp32_gemm": ("tensor_cores_unused",)}
+#: Findings the rules judge on the median rank: expected when every rank has the fault (rank="all").
+_JOB_WIDE_FINDINGS = {"launch_bound": ("launch_overhead",), "pageable_memcpy": ("unpinned_memcpy",)}
 _FINDINGS_BY_STRAGGLER_CAUSE = {"dataloader": ("dataloader_stall",)}
+#: What the same fault causes downstream, so a correct analysis may add it. launch_bound: tiny
+#: kernels can no longer hide the gradient all-reduces, and the GPU waits for the host.
+_SIDE_FINDINGS = {"launch_bound": ("gpu_idle_host_bound", "exposed_communication", "low_overlap", "comm_bound",
+                                   "load_imbalance")}
 
 
 def _expected_findings(injections: list[Injection]) -> list[str]:
     """Finding ids (DESIGN.md) a correct analysis must emit; it may add ones the same fault
-    causes downstream (e.g. exposed communication on the ranks that wait for a straggler)."""
+    causes downstream (`_possible_findings`)."""
     found: set[str] = set()
     for inj in injections:
         found.update(_FINDINGS_BY_KIND.get(inj.kind, ()))
+        if inj.params.get("rank") == "all":
+            found.update(_JOB_WIDE_FINDINGS.get(inj.kind, ()))
+        if _makes_straggler(inj):
+            found.add("straggler_rank")
         if inj.kind == "straggler":
             found.update(_FINDINGS_BY_STRAGGLER_CAUSE.get(inj.params["cause"], ()))
     return sorted(found)
+
+
+def _possible_findings(injections: list[Injection]) -> list[str]:
+    """Finding ids the injected faults may cause downstream, beyond the expected ones."""
+    expected = set(_expected_findings(injections))
+    return sorted({f for inj in injections for f in _SIDE_FINDINGS.get(inj.kind, ())} - expected)
 
 
 DEMO_INJECTIONS = (Injection("straggler", {"rank": 5, "cause": "host_idle", "delay_ms": 40.0}),)
