@@ -117,7 +117,13 @@ def test_gradient_sync_schedule_matches_hand_count(corpus):
     [Injection("straggler", {"rank": 3, "cause": "dataloader", "delay_ms": 40.0})],
     [Injection("straggler", {"rank": 1, "cause": "host_idle", "delay_ms": 30.0})],
     [Injection("no_overlap", {})],
-], ids=["clean", "straggler-dataloader", "straggler-host_idle", "no_overlap"])
+    [Injection("launch_bound", {"rank": "all"})],
+    [Injection("pageable_memcpy", {"rank": "all"})],
+    [Injection("pageable_memcpy", {"rank": 2, "batch_mb": 24.0})],
+    [Injection("uneven_shards", {"rank": 3, "extra_pct": 30.0})],
+    [Injection("fp32_gemm", {"rank": "all"})],
+], ids=["clean", "straggler-dataloader", "straggler-host_idle", "no_overlap", "launch_bound", "pageable_memcpy",
+        "pageable_memcpy-rank2", "uneven_shards", "fp32_gemm"])
 def test_synthetic_ground_truth_findings(tmp_path, injections):
     truth = generate_job(tmp_path / "job", ranks=8, steps=4, seed=1, injections=injections)
     a = rankscope.analyze(tmp_path / "job", use_cache=False)

@@ -16,6 +16,12 @@ The model of time (all int nanoseconds on one shared job timeline):
 - the optimizer waits for the all-reduces, and `loss.item()` at the end of each step syncs the
   host with the GPU, so every rank's step lasts as long as the slowest rank's.
 
+Injections (`KIND_PARAMS`; `injection_help()` prints them) either change timing on the fly
+(straggler, no_overlap, clock_offset) or what a rank runs (`_PROGRAM_CHANGES`: the step's op tree
+rewritten for that rank: pageable_memcpy, uneven_shards, launch_bound, fp32_gemm), or the file
+(truncated). A fault on one rank that makes it slower is a straggler in the ground truth, with the
+cause its extra time goes to; rank="all" slows every rank alike (no straggler).
+
 Noise comes from seeded numpy Generators (one per rank, one for the network); injections never
 draw from them, so a job with a straggler is draw for draw the healthy job plus the fault
 (no_overlap reorders work, so there the noise lands on other ops).
@@ -1460,11 +1466,13 @@ def generate_job(out_dir: str | Path, ranks: int = 8, steps: int = 6, seed: int 
 
     Ground truth (schema rankscope.ground_truth/1): seed, world_size, steps, injections (with
     defaults filled), model (layers, parameters, allreduce_nelems, bus_bandwidth_gbps) and
-    expected: stragglers [{rank, cause, delay_ms_per_step (injected), cost_ms_per_step (what the
-    other ranks lost, per step)}], findings (DESIGN.md ids a correct analysis must emit),
-    comm_overlap, collectives_per_step, clock_offsets_ms {rank: ms}, truncated_ranks, and per_rank
-    {rank: file, device, pid, step_time_ms, kernel_count, nccl_kernel_count, collective_count,
-    memcpy_count, events, clock_offset_ms, truncated}. Counts are of the events complete in the file."""
+    expected: stragglers [{rank, cause, injection (its kind), delay_ms_per_step (injected; null but
+    for the straggler kind), cost_ms_per_step (what the other ranks lost, per step)}], findings
+    (DESIGN.md ids a correct analysis must emit), possible_findings (ids the same faults may cause
+    downstream), comm_overlap, collectives_per_step, clock_offsets_ms {rank: ms}, truncated_ranks,
+    and per_rank {rank: file, device, pid, step_time_ms, kernel_count, nccl_kernel_count,
+    collective_count, memcpy_count, pageable_memcpy_count, events, clock_offset_ms, truncated}.
+    Counts are of the events complete in the file."""
     if ranks < 1 or steps < 1 or scale <= 0:
         raise ValueError(f"need ranks >= 1, steps >= 1, scale > 0; got ranks={ranks}, steps={steps}, scale={scale}")
     injections = [_normalized(inj, ranks) for inj in injections or []]
@@ -1551,7 +1559,7 @@ def _ground_truth(seed: int, world: int, steps: int, injections: list[Injection]
                   "bus_bandwidth_gbps": BUS_BANDWIDTH_GBPS},
         "expected": {
             "stragglers": [_straggler_truth(inj, timeline, baseline) for inj in injections if _makes_straggler(inj)],
-            "findings": _expected_findings(injections),
+            "findings": expected_findings(injections),
             "possible_findings": _possible_findings(injections),
             "comm_overlap": faults.overlap_comm,
             "collectives_per_step": len(program.buckets),
@@ -1592,7 +1600,7 @@ _SIDE_FINDINGS = {"launch_bound": ("gpu_idle_host_bound", "exposed_communication
                                    "load_imbalance")}
 
 
-def _expected_findings(injections: list[Injection]) -> list[str]:
+def expected_findings(injections: list[Injection]) -> list[str]:
     """Finding ids (DESIGN.md) a correct analysis must emit; it may add ones the same fault
     causes downstream (`_possible_findings`)."""
     found: set[str] = set()
@@ -1609,7 +1617,7 @@ def _expected_findings(injections: list[Injection]) -> list[str]:
 
 def _possible_findings(injections: list[Injection]) -> list[str]:
     """Finding ids the injected faults may cause downstream, beyond the expected ones."""
-    expected = set(_expected_findings(injections))
+    expected = set(expected_findings(injections))
     return sorted({f for inj in injections for f in _SIDE_FINDINGS.get(inj.kind, ())} - expected)
 
 
