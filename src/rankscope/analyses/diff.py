@@ -513,6 +513,8 @@ def headline(job: dict[str, Comparison], stragglers: Sequence[StragglerChange] =
     (DataLoader share and GPU idle first, then the two largest moves of the step breakdown, then
     stragglers introduced or resolved)."""
     st = job["step_time_ms"]
+    if st.before is None or st.after is None:
+        return "nothing compared: a side has no steps on the compared ranks"
     pct = f"{st.delta_pct:+.1f}%" if st.delta_pct is not None else f"{st.delta:+.1f} ms"
     head = f"step time {pct} ({st.before:.1f} -> {st.after:.1f} ms, {verdict_text(st)})"
     notes = [f"{label} {c.before:.0f}% -> {c.after:.0f}%"
