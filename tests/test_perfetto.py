@@ -317,6 +317,28 @@ def test_partially_overlapping_kernels_move_to_an_overlap_track(corpus, out_dir)
     assert (out_dir / "negq.json").read_bytes()[:1] == b"{"            # no .gz: plain JSON
 
 
+#: Corpus sets of other shapes: ROCm, CPU only, no GPU events, no steps, cross-stream syncs, Triton,
+#: symmetric-memory kernels with GPU annotations, sampled ranks of a large job.
+ODD_SETS = ["hta-amd-mi250", "hta-cpu-only", "hta-rank-non-gpu", "hta-critical-path-alexnet",
+            "hta-cuda-event-sync-multistream", "hta-triton", "tracelens-b200-rank0", "hta-sampled-2rank"]
+
+
+@pytest.mark.parametrize("folder", ODD_SETS)
+def test_other_trace_shapes_export_validly(corpus, out_dir, folder):
+    """Format, ids and nesting hold, and the device events of each file (plain json: kernel / memcpy /
+    memset 'X' events, current or 2021 category names) are all there."""
+    doc, result = _export(corpus / folder, out_dir / f"{folder}.json.gz")
+    assert result.ranks and not result.skipped
+    check_chrome_format(doc)
+    check_ids(doc)
+    for key, slices in slices_by_thread(doc).items():
+        assert partial_overlaps(slices) == [], f"partial overlap on {key}"
+    cats = DEVICE_CATS | {"memcpy", "memset"}
+    expected = sum(str(e.get("cat", "")).lower() in cats for f in sorted((corpus / folder).glob("*.json.gz"))
+                   for e in x_events(load_json(f)))
+    assert sum(e["ph"] == "X" and e["cat"] in DEVICE_CATS for e in doc["traceEvents"]) == expected
+
+
 # ----------------------------------------------------------------------------------------------
 # nesting of hand-made intervals
 def brute_force_laminar(iv: list[tuple[int, int]]) -> bool:

@@ -9,6 +9,7 @@ Tracks (`RankTimeline.tracks`: track id, label, sort_index, original pid/tid):
                       (pid, tid); "main" is the training thread (breakdown.training_thread)
   stream N            device activity (kernels, memcpy, memset) per (device, stream); GPU
                       annotations and device-side syncs on `stream N annotations` / `stream N sync`
+  profiler            the profiler's own span and overhead events
   steps               step windows as the step breakdown defines them (steps.step_windows)
   idle gaps           device idle gaps >= gaps.GAP_MIN_US, labelled with what the host did meanwhile
                       (dataloader / sync / host / idle_other) and the CPU op that ended the gap
@@ -55,10 +56,10 @@ KIND_CATEGORY: dict[int, str] = {
     Kind.OVERHEAD: "overhead", Kind.TRACE: "trace", Kind.OTHER: "other",
 }
 #: Kinds drawn on a device stream's tracks, and the companion track of those that are not activity;
-#: the profiler's own spans get a track of their own; every other kind is on its host thread.
+#: the profiler's own spans and overhead go on `profiler` tracks; every other kind on its host thread.
 _DEVICE_SIDE = {int(k): "" for k in DEVICE_KINDS} | {int(Kind.GPU_ANNOTATION): " annotations", int(Kind.SYNC): " sync"}
 _HOST, _PROFILER = "host", "profiler"
-_SIDE = _DEVICE_SIDE | {int(Kind.TRACE): _PROFILER}
+_SIDE = _DEVICE_SIDE | {int(Kind.TRACE): _PROFILER, int(Kind.OVERHEAD): _PROFILER}
 OVERLAY_CATEGORY = "rankscope"
 #: Lanes per track before slices are clipped to fit (lane 0 is the track itself).
 MAX_LANES = 4
@@ -191,12 +192,14 @@ def _event_slices(trace: RankTrace, offset_ns: int) -> tuple[pl.DataFrame, pl.Da
         pl.when(host | (pl.col("stream") < 0)).then(pl.col("tid")).otherwise(pl.col("stream")).alias("k_tid"))
     keys = keyed.unique().sort("side", "k_pid", "k_tid")
     main_tid = training_thread(ev)
-    host_pids = keys.filter(pl.col("side") == _HOST)["k_pid"].n_unique()
+    host_pids = keys.filter((pl.col("side") == _HOST) & (pl.col("k_pid") >= 0))["k_pid"].n_unique()
     devices = keys.filter(~pl.col("side").is_in([_HOST, _PROFILER]))["k_pid"].n_unique()
-    labels, sort_index = [], []
+    profilers = int((keys["side"] == _PROFILER).sum())
+    labels, sort_index, n_profiler = [], [], 0
     for n, (side_label, pid, tid) in enumerate(keys.iter_rows()):
         if side_label == _PROFILER:
-            labels.append("profiler")
+            n_profiler += 1
+            labels.append("profiler" if profilers == 1 else f"profiler {n_profiler}")
             sort_index.append(_ORDER["profiler"] * _ORDER_STRIDE + n * MAX_LANES)
         elif side_label == _HOST:
             name = trace.meta.thread_names.get(f"{pid}/{tid}", "")
