@@ -91,9 +91,11 @@ def main() -> None:
               help="Override a finding threshold (repeatable); `rankscope thresholds` lists them.")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), default=None, metavar="PATH",
               help="Also write a self-contained HTML report (findings and charts, works offline) to PATH.")
+@click.option("--nccl-log", "nccl_logs", multiple=True, type=click.Path(), metavar="LOG",
+              help="An NCCL_DEBUG=INFO log of the job (repeatable; several = runs to compare): its findings join.")
 @common_options
 def analyze_cmd(paths, demo, thresholds, cache_dir, no_cache, engine, address, workers, as_json, quiet,
-                html_path) -> None:
+                html_path, nccl_logs) -> None:
     """Analyse a job: a folder of per-rank traces (or files)."""
     if demo:
         from rankscope.synth import demo_job_dir
@@ -111,6 +113,8 @@ def analyze_cmd(paths, demo, thresholds, cache_dir, no_cache, engine, address, w
                                                      address=address, thresholds=overrides),
                             quiet, "analysing ranks")
     code = _exit_code(result)
+    if result.ranks and nccl_logs:
+        code = max(code, _add_nccl_findings(result, nccl_logs, overrides))
     if result.ranks:
         if as_json:
             from rankscope.render.json import analysis_to_dict
@@ -264,6 +268,86 @@ def diff_cmd(before, after, as_json, cache_dir, no_cache, quiet, html_path) -> N
         from rankscope.render.diff_terminal import render_diff
         render_diff(d, Console(highlight=False))
     sys.exit(EXIT_SKIPPED if any(side.skipped for side in sides) else EXIT_OK)
+
+
+# ---- other inputs: NCCL debug logs, CUDA memory snapshots -----------------------------------
+def _read_inputs(paths, reader) -> tuple[list, list[dict]]:
+    """Each path through `reader`; an unusable file is one stderr line and a `skipped` entry."""
+    from rankscope.ingest import TraceError
+    parsed, skipped = [], []
+    for path in paths:
+        try:
+            parsed.append(reader(path))
+        except TraceError as exc:
+            _err(f"{path}: {exc}")
+            skipped.append({"file": str(path), "problem": str(exc)})
+    return parsed, skipped
+
+
+def _inputs_exit_code(parsed: list, skipped: list) -> int:
+    return EXIT_NOTHING if not parsed else EXIT_SKIPPED if skipped else EXIT_OK
+
+
+def _print_json(obj) -> None:
+    sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(obj), indent=1))
+    sys.stdout.write("\n")
+
+
+def _add_nccl_findings(result, logs, overrides) -> int:
+    """analyze --nccl-log: the logs' findings join the job's, in severity order."""
+    from rankscope.analyses.nccl import compare_nccl_logs
+    from rankscope.findings import SEVERITIES, nccl_findings
+    from rankscope.ingest.nccl_log import read_nccl_log
+    parsed, skipped = _read_inputs(logs, read_nccl_log)
+    if parsed:
+        result.findings = sorted(result.findings + nccl_findings(compare_nccl_logs(parsed), overrides),
+                                 key=lambda f: (SEVERITIES.index(f.severity), -(f.cost_ms_per_step or 0.0)))
+    return EXIT_SKIPPED if skipped else EXIT_OK
+
+
+@main.command("nccl")
+@click.argument("logs", nargs=-1, required=True, type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema rankscope.nccl/1).")
+def nccl_cmd(logs, as_json) -> None:
+    """NCCL_DEBUG=INFO logs (each one run, e.g. healthy vs slow): version, ranks, channels, rings and trees,
+    transport per peer, NCCL's link bandwidths, nccl-tests bus bandwidth; what is slower than its peers."""
+    from rankscope.analyses.nccl import compare_nccl_logs
+    from rankscope.findings import nccl_findings
+    from rankscope.ingest.nccl_log import read_nccl_log
+    parsed, skipped = _read_inputs(logs, read_nccl_log)
+    if parsed:
+        report = compare_nccl_logs(parsed)
+        findings = nccl_findings(report)
+        if as_json:
+            from rankscope.render.nccl import nccl_to_dict
+            _print_json(nccl_to_dict(report, findings, skipped))
+        else:
+            from rankscope.render.nccl import render_nccl
+            render_nccl(report, findings, Console(highlight=False))
+    sys.exit(_inputs_exit_code(parsed, skipped))
+
+
+@main.command("memory")
+@click.argument("snapshots", nargs=-1, required=True, type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema rankscope.memory_snapshot/1).")
+@click.option("--params", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Model parameters: adds the theoretical breakdown (params + grads + Adam states + activations).")
+@click.option("--param-bytes", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Bytes per parameter and gradient (2 for bf16/fp16: an fp32 master copy is then counted).")
+def memory_cmd(snapshots, as_json, params, param_bytes) -> None:
+    """CUDA memory snapshots (torch.cuda.memory._dump_snapshot pickles, read without running any code):
+    peak, fragmentation, largest live blocks and their stacks, the events before an OOM, memory by category."""
+    from rankscope.analyses.memory_snapshot import analyze_snapshot
+    from rankscope.ingest.memory_snapshot import read_memory_snapshot
+    parsed, skipped = _read_inputs(snapshots, read_memory_snapshot)
+    reports = [analyze_snapshot(s, params=params, param_bytes=param_bytes) for s in parsed]
+    if as_json and parsed:
+        from rankscope.render.memory_snapshot import memory_to_dict
+        _print_json(memory_to_dict(reports, skipped))
+    elif parsed:
+        from rankscope.render.memory_snapshot import render_memory
+        render_memory(reports, Console(highlight=False))
+    sys.exit(_inputs_exit_code(parsed, skipped))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -581,3 +581,105 @@ def evaluate(analysis: "Analysis", overrides: dict[str, float] | None = None) ->
     found.extend(_tensor_cores(job, analysis.job.devices))
     found.extend(_bus_bandwidth(job, analysis.job.devices, analysis.job.hosts))
     return sorted(found, key=lambda f: (SEVERITIES.index(f.severity), -(f.cost_ms_per_step or 0.0)))
+
+
+# ---------------------------------------------------------------------------------------------
+# NCCL debug logs (`rankscope nccl LOG...`, `analyze --nccl-log LOG`): the comparisons of
+# analyses/nccl.py (each log one run) -> `low_bus_bandwidth` and `degraded_nccl_link`.
+if TYPE_CHECKING:  # pragma: no cover
+    from rankscope.analyses.nccl import NcclReport, NcclRun
+
+THRESHOLDS.update({
+    "nccl_busbw_pct_of_best": Threshold(70.0, "% of the best run's nccl-tests bus bandwidth at the same sizes",
+                                        "rankscope default; nccl-tests run-to-run spread is a few %"),
+    "nccl_degraded_pct_of_peers": Threshold(75.0, "% of the best peer's channel count / NCCL link bandwidth",
+                                            "rankscope default; checked on the corpus nccl-logs-2xA100 (healthy: none)"),
+})
+
+
+def nccl_findings(report: NcclReport, overrides: dict[str, float] | None = None) -> list[Finding]:
+    """Findings of NCCL logs compared as runs (analyses/nccl.py), ordered by severity."""
+    t = resolve_thresholds(overrides)
+    found = [f for run in report.runs for f in (_nccl_busbw(report, run, t), _nccl_degraded(report, run, t)) if f]
+    return sorted(found, key=lambda f: SEVERITIES.index(f.severity))
+
+
+def _log_name(file: str) -> str:
+    from pathlib import PurePath
+    return PurePath(file).name
+
+
+def _nccl_channels_and_transports(run: NcclRun) -> dict[str, Any]:
+    return {"channels": {c.comm_id: c.coll_channels for c in run.comms},
+            "transport": {f"{p.src}->{p.dst}": f"{p.via} ({p.channels} channels)" for p in run.peers},
+            "nccl_env": run.log.env}
+
+
+def _nccl_busbw(report: NcclReport, run: NcclRun, t: dict[str, float]) -> Finding | None:
+    vs_best = next((c for c in report.of("busbw") if c.file == run.file), None)
+    peak = next((p for key, p in LINK_PEAK_GBPS if any(key in d for d in run.devices)), None)
+    of_peak = (100.0 * run.peak_busbw_gbps / peak if peak and run.peak_busbw_gbps is not None and len(run.hosts) <= 1
+               else None)
+    low_vs_best = vs_best is not None and vs_best.pct < t["nccl_busbw_pct_of_best"]
+    low_vs_peak = of_peak is not None and of_peak < t["busbw_low_pct_of_peak"]
+    if not (low_vs_best or low_vs_peak):
+        return None
+    best = next((r for r in report.runs if r.file == report.best_run), None)
+    parts = []
+    if low_vs_best:
+        parts.append(f"{vs_best.pct:.0f}% of {_log_name(best.file)} ({vs_best.reference:.1f} GB/s) at the same sizes")
+    if low_vs_peak:
+        parts.append(f"best row {run.peak_busbw_gbps:.1f} GB/s = {of_peak:.0f}% of the {peak:.0f} GB/s link peak")
+    return Finding(
+        id="low_bus_bandwidth", severity="high" if low_vs_best and vs_best.pct < 50.0 else "medium",
+        ranks=vs_best.ranks if vs_best else [], steps=[],
+        summary=f"{_log_name(run.file)}: bus bandwidth {run.avg_busbw_gbps:.1f} GB/s, " + "; ".join(parts),
+        evidence={"file": run.file, "busbw_gbps": _r(run.avg_busbw_gbps), "peak_busbw_gbps": _r(run.peak_busbw_gbps),
+                  "best_run": report.best_run, "best_busbw_gbps": _r(best.avg_busbw_gbps) if best else None,
+                  "pct_of_best": _r(vs_best.pct, 1) if vs_best else None, "device": run.devices[0] if run.devices else None,
+                  "link_peak_gbps": peak, "pct_of_link_peak": _r(of_peak, 1),
+                  **_nccl_channels_and_transports(run),
+                  "best_run_channels": _nccl_channels_and_transports(best)["channels"] if best else None},
+        explanation=("Bus bandwidth (nccl-tests) normalizes a collective's speed to the links; a run far below "
+                     "another on the same machines, or far below the link peak, has lost links, channels or "
+                     "its transport."),
+        fix=("compare the transports and channel counts of the two logs (`rankscope nccl HEALTHY.log SLOW.log`); "
+             "check `nvidia-smi nvlink --status` / `nvidia-smi topo -m` for down NVLinks, a NCCL_TOPO_FILE or "
+             "NCCL_P2P_DISABLE / NCCL_MAX_NCHANNELS left in the environment"),
+        threshold={k: t[k] for k in ("nccl_busbw_pct_of_best", "busbw_low_pct_of_peak")})
+
+
+def _nccl_degraded(report: NcclReport, run: NcclRun, t: dict[str, float]) -> Finding | None:
+    limit = t["nccl_degraded_pct_of_peers"]
+    mine = [c for c in report.comparisons if c.file == run.file]
+    issues = ([c for c in mine if c.kind in ("channels", "link") and c.pct < limit]
+              + [c for c in mine if c.kind == "transport" and c.value < c.reference])
+    if not issues:
+        return None
+    texts = []
+    for c in issues:
+        if c.kind == "channels":
+            texts.append(f"{c.subject} has {c.value:.0f} collective channels, {c.pct:.0f}% of the "
+                         f"{c.reference:.0f} in {_log_name(c.reference_from)}")
+        elif c.kind == "link":
+            texts.append(f"NCCL sees {c.subject} ({c.detail['type']}) at {c.value:g} GB/s, {c.pct:.0f}% of "
+                         f"its best peer's {c.reference:g} GB/s ({_log_name(c.reference_from)})")
+        else:
+            texts.append(f"{c.subject} ({c.detail['kind']}) where peers in {_log_name(c.reference_from)} use "
+                         f"{c.detail['best_kind']}")
+    ranks = sorted({r for c in issues for r in c.ranks})
+    comm_ranks = sorted({r for comm in run.log.comms.values() for r in comm.ranks})
+    return Finding(
+        id="degraded_nccl_link", severity="high" if min(c.pct for c in issues) < 50.0 else "medium",
+        ranks=ranks or comm_ranks, steps=[],
+        summary=f"{_log_name(run.file)}: " + "; ".join(texts),
+        evidence={"file": run.file, **_nccl_channels_and_transports(run),
+                  "issues": [{"kind": c.kind, "subject": c.subject, "value": _r(c.value), "reference": _r(c.reference),
+                              "reference_from": c.reference_from, "pct": _r(c.pct, 1), **c.detail} for c in issues]},
+        explanation=("NCCL sizes its channels to the link bandwidth it detects: a link it sees slower (a down "
+                     "NVLink, a PCIe fallback) or a slower transport (SHM or the network instead of P2P) than its "
+                     "peers caps every collective that crosses it."),
+        fix=("`nvidia-smi nvlink --status` and `nvidia-smi topo -m` on that host (reseat / replace the bridge, "
+             "reset the GPU); unset NCCL_TOPO_FILE, NCCL_P2P_DISABLE, NCCL_SHM_DISABLE, NCCL_MIN/MAX_NCHANNELS "
+             "unless meant; check ACS / IOMMU settings that block P2P"),
+        threshold={"nccl_degraded_pct_of_peers": limit})

@@ -1,0 +1,155 @@
+"""CUDA memory snapshots: JSON (`rankscope.memory_snapshot/1`, docs/inputs.md) and the terminal
+view (rich, 80 columns). Nothing is computed here beyond units (bytes -> MB = MiB, as elsewhere)."""
+from __future__ import annotations
+
+from pathlib import PurePath
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from rankscope.analyses.memory import BYTES_PER_MB
+from rankscope.analyses.memory_snapshot import CATEGORIES, DeviceMemory, MemoryReport
+from rankscope.ingest.memory_snapshot import Frame
+
+SCHEMA = "rankscope.memory_snapshot/1"
+
+
+def _mb(n: float | None) -> float | None:
+    return None if n is None else round(n / BYTES_PER_MB, 3)
+
+
+def _mb_dict(d: dict[str, int]) -> dict[str, float | None]:
+    return {k: _mb(v) for k, v in d.items()}
+
+
+def _frame(f: Frame | None) -> dict | None:
+    return None if f is None else {"name": f[0], "file": f[1], "line": f[2]}
+
+
+def _device_dict(d: DeviceMemory) -> dict[str, Any]:
+    r = d.replay
+    return {
+        "device": d.device, "segments": d.segments, "reserved_mb": _mb(d.reserved), "allocated_mb": _mb(d.allocated),
+        "free_cached_mb": _mb(d.free_cached), "largest_free_block_mb": _mb(d.largest_free_block),
+        "free_blocks": d.free_blocks, "fragmentation_pct": round(d.fragmentation_pct, 2), "live_blocks": d.live_blocks,
+        "live_by_category_mb": _mb_dict(d.live_by_category),
+        "trace": None if r is None else {
+            "events": r.events, "actions": r.actions, "window_start_us": r.window_start_us, "window_s": r.window_s,
+            "allocated_before_window_mb": _mb(r.allocated_before_window),
+            "peak_allocated_mb": _mb(r.peak_allocated), "peak_time_us": r.peak_time_us,
+            "peak_by_category_mb": _mb_dict(r.peak_by_category), "peak_reserved_mb": _mb(r.peak_reserved)},
+    }
+
+
+def memory_report_dict(report: MemoryReport) -> dict[str, Any]:
+    t = report.theoretical
+    return {
+        "file": report.file,
+        "devices": [_device_dict(d) for d in report.devices],
+        "largest_blocks": [{"device": b.device, "address": hex(b.address), "size_mb": _mb(b.size),
+                            "requested_mb": _mb(b.requested_size), "category": b.category,
+                            "user_frame": _frame(b.user_frame), "frames": [_frame(f) for f in b.frames]}
+                           for b in report.largest_blocks],
+        "ooms": [{"device": o.device, "time_us": o.time_us, "requested_mb": _mb(o.requested),
+                  "device_free_mb": _mb(o.device_free), "allocated_at_oom_mb": _mb(o.allocated_at_oom),
+                  "events_before": [{**{k: v for k, v in e.items() if k != "size"}, "size_mb": _mb(e["size"]),
+                                     "addr": hex(e["addr"])} for e in o.events_before]} for o in report.ooms],
+        "theoretical": None if t is None else {
+            "params": t.params, "param_bytes": t.param_bytes, "static_mb": _mb(t.static),
+            "measured_peak_mb": _mb(t.measured_peak),
+            "rows": [{"category": c, "theoretical_mb": _mb(t.by_category.get(c)), "measured_at_peak_mb": _mb(report.peak_by_category[c]),
+                      "measured_at_snapshot_mb": _mb(report.live_by_category[c])} for c in CATEGORIES]},
+        "allocator_settings": report.allocator_settings,
+    }
+
+
+def memory_to_dict(reports: list[MemoryReport], skipped: list[dict]) -> dict[str, Any]:
+    return {"schema": SCHEMA, "snapshots": [memory_report_dict(r) for r in reports], "inputs": {"skipped": skipped}}
+
+
+# ---------------------------------------------------------------------------------------------
+def _f(n: float | None) -> str:
+    return "-" if n is None else f"{n / BYTES_PER_MB:,.1f}"
+
+
+def _where(f: Frame | None) -> str:
+    if f is None:
+        return "(no stack recorded)"
+    return f"{f[0]} {PurePath(f[1].replace(chr(92), '/')).name}:{f[2]}"
+
+
+def render_memory(reports: list[MemoryReport], console: Console) -> None:
+    for report in reports:
+        _report(report, console)
+
+
+def _report(report: MemoryReport, console: Console) -> None:
+    console.print(f"[bold]rankscope memory[/]: {escape(PurePath(report.file).name)}")
+    for d in report.devices:
+        console.print(f"  cuda:{d.device} reserved [bold]{_f(d.reserved)} MB[/] in {d.segments} segments; "
+                      f"allocated [bold]{_f(d.allocated)} MB[/]")
+        console.print(f"    free cached {_f(d.free_cached)} MB in {d.free_blocks} blocks, largest "
+                      f"{_f(d.largest_free_block)} MB: fragmentation {d.fragmentation_pct:.1f}%")
+        r = d.replay
+        if r:
+            at = (f" at +{(r.peak_time_us - r.window_start_us) / 1e6:.3f} s"
+                  if r.peak_time_us is not None and r.window_start_us is not None else "")
+            console.print(f"    recorded: {r.events:,} events" + (f" over {r.window_s:.3f} s" if r.window_s else "")
+                          + f"; peak allocated [bold]{_f(r.peak_allocated)} MB[/]{at}")
+            console.print(f"    peak reserved {_f(r.peak_reserved)} MB; {_f(r.allocated_before_window)} MB "
+                          "allocated before the recording")
+        else:
+            console.print("    no allocation history (torch.cuda.memory._record_memory_history() was off)")
+    _categories(report, console)
+    _blocks(report, console)
+    _ooms(report, console)
+
+
+def _categories(report: MemoryReport, console: Console) -> None:
+    theo = report.theoretical
+    table = Table(title="Memory by category (MB; from allocation stacks)", title_justify="left", header_style="bold")
+    table.add_column("category")
+    table.add_column("at peak", justify="right")
+    table.add_column("at snapshot", justify="right")
+    if theo:
+        table.add_column(f"theory ({theo.params:,} params)", justify="right")
+    for c in CATEGORIES:
+        cells = [c, _f(report.peak_by_category[c]), _f(report.live_by_category[c])]
+        if theo:
+            cells.append(_f(theo.by_category.get(c)))
+        table.add_row(*cells)
+    console.print(table)
+    if theo:
+        console.print(f"  theory (seed 003): params, grads {theo.param_bytes} B each; Adam 2 fp32 states; "
+                      "activations = peak - static", style="dim")
+
+
+def _blocks(report: MemoryReport, console: Console) -> None:
+    if not report.largest_blocks:
+        return
+    table = Table(title="Largest live blocks", title_justify="left", header_style="bold")
+    table.add_column("MB", justify="right")
+    table.add_column("category")
+    table.add_column("allocated at (innermost user frame)", overflow="fold")
+    for b in report.largest_blocks:
+        table.add_row(_f(b.size), b.category, escape(_where(b.user_frame)))
+    console.print(table)
+
+
+def _ooms(report: MemoryReport, console: Console) -> None:
+    if not report.ooms:
+        console.print("  OOM: none recorded in the trace")
+        return
+    for o in report.ooms:
+        console.print(f"[bold red]OOM[/] on cuda:{o.device}: asked {_f(o.requested)} MB with {_f(o.allocated_at_oom)} MB "
+                      f"allocated, {_f(o.device_free)} MB free on the device; the events before it:")
+        table = Table(header_style="bold")
+        table.add_column("action")
+        table.add_column("MB", justify="right")
+        table.add_column("category")
+        table.add_column("where", overflow="fold")
+        for e in o.events_before:
+            table.add_row(e["action"], _f(e["size"]), e["category"] or "", escape(e["frame"] or ""))
+        console.print(table)

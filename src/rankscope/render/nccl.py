@@ -1,0 +1,164 @@
+"""NCCL logs: JSON (`rankscope.nccl/1`, docs/inputs.md) and the terminal view (rich, 80 columns).
+Nothing is computed here: the numbers come from analyses/nccl.py and findings.nccl_findings."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import PurePath
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from rankscope.analyses.nccl import NcclReport, NcclRun
+from rankscope.findings import Finding
+from rankscope.render.terminal import SEVERITY_STYLE
+
+SCHEMA = "rankscope.nccl/1"
+MAX_RUN_COLUMNS = 4              # runs side by side in the bus bandwidth table
+
+
+def _r(x: float | None, nd: int = 3) -> float | None:
+    return None if x is None else round(float(x), nd)
+
+
+def _run_dict(run: NcclRun) -> dict[str, Any]:
+    log = run.log
+    peers = {}
+    for p in run.peers:
+        peers.setdefault(p.comm_id, []).append({"src": p.src, "dst": p.dst, "same_host": p.same_host, "via": p.via,
+                                                "kind": p.kind, "channels": p.channels})
+    return {
+        "file": run.file, "nccl_version": run.nccl_version, "cuda_driver_version": log.cuda_driver_version,
+        "hosts": run.hosts, "env": log.env, "devices": {str(rank): name for rank, name in sorted(log.devices.items())},
+        "comms": [{"comm_id": c.comm_id, "nranks": c.nranks, "nnodes": c.nnodes,
+                   "coll_channels": c.coll_channels, "p2p_channels": c.p2p_channels,
+                   "nvls_channels": c.nvls_channels, "collnet_channels": c.collnet_channels,
+                   "ranks": [dataclasses.asdict(r) for r in sorted(log.comms[c.comm_id].ranks.values(),
+                                                                   key=lambda r: r.rank)],
+                   "rings": {str(ch): order for ch, order in sorted(log.comms[c.comm_id].rings.items())},
+                   "trees": {str(ch): {str(r): node for r, node in sorted(nodes.items())}
+                             for ch, nodes in sorted(log.comms[c.comm_id].trees.items())},
+                   "peers": peers.get(c.comm_id, [])} for c in run.comms],
+        "topology": [dataclasses.asdict(link) for link in log.topology.values()],
+        "graphs": [dataclasses.asdict(g) for g in log.graphs],
+        "nvls": run.nvls, "collnet": run.collnet,
+        "ops": [{"collective": c, "datatype": d, "op": op, "bytes": b, "comm_id": comm, "calls": n}
+                for (c, d, op, b, comm), n in log.ops.items()],
+        "algorithms": [{"collective": c, "bytes": b, "algorithm": a, "protocol": p, "channels": ch, "calls": n}
+                       for (c, b, a, p, ch), n in log.algorithms.items()],
+        "perf": [{"test": t.name, "avg_busbw_gbps": t.avg_busbw_gbps,
+                  "rows": [dataclasses.asdict(row) for row in t.rows]} for t in log.perf],
+        "busbw_gbps": _r(run.avg_busbw_gbps), "peak_busbw_gbps": _r(run.peak_busbw_gbps),
+        "warnings": log.warnings, "warning_count": log.warning_count,
+        "lines": log.lines, "nccl_lines": log.nccl_lines,
+    }
+
+
+def nccl_to_dict(report: NcclReport, findings: list[Finding], skipped: list[dict]) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "runs": [_run_dict(run) for run in report.runs],
+        "best_run": report.best_run,
+        "comparisons": [{"file": c.file, "kind": c.kind, "subject": c.subject, "ranks": c.ranks,
+                         "value": _r(c.value), "reference": _r(c.reference), "reference_from": c.reference_from,
+                         "pct": _r(c.pct, 1), **c.detail} for c in report.comparisons],
+        "findings": [f.as_dict() for f in findings],
+        "inputs": {"skipped": skipped},
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+def _name(file: str) -> str:
+    return PurePath(file).name
+
+
+def render_nccl(report: NcclReport, findings: list[Finding], console: Console) -> None:
+    best = f"; best bus bandwidth: {escape(_name(report.best_run))}" if report.best_run and len(report.runs) > 1 else ""
+    console.print(f"[bold]rankscope nccl[/]: {len(report.runs)} log{'s' if len(report.runs) != 1 else ''}{best}")
+    for run in report.runs:
+        _run(run, console)
+    _busbw_table(report, console)
+    _findings(findings, console)
+
+
+def _run(run: NcclRun, console: Console) -> None:
+    log = run.log
+    head = [f"NCCL {run.nccl_version}" if run.nccl_version else "NCCL version not logged"]
+    if log.cuda_driver_version:
+        head.append(f"CUDA driver {log.cuda_driver_version}")
+    head.append(f"host{'s' if len(run.hosts) != 1 else ''} {', '.join(run.hosts) or '?'}")
+    console.print(f"[bold]{escape(_name(run.file))}[/]: {escape(', '.join(head))}")
+    for name, value in log.env.items():
+        console.print(f"  env {escape(name)}={escape(value)}")
+    if log.devices:
+        console.print(f"  devices: {escape(', '.join(f'{n} x{list(log.devices.values()).count(n)}' for n in run.devices))}")
+    for c in run.comms:
+        extra = [f"{c.p2p_channels} p2p"] if c.p2p_channels is not None else []
+        extra += [f"{c.nvls_channels} nvls"] if c.nvls_channels is not None else []
+        console.print(f"  comm {c.comm_id}: {c.nranks} ranks on {c.nnodes or '?'} node"
+                      f"{'s' if c.nnodes != 1 else ''}, [bold]{c.coll_channels if c.coll_channels is not None else '?'}"
+                      "[/] coll channels" + (f" ({', '.join(extra)})" if extra else ""))
+        for p in (p for p in run.peers if p.comm_id == c.comm_id):
+            console.print(f"    rank {p.src} -> {p.dst}: {escape(p.via)} on {p.channels} channel(s)")
+    for link in run.gpu_links:
+        console.print(f"  NCCL link {link.src} -> {link.dst}: {link.type} {link.bw_gbps:g} GB/s")
+    for t in log.perf:
+        console.print(f"  nccl-tests {escape(t.name)}: {len(t.rows)} sizes, avg bus bandwidth "
+                      f"{t.avg_busbw_gbps if t.avg_busbw_gbps is not None else '?'} GB/s")
+    if log.ops:
+        calls = sum(log.ops.values())
+        algos = sorted({f"{a}/{p}" + (f" {ch} ch" if ch else "") for (_c, _b, a, p, ch) in log.algorithms})
+        console.print(f"  ops traced (COLL): {calls:,}" + (f"; algorithms {escape(', '.join(algos))}" if algos else ""))
+    if log.warning_count:
+        console.print(f"  [yellow]NCCL WARN lines: {log.warning_count}[/], first: {escape(log.warnings[0])}")
+
+
+def _busbw_table(report: NcclReport, console: Console) -> None:
+    runs = [r for r in report.runs if any(t.rows for t in r.log.perf)][:MAX_RUN_COLUMNS]
+    if not runs:
+        return
+    table = Table(title="nccl-tests bus bandwidth, out-of-place (GB/s)", title_justify="left", header_style="bold")
+    table.add_column("test")
+    table.add_column("size", justify="right")
+    for run in runs:
+        table.add_column(escape(_name(run.file))[:18], justify="right")
+    cells: dict[tuple[str, int], dict[str, float | None]] = {}
+    for run in runs:
+        for t in run.log.perf:
+            for row in t.rows:
+                cells.setdefault((t.name, row.size_bytes), {})[run.file] = row.out_of_place.busbw_gbps
+    for (test, size), by_run in cells.items():
+        table.add_row(escape(test), _size(size), *(_gbps(by_run.get(run.file)) for run in runs))
+    console.print(table)
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n} B"
+
+
+def _gbps(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def _findings(findings: list[Finding], console: Console) -> None:
+    if not findings:
+        console.print("[bold]Findings:[/] none (no slower link, transport or channel count than its peers)")
+        return
+    console.print("[bold]Findings[/], most urgent first:")
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(justify="right", no_wrap=True)
+    grid.add_column()
+    for i, f in enumerate(findings, 1):
+        text = Text()
+        text.append(f.severity.upper(), style=SEVERITY_STYLE[f.severity])
+        text.append(f" {f.id}", style="bold")
+        text.append(f": {f.summary}")
+        text.append("\nfix: ", style="green")
+        text.append(f.fix)
+        grid.add_row(f"{i}.", text)
+    console.print(grid)
