@@ -50,7 +50,7 @@ def _run_dict(run: NcclRun) -> dict[str, Any]:
                        for (c, b, a, p, ch), n in log.algorithms.items()],
         "perf": [{"test": t.name, "avg_busbw_gbps": t.avg_busbw_gbps,
                   "rows": [dataclasses.asdict(row) for row in t.rows]} for t in log.perf],
-        "busbw_gbps": _r(run.avg_busbw_gbps), "peak_busbw_gbps": _r(run.peak_busbw_gbps),
+        "busbw_gbps": _r(run.avg_busbw_gbps, 4), "peak_busbw_gbps": _r(run.peak_busbw_gbps, 4),
         "warnings": log.warnings, "warning_count": log.warning_count,
         "lines": log.lines, "nccl_lines": log.nccl_lines,
     }
