@@ -22,9 +22,8 @@ from rankscope.findings import Finding, evaluate as evaluate_findings, resolve_t
 import msgspec
 
 from rankscope.analyses import code_fingerprint
-from rankscope.ingest import Cache, TraceError, load_rank
+from rankscope.ingest import Cache, TraceError, load_rank, read_trace
 from rankscope.ingest.cache import content_key
-from rankscope.ingest.kineto import read_kineto
 from rankscope.ingest.discover import assign_ranks, discover
 from rankscope.model import InputProblem, RankMeta, RankTrace
 
@@ -87,7 +86,7 @@ def _rank_task(task: _Task) -> RankSummary | InputProblem:
     """The per-rank map step (runs in a worker). With a cache, the summary itself is cached too
     (keyed by file content and analysis code)."""
     if not task.use_cache:
-        return summarize_rank(read_kineto(task.path)[0])
+        return summarize_rank(read_trace(task.path)[0])
     cache = Cache(task.cache_dir)
     key = content_key(task.path)
     blob_name = f"summary-{code_fingerprint()}.msgpack"
@@ -111,7 +110,7 @@ def _rank_task(task: _Task) -> RankSummary | InputProblem:
 def _load_task(task: _Task) -> RankMeta | InputProblem:
     """Ingest only (parse, or find in the cache): the rank's metadata."""
     if not task.use_cache:
-        return read_kineto(task.path)[0].meta
+        return read_trace(task.path)[0].meta
     cache = Cache(task.cache_dir)
     key = content_key(task.path)
     meta = cache.get_meta(key, task.path)

@@ -5,9 +5,18 @@ from pathlib import Path
 
 from rankscope.ingest.cache import Cache, content_key
 from rankscope.ingest.kineto import TraceError, read_kineto
+from rankscope.ingest.nsys_sqlite import SQLITE_SUFFIXES, is_sqlite, read_nsys_sqlite
 from rankscope.model import RankTrace
 
-__all__ = ["Cache", "TraceError", "load_rank"]
+__all__ = ["Cache", "TraceError", "load_rank", "read_trace"]
+
+
+def read_trace(path: str | Path) -> tuple[RankTrace, dict]:
+    """Parse one trace file with the reader of its format: an SQLite file (by its signature, or
+    named *.sqlite) is an Nsight Systems export, anything else Kineto JSON. Raises TraceError."""
+    if is_sqlite(path) or str(path).lower().endswith(SQLITE_SUFFIXES):
+        return read_nsys_sqlite(path)
+    return read_kineto(path)
 
 
 def load_rank(path: str | Path, cache: Cache | None = None, key: str | None = None) -> tuple[RankTrace, bool]:
@@ -23,7 +32,7 @@ def load_rank(path: str | Path, cache: Cache | None = None, key: str | None = No
         hit = cache.get(key, str(path))
         if hit is not None:
             return hit, True
-    trace, _ = read_kineto(path)
+    trace, _ = read_trace(path)
     if cache is not None and key is not None:
         cache.put(key, trace)
     return trace, False

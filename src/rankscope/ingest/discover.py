@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-TRACE_SUFFIXES = (".json", ".json.gz")
+TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", ".sqlite3")    # Kineto JSON; nsys SQLite export
 #: JSON files that sit beside traces and are known not to be traces (not reported).
 NOT_TRACES = {"ground_truth.json"}
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z0-9])(?:rank|worker)[-_]?(\d+)(?![0-9])", re.IGNORECASE)
@@ -40,7 +40,7 @@ def discover(inputs: list[str | Path]) -> Discovered:
                 files = sorted(f for f in p.rglob("*") if f.is_file())
                 found = [f for f in files if is_trace_name(f)]
             traces.extend(found)
-            ignored.extend((f, "not a trace file (expected *.json or *.json.gz)") for f in files
+            ignored.extend((f, "not a trace file (expected *.json, *.json.gz or *.sqlite)") for f in files
                            if not is_trace_name(f) and not f.name.startswith(".") and f.name not in NOT_TRACES)
         elif p.is_file():
             traces.append(p)
