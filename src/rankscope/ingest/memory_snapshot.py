@@ -102,7 +102,7 @@ def read_memory_snapshot(path: str | Path) -> MemorySnapshot:
         raise TraceError(f"unsafe pickle, not loaded: {exc}") from None
     except (pickle.UnpicklingError, EOFError, ValueError, IndexError, KeyError, TypeError, MemoryError, OverflowError) as exc:
         raise TraceError(f"truncated or damaged pickle ({type(exc).__name__}: {exc or 'ran out of input'})") from None
-    if isinstance(raw, list):                      # torch.cuda.memory_snapshot(): the segments alone
+    if isinstance(raw, list) and raw and all(isinstance(s, dict) for s in raw):   # memory_snapshot(): segments
         raw = {"segments": raw}
     if not isinstance(raw, dict) or not isinstance(raw.get("segments"), list):
         raise TraceError(f"a {type(raw).__name__} without 'segments': not a torch.cuda.memory._snapshot()")
