@@ -21,6 +21,7 @@ from statistics import median
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from rankscope.analyses.overview import RankSummary, as_plain
+from rankscope.hardware import LINK_PEAK_GBPS
 
 if TYPE_CHECKING:  # pragma: no cover
     from rankscope.api import Analysis
@@ -73,14 +74,6 @@ THRESHOLDS: dict[str, Threshold] = {
     "busbw_min_bytes": Threshold(1 << 20, "bytes per collective (below: latency bound)", "nccl-tests"),
     "straggler_high_cost_pct": Threshold(10.0, "% of median step", _OURS),
 }
-
-#: Nominal per-GPU peer link bandwidth per direction (GB/s), by device name keyword: the ceiling of
-#: nccl-tests bus bandwidth on one host (NVLink / Infinity Fabric datasheets).
-LINK_PEAK_GBPS: list[tuple[str, float]] = [
-    ("B200", 900.0), ("H200", 450.0), ("H100", 450.0), ("A100", 300.0), ("V100", 150.0),
-    ("MI300", 448.0), ("MI250", 200.0),
-]
-
 
 @dataclass
 class Finding:
