@@ -196,6 +196,27 @@ def test_slower_transport_and_interleaved_table(tmp_path):
     assert degraded.ranks == [2, 3] and "SHM" in degraded.summary and "P2P" in degraded.summary
 
 
+def _topology_log(tmp_path: Path, bw_2b_to_1b: float) -> Path:
+    """Four GPUs wired like a DGX-1 (pairs on 2 or 1 NVLinks: 50 or 25 GB/s, by design), one direction set."""
+    paths = {"1b000": {"2b000": 50.0, "3b000": 25.0}, "2b000": {"1b000": bw_2b_to_1b, "3b000": 50.0},
+             "3b000": {"1b000": 25.0, "2b000": 50.0}}
+    lines = ["n:1:1 [0] NCCL INFO NCCL version 2.21.5+cuda12.4"]
+    lines += [f"n:1:1 [0] NCCL INFO GPU/0-{src} :" + " ".join(f"GPU/0-{dst} (1/{bw}/NVL)" for dst, bw in to.items())
+              for src, to in paths.items()]
+    path = tmp_path / f"topo-{bw_2b_to_1b}.log"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_link_compared_with_its_reverse_direction_not_other_pairs(tmp_path):
+    symmetric = read_nccl_log(_topology_log(tmp_path, 50.0))
+    assert nccl_findings(compare_nccl_logs([symmetric])) == []          # 25 vs 50 GB/s pairs: by design
+    one_way = read_nccl_log(_topology_log(tmp_path, 12.5))
+    (f,) = nccl_findings(compare_nccl_logs([one_way]))
+    assert f.id == "degraded_nccl_link" and "GPU/0-2b000 -> GPU/0-1b000" in f.summary
+    assert "25% of the 50 GB/s of its reverse direction" in f.summary
+
+
 def test_gzip_log_reads_the_same(tmp_path, fault_path):
     gz = tmp_path / "nccl-fault.log.gz"
     gz.write_bytes(gzip.compress(fault_path.read_bytes()))

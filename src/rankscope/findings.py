@@ -655,8 +655,10 @@ def _nccl_degraded(report: NcclReport, run: NcclRun, t: dict[str, float]) -> Fin
             texts.append(f"{c.subject} has {c.value:.0f} collective channels, {c.pct:.0f}% of the "
                          f"{c.reference:.0f} in {_log_name(c.reference_from)}")
         elif c.kind == "link":
+            where = ("its reverse direction" if c.reference_from == "this run"
+                     else f"the same pair in {_log_name(c.reference_from)}")
             texts.append(f"NCCL sees {c.subject} ({c.detail['type']}) at {c.value:g} GB/s, {c.pct:.0f}% of "
-                         f"its best peer's {c.reference:g} GB/s ({_log_name(c.reference_from)})")
+                         f"the {c.reference:g} GB/s of {where}")
         else:
             texts.append(f"{c.subject} ({c.detail['kind']}) where peers in {_log_name(c.reference_from)} use "
                          f"{c.detail['best_kind']}")

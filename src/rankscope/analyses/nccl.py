@@ -6,9 +6,10 @@ own GPU-to-GPU link bandwidths, and the nccl-tests bus bandwidth. Across runs an
 each of these is set against its best peer, as a percentage, for `findings.nccl_findings` to judge:
 
 - channels: a communicator's collective channels vs the most any communicator of the same size
-  (ranks, nodes) has in any run;
+  (ranks, nodes) has in any run on the same devices;
 - links: a GPU->GPU path's bandwidth (NCCL's topology, GB/s) vs the same GPU pair in the other
-  runs and vs the fastest path of the same link type in its own run;
+  runs and vs the reverse direction in its own run (a physical link is symmetric; paths of one
+  type may differ between pairs by design, e.g. 1 vs 2 NVLinks on a DGX-1);
 - transports: a rank pair's transport family vs the fastest family any other pair on one host
   uses (P2P > SHM > NET/IB > COLLNET > NET/Socket), in its run and for the same pair in other runs;
 - bus bandwidth: nccl-tests busbw (out-of-place) vs the best run at the same test and message
@@ -165,8 +166,8 @@ def _channels(runs: list[NcclRun]) -> list[Comparison]:
         for c in run.comms:
             if c.coll_channels is None:
                 continue
-            peers = [(float(o.coll_channels), other.file) for other in runs for o in other.comms
-                     if o.coll_channels is not None and (o.nranks, o.nnodes) == (c.nranks, c.nnodes)]
+            peers = [(float(o.coll_channels), other.file) for other in runs if _same_devices(run, other)
+                     for o in other.comms if o.coll_channels is not None and (o.nranks, o.nnodes) == (c.nranks, c.nnodes)]
             ref, origin = _best(peers)
             out.append(Comparison(run.file, "channels", f"comm {c.comm_id} ({c.nranks} ranks)",
                                   [], float(c.coll_channels), ref, _origin(origin, run), _pct(c.coll_channels, ref),
@@ -178,9 +179,12 @@ def _links(runs: list[NcclRun]) -> list[Comparison]:
     out = []
     for run in runs:
         for link in run.gpu_links:
-            peers = [(o.bw_gbps, run.file) for o in run.gpu_links if o.type == link.type]
+            pair = (_bus_key(link.src), _bus_key(link.dst))
+            peers = [(link.bw_gbps, run.file)]
+            peers += [(o.bw_gbps, run.file) for o in run.gpu_links
+                      if (_bus_key(o.dst), _bus_key(o.src)) == pair and o.type == link.type]
             peers += [(o.bw_gbps, other.file) for other in runs if other is not run for o in other.gpu_links
-                      if (_bus_key(o.src), _bus_key(o.dst)) == (_bus_key(link.src), _bus_key(link.dst))]
+                      if (_bus_key(o.src), _bus_key(o.dst)) == pair]
             ref, origin = _best(peers)
             ranks = [r for r in (run.bus_to_rank.get(_bus_key(link.src)), run.bus_to_rank.get(_bus_key(link.dst)))
                      if r is not None]
@@ -227,6 +231,10 @@ def _busbw(runs: list[NcclRun], best: NcclRun) -> list[Comparison]:
                                "reference_peak_busbw_gbps": best.peak_busbw_gbps,
                                "tests": [t.name for t in run.log.perf]}))
     return out
+
+
+def _same_devices(run: NcclRun, other: NcclRun) -> bool:
+    return not run.devices or not other.devices or run.devices == other.devices
 
 
 def _origin(file: str, run: NcclRun) -> str:
