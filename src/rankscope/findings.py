@@ -24,6 +24,7 @@ from rankscope.analyses.overview import RankSummary, as_plain
 from rankscope.hardware import LINK_PEAK_GBPS
 
 if TYPE_CHECKING:  # pragma: no cover
+    from rankscope.analyses.nccl import NcclReport, NcclRun
     from rankscope.api import Analysis
 
 SEVERITIES = ("high", "medium", "low")
@@ -73,7 +74,13 @@ THRESHOLDS: dict[str, Threshold] = {
     "busbw_low_pct_of_peak": Threshold(25.0, "% of the device's link peak", "nccl-tests bus bandwidth"),
     "busbw_min_bytes": Threshold(1 << 20, "bytes per collective (below: latency bound)", "nccl-tests"),
     "straggler_high_cost_pct": Threshold(10.0, "% of median step", _OURS),
+    # NCCL debug logs compared as runs (analyses/nccl.py)
+    "nccl_busbw_pct_of_best": Threshold(70.0, "% of the best run's nccl-tests bus bandwidth at the same sizes",
+                                        "rankscope default; nccl-tests run-to-run spread is a few %"),
+    "nccl_degraded_pct_of_peers": Threshold(75.0, "% of the best peer's channel count / NCCL link bandwidth",
+                                            "rankscope default; checked on the corpus nccl-logs-2xA100 (healthy: none)"),
 }
+
 
 @dataclass
 class Finding:
@@ -579,15 +586,6 @@ def evaluate(analysis: "Analysis", overrides: dict[str, float] | None = None) ->
 # ---------------------------------------------------------------------------------------------
 # NCCL debug logs (`rankscope nccl LOG...`, `analyze --nccl-log LOG`): the comparisons of
 # analyses/nccl.py (each log one run) -> `low_bus_bandwidth` and `degraded_nccl_link`.
-if TYPE_CHECKING:  # pragma: no cover
-    from rankscope.analyses.nccl import NcclReport, NcclRun
-
-THRESHOLDS.update({
-    "nccl_busbw_pct_of_best": Threshold(70.0, "% of the best run's nccl-tests bus bandwidth at the same sizes",
-                                        "rankscope default; nccl-tests run-to-run spread is a few %"),
-    "nccl_degraded_pct_of_peers": Threshold(75.0, "% of the best peer's channel count / NCCL link bandwidth",
-                                            "rankscope default; checked on the corpus nccl-logs-2xA100 (healthy: none)"),
-})
 
 
 def nccl_findings(report: NcclReport, overrides: dict[str, float] | None = None) -> list[Finding]:
