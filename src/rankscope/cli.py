@@ -350,5 +350,65 @@ def memory_cmd(snapshots, as_json, params, param_bytes) -> None:
     sys.exit(_inputs_exit_code(parsed, skipped))
 
 
+# ---- mfu: model / hardware FLOPs utilization ---------------------------------------------------
+_DIMS = ("layers", "hidden", "heads", "vocab", "seq", "batch")
+
+
+@main.command("mfu")
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.option("--model-flops-per-step", type=click.FloatRange(min=0, min_open=True), default=None, metavar="F",
+              help="Model FLOPs of one training step of the whole job (all GPUs).")
+@click.option("--layers", type=click.IntRange(min=1), default=None, help="Transformer layers.")
+@click.option("--hidden", type=click.IntRange(min=1), default=None, help="Hidden size.")
+@click.option("--heads", type=click.IntRange(min=1), default=None, help="Attention heads.")
+@click.option("--vocab", type=click.IntRange(min=1), default=None, help="Vocabulary size.")
+@click.option("--seq", type=click.IntRange(min=1), default=None, help="Sequence length.")
+@click.option("--batch", type=click.IntRange(min=1), default=None, help="Global batch per step, in sequences.")
+@click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default="none", show_default=True,
+              help="Activation recomputation (HFU counts the recomputed FLOPs).")
+@click.option("--dtype", type=click.Choice(["fp8", "bf16", "fp16", "tf32", "fp32"]), default=None,
+              help="Peak FLOPs dtype (default: the GEMMs' dtype recorded in the traces, else bf16).")
+@click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
+              help=f"Where parsed ranks are kept (default {default_cache_dir()}; env RANKSCOPE_CACHE_DIR).")
+@click.option("--no-cache", is_flag=True, help="Parse every file; neither read nor write the cache.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema rankscope.mfu/1).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+def mfu_cmd(paths, model_flops_per_step, recompute, dtype, cache_dir, no_cache, as_json, quiet, **dims) -> None:
+    """Model and hardware FLOPs utilization (MFU / HFU) against the devices' peak, and communication
+    efficiency (bus bandwidth / link peak). FLOPs come from the model (--model-flops-per-step, or the
+    transformer dims) or from the traces (with_flops=True per-op FLOPs, else recorded GEMM shapes)."""
+    from rankscope.analyses.mfu import from_summary, given_flops, mfu_report, rank_flops, transformer_flops
+    from rankscope.analyses.overview import as_plain
+    given = [d for d in _DIMS if dims[d] is not None]
+    try:
+        if given and (len(given) < len(_DIMS) or model_flops_per_step):
+            raise ValueError("give all of --layers --hidden --heads --vocab --seq --batch, or --model-flops-per-step")
+        model = (transformer_flops(*(dims[d] for d in _DIMS), recompute=recompute) if given else
+                 given_flops(model_flops_per_step, recompute) if model_flops_per_step else None)
+        if model is None:
+            given_flops(1.0, recompute)      # selective recompute needs the model dims
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    result = _with_progress(lambda progress: analyze(list(paths), cache_dir=cache_dir, use_cache=not no_cache,
+                                                     on_progress=progress), quiet, "analysing ranks")
+    code = _exit_code(result)
+    if not result.ranks:
+        sys.exit(code)
+    if model is not None:
+        ranks = [from_summary(s) for s in result.ranks]
+    else:
+        from rankscope.api import load
+        ranks = [rank_flops(t) for t in load(list(paths), cache_dir=cache_dir, use_cache=not no_cache)]
+    by_type = as_plain(result.cross.as_dict())["collectives"]["by_type"] if result.cross else []
+    report = mfu_report(ranks, result.job.world_size, model, dtype, recompute, by_type, len(result.job.hosts))
+    if as_json:
+        from rankscope.render.mfu import mfu_to_dict
+        _print_json(mfu_to_dict(report))
+    else:
+        from rankscope.render.mfu import render_mfu
+        render_mfu(report, Console(highlight=False))
+    sys.exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

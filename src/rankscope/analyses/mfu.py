@@ -1,0 +1,305 @@
+"""MFU, HFU and communication efficiency (issue 8 item 4; seed 003). Pure functions.
+
+Definitions:
+- Model FLOPs per step of a transformer (PaLM appendix B; Narayanan et al. 2021, eq. 3):
+  6·N·tokens + 12·L·h·s·tokens, with N = 12·L·h² + V·h (per layer attention 4h² and MLP 8h²
+  weights; the logit matmul), tokens = B·s (B the global batch in sequences). This equals
+  Megatron's 72·B·s·L·h²·(1 + s/(6h) + V/(12·L·h)).
+- Hardware FLOPs add what recomputation runs again (Korthikanti et al. 2022): `full` activation
+  recompute one more forward of every layer, 96·B·s·L·h²·(1 + s/(6h) + V/(16·L·h)); `selective`
+  (attention core only) 4·B·s²·h per layer. Given only a FLOPs count, `full` is 8/6 of it.
+- Traced FLOPs: per-op `flops` args (profiler `with_flops=True`), else the GEMMs' recorded shapes
+  (`record_shapes=True`) with torch's with_flops formulas: mm/addmm 2·M·K·N, bmm/baddbmm
+  2·b·M·K·N; convolutions then go uncounted (reported). An op counts in the step its host call
+  starts in. Traced FLOPs are what ran, recomputation included: hardware FLOPs, so HFU comes from
+  them and MFU = HFU / recompute factor.
+- MFU = model FLOPs per GPU per step / (peak × step time); HFU likewise with hardware FLOPs. The
+  job's step time and achieved TFLOPS per GPU are means over ranks; its MFU is Σ achieved / Σ peak.
+  Peak: hardware.PEAK_TFLOPS for the device that ran the rank's kernels, in the GEMMs' dtype.
+- Communication efficiency = bus bandwidth of the job's collectives (nccl-tests definition, from
+  the cross-rank matching) / the device's peer link peak (hardware.LINK_PEAK_GBPS).
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+
+from rankscope.analyses.overview import RankSummary
+from rankscope.analyses.steps import step_windows
+from rankscope.hardware import device_model, link_peak_gbps, peak_tflops
+from rankscope.model import DEVICE_KINDS, Kind, RankTrace
+
+RECOMPUTE = ("none", "selective", "full")
+#: Hardware / model FLOPs of full activation recomputation when only a FLOPs count is known.
+FULL_RECOMPUTE_FACTOR = 8 / 6
+#: GEMM ops -> positions of the two matrices in `Input Dims` (torch's with_flops: mat1, mat2).
+GEMM_INPUTS = {"aten::mm": (0, 1), "aten::addmm": (1, 2), "aten::bmm": (0, 1), "aten::baddbmm": (1, 2)}
+UNCOUNTED_PATTERN = r"^aten::(conv|cudnn_conv|miopen_conv|_convolution)"
+#: Profiler input type -> peak table dtype.
+TORCH_DTYPES = {"c10::BFloat16": "bf16", "c10::Half": "fp16", "float": "fp32", "c10::Float8_e4m3fn": "fp8",
+                "c10::Float8_e5m2": "fp8", "c10::Float8_e4m3fnuz": "fp8", "c10::Float8_e5m2fnuz": "fp8"}
+DEFAULT_DTYPE = "bf16"
+NS_PER_MS = 1e6
+
+
+@dataclass
+class ModelFlops:
+    """FLOPs of one training step of the whole job (all GPUs)."""
+    model_flops_per_step: float
+    hardware_flops_per_step: float
+    recompute: str
+    params: float | None = None          # N of the 6·N·tokens rule (transformer dims only)
+    tokens: float | None = None
+
+    @property
+    def recompute_factor(self) -> float:
+        return self.hardware_flops_per_step / self.model_flops_per_step
+
+
+def transformer_flops(layers: int, hidden: int, heads: int, vocab: int, seq: int, batch: int,
+                      recompute: str = "none") -> ModelFlops:
+    """Model and hardware FLOPs per step of a decoder transformer (module docstring)."""
+    if min(layers, hidden, heads, vocab, seq, batch) <= 0:
+        raise ValueError("transformer dims must be positive")
+    if hidden % heads:
+        raise ValueError(f"hidden {hidden} is not a multiple of heads {heads}")
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}")
+    tokens = float(batch) * seq
+    params = 12.0 * layers * hidden ** 2 + float(vocab) * hidden
+    attention = 12.0 * layers * hidden * seq * tokens
+    model = 6.0 * params * tokens + attention
+    layer_forward = 24.0 * tokens * hidden ** 2 * layers + attention / 3      # GEMMs + attention core
+    extra = {"none": 0.0, "full": layer_forward, "selective": 4.0 * batch * seq ** 2 * hidden * layers}[recompute]
+    return ModelFlops(model_flops_per_step=model, hardware_flops_per_step=model + extra, recompute=recompute,
+                      params=params, tokens=tokens)
+
+
+def given_flops(flops_per_step: float, recompute: str = "none") -> ModelFlops:
+    """A model FLOPs count per step given by the user; `selective` needs the transformer dims."""
+    if flops_per_step <= 0:
+        raise ValueError("model FLOPs per step must be positive")
+    if recompute == "selective":
+        raise ValueError("selective recompute needs the transformer dims (--layers --hidden --heads --vocab "
+                         "--seq --batch)")
+    factor = FULL_RECOMPUTE_FACTOR if recompute == "full" else 1.0
+    return ModelFlops(model_flops_per_step=flops_per_step, hardware_flops_per_step=flops_per_step * factor,
+                      recompute=recompute)
+
+
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class RankFlops:
+    """One rank's steps, device and traced FLOPs (the per-rank map step; small)."""
+    rank: int
+    device: str | None                  # name of the device that ran the rank's kernels
+    device_props: dict | None
+    steps: list[int]
+    step_ms: list[float]
+    flops: list[float] = field(default_factory=list)   # traced FLOPs per step ([] when none)
+    source: str = "none"                # "flops_args" | "gemm_shapes" | "none"
+    dtype: str | None = None            # the GEMMs' dtype, FLOPs-weighted (None: not recorded)
+    ops: int = 0                        # ops whose FLOPs were counted
+    uncounted_ops: int = 0              # convolutions without flops args (gemm_shapes only)
+
+
+def rank_flops(trace: RankTrace) -> RankFlops:
+    """Steps, device and per-step traced FLOPs of one rank (see module docstring)."""
+    ev = trace.events.with_row_index("row").with_columns(pl.col("row").cast(pl.Int64))
+    wf = step_windows(trace).frame
+    out = _rank_steps(trace.meta.rank, trace.meta.devices, _kernel_device(ev), wf["step"].to_list(),
+                      (wf["duration_ns"].to_numpy() / NS_PER_MS).tolist())
+    ops = ev.filter(pl.col("kind") == int(Kind.CPU_OP)).select("row", "name", "ts_ns")
+    args = trace.op_args.select("row", "flops", pl.col("input_dims").cast(pl.String),
+                                pl.col("input_types").cast(pl.String))
+    with_flops = ops.join(args.filter(pl.col("flops").is_not_nan() & (pl.col("flops") > 0)), on="row")
+    if with_flops.height:
+        out.source, ts, flops = "flops_args", with_flops["ts_ns"].to_numpy(), with_flops["flops"].to_numpy()
+        gemms = with_flops.filter(pl.col("name").cast(pl.String).is_in(list(GEMM_INPUTS)))
+    else:
+        gemms = ops.filter(pl.col("name").cast(pl.String).is_in(list(GEMM_INPUTS))).join(args, on="row")
+        gemms = gemms.with_columns(pl.Series("flops", [_gemm_flops(n, d) for n, d in
+                                                       zip(gemms["name"].cast(pl.String), gemms["input_dims"])],
+                                             dtype=pl.Float64)).filter(pl.col("flops") > 0)
+        if gemms.is_empty():
+            return out
+        out.source, ts, flops = "gemm_shapes", gemms["ts_ns"].to_numpy(), gemms["flops"].to_numpy()
+        out.uncounted_ops = ops.filter(pl.col("name").cast(pl.String).str.contains(UNCOUNTED_PATTERN)).height
+    starts, ends = wf["start_ns"].to_numpy(), wf["end_ns"].to_numpy()
+    k = np.searchsorted(starts, ts, side="right") - 1
+    inside = (k >= 0) & (ts < ends[np.maximum(k, 0)])
+    out.flops = np.bincount(k[inside], weights=flops[inside], minlength=len(starts)).tolist()
+    out.ops = int(inside.sum())
+    out.dtype = _dtype_of(gemms)
+    return out
+
+
+def from_summary(summary: RankSummary) -> RankFlops:
+    """Steps and device of a rank from its summary (no traced FLOPs: for model FLOPs)."""
+    return _rank_steps(summary.rank, summary.meta.devices, None, [s["step"] for s in summary.steps],
+                       [s["duration_ms"] for s in summary.steps])
+
+
+def _rank_steps(rank: int, devices: list[dict], device_id: int | None, steps: list[int],
+                step_ms: list[float]) -> RankFlops:
+    """`devices`: deviceProperties; the one with `device_id` (else the first) is the rank's."""
+    props = next((d for d in devices if d.get("id") == device_id), None) or next(iter(devices), None)
+    return RankFlops(rank=rank, device=props.get("name") if props else None, device_props=props, steps=steps,
+                     step_ms=step_ms)
+
+
+def _kernel_device(ev: pl.DataFrame) -> int | None:
+    dev = ev.filter(pl.col("kind").is_in([int(k) for k in DEVICE_KINDS]) & (pl.col("device") >= 0))["device"]
+    return int(dev.mode().sort()[0]) if len(dev) else None
+
+
+def _gemm_flops(name: str, dims_json: str | None) -> float | None:
+    try:
+        dims = json.loads(dims_json) if dims_json else None
+        a, b = (dims[i] for i in GEMM_INPUTS[name])
+    except (ValueError, TypeError, IndexError):
+        return None
+    if len(a) == 2 and len(b) == 2 and a[1] == b[0]:
+        return 2.0 * a[0] * a[1] * b[1]
+    if len(a) == 3 and len(b) == 3 and a[0] == b[0] and a[2] == b[1]:
+        return 2.0 * a[0] * a[1] * a[2] * b[2]
+    return None
+
+
+def _dtype_of(gemms: pl.DataFrame) -> str | None:
+    """The dtype carrying most of the GEMM FLOPs (first input's recorded type)."""
+    weight: Counter = Counter()
+    for types, flops in zip(gemms["input_types"], gemms["flops"]):
+        try:
+            first = [t for t in json.loads(types) if t not in ("", "Scalar")][0] if types else None
+        except (ValueError, TypeError, IndexError):
+            first = None
+        if first in TORCH_DTYPES:
+            weight[TORCH_DTYPES[first]] += flops
+    return weight.most_common(1)[0][0] if weight else None
+
+
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class RankMfu:
+    rank: int
+    device: str | None
+    device_model: str | None            # hardware.PEAK_TFLOPS key
+    peak_tflops: float | None
+    steps: int
+    step_ms: float | None               # mean
+    model_tflop_per_step: float | None  # this GPU's share of the model FLOPs (model) or traced / factor
+    achieved_tflops: float | None       # model FLOPs per second on this GPU
+    mfu_pct: float | None
+    hfu_pct: float | None
+
+
+@dataclass
+class CommEfficiency:
+    type: str
+    group_size: int
+    count: int
+    busbw_gbps: float
+    link_peak_gbps: float | None
+    efficiency_pct: float | None
+
+
+@dataclass
+class MfuReport:
+    source: str                         # "model" | "flops_args" | "gemm_shapes" | "none"
+    dtype: str
+    dtype_source: str                   # "option" | "trace" | "default"
+    recompute: str
+    recompute_factor: float
+    world_size: int
+    model: ModelFlops | None
+    step_ms: float | None               # mean over ranks of their mean step
+    achieved_tflops_per_gpu: float | None
+    mfu_pct: float | None
+    hfu_pct: float | None
+    ranks: list[RankMfu]
+    comm: list[CommEfficiency]
+    notes: list[str]
+
+
+def mfu_report(ranks: list[RankFlops], world_size: int | None, model: ModelFlops | None = None,
+               dtype: str | None = None, recompute: str = "none", collectives_by_type: list[dict] | None = None,
+               hosts: int = 1) -> MfuReport:
+    """MFU/HFU of a job from its ranks' steps (and traced FLOPs when `model` is None)."""
+    notes: list[str] = []
+    world = world_size or len(ranks)
+    if model is not None:
+        source, factor = "model", model.recompute_factor
+    else:
+        sources = {r.source for r in ranks if r.source != "none"}
+        source = "flops_args" if "flops_args" in sources else sources.pop() if sources else "none"
+        factor = given_flops(1.0, recompute).recompute_factor
+        if source == "none":
+            notes.append("no FLOPs in the traces (take them with with_flops=True or record_shapes=True) "
+                         "and no model given (--model-flops-per-step or the transformer dims)")
+        elif source == "gemm_shapes":
+            notes.append("FLOPs from the GEMMs' recorded shapes (mm/addmm/bmm/baddbmm); other ops not counted")
+            uncounted = sum(r.uncounted_ops for r in ranks)
+            if uncounted:
+                notes.append(f"{uncounted} convolution ops without FLOPs not counted: MFU is a lower bound")
+    traced = Counter(r.dtype for r in ranks if r.dtype)
+    dtype_source = "option" if dtype else "trace" if traced else "default"
+    dtype = dtype or (traced.most_common(1)[0][0] if traced else DEFAULT_DTYPE)
+    if dtype_source == "default":
+        notes.append(f"dtype not recorded in the traces: peak FLOPs for {dtype} assumed (--dtype sets it)")
+    rows = [_rank_mfu(r, world, model, factor, dtype, notes) for r in ranks]
+    known = [r for r in rows if r.achieved_tflops is not None]
+    steps = [r.step_ms for r in rows if r.step_ms]
+    peaks = [r for r in known if r.peak_tflops]
+    mfu = 100.0 * sum(r.achieved_tflops for r in peaks) / sum(r.peak_tflops for r in peaks) if peaks else None
+    return MfuReport(
+        source=source, dtype=dtype, dtype_source=dtype_source, recompute=recompute, recompute_factor=factor,
+        world_size=world, model=model, step_ms=float(np.mean(steps)) if steps else None,
+        achieved_tflops_per_gpu=float(np.mean([r.achieved_tflops for r in known])) if known else None,
+        mfu_pct=mfu, hfu_pct=mfu * factor if mfu is not None else None, ranks=rows,
+        comm=comm_efficiency(collectives_by_type or [], [r.device_model for r in rows], hosts, notes), notes=notes)
+
+
+def _rank_mfu(r: RankFlops, world: int, model: ModelFlops | None, factor: float, dtype: str,
+              notes: list[str]) -> RankMfu:
+    key = device_model(r.device, r.device_props)
+    peak = peak_tflops(key, dtype)
+    if r.device and peak is None:
+        note = f"no {dtype} peak FLOPs known for {r.device}"
+        if note not in notes:
+            notes.append(note)
+    total_ms = float(sum(r.step_ms))
+    if model is not None:
+        per_step = model.model_flops_per_step / world
+    elif r.flops:
+        per_step = float(sum(r.flops)) / len(r.flops) / factor
+    else:
+        per_step = None
+    achieved = per_step * len(r.step_ms) / (total_ms / 1e3) / 1e12 if per_step is not None and total_ms > 0 else None
+    mfu = 100.0 * achieved / peak if achieved is not None and peak else None
+    return RankMfu(rank=r.rank, device=r.device, device_model=key, peak_tflops=peak, steps=len(r.step_ms),
+                   step_ms=total_ms / len(r.step_ms) if r.step_ms else None,
+                   model_tflop_per_step=per_step / 1e12 if per_step is not None else None, achieved_tflops=achieved,
+                   mfu_pct=mfu, hfu_pct=mfu * factor if mfu is not None else None)
+
+
+def comm_efficiency(by_type: list[dict], models: list[str | None], hosts: int = 1,
+                    notes: list[str] | None = None) -> list[CommEfficiency]:
+    """Per collective type (cross-rank `collectives.by_type` rows): busbw / the link peak."""
+    peak = next((p for p in (link_peak_gbps(m) for m in models) if p), None)
+    out = []
+    for row in by_type:
+        busbw = row.get("busbw_mean_gbps")
+        if busbw is None or (row.get("group_size") or 0) < 2:
+            continue
+        out.append(CommEfficiency(type=str(row.get("type")), group_size=int(row["group_size"]),
+                                  count=int(row.get("count") or 0), busbw_gbps=float(busbw), link_peak_gbps=peak,
+                                  efficiency_pct=100.0 * busbw / peak if peak else None))
+    if out and hosts > 1 and notes is not None:
+        notes.append(f"{hosts} hosts: collectives crossing hosts are bound by the network, not the "
+                     f"per-GPU link peak used here")
+    return out
