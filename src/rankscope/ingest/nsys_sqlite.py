@@ -266,15 +266,17 @@ def _runtime(db: _Db) -> pl.DataFrame | None:
     sql = (f"SELECT t.start, t.\"end\" - t.start, (t.globalTid >> 24) & 16777215, t.globalTid & 16777215, "
            f"{db.col(table, 'correlationId')}, {db.text(table, 'nameId')}, {db.col(table, 'eventClass')} "
            f"FROM {table} t")
-    rows = db.rows(sql)
-    driver = int(Kind.DRIVER)
-    fixed = [r[:5] + (_API_SUFFIX.sub("", r[5] or ""),
-                      driver if r[6] == 1 or (r[6] is None and (r[5] or "").startswith("cu") and
-                                               not (r[5] or "").startswith("cuda")) else int(Kind.RUNTIME))
-             for r in rows]
+    fixed = [r[:5] + (_API_SUFFIX.sub("", r[5] or ""), int(_api_kind(r[5] or "", r[6]))) for r in db.rows(sql)]
     f = pl.DataFrame(fixed, schema=["ts_ns", "dur_ns", "pid", "tid", "correlation", "name", "kind"], orient="row",
                      infer_schema_length=None)
     return f.with_columns(pl.col("kind").cast(pl.UInt8))
+
+
+def _api_kind(name: str, event_class: int | None) -> Kind:
+    """ENUM_NSYS_EVENT_CLASS 1 is the CUDA driver; without the column, `cu*` (not `cuda*`) names are."""
+    if event_class is None:
+        return Kind.DRIVER if name.startswith("cu") and not name.startswith("cuda") else Kind.RUNTIME
+    return Kind.DRIVER if event_class == 1 else Kind.RUNTIME
 
 
 def _nvtx(db: _Db, problems: list[str]) -> pl.DataFrame | None:
