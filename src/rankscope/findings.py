@@ -328,76 +328,81 @@ def _comm(job: _Job) -> Iterable[Finding]:
             threshold={"comm_bound_ratio": t["comm_bound_ratio"]}, cost_ms_per_step=None)
 
 
-def _host_bound(job: _Job) -> Iterable[Finding]:
+def _device_category(job: _Job, category: str, finding_id: str, medium: str, high: str, summary: str,
+                     explanation: str, fix: str) -> Iterable[Finding]:
+    """A breakdown category in which the device idles (host, sync) tiered on its median share of
+    the step; `summary` is formatted with pct (median share) and ms (median per step)."""
     t = job.t
-    dev = [s for s in job.ranks if s.has_device and s.breakdown_mode == "device"]
-    if not dev:
+    shares = _shares(job, lambda s: job.share(s, job.part(s, category))
+                     if s.has_device and s.breakdown_mode == "device" else None)
+    if not shares:
         return
-    host = {s.rank: job.share(s, job.part(s, "host")) for s in dev}
-    severity = _tier(median(host.values()), t, None, "host_bound_medium_pct", "host_bound_high_pct")
-    ms = median(job.part(s, "host") for s in dev)
-    if severity is not None:
-        yield Finding(
-            id="gpu_idle_host_bound", severity=severity,
-            ranks=sorted(r for r, v in host.items() if v >= t["host_bound_medium_pct"]), steps=job.steps(),
-            summary=f"the GPU idles {median(host.values()):.1f}% of each step ({ms:.1f} ms) while the host runs "
-                    f"CPU ops and launches: the job is host-bound",
-            evidence={"host_pct_of_step": {r: _r(v, 1) for r, v in sorted(host.items())}, "host_ms_per_step": _r(ms, 3)},
-            explanation=("The device has nothing queued while the CPU is still busy with Python, operator dispatch "
-                         "and kernel launches: the GPU runs faster than the host can feed it."),
-            fix=("cut host work per step: torch.compile (fuses ops, fewer launches), CUDA graphs "
-                 "(torch.compile(mode='reduce-overhead')), a larger batch per step, and move Python-side work "
-                 "(metrics, logging, tensor.tolist()) out of the step"),
-            threshold={k: t[k] for k in ("host_bound_medium_pct", "host_bound_high_pct")}, cost_ms_per_step=ms)
+    pct = median(shares.values())
+    severity = _tier(pct, t, None, medium, high)
+    if severity is None:
+        return
+    ranks = sorted(r for r, v in shares.items() if v >= t[medium])
+    ms = median(job.part(s, category) for s in job.ranks if s.rank in shares)
+    yield Finding(
+        id=finding_id, severity=severity, ranks=ranks, steps=job.steps(), summary=summary.format(pct=pct, ms=ms),
+        evidence={f"{category}_pct_of_step": {r: _r(v, 1) for r, v in sorted(shares.items())},
+                  f"{category}_ms_per_step": _r(ms, 3)},
+        explanation=explanation, fix=fix, threshold={k: t[k] for k in (medium, high)}, cost_ms_per_step=ms)
 
-    launch_ranks, short_pcts, p50s = [], [], []
-    for s in dev:
+
+def _host_bound(job: _Job) -> Iterable[Finding]:
+    yield from _device_category(
+        job, "host", "gpu_idle_host_bound", "host_bound_medium_pct", "host_bound_high_pct",
+        "the GPU idles {pct:.1f}% of each step ({ms:.1f} ms) while the host runs CPU ops and launches: the job is "
+        "host-bound",
+        "The device has nothing queued while the CPU is still busy with Python, operator dispatch and kernel "
+        "launches: the GPU runs faster than the host can feed it.",
+        "cut host work per step: torch.compile (fuses ops, fewer launches), CUDA graphs "
+        "(torch.compile(mode='reduce-overhead')), a larger batch per step, and move Python-side work "
+        "(metrics, logging, tensor.tolist()) out of the step")
+
+
+def _sync(job: _Job) -> Iterable[Finding]:
+    yield from _device_category(
+        job, "sync", "sync_stall", "sync_medium_pct", "sync_high_pct",
+        "the host blocks on device synchronization {pct:.1f}% of each step ({ms:.1f} ms) while the GPU idles",
+        "cudaDeviceSynchronize / cudaStreamSynchronize / event waits (from .item(), .cpu(), print(tensor), "
+        "torch.cuda.synchronize) stop the host until the device drains, so nothing is queued behind.",
+        "remove host syncs from the step: keep losses/metrics on the GPU and read them every N steps, use "
+        "non_blocking=True copies, avoid .item()/.tolist()/print of tensors and data-dependent Python control "
+        "flow; torch.cuda.set_sync_debug_mode('warn') finds them")
+
+
+def _launch_overhead(job: _Job) -> Iterable[Finding]:
+    t = job.t
+    ranks, short_pcts, kernel_p50_us = [], [], []
+    for s in job.ranks:
         launch = (s.hta or {}).get("launch") or {}
         n = launch.get("launches") or 0
-        if not n:
+        if not n or s.breakdown_mode != "device":
             continue
         short_pct = 100.0 * launch.get("short_kernels", 0) / n
         idle_pct = job.share(s, job.part(s, "host") + job.part(s, "idle_other"))
         if short_pct >= t["short_kernel_share_pct"] and idle_pct >= t["launch_idle_pct"]:
-            launch_ranks.append(s.rank)
+            ranks.append(s.rank)
             short_pcts.append(short_pct)
-            p50s.append(launch.get("gpu_duration", {}).get("p50_us"))
-    if launch_ranks:
-        yield Finding(
-            id="launch_overhead", severity="medium", ranks=launch_ranks, steps=job.steps(),
-            summary=(f"{median(short_pcts):.0f}% of kernels are tiny (median kernel {median(p for p in p50s if p is not None) if any(p is not None for p in p50s) else float('nan'):.0f} us) "
-                     f"and the device idles between them: launch overhead dominates"),
-            evidence={"short_kernel_pct": _r(median(short_pcts), 1), "median_kernel_us": p50s,
-                      "ranks": launch_ranks},
-            explanation=("Each kernel costs several microseconds of CPU launch time; when kernels run for less than "
-                         "that, the GPU waits for launches instead of computing."),
-            fix=("fuse and batch: torch.compile, CUDA graphs (torch.compile(mode='reduce-overhead') or "
-                 "torch.cuda.graphs), foreach/fused optimizers (fused=True), a larger batch"),
-            threshold={k: t[k] for k in ("short_kernel_share_pct", "launch_idle_pct")}, cost_ms_per_step=None)
-
-
-def _sync(job: _Job) -> Iterable[Finding]:
-    t = job.t
-    shares = _shares(job, lambda s: job.share(s, job.part(s, "sync")) if s.breakdown_mode == "device" else None)
-    if not shares:
+            p50 = (launch.get("gpu_duration") or {}).get("p50_us")
+            if p50 is not None:
+                kernel_p50_us.append(p50)
+    if not ranks:
         return
-    severity = _tier(median(shares.values()), t, None, "sync_medium_pct", "sync_high_pct")
-    if severity is None:
-        return
-    ranks = sorted(r for r, v in shares.items() if v >= t["sync_medium_pct"])
-    by_rank = {s.rank: s for s in job.ranks}
-    ms = median(job.part(by_rank[r], "sync") for r in ranks)
+    median_kernel = f" (median kernel {median(kernel_p50_us):.0f} us)" if kernel_p50_us else ""
     yield Finding(
-        id="sync_stall", severity=severity, ranks=ranks, steps=job.steps(),
-        summary=f"the host blocks on device synchronization {median(shares.values()):.1f}% of each step ({ms:.1f} ms) "
-                f"while the GPU idles",
-        evidence={"sync_pct_of_step": {r: _r(v, 1) for r, v in sorted(shares.items())}, "sync_ms_per_step": _r(ms, 3)},
-        explanation=("cudaDeviceSynchronize / cudaStreamSynchronize / event waits (from .item(), .cpu(), print(tensor), "
-                     "torch.cuda.synchronize) stop the host until the device drains, so nothing is queued behind."),
-        fix=("remove host syncs from the step: keep losses/metrics on the GPU and read them every N steps, use "
-             "non_blocking=True copies, avoid .item()/.tolist()/print of tensors and data-dependent Python control "
-             "flow; torch.cuda.set_sync_debug_mode('warn') finds them"),
-        threshold={k: t[k] for k in ("sync_medium_pct", "sync_high_pct")}, cost_ms_per_step=ms)
+        id="launch_overhead", severity="medium", ranks=ranks, steps=job.steps(),
+        summary=(f"{median(short_pcts):.0f}% of kernels are tiny{median_kernel} and the device idles between them: "
+                 "launch overhead dominates"),
+        evidence={"short_kernel_pct": _r(median(short_pcts), 1),
+                  "median_kernel_us": _r(median(kernel_p50_us), 1) if kernel_p50_us else None},
+        explanation=("Each kernel costs several microseconds of CPU launch time; when kernels run for less than "
+                     "that, the GPU waits for launches instead of computing."),
+        fix=("fuse and batch: torch.compile, CUDA graphs (torch.compile(mode='reduce-overhead') or "
+             "torch.cuda.graphs), foreach/fused optimizers (fused=True), a larger batch"),
+        threshold={k: t[k] for k in ("short_kernel_share_pct", "launch_idle_pct")}, cost_ms_per_step=None)
 
 
 def _memcpy(job: _Job) -> Iterable[Finding]:
@@ -576,7 +581,8 @@ def evaluate(analysis: "Analysis", overrides: dict[str, float] | None = None) ->
                step_ms={s.rank: sum(s.breakdown_mean_ms.values()) for s in ranks},
                wait_ms={r["rank"]: r.get("own_wait_ms_per_step") or 0.0 for r in (cross or {}).get("ranks", [])})
     found: list[Finding] = []
-    for rule in (_straggler, _dataloader, _comm, _host_bound, _sync, _memcpy, _memory, _load_imbalance):
+    for rule in (_straggler, _dataloader, _comm, _host_bound, _launch_overhead, _sync, _memcpy, _memory,
+                 _load_imbalance):
         found.extend(rule(job))
     found.extend(_tensor_cores(job, analysis.job.devices))
     found.extend(_bus_bandwidth(job, analysis.job.devices, analysis.job.hosts))
