@@ -116,6 +116,18 @@ def comparable(doc: dict) -> dict:
     return json.loads(json.dumps(doc), parse_float=lambda s: float(f"{float(s):.9g}"))
 
 
+def differences(a, b, path: str = ""):
+    """Paths (and both values) where two JSON documents differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in dict.fromkeys([*a, *b]):
+            yield from differences(a.get(k), b.get(k), f"{path}.{k}")
+    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b)):
+            yield from differences(x, y, f"{path}[{i}]")
+    elif a != b:
+        yield path, a, b
+
+
 def run_engine(folder: Path, engine: str, ranks: int, args, logdir: Path) -> tuple[dict, dict | None]:
     tag = f"{folder.name}-{engine}"
     peak_file, out_file = logdir / f"{tag}.driver-rss", logdir / f"{tag}.json"
@@ -159,6 +171,8 @@ def bench_set(text: str, args, cores: int, logdir: Path) -> dict:
             res["rows"].append(r)
     if "local" in docs and len(docs) > 1:
         res["same_as_local"] = {e: (d is not None and d == docs["local"]) for e, d in docs.items() if e != "local"}
+        res["differences"] = {e: list(differences(docs["local"], d))[:8] for e, d in docs.items()
+                              if e != "local" and d is not None and d != docs["local"]}
     res["summary"] = summarize(res, cores)
     return res
 
@@ -257,7 +271,8 @@ def print_table(results: list[dict], cores: int) -> None:
                 continue
             same = r["same_as_local"]
             lines.append([r["set"], str(r["ranks"]), f"{r['mb_total']:.0f}", r["engine"], f"{r['wall_s']:.2f}",
-                          f"{r['mb_per_s_per_core']:.1f}", f"{r['cpu_s'] / r['wall_s']:.2f}",
+                          f"{r['mb_per_s_per_core']:.1f}",
+                          f"{r['cpu_s'] / r['wall_s']:.2f}" if r["engine"] == "local" else "-",
                           f"{r['driver_peak_rss_mb']:.0f}", f"{r['tree_peak_rss_mb']:.0f}",
                           _f(r.get("wall_vs_local"), ".2f") if r["engine"] != "local" else "",
                           _f(r.get("driver_rss_vs_local"), ".2f") if r["engine"] != "local" else "",
@@ -267,13 +282,16 @@ def print_table(results: list[dict], cores: int) -> None:
     print("  ".join("-" * w for w in widths))
     for l in lines:
         print("  ".join(c.rjust(w) for c, w in zip(l, widths)))
-    print(f"MB = 1e6 bytes of uncompressed trace JSON; MB/s/core over {cores} cores; busy = tree CPU s / wall; "
+    print(f"MB = 1e6 bytes of uncompressed trace JSON; MB/s/core over {cores} cores; busy = tree CPU s / wall "
+          f"(local only: Ray's workers are not reaped by this process, their CPU time is not seen); "
           f"driver RSS = peak of the rankscope process alone (ru_maxrss); tree RSS = peak summed RSS of it and "
           f"every descendant (Ray's raylet, GCS, workers)")
     for res in results:
         s = res["stamp"]
         print(f"{res['set']}: {res['ranks']} files, {s['bytes'] / MB:.0f} MB ({s['gz_bytes'] / MB:.0f} MB gzipped), "
               f"largest {s['largest_bytes'] / MB:.1f} MB; generated in {s['generation_s']:.0f} s")
+        for engine, diffs in res.get("differences", {}).items():
+            print(f"    {engine} differs from local at: " + "; ".join(f"{p} {x!r} vs {y!r}"[:90] for p, x, y in diffs[:3]))
 
 
 def print_curve(results: list[dict]) -> None:
