@@ -130,8 +130,9 @@ class _Job:
     step_ms: dict[int, float] = field(default_factory=dict)
     wait_ms: dict[int, float] = field(default_factory=dict)     # per step, at collectives, for late ranks
 
-    def share(self, s: RankSummary, ms: float) -> float:
-        step = self.step_ms.get(s.rank) or 0.0
+    def share(self, s: RankSummary, ms: float, minus_ms: float = 0.0) -> float:
+        """`ms` as a share of the rank's mean step (shortened by `minus_ms`)."""
+        step = (self.step_ms.get(s.rank) or 0.0) - minus_ms
         return 100.0 * ms / step if step > 0 else 0.0
 
     def part(self, s: RankSummary, category: str) -> float:
@@ -146,6 +147,22 @@ def _tier(value: float, t: dict[str, float], low: str | None, medium: str | None
         if name is not None and value >= t[name]:
             return severity
     return None
+
+
+def _job_or_rank_tier(shares: dict[int, float], t: dict[str, float], tiers: tuple[str | None, str | None, str | None]
+                      ) -> tuple[str | None, list[int]]:
+    """Severity from the median rank's share (tiers: low, medium, high threshold names), and the
+    ranks over the lowest tier. When the job as a whole is fine, ranks over the top tier still
+    make a finding one tier lower: a fault of one rank (often a straggler's cause)."""
+    low, medium, high = tiers
+    severity = _tier(median(shares.values()), t, low, medium, high)
+    lowest = next(n for n in tiers if n is not None)
+    if severity is not None:
+        return severity, sorted(r for r, v in shares.items() if v >= t[lowest])
+    top = next(n for n in reversed(tiers) if n is not None)
+    ranks = sorted(r for r, v in shares.items() if v >= t[top])
+    one_down = {"high": "medium", "medium": "low", "low": "low"}[SEVERITIES[[high, medium, low].index(top)]]
+    return (one_down if ranks else None), ranks
 
 
 def _r(x: float | None, nd: int = 2) -> float | None:
@@ -213,13 +230,10 @@ def _dataloader(job: _Job) -> Iterable[Finding]:
     if not shares:
         return
     t = job.t
-    severity = _tier(median(shares.values()), t, "dataloader_low_pct", "dataloader_medium_pct", "dataloader_high_pct")
-    ranks = sorted(r for r, v in shares.items() if v >= t["dataloader_low_pct"])
-    if severity is None:            # the job is fine, but a rank may stall on its own input (a straggler's cause)
-        ranks = sorted(r for r, v in shares.items() if v >= t["dataloader_high_pct"])
-        if not ranks:
-            return
-        severity = "medium"
+    severity, ranks = _job_or_rank_tier(shares, t, ("dataloader_low_pct", "dataloader_medium_pct",
+                                                    "dataloader_high_pct"))
+    if severity is None:
+        return
     by_rank = {s.rank: s for s in job.ranks}
     workers = sorted({(by_rank[r].dataloader or {}).get("num_workers") for r in ranks} - {None})
     ms = median(job.part(by_rank[r], "dataloader") for r in ranks)
@@ -251,7 +265,8 @@ def _comm(job: _Job) -> Iterable[Finding]:
     if not with_comm:
         return
     exposed = {s.rank: max(0.0, job.part(s, "comm_exposed") - job.wait_ms.get(s.rank, 0.0)) for s in with_comm}
-    exposed_pct = {s.rank: job.share(s, exposed[s.rank]) for s in with_comm}
+    # share of the step as it would be without the wait (the wait goes when the late rank is fixed)
+    exposed_pct = {s.rank: job.share(s, exposed[s.rank], minus_ms=job.wait_ms.get(s.rank, 0.0)) for s in with_comm}
     med_pct = median(exposed_pct.values())
     med_ms = median(exposed.values())
     sched = [s.grad_sync for s in with_comm if s.grad_sync]
@@ -261,7 +276,8 @@ def _comm(job: _Job) -> Iterable[Finding]:
     hta_overlap = [s.hta["overlap"]["overlap_pct"] for s in with_comm
                    if s.hta and s.hta["overlap"]["overlap_pct"] is not None]
     med_overlap = median(hta_overlap) if hta_overlap else None
-    waits_note = (" (waits for late ranks excluded: see straggler / load imbalance)"
+    waits_note = (" (of the step without its waits for late ranks, which the straggler / load imbalance findings "
+                  "explain)"
                   if any(job.wait_ms.get(s.rank, 0.0) > 0 for s in with_comm) else "")
 
     severity = _tier(med_pct, t, None, "exposed_comm_medium_pct", "exposed_comm_high_pct")
@@ -412,10 +428,9 @@ def _memcpy(job: _Job) -> Iterable[Finding]:
     if not rows:
         return
     shares = {r: p.get("step_share_pct") or 0.0 for r, p in rows.items()}
-    severity = _tier(median(shares.values()), t, "pageable_memcpy_low_pct", "pageable_memcpy_medium_pct", None)
+    severity, ranks = _job_or_rank_tier(shares, t, ("pageable_memcpy_low_pct", "pageable_memcpy_medium_pct", None))
     if severity is None:
         return
-    ranks = sorted(r for r, v in shares.items() if v >= t["pageable_memcpy_low_pct"])
     bw = [rows[r].get("mean_bandwidth_gbps") for r in ranks if rows[r].get("mean_bandwidth_gbps") is not None]
     by_rank = {s.rank: s for s in job.ranks}
     ratio = [by_rank[r].memcpy.get("pinned_vs_pageable_bandwidth_ratio") for r in ranks]
