@@ -96,7 +96,8 @@ class Finding:
     cost_ms_per_step: float | None = None   # what it costs each step (ordering; None when not a time)
 
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """Plain JSON data: rank-keyed evidence gets string keys, as JSON objects have."""
+        return as_plain(dataclasses.asdict(self))
 
 
 def resolve_thresholds(overrides: dict[str, float] | None = None) -> dict[str, float]:

@@ -298,8 +298,9 @@ def _evaluate(ranks: Sequence[RankCollectives], table: CollectiveTable, step_sta
         nc, nl, _ = per.get(r, (0, 0, 0.0))
         return max(100.0 * nl / nc if nc else 0.0, lead_share.get(r, 0.0))
 
-    candidates = sorted(per, key=lambda r: -per[r][1])[:CANDIDATES_ALWAYS] + \
-        sorted(lead_share, key=lambda r: -lead_share[r])[:CANDIDATES_ALWAYS] + \
+    # ties broken by rank: group_by order is arbitrary, and the result must not depend on it
+    candidates = sorted(per, key=lambda r: (-per[r][1], r))[:CANDIDATES_ALWAYS] + \
+        sorted(lead_share, key=lambda r: (-lead_share[r], r))[:CANDIDATES_ALWAYS] + \
         [r for r in per if share(r) >= share_min]
     candidates = set(r for r in candidates if per.get(r, (0, 0, 0))[1] > 0)
     step_starts = {rc.rank: {s: a - int(table.offsets_ns.get(rc.rank, 0)) for s, a in zip(rc.steps, rc.step_start_ns)}
