@@ -84,7 +84,14 @@ def _one_line_errors(task_fn):
 @_one_line_errors
 def _rank_task(task: _Task) -> RankSummary | InputProblem:
     """The per-rank map step (runs in a worker). With a cache, the summary itself is cached too
-    (keyed by file content and analysis code)."""
+    (keyed by file content and analysis code). What travels to the driver is compacted."""
+    summary = _summary(task)
+    if summary.collectives is not None:
+        summary.collectives.compact()
+    return summary
+
+
+def _summary(task: _Task) -> RankSummary:
     if not task.use_cache:
         return summarize_rank(read_trace(task.path)[0])
     cache = Cache(task.cache_dir)
