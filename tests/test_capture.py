@@ -97,6 +97,28 @@ def test_rank_profiler_traces_load_back_with_their_ranks(tmp_path):
     assert coll["bytes"].sum() == 4 * PARAMS_PER_STEP * len(PROFILED_STEPS)
 
 
+@pytest.mark.filterwarnings("ignore:.*Profiler clears events")    # torch's note for repeat > 1: wanted here
+def test_rank_profiler_without_process_group_takes_env_rank_and_a_folder_per_cycle(tmp_path, monkeypatch):
+    import rankscope
+    from rankscope.capture import rank_profiler
+
+    monkeypatch.setenv("RANK", "3")
+    with rank_profiler(tmp_path, wait=0, warmup=1, active=2, repeat=2) as prof:
+        for _ in range(8):
+            torch.randn(64, 64) @ torch.randn(64, 64)
+            prof.step()
+    name = f"rank3.{os.getpid()}.pt.trace.json.gz"
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.gz")) == \
+        [f"cycle1/{name}", f"cycle2/{name}"]
+    # cycles of 3 steps (warmup 1, active 2) from step 0: cycle k records steps 3k-2 and 3k-1
+    for k in (1, 2):
+        steps = sorted(int(e["name"].split("#")[1]) for e in x_events(_plain(tmp_path / f"cycle{k}" / name))
+                       if e["name"].startswith("ProfilerStep#"))
+        assert steps == [3 * k - 2, 3 * k - 1]
+    analysis = rankscope.analyze(tmp_path / "cycle2", use_cache=False)
+    assert analysis.job.ranks == [3] and analysis.job.steps == [4, 5]
+
+
 def test_straggler_monitor_names_the_rank_that_sleeps(tmp_path):
     results = _worker(3, "monitor", tmp_path)
     reports = [r["reports"] for r in results]
