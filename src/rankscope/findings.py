@@ -47,6 +47,7 @@ THRESHOLDS: dict[str, Threshold] = {
     "dataloader_medium_pct": Threshold(10.0, "% of step", f"{_SEED}: DataLoader > 5-20% of step"),
     "dataloader_high_pct": Threshold(20.0, "% of step", f"{_SEED}: DataLoader > 5-20% of step"),
     # communication that no computation hides (waits for late ranks excluded)
+    "exposed_comm_low_pct": Threshold(5.0, "% of step", _OURS),
     "exposed_comm_medium_pct": Threshold(10.0, "% of step", _OURS),
     "exposed_comm_high_pct": Threshold(60.0, "% of step", _OURS),
     # gradient collectives launched after backward ended (analyses/grad_sync.py)
@@ -281,11 +282,11 @@ def _comm(job: _Job) -> Iterable[Finding]:
                   "explain)"
                   if any(job.wait_ms.get(s.rank, 0.0) > 0 for s in with_comm) else "")
 
-    severity = _tier(med_pct, t, None, "exposed_comm_medium_pct", "exposed_comm_high_pct")
+    severity = _tier(med_pct, t, "exposed_comm_low_pct", "exposed_comm_medium_pct", "exposed_comm_high_pct")
     if severity is not None:
         yield Finding(
             id="exposed_communication", severity=severity,
-            ranks=sorted(r for r, v in exposed_pct.items() if v >= t["exposed_comm_medium_pct"]), steps=job.steps(),
+            ranks=sorted(r for r, v in exposed_pct.items() if v >= t["exposed_comm_low_pct"]), steps=job.steps(),
             summary=f"communication that no computation hides takes {med_pct:.1f}% of each step "
                     f"(median rank, {med_ms:.1f} ms){waits_note}",
             evidence={"exposed_comm_pct_of_step": {r: _r(v, 1) for r, v in sorted(exposed_pct.items())},
@@ -300,32 +301,34 @@ def _comm(job: _Job) -> Iterable[Finding]:
                  "backward); smaller bucket_cap_mb so the first buckets start earlier; then shrink it: gradients in "
                  "bf16 (DDP comm hook bf16_compress_hook), gradient accumulation (no_sync()) or a larger batch per "
                  "rank so each byte moved buys more compute"),
-            threshold={k: t[k] for k in ("exposed_comm_medium_pct", "exposed_comm_high_pct")},
+            threshold={k: t[k] for k in ("exposed_comm_low_pct", "exposed_comm_medium_pct", "exposed_comm_high_pct")},
             cost_ms_per_step=med_ms)
 
-    if med_pct >= t["comm_significant_pct"]:
-        evidence = {"gradient_collectives": launched, "launched_after_backward": after,
-                    "after_backward_pct": _r(after_pct, 1), "comm_comp_overlap_pct": _r(med_overlap, 1),
-                    "exposed_comm_pct_of_step": _r(med_pct, 1)}
-        low = None
-        if after_pct is not None and after_pct >= t["after_backward_pct"]:
-            low = ("high", f"{after} of {launched} gradient collectives are launched after backward has ended "
-                           f"({after_pct:.0f}%): they cannot overlap with it, and expose {med_pct:.1f}% of the step")
-        elif med_overlap is not None and med_overlap < t["low_overlap_pct"]:
-            low = ("medium", f"only {med_overlap:.1f}% of communication time overlaps with compute (median rank); "
-                             f"{med_pct:.1f}% of the step is exposed communication")
-        if low:
-            yield Finding(
-                id="low_overlap", severity=low[0], ranks=sorted(exposed_pct), steps=job.steps(), summary=low[1],
-                evidence=evidence,
-                explanation=("DDP hides gradient all-reduce behind backward by launching each bucket as soon as its "
-                             "gradients are ready. Collectives launched after backward, or a single large bucket, "
-                             "leave the device idle while the network works (seed: 'GPU idle after backward')."),
-                fix=("use DDP/FSDP's bucketed overlap instead of all-reducing gradients after backward; lower "
-                     "bucket_cap_mb (e.g. 25 -> 5-10) so buckets start earlier; remove find_unused_parameters=True "
-                     "(it delays every bucket to the end of backward) or set static_graph=True"),
-                threshold={k: t[k] for k in ("after_backward_pct", "low_overlap_pct", "comm_significant_pct")},
-                cost_ms_per_step=med_ms)
+    evidence = {"gradient_collectives": launched, "launched_after_backward": after,
+                "after_backward_pct": _r(after_pct, 1), "comm_comp_overlap_pct": _r(med_overlap, 1),
+                "exposed_comm_pct_of_step": _r(med_pct, 1)}
+    low = None
+    if after_pct is not None and after_pct >= t["after_backward_pct"]:
+        # the schedule itself is the evidence; what it costs now sets the severity
+        severity = _tier(med_pct, t, None, "exposed_comm_low_pct", "comm_significant_pct") or "low"
+        low = (severity, f"{after} of {launched} gradient collectives are launched after backward has ended "
+                         f"({after_pct:.0f}%): they cannot overlap with it, and expose {med_pct:.1f}% of the step")
+    elif med_overlap is not None and med_overlap < t["low_overlap_pct"] and med_pct >= t["comm_significant_pct"]:
+        low = ("medium", f"only {med_overlap:.1f}% of communication time overlaps with compute (median rank); "
+                         f"{med_pct:.1f}% of the step is exposed communication")
+    if low:
+        yield Finding(
+            id="low_overlap", severity=low[0], ranks=sorted(exposed_pct), steps=job.steps(), summary=low[1],
+            evidence=evidence,
+            explanation=("DDP hides gradient all-reduce behind backward by launching each bucket as soon as its "
+                         "gradients are ready. Collectives launched after backward, or a single large bucket, "
+                         "leave the device idle while the network works (seed: 'GPU idle after backward')."),
+            fix=("use DDP/FSDP's bucketed overlap instead of all-reducing gradients after backward; lower "
+                 "bucket_cap_mb (e.g. 25 -> 5-10) so buckets start earlier; remove find_unused_parameters=True "
+                 "(it delays every bucket to the end of backward) or set static_graph=True"),
+            threshold={k: t[k] for k in ("after_backward_pct", "low_overlap_pct", "exposed_comm_low_pct",
+                                         "comm_significant_pct")},
+            cost_ms_per_step=med_ms)
 
     comm_ms = median(exposed[s.rank] + job.part(s, "comm_overlapped") for s in with_comm)   # waits excluded
     compute_ms = median(job.part(s, "compute") + job.part(s, "comm_overlapped") for s in with_comm)
