@@ -21,6 +21,11 @@ from rankscope.ingest.cache import default_cache_dir
 EXIT_OK, EXIT_SKIPPED, EXIT_NOTHING = 0, 1, 2
 
 
+def _print_json(obj) -> None:
+    sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(obj), indent=1))
+    sys.stdout.write("\n")
+
+
 def _err(message: str) -> None:
     click.echo(f"rankscope: {message}", err=True)
 
@@ -118,8 +123,7 @@ def analyze_cmd(paths, demo, thresholds, cache_dir, no_cache, engine, address, w
     if result.ranks:
         if as_json:
             from rankscope.render.json import analysis_to_dict
-            sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(analysis_to_dict(result)), indent=1))
-            sys.stdout.write("\n")
+            _print_json(analysis_to_dict(result))
         else:
             from rankscope.render.terminal import render_analysis
             render_analysis(result, Console(highlight=False), brief=quiet)
@@ -151,9 +155,7 @@ def validate_cmd(paths, cache_dir, no_cache, engine, address, workers, as_json, 
     from rankscope.render.validate import render_validation, validation_rows
     rows = validation_rows(result)
     if as_json:
-        sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(
-            {"schema": "rankscope.validate/1", "files": rows, "job_warnings": result.warnings}), indent=1))
-        sys.stdout.write("\n")
+        _print_json({"schema": "rankscope.validate/1", "files": rows, "job_warnings": result.warnings})
     else:
         render_validation(rows, result.warnings, Console(highlight=False))
     sys.exit(_exit_code(result))
@@ -189,9 +191,7 @@ def thresholds_cmd(as_json) -> None:
     `analyze --threshold NAME=VALUE`)."""
     from rankscope.findings import THRESHOLDS
     if as_json:
-        sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(
-            {name: {"value": t.value, "unit": t.unit, "source": t.source} for name, t in THRESHOLDS.items()}), indent=1))
-        sys.stdout.write("\n")
+        _print_json({name: {"value": t.value, "unit": t.unit, "source": t.source} for name, t in THRESHOLDS.items()})
         return
     from rankscope.render.terminal import render_thresholds
     render_thresholds(THRESHOLDS, Console(highlight=False))
@@ -262,8 +262,7 @@ def diff_cmd(before, after, as_json, cache_dir, no_cache, quiet, html_path) -> N
             _err(f"{html_path}: cannot write the HTML page: {exc.strerror or exc}")
             sys.exit(EXIT_NOTHING)
     if as_json:
-        sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(diff_to_dict(d)), indent=1))
-        sys.stdout.write("\n")
+        _print_json(diff_to_dict(d))
     else:
         from rankscope.render.diff_terminal import render_diff
         render_diff(d, Console(highlight=False))
@@ -288,20 +287,14 @@ def _inputs_exit_code(parsed: list, skipped: list) -> int:
     return EXIT_NOTHING if not parsed else EXIT_SKIPPED if skipped else EXIT_OK
 
 
-def _print_json(obj) -> None:
-    sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(obj), indent=1))
-    sys.stdout.write("\n")
-
-
 def _add_nccl_findings(result, logs, overrides) -> int:
     """analyze --nccl-log: the logs' findings join the job's, in severity order."""
     from rankscope.analyses.nccl import compare_nccl_logs
-    from rankscope.findings import SEVERITIES, nccl_findings
+    from rankscope.findings import nccl_findings, ordered
     from rankscope.ingest.nccl_log import read_nccl_log
     parsed, skipped = _read_inputs(logs, read_nccl_log)
     if parsed:
-        result.findings = sorted(result.findings + nccl_findings(compare_nccl_logs(parsed), overrides),
-                                 key=lambda f: (SEVERITIES.index(f.severity), -(f.cost_ms_per_step or 0.0)))
+        result.findings = ordered(result.findings + nccl_findings(compare_nccl_logs(parsed), overrides))
     return EXIT_SKIPPED if skipped else EXIT_OK
 
 

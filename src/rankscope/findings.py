@@ -605,7 +605,12 @@ def evaluate(analysis: "Analysis", overrides: dict[str, float] | None = None) ->
         found.extend(rule(job))
     found.extend(_tensor_cores(job, analysis.job.devices))
     found.extend(_bus_bandwidth(job, analysis.job.devices, analysis.job.hosts))
-    return sorted(found, key=lambda f: (SEVERITIES.index(f.severity), -(f.cost_ms_per_step or 0.0)))
+    return ordered(found)
+
+
+def ordered(findings: list[Finding]) -> list[Finding]:
+    """Most urgent first: by severity, then by what the finding costs per step."""
+    return sorted(findings, key=lambda f: (SEVERITIES.index(f.severity), -(f.cost_ms_per_step or 0.0)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -617,7 +622,7 @@ def nccl_findings(report: NcclReport, overrides: dict[str, float] | None = None)
     """Findings of NCCL logs compared as runs (analyses/nccl.py), ordered by severity."""
     t = resolve_thresholds(overrides)
     found = [f for run in report.runs for f in (_nccl_busbw(report, run, t), _nccl_degraded(report, run, t)) if f]
-    return sorted(found, key=lambda f: SEVERITIES.index(f.severity))
+    return ordered(found)
 
 
 def _log_name(file: str) -> str:
