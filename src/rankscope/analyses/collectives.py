@@ -477,6 +477,7 @@ def member_frame(ranks: Sequence[RankCollectives], offsets_ns: dict[int, int] | 
             "in_bytes": np.asarray(rc.in_bytes, dtype=np.int64), "out_bytes": np.asarray(rc.out_bytes, dtype=np.int64),
             "group_size": np.asarray(rc.group_size, dtype=np.int64), "step": np.asarray(rc.step, dtype=np.int64),
             "orphan": np.asarray(rc.orphan if len(rc.orphan) == len(rc) else [False] * len(rc), dtype=bool),
+            "host_spans": np.full(len(rc), rc.source == "host", dtype=bool),
         }
         if with_windows:
             pre = np.asarray(rc.pre_ns, dtype=np.int64).reshape(len(rc), len(CATEGORIES))
@@ -487,7 +488,7 @@ def member_frame(ranks: Sequence[RankCollectives], offsets_ns: dict[int, int] | 
         frames.append(pl.DataFrame(cols))
     if not frames:
         schema = {"rank": pl.Int64, "idx": pl.Int64, "pg": pl.String, "seq": pl.Int64, "type": pl.String,
-                  "orphan": pl.Boolean,
+                  "orphan": pl.Boolean, "host_spans": pl.Boolean,
                   "mtype": pl.String, "occ": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "dur_ns": pl.Int64,
                   "in_bytes": pl.Int64, "out_bytes": pl.Int64, "group_size": pl.Int64, "step": pl.Int64}
         if with_windows:
@@ -495,9 +496,16 @@ def member_frame(ranks: Sequence[RankCollectives], offsets_ns: dict[int, int] | 
         return pl.DataFrame(schema=schema)
     df = pl.concat(frames, how="vertical")
     with_seq = pl.col("seq") >= 0
+    # without seq, host (gloo) instances of a same-size type are matched per input size too: gloo
+    # runs collectives in flight at once (DDP buckets) on several threads, so their spans may start
+    # in another order on each rank; one logical collective has one size on every member. Device
+    # collectives run in issue order on their stream: there a size mismatch stays visible.
+    by_size = pl.col("host_spans") & pl.col("type").is_in(SAME_SIZE_TYPES) & (pl.col("in_bytes") >= 0)
     df = df.with_columns(
-        pl.when(with_seq).then(pl.lit("*")).otherwise(
-            pl.col("type").replace_strict({t: "p2p" for t in P2P_TYPES}, default=pl.col("type"))).alias("mtype"))
+        pl.when(with_seq).then(pl.lit("*"))
+        .when(by_size).then(pl.col("type") + pl.lit(":") + pl.col("in_bytes").cast(pl.String))
+        .otherwise(pl.col("type").replace_strict({t: "p2p" for t in P2P_TYPES}, default=pl.col("type")))
+        .alias("mtype"))
     # occurrence: n-th instance of (pg, seq) with seq, of (pg, mtype) without, on each rank (by
     # arrival); orphans without seq are not matched (occ -1, unique per rank so never grouped)
     unmatchable = pl.col("orphan") & ~with_seq
