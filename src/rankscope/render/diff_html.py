@@ -5,13 +5,10 @@ escaping, tables, charts, the CSS and the embedded plotly.js. Computes nothing: 
 """
 from __future__ import annotations
 
-import plotly.offline
-
-from rankscope import __version__
 from rankscope.analyses.breakdown import CATEGORIES
 from rankscope.render.diff_terminal import metric_label, p_text
-from rankscope.render.html import (_BOOT, _CSS, CATEGORY_COLORS, CATEGORY_LABELS, _e, _fmt, _Html, _kv, _layout, _name,
-                                   _note, _one_chart, _script_json, _table)
+from rankscope.render.html import (CATEGORY_COLORS, CATEGORY_LABELS, _e, _fmt, _Html, _kv, _layout, _name,
+                                   _note, _one_chart, _table, page)
 from rankscope.render.terminal import _ranges
 
 #: Rows listed per table (the dict, i.e. --json, has all).
@@ -23,13 +20,7 @@ def render_diff_html(report: dict) -> str:
     """One self-contained page (plotly.js inline, no network) holding `diff_section`."""
     figures: dict[str, dict] = {}
     body = diff_section(report, figures)
-    plotly_js = plotly.offline.get_plotlyjs().replace("</script", "<\\/script")
-    head = (f'<meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>rankscope diff</title><style>{_CSS}</style>\n<script>{plotly_js}</script>\n")
-    foot = f"<footer>rankscope {_e(__version__)} &middot; schema {_e(report.get('schema'))}</footer>"
-    return (f'<!DOCTYPE html>\n<html lang="en"><head>{head}</head>\n<body><main class="page">{body}{foot}</main>\n'
-            f'<script type="application/json" id="rankscope-figures">{_script_json(figures)}</script>\n'
-            f"<script>{_BOOT}</script>\n</body></html>\n")
+    return page("rankscope diff", body, figures, report.get("schema"))
 
 
 def diff_section(report: dict, figures: dict) -> str:

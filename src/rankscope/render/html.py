@@ -102,14 +102,18 @@ def render_html(report: dict) -> str:
     body = "".join([_header(report), _findings(report), _breakdown(report, figures), _heatmap(report, figures),
                     _collectives(report, figures), _overlap(report, figures), _idle(report, figures),
                     _rank_detail(report, figures)])
-    job = report["job"]
-    title = f"rankscope report: {len(job['ranks'])} ranks"
+    return page(f"rankscope report: {len(report['job']['ranks'])} ranks", body, figures, report.get("schema"))
+
+
+def page(title: str, body: str, figures: dict, schema: str | None) -> str:
+    """A self-contained page: the report CSS, plotly.js inline (no network), `body`, and the
+    chart specs `figures` drawn by the page's boot script."""
     plotly_js = plotly.offline.get_plotlyjs().replace("</script", "<\\/script")
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<title>{_e(title)}</title><style>{_CSS}</style>\n<script>{plotly_js}</script>\n</head>\n"
             f'<body><main class="page">{body}'
-            f"<footer>rankscope {_e(__version__)} &middot; schema {_e(report.get('schema'))} &middot; "
+            f"<footer>rankscope {_e(__version__)} &middot; schema {_e(schema)} &middot; "
             f"self-contained page (plotly.js inline, no network)</footer></main>\n"
             f'<script type="application/json" id="rankscope-figures">{_script_json(figures)}</script>\n'
             f"<script>{_BOOT}</script>\n</body></html>\n")
