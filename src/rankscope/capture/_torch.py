@@ -3,6 +3,7 @@ rank, and the device its collectives run on."""
 from __future__ import annotations
 
 import os
+import time
 
 INSTALL_HINT = "pip install 'rankscope[torch]'"
 
@@ -47,6 +48,18 @@ def comm_device(torch):
 def synchronize(torch, device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def timed_calls_ns(torch, device, call, n: int) -> list[int]:
+    """Wall ns of each of `n` calls of `call`, the device drained before and after each."""
+    times = []
+    for _ in range(n):
+        synchronize(torch, device)
+        start = time.perf_counter_ns()
+        call()
+        synchronize(torch, device)
+        times.append(time.perf_counter_ns() - start)
+    return times
 
 
 def all_gather_float(torch, value: float) -> list[float]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 import polars as pl
 
@@ -32,7 +31,7 @@ from rankscope.capture._torch import (
     comm_device,
     import_torch,
     require_process_group,
-    synchronize,
+    timed_calls_ns,
 )
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -90,14 +89,8 @@ def _collective(torch, dist, op: str, size: int, n: int, device):
 
 
 def _timed_max_over_ranks(torch, dist, call, iters: int, device) -> list[int]:
-    times = []
     dist.barrier()
-    for _ in range(iters):
-        synchronize(torch, device)
-        start = time.perf_counter_ns()
-        call()
-        synchronize(torch, device)
-        times.append(time.perf_counter_ns() - start)
+    times = timed_calls_ns(torch, device, call, iters)
     slowest = torch.tensor(times, dtype=torch.float64, device=device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     return [int(t) for t in slowest.tolist()]

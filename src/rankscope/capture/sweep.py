@@ -12,7 +12,6 @@ collective's latency more often; the best size depends on the model and the fabr
 from __future__ import annotations
 
 import functools
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from rankscope.capture._torch import (
     comm_device,
     import_torch,
     require_process_group,
-    synchronize,
+    timed_calls_ns,
 )
 from rankscope.capture.profiler import rank_profiler
 
@@ -63,13 +62,7 @@ def ddp_bucket_sweep(model_fn, batch_fn, bucket_caps_mb=(1, 5, 25, 100), steps: 
             for _ in range(PROFILED_STEPS):
                 train_step()
                 prof.step()
-        times_ns = []
-        for _ in range(steps):
-            synchronize(torch, device)
-            start = time.perf_counter_ns()
-            train_step()
-            synchronize(torch, device)
-            times_ns.append(time.perf_counter_ns() - start)
+        times_ns = timed_calls_ns(torch, device, train_step, steps)
         per_rank_ms = all_gather_float(torch, sum(times_ns) / len(times_ns) / 1e6)
         results.append(BucketSetting(cap, sum(per_rank_ms) / len(per_rank_ms), per_rank_ms, trace_dir))
     return results
