@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import DLRM, assert_no_traceback, corpus_files, fresh_json, load_json, run_cli, write_trace
+import rankscope
 from rankscope.analyses.mfu import from_summary, given_flops, mfu_report, rank_flops, transformer_flops
 from rankscope.api import analyze
 from rankscope.hardware import device_model, peak_tflops
@@ -131,6 +132,10 @@ def test_gemm_flops_per_step_from_shapes(corpus: Path):
     assert dict(zip(got.steps, got.flops)) == expected
     assert got.ops == sum(1 for e in doc["traceEvents"] if e.get("cat") == "cpu_op" and e.get("name") in GEMMS)
     assert got.device == "NVIDIA A100-SXM4-80GB"
+    # the per-rank map keeps the same figures in the summary (what `rankscope mfu` reads)
+    (summary,) = rankscope.analyze(path, use_cache=False).ranks
+    kept = from_summary(summary, traced=True)
+    assert (kept.source, dict(zip(kept.steps, kept.flops)), kept.ops) == ("gemm_shapes", expected, got.ops)
 
 
 def test_mfu_from_flops_args_against_hand_sum(corpus: Path, tmp_path: Path):

@@ -370,7 +370,7 @@ def mfu_cmd(paths, model_flops_per_step, recompute, dtype, cache_dir, no_cache, 
     """Model and hardware FLOPs utilization (MFU / HFU) against the devices' peak, and communication
     efficiency (bus bandwidth / link peak). FLOPs come from the model (--model-flops-per-step, or the
     transformer dims) or from the traces (with_flops=True per-op FLOPs, else recorded GEMM shapes)."""
-    from rankscope.analyses.mfu import from_summary, given_flops, mfu_report, rank_flops, transformer_flops
+    from rankscope.analyses.mfu import from_summary, given_flops, mfu_report, transformer_flops
     from rankscope.analyses.overview import as_plain
     given = [d for d in _DIMS if dims[d] is not None]
     try:
@@ -387,11 +387,7 @@ def mfu_cmd(paths, model_flops_per_step, recompute, dtype, cache_dir, no_cache, 
     code = _exit_code(result)
     if not result.ranks:
         sys.exit(code)
-    if model is not None:
-        ranks = [from_summary(s) for s in result.ranks]
-    else:
-        from rankscope.api import load
-        ranks = [rank_flops(t) for t in load(list(paths), cache_dir=cache_dir, use_cache=not no_cache)]
+    ranks = [from_summary(s, traced=model is None) for s in result.ranks]
     by_type = as_plain(result.cross.as_dict())["collectives"]["by_type"] if result.cross else []
     report = mfu_report(ranks, result.job.world_size, model, dtype, recompute, by_type, len(result.job.hosts))
     if as_json:

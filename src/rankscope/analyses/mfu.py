@@ -23,15 +23,18 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
 
-from rankscope.analyses.overview import RankSummary
 from rankscope.analyses.steps import step_windows
 from rankscope.hardware import device_model, link_peak_gbps, peak_tflops
 from rankscope.model import DEVICE_KINDS, Kind, RankTrace
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rankscope.analyses.overview import RankSummary
 
 RECOMPUTE = ("none", "selective", "full")
 #: Hardware / model FLOPs of full activation recomputation when only a FLOPs count is known.
@@ -138,8 +141,11 @@ def rank_flops(trace: RankTrace) -> RankFlops:
     return out
 
 
-def from_summary(summary: RankSummary) -> RankFlops:
-    """Steps and device of a rank from its summary (no traced FLOPs: for model FLOPs)."""
+def from_summary(summary: RankSummary, traced: bool = False) -> RankFlops:
+    """A rank's steps and device from its summary; with `traced`, also the FLOPs its trace
+    recorded (`RankSummary.flops`, computed by `rank_flops` in the per-rank map)."""
+    if traced and summary.flops:
+        return replace(RankFlops(**summary.flops), rank=summary.rank)
     return _rank_steps(summary.rank, summary.meta.devices, None, [s["step"] for s in summary.steps],
                        [s["duration_ms"] for s in summary.steps])
 

@@ -19,6 +19,7 @@ from rankscope.analyses.collectives import RankCollectives, rank_collectives
 from rankscope.analyses.dataloader import dataloader_share
 from rankscope.analyses.gaps import GapSummary, idle_gaps
 from rankscope.analyses.grad_sync import gradient_sync_schedule
+from rankscope.analyses.mfu import rank_flops
 from rankscope.analyses.idle import idle_time_breakdown
 from rankscope.analyses.kernels import kernel_breakdown, kernel_stats
 from rankscope.analyses.operators import operator_stats
@@ -75,6 +76,7 @@ class RankSummary:
     collectives: RankCollectives | None = None   # this rank's collectives, for the cross-rank reduce
     name_totals: dict | None = None   # every kernel / op name: {"kernels"|"ops": name_totals(...)} (diff)
     grad_sync: dict | None = None     # analyses.grad_sync.GradSyncSchedule: gradient collectives vs backward
+    flops: dict | None = None         # analyses.mfu.RankFlops: traced FLOPs per step (for MFU)
     from_cache: bool = False
 
     @property
@@ -120,6 +122,7 @@ def summarize_rank(trace: RankTrace) -> RankSummary:
         collectives=rank_collectives(trace, timeline, windows),
         name_totals={"kernels": name_totals(dev), "ops": name_totals(_host_ops(ev))},
         grad_sync=as_plain(gradient_sync_schedule(trace)),
+        flops=as_plain(rank_flops(trace)),
     )
 
 
