@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "benchmarks" / "data"
 CORPUS = Path(os.environ.get("RANKSCOPE_CORPUS", ROOT.parent / "shared" / "corpus"))
-RUN = ("import sys; from rankscope.render.perfetto import export_perfetto as e; "
+RUN = ("import sys; from rankscope.api import export_perfetto as e; "
        "r = e([sys.argv[1]], sys.argv[2], cache_dir=sys.argv[3], pipeline_ranks=int(sys.argv[4])); "
        "print(len(r.ranks), r.events, r.size_bytes)")
 

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from conftest import (DLRM, assert_no_traceback, copy_files, corpus_files, load_json, run_cli, shared_cache_dir,
                       x_events)
 from rankscope.analyses.timeline import is_laminar, nest_lanes
-from rankscope.render.perfetto import export_perfetto
+from rankscope.api import export_perfetto
 
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 META_NAMES = {"process_name", "process_sort_index", "thread_name", "thread_sort_index"}
@@ -406,3 +406,26 @@ def test_cli_nothing_usable_writes_nothing(tmp_path):
     proc = run_cli(["export", "perfetto", tmp_path / "in", "-o", out, "--no-cache"], tmp_path)
     assert_no_traceback(proc)
     assert proc.returncode == 2 and not out.exists() and not list(tmp_path.glob("x.json*"))
+
+
+def test_no_cache_export_parses_each_file_once(corpus, tmp_path, monkeypatch):
+    """--no-cache: a scratch cache lives for the export only, so the analysis' parse serves the
+    export too (hand count: one parse per rank file), and the user's cache stays empty."""
+    import rankscope.api as api
+    import rankscope.ingest as ingest
+    parsed = []
+    real = ingest.read_trace
+
+    def counting(path):
+        parsed.append(str(path))
+        return real(path)
+
+    monkeypatch.setattr(ingest, "read_trace", counting)
+    monkeypatch.setattr(api, "read_trace", counting)
+    user_cache = tmp_path / "user-cache"
+    monkeypatch.setenv("RANKSCOPE_CACHE_DIR", str(user_cache))
+    folder = corpus / "cpu-gloo-4rank-straggler"
+    result = export_perfetto([folder], tmp_path / "job.json.gz", use_cache=False)
+    assert result.ranks == [0, 1, 2, 3]
+    assert sorted(parsed) == sorted(str(p) for p in folder.iterdir())
+    assert not user_cache.exists() or not any(user_cache.iterdir())

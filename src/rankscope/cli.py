@@ -209,13 +209,14 @@ def export_group() -> None:
               help="The file to write: Chrome-trace JSON, gzipped when the name ends in .gz (job.json.gz).")
 @click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
               help=f"Where parsed ranks are kept (default {default_cache_dir()}; env RANKSCOPE_CACHE_DIR).")
-@click.option("--no-cache", is_flag=True, help="Parse every file (twice: analysis, then export); use no cache.")
+@click.option("--no-cache", is_flag=True,
+              help="Use no cache: a scratch one lives for this export only (each file is parsed once).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 def export_perfetto_cmd(paths, out, cache_dir, no_cache, quiet) -> None:
     """All ranks in one timeline for ui.perfetto.dev / chrome://tracing: clocks aligned, one process
     per rank, with overlay tracks (idle gaps, exposed communication, straggler waits, steps) and
     counters (launch queue, memcpy bandwidth, allocated memory)."""
-    from rankscope.render.perfetto import export_perfetto
+    from rankscope.api import export_perfetto
     try:
         result = _with_progress(lambda progress: export_perfetto(list(paths), out, cache_dir=cache_dir,
                                                                  use_cache=not no_cache, on_progress=progress),

@@ -7,28 +7,21 @@ the original pid/tid in the thread_name event's args; counters (ph "C") per rank
 Times: `ts`/`dur` in µs with ns decimals, ts = (own timestamp - rank's clock offset - origin) / 1000;
 the origin (earliest aligned timestamp, ns) and the offsets are in the top-level "rankscope" key.
 
-Streaming: `export_perfetto` runs the analysis (small per-rank summaries, for the clock alignment
-and the collective waits), then loads, converts and writes one rank at a time: memory holds one
-rank's frames, never the job's. `TraceWriter` writes JSON text built column-wise (polars string
-expressions, names escaped once per distinct value), so no Python object per event is created.
+Streaming: `api.export_perfetto` runs the analysis (small per-rank summaries, for the clock
+alignment and the collective waits), then loads, converts (`rank_json`) and writes one rank at a
+time: memory holds one rank's frames, never the job's. `TraceWriter` writes JSON text built
+column-wise (polars string expressions, names escaped once per distinct value), so no Python
+object per event is created.
 """
 from __future__ import annotations
 
 import os
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import msgspec
 import polars as pl
 
-from rankscope.analyses.overview import as_plain
-from rankscope.analyses.timeline import RankTimeline, collective_waits, job_origin_ns, rank_timeline
-from rankscope.api import _one_line_errors, analyze
-from rankscope.ingest import Cache, load_rank
-from rankscope.model import InputProblem
+from rankscope.analyses.timeline import RankTimeline
 
 SCHEMA = "rankscope.perfetto/1"
 #: Rows converted to JSON text at once (bounds the text held in memory: ~40 MB).
@@ -162,104 +155,3 @@ class TraceWriter:
     def abort(self) -> None:
         self._file.close()
         self.partial.unlink(missing_ok=True)
-
-
-# ----------------------------------------------------------------------------------------------
-@dataclass
-class ExportResult:
-    out: str
-    ranks: list[int]                       # ranks written
-    events: int
-    size_bytes: int
-    problems: list[InputProblem] = field(default_factory=list)
-
-    @property
-    def skipped(self) -> list[InputProblem]:
-        return [p for p in self.problems if p.fatal]
-
-
-@dataclass
-class _RankTask:
-    path: str
-    rank: int
-    cache_dir: str | None
-    use_cache: bool
-    offset_ns: int
-    origin_ns: int
-    waits: pl.DataFrame | None
-
-
-@_one_line_errors
-def _rank_task(task: _RankTask) -> tuple[dict, list[bytes], int]:
-    """Load one rank (from the cache when on), build its timeline and its JSON text: (what the
-    file's metadata says about the rank, chunks, events). Bad input -> InputProblem."""
-    trace, _ = load_rank(task.path, Cache(task.cache_dir) if task.use_cache else None)
-    trace.meta.rank = task.rank
-    tl = rank_timeline(trace, task.offset_ns, task.waits)
-    del trace
-    chunks, events = rank_json(tl, task.origin_ns)
-    return ({"rank": task.rank, "pid": task.rank, "file": task.path, "clock_offset_ns": task.offset_ns,
-             "events": events, "tracks": tl.tracks.height, "moved_to_overlap_tracks": tl.moved,
-             "clipped": tl.clipped, "notes": tl.notes}, chunks, events)
-
-
-def export_perfetto(inputs, out: str | Path, cache_dir: str | Path | None = None, use_cache: bool = True,
-                    on_progress: Callable[[int, int, str], None] | None = None,
-                    pipeline_ranks: int = PIPELINE_RANKS) -> ExportResult:
-    """Analyse the job (for clock offsets and collective waits), then write its merged timeline to
-    `out` rank by rank, converting up to `pipeline_ranks` ranks at once (in rank order).
-    `on_progress(done, total, file)`: each file counts twice (analysis, export)."""
-    writer = TraceWriter(out)                      # a file that cannot be written fails before any work
-    try:
-        result = _export(writer, inputs, cache_dir, use_cache, on_progress, max(1, pipeline_ranks))
-    except BaseException:
-        writer.abort()
-        raise
-    if not result.ranks:
-        writer.abort()
-    return result
-
-
-def _export(writer: TraceWriter, inputs, cache_dir, use_cache: bool, on_progress, pipeline_ranks: int) -> ExportResult:
-    files = 0
-
-    def analysing(done: int, total: int, file: str) -> None:
-        nonlocal files
-        files = total
-        if on_progress:
-            on_progress(done, 2 * total, file)
-
-    analysis = analyze(inputs, cache_dir=cache_dir, use_cache=use_cache, on_progress=analysing)
-    problems = list(analysis.problems)
-    cross = analysis.cross
-    offsets = cross.clock.applied_offsets() if cross is not None else {}
-    offset_of = [offsets.get(s.rank, 0) for s in analysis.ranks]
-    origin = job_origin_ns([s.meta.span_ns for s in analysis.ranks], offset_of)
-    cache_root = str(cache_dir) if cache_dir is not None else None
-    tasks = [_RankTask(s.meta.file, s.rank, cache_root, use_cache, offset, origin,
-                       collective_waits(cross.collectives, s.rank) if cross is not None else None)
-             for s, offset in zip(analysis.ranks, offset_of)]
-    written = []
-    with ThreadPoolExecutor(pipeline_ranks) as pool:
-        pending: deque = deque()
-        for i in range(len(tasks)):
-            while len(pending) < pipeline_ranks and i + len(pending) < len(tasks):
-                pending.append(pool.submit(_rank_task, tasks[i + len(pending)]))
-            done = pending.popleft().result()
-            if isinstance(done, InputProblem):
-                problems.append(done)
-            else:
-                written.append(done[0])
-                writer.write(done[1], done[2])
-            del done
-            if on_progress:
-                on_progress(files + i + 1, files + len(tasks), tasks[i].path)
-    if not written:
-        return ExportResult(str(writer.out), [], 0, 0, problems)
-    size = writer.close({
-        "schema": SCHEMA, "origin_ns": origin,
-        "time": "ts/dur in µs since origin_ns on the aligned clock: (own timestamp - clock_offset_ns - origin_ns) / 1000",
-        "clock": as_plain(cross.clock.as_dict()) if cross is not None else None,
-        "ranks": written, "skipped": [str(p) for p in problems if p.fatal], "warnings": analysis.job.warnings,
-    })
-    return ExportResult(str(writer.out), [w["rank"] for w in written], writer.events, size, problems)
