@@ -21,7 +21,7 @@ from statistics import median
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from rankscope.analyses.overview import RankSummary, as_plain
-from rankscope.hardware import LINK_PEAK_GBPS
+from rankscope.hardware import devices_link_peak_gbps
 
 if TYPE_CHECKING:  # pragma: no cover
     from rankscope.analyses.nccl import NcclReport, NcclRun
@@ -156,14 +156,13 @@ def _job_or_rank_tier(shares: dict[int, float], t: dict[str, float], tiers: tupl
     """Severity from the median rank's share (tiers: low, medium, high threshold names), and the
     ranks over the lowest tier. When the job as a whole is fine, ranks over the top tier still
     make a finding one tier lower: a fault of one rank (often a straggler's cause)."""
-    low, medium, high = tiers
-    severity = _tier(median(shares.values()), t, low, medium, high)
-    lowest = next(n for n in tiers if n is not None)
+    named = [(name, severity) for name, severity in zip(tiers, ("low", "medium", "high")) if name is not None]
+    severity = _tier(median(shares.values()), t, *tiers)
     if severity is not None:
-        return severity, sorted(r for r, v in shares.items() if v >= t[lowest])
-    top = next(n for n in reversed(tiers) if n is not None)
+        return severity, sorted(r for r, v in shares.items() if v >= t[named[0][0]])
+    top, top_severity = named[-1]
     ranks = sorted(r for r, v in shares.items() if v >= t[top])
-    one_down = {"high": "medium", "medium": "low", "low": "low"}[SEVERITIES[[high, medium, low].index(top)]]
+    one_down = SEVERITIES[min(SEVERITIES.index(top_severity) + 1, len(SEVERITIES) - 1)]
     return (one_down if ranks else None), ranks
 
 
@@ -539,10 +538,9 @@ def _bus_bandwidth(job: _Job, devices: list[str], hosts: list[str]) -> Iterable[
     t = job.t
     if not job.cross or len(hosts) > 1 or not devices:
         return                       # across hosts the ceiling is the network, which traces do not name
-    peaks = [p for key, p in LINK_PEAK_GBPS if any(key in d for d in devices)]
-    if not peaks:
+    peak = devices_link_peak_gbps(devices)
+    if peak is None:
         return
-    peak = peaks[0]
     slow = []
     for row in job.cross["collectives"]["by_type"]:
         busbw, count = row.get("busbw_mean_gbps"), row.get("count") or 0
@@ -638,7 +636,7 @@ def _nccl_channels_and_transports(run: NcclRun) -> dict[str, Any]:
 
 def _nccl_busbw(report: NcclReport, run: NcclRun, t: dict[str, float]) -> Finding | None:
     vs_best = next((c for c in report.of("busbw") if c.file == run.file), None)
-    peak = next((p for key, p in LINK_PEAK_GBPS if any(key in d for d in run.devices)), None)
+    peak = devices_link_peak_gbps(run.devices)
     of_peak = (100.0 * run.peak_busbw_gbps / peak if peak and run.peak_busbw_gbps is not None and len(run.hosts) <= 1
                else None)
     low_vs_best = vs_best is not None and vs_best.pct < t["nccl_busbw_pct_of_best"]

@@ -78,4 +78,9 @@ def peak_tflops(model: str | None, dtype: str) -> float | None:
 
 
 def link_peak_gbps(model: str | None) -> float | None:
-    return next((p for key, p in LINK_PEAK_GBPS if model and key in model), None)
+    return devices_link_peak_gbps([model] if model else [])
+
+
+def devices_link_peak_gbps(devices: list[str]) -> float | None:
+    """The link peak of the first table row that names one of `devices` (None: unknown)."""
+    return next((p for key, p in LINK_PEAK_GBPS if any(key in d for d in devices)), None)
