@@ -27,7 +27,7 @@ from rankscope.analyses import code_fingerprint
 from rankscope.analyses.overview import RankSummary, as_plain, summarize_rank
 from rankscope.analyses.stragglers import CrossRank, cross_rank
 from rankscope.analyses.timeline import collective_waits, job_origin_ns, rank_timeline
-from rankscope.findings import Finding, evaluate as evaluate_findings, resolve_thresholds
+from rankscope.findings import Finding, evaluate as evaluate_findings, nccl_findings, ordered, resolve_thresholds
 from rankscope.ingest import Cache, TraceError, load_rank, read_trace
 from rankscope.ingest.cache import content_key
 from rankscope.ingest.discover import assign_ranks, discover
@@ -200,12 +200,13 @@ def _map_files(inputs, task_fn, cache_dir, use_cache, engine, workers, on_progre
 def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True,
             engine: str = "auto", workers: int | None = None,
             on_progress: Callable[[int, int, str], None] | None = None, address: str | None = None,
-            thresholds: dict[str, float] | None = None) -> Analysis:
+            thresholds: dict[str, float] | None = None, nccl_logs: list | None = None) -> Analysis:
     """Analyse a job: a folder of per-rank traces, one file, or a list of either.
     `on_progress(done, total, file)` is called as ranks finish. `engine="ray"` maps the ranks on
     Ray: the cluster at `address` (e.g. "auto", "ray://head:10001"), else a local runtime.
     `thresholds` overrides the findings' thresholds by name (`findings.THRESHOLDS`); unknown
-    names raise ValueError before any file is read."""
+    names raise ValueError before any file is read. `nccl_logs`: NCCL_DEBUG=INFO logs of the job
+    (several = runs to compare); their findings join the job's, an unusable log is a problem."""
     resolve_thresholds(thresholds)
     summaries, problems, chosen = _map_files(inputs, _rank_task, cache_dir, use_cache, engine, workers,
                                              on_progress, address)
@@ -221,7 +222,21 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
     result = Analysis(job=_job_info(kept, rank_warnings), ranks=kept, problems=problems, engine=chosen,
                       cross=cross)
     result.findings = evaluate_findings(result, thresholds)
+    if nccl_logs:
+        result.findings = ordered(result.findings + _nccl_findings(nccl_logs, thresholds, result.problems))
     return result
+
+
+def _nccl_findings(paths: list, thresholds: dict[str, float] | None, problems: list[InputProblem]) -> list[Finding]:
+    from rankscope.analyses.nccl import compare_nccl_logs
+    from rankscope.ingest.nccl_log import read_nccl_log
+    logs = []
+    for path in paths:
+        try:
+            logs.append(read_nccl_log(path))
+        except TraceError as exc:
+            problems.append(InputProblem(str(path), str(exc)))
+    return nccl_findings(compare_nccl_logs(logs), thresholds) if logs else []
 
 
 def _size(p: Path) -> int:

@@ -115,11 +115,10 @@ def analyze_cmd(paths, demo, thresholds, cache_dir, no_cache, engine, address, w
         raise click.UsageError(str(exc)) from None
     result = _with_progress(lambda progress: analyze(list(paths), cache_dir=cache_dir, use_cache=not no_cache,
                                                      engine=engine, workers=workers, on_progress=progress,
-                                                     address=address, thresholds=overrides),
+                                                     address=address, thresholds=overrides,
+                                                     nccl_logs=list(nccl_logs)),
                             quiet, "analysing ranks")
     code = _exit_code(result)
-    if result.ranks and nccl_logs:
-        code = max(code, _add_nccl_findings(result, nccl_logs, overrides))
     if result.ranks:
         if as_json:
             from rankscope.render.json import analysis_to_dict
@@ -286,17 +285,6 @@ def _read_inputs(paths, reader) -> tuple[list, list[dict]]:
 
 def _inputs_exit_code(parsed: list, skipped: list) -> int:
     return EXIT_NOTHING if not parsed else EXIT_SKIPPED if skipped else EXIT_OK
-
-
-def _add_nccl_findings(result, logs, overrides) -> int:
-    """analyze --nccl-log: the logs' findings join the job's, in severity order."""
-    from rankscope.analyses.nccl import compare_nccl_logs
-    from rankscope.findings import nccl_findings, ordered
-    from rankscope.ingest.nccl_log import read_nccl_log
-    parsed, skipped = _read_inputs(logs, read_nccl_log)
-    if parsed:
-        result.findings = ordered(result.findings + nccl_findings(compare_nccl_logs(parsed), overrides))
-    return EXIT_SKIPPED if skipped else EXIT_OK
 
 
 @main.command("nccl")
