@@ -120,22 +120,22 @@ def analyze_cmd(paths, demo, thresholds, cache_dir, no_cache, engine, address, w
                             quiet, "analysing ranks")
     code = _exit_code(result)
     if result.ranks:
+        from rankscope.render.json import analysis_to_dict
+        report = analysis_to_dict(result) if as_json or html_path else None     # one dict for both
         if as_json:
-            from rankscope.render.json import analysis_to_dict
-            _print_json(analysis_to_dict(result))
+            _print_json(report)
         else:
             from rankscope.render.terminal import render_analysis
             render_analysis(result, Console(highlight=False), brief=quiet)
         if html_path:
-            _write_html(result, html_path)
+            _write_html(report, html_path)
     sys.exit(code)
 
 
-def _write_html(result, path: str) -> None:
+def _write_html(report: dict, path: str) -> None:
     from rankscope.render.html import render_html
-    from rankscope.render.json import analysis_to_dict
     try:
-        Path(path).write_text(render_html(analysis_to_dict(result)), encoding="utf-8")
+        Path(path).write_text(render_html(report), encoding="utf-8")
     except OSError as exc:
         _err(f"cannot write the HTML report {path}: {exc.strerror or exc}")
         sys.exit(EXIT_NOTHING)
