@@ -33,6 +33,8 @@ except ImportError:
 
 from conftest import assert_no_traceback, rankscope_cmd, x_events
 
+from rankscope.capture._torch import finish_process_group
+
 HIDDEN = 512
 PARAMS_PER_STEP = 3 * (HIDDEN * HIDDEN + HIDDEN)      # hand count, module docstring
 PROFILED_STEPS = [2, 3, 4]                            # schedule(wait=1, warmup=1, active=3)
@@ -277,5 +279,7 @@ if __name__ == "__main__":
     try:
         result = WORKERS[name](out)
         (out / f"result.rank{torch.distributed.get_rank()}.json").write_text(json.dumps(result))
-    finally:
+    except BaseException:
         torch.distributed.destroy_process_group()
+        raise
+    finish_process_group(torch)

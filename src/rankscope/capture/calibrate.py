@@ -29,6 +29,7 @@ from rankscope.analyses.overview import as_plain
 from rankscope.capture._torch import (
     CaptureError,
     comm_device,
+    finish_process_group,
     import_torch,
     require_process_group,
     timed_calls_ns,
@@ -115,9 +116,12 @@ def calibrate_under_torchrun(sizes=DEFAULT_SIZES, iters: int = 10, ops=OPS, back
         fits = calibrate(sizes, iters, ops)
         doc = {"schema": SCHEMA, "backend": backend, "world_size": dist.get_world_size(), "iters": iters,
                "dtype": "float32", "time": "max over ranks per call", "fits": as_plain(alpha_beta_rows(fits))}
-        return doc if dist.get_rank() == 0 else None
-    finally:
+        rank = dist.get_rank()
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    finish_process_group(torch)
+    return doc if rank == 0 else None
 
 
 def parse_sizes(text: str) -> tuple[int, ...]:
