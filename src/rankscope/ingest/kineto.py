@@ -14,6 +14,7 @@ Robustness, in order of cost:
 """
 from __future__ import annotations
 
+import mmap
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -263,6 +264,53 @@ def _scan_spec(col: Col, tables: list[dict]) -> tuple:
     return (col.outer.__name__, inner, col.kind, col.default, index)
 
 
+class _Column:
+    """A column appended to chunk by chunk, in one anonymous memory map that grows in place
+    (mremap: no copy) and that pages in only where it is written: no list of chunks to
+    concatenate into a second copy at the end, and no holes left in the malloc heap (on 8 x 200 MB
+    both together were a third of the parse's peak memory)."""
+    __slots__ = ("buffer", "dtype", "n")
+
+    def __init__(self, dtype: np.dtype) -> None:
+        self.dtype = np.dtype(dtype)
+        self.buffer: mmap.mmap | None = None
+        self.n = 0
+
+    def append(self, values: np.ndarray) -> None:
+        size = self.dtype.itemsize
+        need = (self.n + len(values)) * size
+        if self.buffer is None:
+            self.buffer = _anonymous_map(max(need, _COLUMN_START_BYTES))
+        elif need > len(self.buffer):
+            self._grow(max(need, 2 * len(self.buffer)))
+        np.frombuffer(self.buffer, self.dtype, len(values), self.n * size)[:] = values
+        self.n += len(values)
+
+    def _grow(self, nbytes: int) -> None:
+        try:
+            self.buffer.resize(nbytes)
+        except (OSError, SystemError, ValueError):        # no mremap here (macOS): copy
+            grown = _anonymous_map(nbytes)
+            grown[:self.n * self.dtype.itemsize] = self.buffer[:self.n * self.dtype.itemsize]
+            self.buffer.close()
+            self.buffer = grown
+
+    def values(self) -> np.ndarray:
+        if self.buffer is None:
+            return np.zeros(0, self.dtype)
+        return np.frombuffer(self.buffer, self.dtype, self.n)
+
+
+_COLUMN_START_BYTES = 1 << 20
+
+
+def _anonymous_map(nbytes: int) -> mmap.mmap:
+    """Private (a shared anonymous map would be shmem, which mremap cannot grow)."""
+    if hasattr(mmap, "MAP_PRIVATE"):
+        return mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return mmap.mmap(-1, nbytes)
+
+
 @dataclass
 class _Accumulator:
     """Keeps, chunk by chunk, only what the frames need (complete events, flows, memory samples,
@@ -276,7 +324,7 @@ class _Accumulator:
     n_events: int = 0           # trace events of every phase
     n_x: int = 0                # complete events so far (= next `row`)
     phase_counts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    parts: dict[str, dict[str, list[np.ndarray]]] = field(default_factory=dict)
+    parts: dict[str, dict[str, _Column]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         t = self.tables
@@ -312,14 +360,16 @@ class _Accumulator:
     def _keep(self, group: str, columns: dict[str, np.ndarray]) -> None:
         g = self.parts.setdefault(group, {})
         for name, values in columns.items():
-            g.setdefault(name, []).append(values)
+            column = g.get(name)
+            if column is None:
+                g[name] = column = _Column(values.dtype)
+            column.append(values)
 
     def take(self, group: str, name: str, dtype=np.int64) -> np.ndarray:
-        """All chunks of one kept column, concatenated; the chunks are released."""
-        chunks = self.parts.get(group, {}).pop(name, [])
-        if not chunks:
-            return np.zeros(0, dtype=dtype)
-        return chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+        """One kept column (released from the accumulator)."""
+        column = self.parts.get(group, {}).pop(name, None)
+        return np.zeros(0, dtype=dtype) if column is None else column.values()
+
 
     def _add(self, core: list[np.ndarray], n: int, side_columns) -> None:
         if n == 0:
