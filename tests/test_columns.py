@@ -231,6 +231,18 @@ def test_scanner_equals_msgspec_path_on_corpus(corpus: Path, folder: str):
     assert fast.meta.to_dict() == ref.meta.to_dict()
 
 
+def test_scanner_equals_msgspec_path_when_its_buffers_grow(tmp_path: Path):
+    """Events far smaller than the scanner's first guess (one row per 256 bytes of a chunk), with
+    whitespace (the single-space fast path) and a string long enough for the 16-byte search: its
+    column buffers grow several times within a chunk. Reference: the msgspec path."""
+    events = [{"ph": "X", "cat": "kernel", "name": "k" * (i % 40), "pid": 0, "tid": 7, "ts": i, "dur": 1,
+               "args": {"correlation": i}} for i in range(20_000)]
+    fast, ref = _read_both(tmp_path, json.dumps({"traceEvents": events}, separators=(", ", ": ")))
+    assert not isinstance(fast, str) and not isinstance(ref, str), (fast, ref)
+    assert fast.events.height == 20_000
+    assert _frames_equivalent(fast, ref) == []
+
+
 @pytest.mark.xfail(strict=True, reason="bug: string pids/tids ('Traces', 'PyTorch Profiler', 'stream 7') get "
                    "other codes in events.pid/tid from the scanner than from the msgspec path (-3 vs -5 for the "
                    "profiler's own 'Trace' event): the shared table is filled event by event by the scanner but "

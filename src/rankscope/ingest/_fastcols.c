@@ -327,11 +327,15 @@ typedef struct {
 #define WITH_GIL(ps) PyThreadState *saved_ = (ps)->released; if (saved_) PyEval_RestoreThread(saved_)
 #define END_GIL(ps) if (saved_) (ps)->released = PyEval_SaveThread()
 
+typedef struct {           /* one slot: together, so a lookup touches one cache line */
+    const char *key;
+    Py_ssize_t len;
+    uint64_t hash;
+    int64_t code;
+} strslot_t;
+
 typedef struct {           /* a string cache: raw JSON string bytes -> code, for one scan call */
-    const char **keys;
-    Py_ssize_t *lens;
-    uint64_t *hashes;
-    int64_t *codes;
+    strslot_t *slots;
     Py_ssize_t cap, used;
     PyObject *table;       /* the Python dict shared across calls */
 } strcache_t;
@@ -342,7 +346,8 @@ typedef struct {
     double dflt_f;
     long long dflt_i;
     strcache_t *cache;
-    char *data;            /* growable output */
+    PyObject *out;         /* the column's bytes object, written in place and grown as rows come */
+    char *data;            /* its buffer */
     size_t item;
 } column_t;
 
@@ -367,7 +372,21 @@ static uint64_t hash_bytes(const char *s, Py_ssize_t n) {
     return h ^ (h >> 32);
 }
 
-/* Keys are short and few: length and three bytes spread them well enough; memcmp decides. */
+/* a == b over n bytes, inlined: keys and names are short, where a call to memcmp costs more than
+   the comparison. */
+static inline int bytes_equal(const char *a, const char *b, Py_ssize_t n) {
+    for (; n >= 8; a += 8, b += 8, n -= 8) {
+        uint64_t x, y;
+        memcpy(&x, a, 8);
+        memcpy(&y, b, 8);
+        if (x != y) return 0;
+    }
+    for (; n > 0; a++, b++, n--)
+        if (*a != *b) return 0;
+    return 1;
+}
+
+/* Keys are short and few: length and three bytes spread them well enough; bytes_equal decides. */
 static inline uint64_t key_hash(const char *k, Py_ssize_t n) {
     if (n == 0) return 0;
     return (uint64_t)n * 0x9E3779B1u ^ ((uint64_t)(unsigned char)k[0] << 8) ^
@@ -381,7 +400,7 @@ static void keymap_add(keymap_t *m, const char *k, Py_ssize_t n, int col) {
         if (m->key[j] == NULL) {
             m->key[j] = k; m->len[j] = n; m->ncols[j] = 0;
         }
-        if (m->len[j] == n && memcmp(m->key[j], k, (size_t)n) == 0) {
+        if (m->len[j] == n && bytes_equal(m->key[j], k, n)) {
             if (m->ncols[j] < 4) m->cols[j][m->ncols[j]++] = col;
             return;
         }
@@ -393,7 +412,7 @@ static int keymap_find(const keymap_t *m, const char *k, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < KEYMAP_CAP; i++) {
         Py_ssize_t j = (Py_ssize_t)((h + (uint64_t)i) % KEYMAP_CAP);
         if (m->key[j] == NULL) return -1;
-        if (m->len[j] == n && memcmp(m->key[j], k, (size_t)n) == 0) return (int)j;
+        if (m->len[j] == n && bytes_equal(m->key[j], k, n)) return (int)j;
     }
     return -1;
 }
@@ -404,6 +423,7 @@ static inline int is_ws(char c) { return c == ' ' || c == '\n' || c == '\r' || c
 static inline void skip_ws(parser_t *ps) {
     const char *p = ps->p, *end = ps->end;
     if (p < end && !is_ws(*p)) return;
+    if (p + 1 < end && *p == ' ' && !is_ws(p[1])) { ps->p = p + 1; return; }   /* ", " and ": " */
 #ifdef __SSE2__
     const __m128i sp = _mm_set1_epi8(' '), nl = _mm_set1_epi8('\n'), cr = _mm_set1_epi8('\r'),
                   tb = _mm_set1_epi8('\t');
@@ -420,6 +440,26 @@ static inline void skip_ws(parser_t *ps) {
     ps->p = p;
 }
 
+/* First '"' or '\\' in [p, end), or NULL: one pass (16 bytes at a time where SSE2 exists) instead
+   of a memchr for each, which costs more than the search on the short strings of a trace. */
+static inline const char *find_quote_or_backslash(const char *p, const char *end) {
+    for (const char *stop = p + 8 < end ? p + 8 : end; p < stop; p++)      /* short keys, short values */
+        if (*p == '"' || *p == '\\') return p;
+#ifdef __SSE2__
+    const __m128i quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\');
+    while (p + 16 <= end) {
+        __m128i v = _mm_loadu_si128((const __m128i *)p);
+        unsigned mask = (unsigned)_mm_movemask_epi8(_mm_or_si128(_mm_cmpeq_epi8(v, quote),
+                                                                 _mm_cmpeq_epi8(v, backslash)));
+        if (mask) return p + __builtin_ctz(mask);
+        p += 16;
+    }
+#endif
+    for (; p < end; p++)
+        if (*p == '"' || *p == '\\') return p;
+    return NULL;
+}
+
 /* At a '"': advance past the string. Sets *s,*n to the raw content, *esc if it has escapes.
    (Raw control characters inside strings are accepted: lenient where JSON is strict.) */
 static int scan_string(parser_t *ps, const char **s, Py_ssize_t *n, int *esc) {
@@ -427,12 +467,11 @@ static int scan_string(parser_t *ps, const char **s, Py_ssize_t *n, int *esc) {
     *esc = 0;
     *s = p;
     for (;;) {
-        const char *q = memchr(p, '"', (size_t)(ps->end - p));
+        const char *q = find_quote_or_backslash(p, ps->end);
         if (q == NULL) break;
-        const char *bs = memchr(p, '\\', (size_t)(q - p));
-        if (bs == NULL) { *n = q - *s; ps->p = q + 1; return 0; }
+        if (*q == '"') { *n = q - *s; ps->p = q + 1; return 0; }
         *esc = 1;
-        p = bs + 2;                   /* skip the escaped character (it may be a quote) */
+        p = q + 2;                    /* skip the escaped character (it may be a quote) */
         if (p > ps->end) break;
     }
     ps->error = 1;
@@ -578,29 +617,27 @@ static long long cache_code(parser_t *ps, strcache_t *c, const char *s, Py_ssize
     uint64_t h = hash_bytes(s, n) ^ (uint64_t)esc;
     if (c->used * 2 >= c->cap) {
         Py_ssize_t ncap = c->cap ? c->cap * 2 : 1024;
-        const char **nk = calloc((size_t)ncap, sizeof(char *));
-        Py_ssize_t *nl = calloc((size_t)ncap, sizeof(Py_ssize_t));
-        uint64_t *nh = calloc((size_t)ncap, sizeof(uint64_t));
-        int64_t *nc = calloc((size_t)ncap, sizeof(int64_t));
-        if (!nk || !nl || !nh || !nc) {
-            free(nk); free(nl); free(nh); free(nc);
+        strslot_t *grown = calloc((size_t)ncap, sizeof(strslot_t));
+        if (grown == NULL) {
             WITH_GIL(ps);
             PyErr_NoMemory();
             END_GIL(ps);
             return -1;
         }
         for (Py_ssize_t i = 0; i < c->cap; i++) {
-            if (c->keys[i] == NULL) continue;
-            Py_ssize_t j = (Py_ssize_t)(c->hashes[i] & (uint64_t)(ncap - 1));
-            while (nk[j] != NULL) j = (j + 1) & (ncap - 1);
-            nk[j] = c->keys[i]; nl[j] = c->lens[i]; nh[j] = c->hashes[i]; nc[j] = c->codes[i];
+            if (c->slots[i].key == NULL) continue;
+            Py_ssize_t j = (Py_ssize_t)(c->slots[i].hash & (uint64_t)(ncap - 1));
+            while (grown[j].key != NULL) j = (j + 1) & (ncap - 1);
+            grown[j] = c->slots[i];
         }
-        free(c->keys); free(c->lens); free(c->hashes); free(c->codes);
-        c->keys = nk; c->lens = nl; c->hashes = nh; c->codes = nc; c->cap = ncap;
+        free(c->slots);
+        c->slots = grown;
+        c->cap = ncap;
     }
     Py_ssize_t j = (Py_ssize_t)(h & (uint64_t)(c->cap - 1));     /* cap is a power of two */
-    while (c->keys[j] != NULL) {
-        if (c->hashes[j] == h && c->lens[j] == n && memcmp(c->keys[j], s, (size_t)n) == 0) return c->codes[j];
+    while (c->slots[j].key != NULL) {
+        const strslot_t *slot = &c->slots[j];
+        if (slot->hash == h && slot->len == n && bytes_equal(slot->key, s, n)) return slot->code;
         j = (j + 1) & (c->cap - 1);
     }
     WITH_GIL(ps);
@@ -612,13 +649,13 @@ static long long cache_code(parser_t *ps, strcache_t *c, const char *s, Py_ssize
     }
     END_GIL(ps);
     if (code < 0) return -1;
-    c->keys[j] = s; c->lens[j] = n; c->hashes[j] = h; c->codes[j] = code;
+    c->slots[j] = (strslot_t){s, n, h, code};
     c->used++;
     return code;
 }
 
 static void cache_free(strcache_t *c) {
-    free(c->keys); free(c->lens); free(c->hashes); free(c->codes);
+    free(c->slots);
 }
 
 
@@ -857,6 +894,22 @@ static int scan_members(parser_t *ps, const keymap_t *map, column_t *cols, Py_ss
     return -1;
 }
 
+/* Every column's bytes object to `ncap` rows (created, or resized keeping its rows): the output is
+   written in place, so no copy is made at the end. Takes the GIL for it. -1 with an exception set. */
+static int grow_columns(parser_t *ps, column_t *cols, Py_ssize_t ncols, Py_ssize_t ncap) {
+    int rc = 0;
+    WITH_GIL(ps);
+    for (Py_ssize_t c = 0; c < ncols && rc == 0; c++) {
+        Py_ssize_t nbytes = ncap * (Py_ssize_t)cols[c].item;
+        if (cols[c].out == NULL) cols[c].out = PyBytes_FromStringAndSize(NULL, nbytes);
+        else if (_PyBytes_Resize(&cols[c].out, nbytes) < 0) cols[c].out = NULL;
+        if (cols[c].out == NULL) rc = -1;
+        else cols[c].data = PyBytes_AS_STRING(cols[c].out);
+    }
+    END_GIL(ps);
+    return rc;
+}
+
 static PyObject *scan_events(PyObject *self, PyObject *args) {
     PyObject *bufobj, *specs, *tables;
     if (!PyArg_ParseTuple(args, "OOO!", &bufobj, &specs, &PyList_Type, &tables)) return NULL;
@@ -871,9 +924,8 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
     keymap_t *top = calloc(1, sizeof(keymap_t));
     keymap_t *inner = calloc(1, sizeof(keymap_t));
     PyObject *result = NULL;
-    Py_ssize_t cap = 0, row = 0, bad = 0;
+    Py_ssize_t cap = 0, filled = 0, row = 0, bad = 0;
     parser_t ps = {(const char *)view.buf, (const char *)view.buf + view.len, 0, NULL};
-    int out_of_memory = 0;
     if (!cols || !caches || !top || !inner) { PyErr_NoMemory(); goto done; }
     for (Py_ssize_t t = 0; t < ntables; t++) caches[t].table = PyList_GET_ITEM(tables, t);
 
@@ -914,14 +966,14 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
     if (ps.p < ps.end && *ps.p == ']') { ps.p++; goto finished; }
     while (ps.p < ps.end) {
         if (row >= cap) {
-            Py_ssize_t ncap = cap ? cap * 2 : (view.len / 160 > 4096 ? view.len / 160 : 4096);
-            for (Py_ssize_t c = 0; c < ncols; c++) {
-                char *d = realloc(cols[c].data, (size_t)ncap * cols[c].item);
-                if (d == NULL) { out_of_memory = 1; goto done; }
-                cols[c].data = d;
-            }
-            fill_defaults(cols, ncols, cap, ncap);
+            Py_ssize_t ncap = cap ? cap + cap / 2 : (view.len / 256 > 1024 ? view.len / 256 : 1024);
+            if (grow_columns(&ps, cols, ncols, ncap) < 0) goto done;
             cap = ncap;
+        }
+        if (row >= filled) {          /* defaults a block at a time: no writes past the last row */
+            Py_ssize_t to = filled + 4096 < cap ? filled + 4096 : cap;
+            fill_defaults(cols, ncols, filled, to);
+            filled = to;
         }
         if (*ps.p == '{') {
             int args_seen = 0;
@@ -956,8 +1008,12 @@ finished:
         PyObject *list = PyList_New(ncols);
         if (list == NULL) goto done;
         for (Py_ssize_t c = 0; c < ncols; c++) {
-            PyObject *b = PyBytes_FromStringAndSize(cols[c].data ? cols[c].data : "", (Py_ssize_t)(row * (Py_ssize_t)cols[c].item));
-            if (b == NULL) { Py_DECREF(list); goto done; }
+            PyObject *b = cols[c].out ? cols[c].out : PyBytes_FromStringAndSize(NULL, 0);
+            cols[c].out = NULL;
+            if (b == NULL || _PyBytes_Resize(&b, (Py_ssize_t)(row * (Py_ssize_t)cols[c].item)) < 0) {
+                Py_DECREF(list);          /* (_PyBytes_Resize released b on failure) */
+                goto done;
+            }
             PyList_SET_ITEM(list, c, b);
         }
         result = Py_BuildValue("(Nnn)", list, row, bad);
@@ -965,13 +1021,12 @@ finished:
 
 done:
     if (ps.released != NULL) { PyEval_RestoreThread(ps.released); ps.released = NULL; }
-    if (out_of_memory) PyErr_NoMemory();
     if (result == NULL && PyErr_Occurred() &&
         (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError) || PyErr_ExceptionMatches(PyExc_ValueError)))
         PyErr_Clear();            /* invalid UTF-8 and similar: the msgspec path decides */
     if (result == NULL && !PyErr_Occurred())
         result = PyLong_FromSsize_t(ps.p - (const char *)view.buf);     /* declined: where it stopped */
-    if (cols) for (Py_ssize_t c = 0; c < ncols; c++) free(cols[c].data);
+    if (cols) for (Py_ssize_t c = 0; c < ncols; c++) Py_XDECREF(cols[c].out);
     if (caches) for (Py_ssize_t t = 0; t < ntables; t++) cache_free(&caches[t]);
     free(cols); free(caches); free(top); free(inner);
     Py_DECREF(seq);
