@@ -385,37 +385,32 @@ class _Accumulator:
             self.phase_counts[:len(counts)] += counts
         self.n_events += n
 
-        is_x = ph == t.ph.get("X", -99)
-        x_idx = np.flatnonzero(is_x)
-        row_in_chunk = np.cumsum(is_x) - 1 + self.n_x       # global row of each complete event
+        x_idx = np.flatnonzero(ph == t.ph.get("X", -99))
+        kind = _cat_kind_lut(t.cat)[c["cat"][x_idx]]
         ext = c["ext"][x_idx]
-        cat_kind = _cat_kind_lut(t.cat)
-        kind = np.where(c["cat"] >= 0, cat_kind[np.maximum(c["cat"], 0)] if len(cat_kind) else -1, -1)
         self._keep("x", {
-            "kind": np.where(kind[x_idx] >= 0, kind[x_idx], int(Kind.OTHER)).astype(np.uint8),
-            "name": c["name"][x_idx], "ts_ns": c["ts_ns"][x_idx],
+            "kind": kind, "name": c["name"][x_idx], "ts_ns": c["ts_ns"][x_idx],
             "dur_ns": c["dur_ns"][x_idx], "pid": c["pid"][x_idx], "tid": c["tid"][x_idx],
             "device": c["device"][x_idx].astype(np.int32), "stream": c["stream"][x_idx],
             "correlation": c["corr"][x_idx], "external_id": np.where(ext >= 0, ext, c["ext21"][x_idx]),
         })
-        flow_idx = np.flatnonzero(np.isin(ph, [t.ph.get(p, -99) for p in ("s", "f", "t")]))
+        flow_idx = np.flatnonzero(_code_mask(t.ph, ("s", "f", "t"))[ph])
         if len(flow_idx):
             self._keep("flows", {k: c[k][flow_idx] for k in ("ph", "cat", "id", "ts_ns", "pid", "tid")})
 
-        device = np.isin(kind, [int(k) for k in DEVICE_KINDS]) & is_x
-        host_ops = np.isin(kind, [int(Kind.CPU_OP), int(Kind.USER_ANNOTATION), int(Kind.PYTHON_FUNCTION)]) & is_x
+        device, host_op = _IS_DEVICE[kind], _IS_HOST_OP[kind]      # per complete event
         groups = {
-            "gpu_args": np.flatnonzero(device),
-            "comm_args": np.flatnonzero((host_ops & (kind != int(Kind.PYTHON_FUNCTION))) | device),
-            "op_args": np.flatnonzero(host_ops),
+            "gpu_args": device,
+            "comm_args": (host_op & (kind != int(Kind.PYTHON_FUNCTION))) | device,
+            "op_args": host_op,
         }
-        for frame, idx in groups.items():
-            if len(idx):
-                cols = dict(zip(self.side_names[frame], side_columns(frame, idx)))
+        for frame, of_x in groups.items():
+            at = np.flatnonzero(of_x)                      # positions among this chunk's complete events
+            if len(at):
+                cols = dict(zip(self.side_names[frame], side_columns(frame, x_idx[at])))
                 keep = _SIDE_HAS_VALUE[frame](cols)
-                self._keep(frame, {"row": row_in_chunk[idx][keep], **{k: v[keep] for k, v in cols.items()}})
-        memory_idx = np.flatnonzero(np.isin(ph, [t.ph.get("i", -99), t.ph.get("I", -99)])
-                                    & (c["name"] == t.name.get("[memory]", -99)))
+                self._keep(frame, {"row": (at + self.n_x)[keep], **{k: v[keep] for k, v in cols.items()}})
+        memory_idx = np.flatnonzero(_code_mask(t.ph, ("i", "I"))[ph] & (c["name"] == t.name.get("[memory]", -99)))
         if len(memory_idx):
             self._keep("memory", {"ts_ns": c["ts_ns"][memory_idx],
                                   **dict(zip(self.side_names["memory"], side_columns("memory", memory_idx)))})
@@ -435,8 +430,20 @@ _SIDE_HAS_VALUE = {
 }
 
 
+_IS_DEVICE = np.isin(np.arange(256), [int(k) for k in DEVICE_KINDS])
+_IS_HOST_OP = np.isin(np.arange(256), [int(Kind.CPU_OP), int(Kind.USER_ANNOTATION), int(Kind.PYTHON_FUNCTION)])
+
+
+def _code_mask(table: dict, texts: tuple[str, ...]) -> np.ndarray:
+    """Lookup: code (and -1, for absent, as the last entry) -> is it one of `texts`."""
+    mask = np.zeros(len(table) + 1, dtype=bool)
+    mask[[table[x] for x in texts if x in table]] = True
+    return mask
+
+
 def _cat_kind_lut(cat_table: dict) -> np.ndarray:
-    lut = np.full(len(cat_table), int(Kind.OTHER), dtype=np.int16)
+    """Lookup: category code (and -1, for absent, as the last entry) -> Kind."""
+    lut = np.full(len(cat_table) + 1, int(Kind.OTHER), dtype=np.uint8)
     for text, i in cat_table.items():
         lut[i] = int(CATEGORY_KINDS.get(text.lower(), Kind.OTHER))
     return lut
