@@ -43,8 +43,8 @@ def test_summary_cache_hit_equals_fresh_and_follows_code(corpus, tmp_path, monke
     assert not any(s.from_cache for s in first.ranks) and all(s.from_cache for s in second.ranks)
     assert _comparable(first) == _comparable(second)
     # a change of the analysis code (its fingerprint) must not serve the old summary
-    import rankscope.api as api
-    monkeypatch.setattr(api, "code_fingerprint", lambda: "another-version")
+    import rankscope.analyses
+    monkeypatch.setattr(rankscope.analyses, "code_fingerprint", lambda: "another-version")
     third = analyze(folder, cache_dir=tmp_path, engine="inprocess")
     blobs = sorted(p.name for p in tmp_path.rglob("summary-*"))
     assert any("another-version" in b for b in blobs)
