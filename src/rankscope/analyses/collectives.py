@@ -22,6 +22,9 @@ Map side, `rank_collectives(trace)` -> `RankCollectives` (small, msgspec-seriali
                      before this arrival), or the step start if later) -> arrival)
       since_step_ns  window [step start -> arrival): cumulative, clock-independent; the straggler
                      analysis compares it across ranks.
+    and `last_work_ns`: the end of the rank's last own work (COMP) before the instance ended,
+    clipped to [arrival, end]: from then on the rank only waited (the straggler analysis counts a
+    late rank's cost only where every other member had run out of work).
 
 Reduce side (DESIGN.md "Collective", stable), over RankCollectives only (never event frames):
   `member_frame` one row per (rank, instance) with its match key; `match_collectives` groups them:
@@ -171,7 +174,8 @@ def busbw_factor(ctype: str, n: int) -> float | None:
 @dataclass
 class RankCollectives:
     """One rank's collective instances, sorted by arrival; parallel lists (one entry per instance).
-    Times are int64 ns on this rank's own clock. `pre_ns` / `since_step_ns`: one list of
+    Times are int64 ns on this rank's own clock. `last_work_ns`: see the module docstring.
+    `pre_ns` / `since_step_ns`: one list of
     len(CATEGORIES) ns per instance, in `breakdown.CATEGORIES` order. Unknown numbers are -1.
     Steps: the rank's step windows (step ids, start/end ns) and their exact breakdown, for
     step-time statistics and load balance across ranks. `orphan`: a kernel launched before the
@@ -186,6 +190,7 @@ class RankCollectives:
     type: list[str] = field(default_factory=list)
     start_ns: list[int] = field(default_factory=list)
     end_ns: list[int] = field(default_factory=list)
+    last_work_ns: list[int] = field(default_factory=list)
     in_bytes: list[int] = field(default_factory=list)
     out_bytes: list[int] = field(default_factory=list)
     group_size: list[int] = field(default_factory=list)
@@ -208,7 +213,8 @@ class RankCollectives:
         """The per-instance lists as numpy arrays and the repeated strings shared: what the driver
         holds per rank drops ~5x (a Python int costs 28 bytes + a list slot, an array item 8).
         Call after the summary is cached (msgpack takes the lists); readers use np.asarray."""
-        for name in ("seq", "start_ns", "end_ns", "in_bytes", "out_bytes", "group_size", "step", "window_start_ns"):
+        for name in ("seq", "start_ns", "end_ns", "last_work_ns", "in_bytes", "out_bytes", "group_size", "step",
+                     "window_start_ns"):
             setattr(self, name, np.asarray(getattr(self, name), dtype=np.int64))
         for name in ("pre_ns", "since_step_ns"):
             setattr(self, name, np.asarray(getattr(self, name), dtype=np.int64).reshape(len(self), len(CATEGORIES)))
@@ -442,10 +448,22 @@ def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows
     since = _window_breakdown(timeline, np.minimum(step_start, start), start)
     out.step = step.astype(np.int64).tolist()
     out.window_start_ns = win_start.tolist()
+    out.last_work_ns = _last_work(timeline, start, end).tolist()
     out.pre_ns = pre.tolist()
     out.since_step_ns = since.tolist()
     out.step_breakdown_ns = _window_breakdown(timeline, s_start, s_end).tolist()
     return out
+
+
+def _last_work(timeline: Timeline, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per window [a_i, b_i): the end of the rank's last own work in it (time COMP runs: compute
+    kernels, or the training thread's ops on CPU-only jobs), clipped to the window; a_i when none."""
+    comp_start = timeline.start_ns[timeline.comp]
+    if not len(comp_start):
+        return a
+    comp_end = comp_start + timeline.length_ns[timeline.comp]
+    i = np.searchsorted(comp_start, b, side="left") - 1
+    return np.clip(np.where(i >= 0, comp_end[np.maximum(i, 0)], a), a, b)
 
 
 def _window_breakdown(timeline: Timeline, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -480,6 +498,8 @@ def member_frame(ranks: Sequence[RankCollectives], offsets_ns: dict[int, int] | 
             "host_spans": np.full(len(rc), rc.source == "host", dtype=bool),
         }
         if with_windows:
+            cols["last_work_ns"] = (np.asarray(rc.last_work_ns, dtype=np.int64) - off
+                                    if len(rc.last_work_ns) == len(rc) else cols["start_ns"])
             pre = np.asarray(rc.pre_ns, dtype=np.int64).reshape(len(rc), len(CATEGORIES))
             since = np.asarray(rc.since_step_ns, dtype=np.int64).reshape(len(rc), len(CATEGORIES))
             for c, name in enumerate(CATEGORIES):
@@ -492,6 +512,7 @@ def member_frame(ranks: Sequence[RankCollectives], offsets_ns: dict[int, int] | 
                   "mtype": pl.String, "occ": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "dur_ns": pl.Int64,
                   "in_bytes": pl.Int64, "out_bytes": pl.Int64, "group_size": pl.Int64, "step": pl.Int64}
         if with_windows:
+            schema["last_work_ns"] = pl.Int64
             schema.update({f"{p}_{c}": pl.Int64 for p in ("pre", "since") for c in CATEGORIES})
         return pl.DataFrame(schema=schema)
     df = pl.concat(frames, how="vertical")

@@ -37,11 +37,23 @@ excess[g] = rank's time in g - median over the others. Then, per step:
   others' wait B = -excess[communication] (how much longer the others sat in exposed communication,
                    waits in K included),
   lateness     L = per collective where it was last, [next-latest arrival, its arrival]: the length
-                   of their union (concurrent collectives, e.g. gloo's two worker threads, count once).
-cost = min(A, B, L) per step (0 in steps where it was never last), averaged over the steps with
-collectives. Each one alone overstates in some case: L counts the rank's own normal pace once the
-others are blocked behind an earlier collective (the gaps between DDP buckets), A counts excess work
-that overlaps others' work, B counts waits the others would have had anyway.
+                   of their union (concurrent collectives, e.g. gloo's two worker threads, count once),
+  blocking     I = the part of L that lies on the others' critical path: per collective where it was
+                   last, [every other member has arrived and run out of its own work, it has arrived]
+                   (own work: COMP, `last_work_ns`), the length of their union.
+cost = min(A, B, I) per step (0 in steps where it was never last), averaged over the steps with
+collectives: how much the others' steps would shorten if it ran like the median rank. Each bound
+alone overstates in some case. A and B compare breakdown categories, in which the others' waits
+hide what they did meanwhile (exposed communication takes priority over host time: on a launch-
+bound job their host keeps launching while their all-reduces wait, and that launch time shows up as
+the late rank's excess `cpu_ops`). L counts waits the others spent working: DDP all-reduces overlap
+backward, so a rank 1-3 % slower on the host (synth's per-rank speed noise) is last at every bucket
+of a launch-bound step by its own pace between buckets, yet it holds the others up only once they
+have finished backward (measured: L 5.6 ms, I 0.36 ms, the generator's counterfactual with that rank
+at the median speed 0.45 ms of a 29 ms step). I ignores waits during which the others still had work.
+In later rounds (stragglers of earlier rounds taken out) the rank's end of I is the collective's
+real start instead of its arrival when it was still working until then: the others, idle, waited
+for a straggler already found, and without it they would have waited for this rank's work.
 cause = the group with the largest summed excess over those steps, if it explains at least
 `CAUSE_MIN_SHARE` of the positive excess; else `unknown`. Also `unknown` when the rank started those
 steps late (its step start minus the other members' median, aligned clocks) by at least
@@ -83,8 +95,9 @@ LAST_SHARE_MIN = 0.5
 LAST_SHARE_CHANCE_FACTOR = 1.5
 #: Cost threshold, relative to the median step time: the same order as seed 003's "10 % over the
 #: mean", halved because cost is measured directly (not through noisy step times). Measured here:
-#: the closest candidate of a healthy synthetic job (rank speed spread 1-2 %, synth.py) costs ~2 %,
-#: cpu-gloo-4rank-healthy's 3.3 %, cpu-gloo-4rank-loader0's 3.1 %; injected stragglers >= 8 %.
+#: the closest candidate of a healthy or launch-bound synthetic job (rank speed spread 1-2 %,
+#: synth.py) costs <= 1.4 %, cpu-gloo-4rank-loader0's 2.1 %, param-dlrm-8rank's rank 7 5.0 %
+#: (0.80 ms: it starts the one profiled step late), cpu-gloo-4rank-straggler's 40 ms sleep 57 %.
 MIN_COST_PCT_OF_STEP = 5.0
 MIN_COST_MS = 0.05
 #: The what-if (cost, cause) is evaluated for the ranks above the last-share bar and for this many
@@ -140,9 +153,10 @@ class RankStats:
     own_wait_ms_per_step: float            # its own waits, summed over collectives
     # the what-if, evaluated for candidate ranks only (last most often, or above the last-share bar); None otherwise
     lateness_ms_per_step: float | None     # L
+    blocking_lateness_ms_per_step: float | None   # I: the part of L the others spent idle
     work_excess_ms_per_step: float | None  # A
     others_wait_excess_ms_per_step: float | None  # B
-    cost_ms_per_step: float | None         # min(A, B, L) per step, averaged over steps with collectives
+    cost_ms_per_step: float | None         # min(A, B, I) per step, averaged over steps with collectives
     excess_ms_per_step: dict[str, float]   # cause group -> ms per step (vs the median other rank)
     cause: str | None
     step_start_lag_ms_per_step: float | None = None   # how much later than the others it started those steps
@@ -243,14 +257,16 @@ def find_stragglers(ranks: Sequence[RankCollectives], table: CollectiveTable | N
     # ---- collective figures and verdict, in rounds: a straggler found is taken out and the
     # collectives re-matched among the others, so a second, smaller one hidden behind it shows
     min_cost = max(MIN_COST_MS, (MIN_COST_PCT_OF_STEP / 100.0) * (median_step or 0.0))
-    stats, found = _evaluate(ranks, table, step_stats, median_step, min_cost)
+    # when each collective instance really started (its last arrival, stragglers of earlier rounds included)
+    started = table.members.select("rank", "idx", (pl.col("start_ns") + pl.col("wait_ns")).alias("started_ns"))
+    stats, found = _evaluate(ranks, table, started, step_stats, median_step, min_cost)
     by_rank = {s.rank: s for s in stats}
     remaining = [rc for rc in ranks if not by_rank[rc.rank].straggler]
     rounds = 1
     while found and table.count and rounds < MAX_ROUNDS and len(remaining) >= MIN_RANKS_NEXT_ROUND:
         fixed = sorted(set(by_rank) - {rc.rank for rc in remaining})
         sub = match_collectives(remaining, {r: table.offsets_ns.get(r, 0) for r in (rc.rank for rc in remaining)})
-        more_stats, more = _evaluate(remaining, sub, step_stats, median_step, min_cost)
+        more_stats, more = _evaluate(remaining, sub, started, step_stats, median_step, min_cost)
         if not more:
             break
         for st in more_stats:
@@ -265,7 +281,8 @@ def find_stragglers(ranks: Sequence[RankCollectives], table: CollectiveTable | N
     stats = [by_rank[rc.rank] for rc in ranks]
     if not table.count:
         _step_only(stats, ranks, found)
-    found.sort(key=lambda s: -s.cost_ms_per_step)
+    # round by round (a later round's cost holds once the earlier ones are fixed), by cost within one
+    found.sort(key=lambda s: (by_rank[s.rank].found_in_round, -s.cost_ms_per_step))
     balance = load_balance(ranks, bool(found))
     share_min = 100.0 * last_share_min(n)
     verdict = _verdict(found, stats, table.count, n, min_cost, share_min)
@@ -273,8 +290,8 @@ def find_stragglers(ranks: Sequence[RankCollectives], table: CollectiveTable | N
                            median_step_ms=median_step, thresholds=_thresholds(n))
 
 
-def _evaluate(ranks: Sequence[RankCollectives], table: CollectiveTable, step_stats: dict, median_step: float | None,
-              min_cost: float) -> tuple[list[RankStats], list[Straggler]]:
+def _evaluate(ranks: Sequence[RankCollectives], table: CollectiveTable, started: pl.DataFrame, step_stats: dict,
+              median_step: float | None, min_cost: float) -> tuple[list[RankStats], list[Straggler]]:
     """One round: per-rank collective figures (vectorized; the what-if only for candidates) and the
     ranks that pass the straggler bars."""
     coll, mem = table.collectives, table.members
@@ -305,10 +322,10 @@ def _evaluate(ranks: Sequence[RankCollectives], table: CollectiveTable, step_sta
     candidates = set(r for r in candidates if per.get(r, (0, 0, 0))[1] > 0)
     step_starts = {rc.rank: {s: a - int(table.offsets_ns.get(rc.rank, 0)) for s, a in zip(rc.steps, rc.step_start_ns)}
                    for rc in ranks}
-    # each member's windows (since its step start), keyed by collective id
-    mf = (mem.select("cid", "rank", "idx", "wait_ns").join(
-        member_frame(ranks, table.offsets_ns, with_windows=True)
-        .select(["rank", "idx"] + [f"since_{c}" for c in CATEGORIES]), on=["rank", "idx"], how="inner")
+    # each member's windows (since its step start) and the end of its own work, keyed by collective id
+    windows = ["rank", "idx", "last_work_ns"] + [f"since_{c}" for c in CATEGORIES]
+    mf = (mem.select("cid", "rank", "idx", "start_ns", "wait_ns").join(started, on=["rank", "idx"])
+          .join(member_frame(ranks, table.offsets_ns, with_windows=True).select(windows), on=["rank", "idx"])
           if candidates else None)
     stats: list[RankStats] = []
     found: list[Straggler] = []
@@ -316,12 +333,12 @@ def _evaluate(ranks: Sequence[RankCollectives], table: CollectiveTable, step_sta
         r = rc.rank
         cnt, mean, std, cv, z, pct, slow_share, outlier = step_stats.get(r, (0, None, None, None, None, None, None, False))
         n_coll, n_last, own_wait = per.get(r, (0, 0, 0.0))
-        L = A = B = cost = lag = None
+        L = I = A = B = cost = lag = None
         excess, cause = {}, None
         if r in candidates:
             last_cids = coll.filter(pl.col("last_rank") == r)["cid"]
-            L, A, B, cost, excess, cause, lag = _what_if(r, rc, coll, mf, last_cids, step_starts)
-            L, A, B, cost, lag = (x / n_steps_with_coll for x in (L, A, B, cost, lag))
+            L, I, A, B, cost, excess, cause, lag = _what_if(r, rc, coll, mf, last_cids, step_starts)
+            L, I, A, B, cost, lag = (x / n_steps_with_coll for x in (L, I, A, B, cost, lag))
             excess = {g: v / n_steps_with_coll for g, v in excess.items()}
         s = RankStats(
             rank=r, steps=cnt, step_time_mean_ms=mean, step_time_std_ms=std, step_time_cv=cv, step_time_z=z,
@@ -331,7 +348,8 @@ def _evaluate(ranks: Sequence[RankCollectives], table: CollectiveTable, step_sta
             lateness_share_pct=lead_share.get(r, 0.0) if coll.height else None,
             wait_imposed_ms_per_step=imposed.get(r, 0.0) / n_steps_with_coll,
             own_wait_ms_per_step=own_wait / NS_PER_MS / n_steps_with_coll,
-            lateness_ms_per_step=L, work_excess_ms_per_step=A, others_wait_excess_ms_per_step=B,
+            lateness_ms_per_step=L, blocking_lateness_ms_per_step=I, work_excess_ms_per_step=A,
+            others_wait_excess_ms_per_step=B,
             cost_ms_per_step=cost, excess_ms_per_step=excess, cause=cause, step_start_lag_ms_per_step=lag)
         stats.append(s)
         if coll.height and share(r) >= share_min and cost is not None and cost >= min_cost:
@@ -379,20 +397,29 @@ def _imposed_wait(mem: pl.DataFrame, coll: pl.DataFrame) -> dict[int, float]:
 
 def _what_if(r: int, rc: RankCollectives, coll: pl.DataFrame, mf: pl.DataFrame, last_cids: pl.Series,
              step_starts: dict[int, dict[int, int]]):
-    """(L, A, B, cost, excess per group, cause, step-start lag), summed over the steps in which `r`
-    was last (ns converted to ms). Windows: from each rank's step start to the straggler's arrival
-    at K; the other members' part after their own arrival is their wait in K (communication).
+    """(L, I, A, B, cost, excess per group, cause, step-start lag), summed over the steps in which
+    `r` was last (ns converted to ms). Windows: from each rank's step start to the straggler's
+    arrival at K; the other members' part after their own arrival is their wait in K (communication).
     Lag: its step start minus the other members' median step start (aligned clocks)."""
-    mine_last = coll.filter(pl.col("cid").is_in(last_cids.implode()) & (pl.col("step") >= 0)).sort("start_max_ns")
+    mine = pl.col("cid").is_in(last_cids.implode())
+    # per collective: when every other member had arrived and run out of its own work, and until
+    # when `r` had not (not arrived, or still working) before the collective could start
+    done = pl.max_horizontal("start_ns", "last_work_ns")
+    blocked = mf.filter(mine).group_by("cid").agg(
+        done.filter(pl.col("rank") != r).max().alias("others_done_ns"),
+        pl.min_horizontal(done, "started_ns").filter(pl.col("rank") == r).first().alias("mine_done_ns"))
+    mine_last = (coll.filter(mine & (pl.col("step") >= 0)).join(blocked, on="cid").sort("start_max_ns")
+                 .with_columns(pl.col("others_done_ns").fill_null(pl.col("mine_done_ns"))))   # no other rank in it
     cpu_only = rc.source == "host"
     since_cols = [f"since_{c}" for c in CATEGORIES]
     comm = _GROUPS.index("communication")
-    L = A = B = cost = lag = 0.0
+    L = I = A = B = cost = lag = 0.0
     excess_total = np.zeros(len(_GROUPS))
     for (step,), grp in mine_last.group_by("step", maintain_order=True):
-        # lateness: union of [next-latest arrival, its arrival] (concurrent collectives count once)
-        lateness = _union_length(grp["start_max_ns"].to_numpy() - grp["last_lead_ns"].to_numpy(),
-                                 grp["start_max_ns"].to_numpy())
+        # lateness L and blocking I: unions (concurrent collectives count once)
+        arrival = grp["start_max_ns"].to_numpy()
+        lateness = _union_length(arrival - grp["last_lead_ns"].to_numpy(), arrival)
+        blocking = _union_length(grp["others_done_ns"].to_numpy(), grp["mine_done_ns"].to_numpy())
         K = int(grp["cid"][-1])
         members = mf.filter(pl.col("cid") == K)
         me = members.filter(pl.col("rank") == r)
@@ -411,9 +438,10 @@ def _what_if(r: int, rc: RankCollectives, coll: pl.DataFrame, mf: pl.DataFrame, 
         if other_starts and mine_start is not None:
             lag += max(0.0, mine_start - float(np.median(other_starts)))
         L += lateness
+        I += blocking
         A += a
         B += b
-        cost += min(a, b, lateness)
+        cost += min(a, b, blocking)
         excess_total += ex
     excess = {g: float(v) / NS_PER_MS for g, v in zip(_GROUPS, excess_total)}
     if cpu_only:        # the training thread's ops are CPU ops on CPU-only jobs
@@ -424,7 +452,7 @@ def _what_if(r: int, rc: RankCollectives, coll: pl.DataFrame, mf: pl.DataFrame, 
         best = max(positive, key=positive.get)
         if positive[best] >= CAUSE_MIN_SHARE * sum(positive.values()):
             cause = best
-    return L / NS_PER_MS, A / NS_PER_MS, B / NS_PER_MS, cost / NS_PER_MS, excess, cause, lag / NS_PER_MS
+    return L / NS_PER_MS, I / NS_PER_MS, A / NS_PER_MS, B / NS_PER_MS, cost / NS_PER_MS, excess, cause, lag / NS_PER_MS
 
 
 def _union_length(a: np.ndarray, b: np.ndarray) -> float:
