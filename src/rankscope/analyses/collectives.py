@@ -478,8 +478,8 @@ def _window_breakdown(timeline: Timeline, a: np.ndarray, b: np.ndarray) -> np.nd
 def member_frame(ranks: Sequence[RankCollectives], offsets_ns: dict[int, int] | None = None,
                  with_windows: bool = False) -> pl.DataFrame:
     """One row per (rank, instance): rank, idx, pg, seq, type, mtype, occ (match key: pg, seq,
-    mtype, occ), start_ns / end_ns aligned (own clock minus the rank's offset), dur_ns, in_bytes,
-    out_bytes, group_size, step; with `with_windows`, `pre_<category>` and `since_<category>` (ns)."""
+    mtype, occ), start_ns / end_ns / last_work_ns aligned (own clock minus the rank's offset), dur_ns,
+    in_bytes, out_bytes, group_size, step; with `with_windows`, `pre_<category>` and `since_<category>` (ns)."""
     offsets_ns = offsets_ns or {}
     frames = []
     for rc in ranks:
@@ -492,14 +492,14 @@ def member_frame(ranks: Sequence[RankCollectives], offsets_ns: dict[int, int] | 
             "rank": np.full(len(rc), rc.rank, dtype=np.int64), "idx": np.arange(len(rc), dtype=np.int64),
             "pg": rc.pg, "seq": np.asarray(rc.seq, dtype=np.int64), "type": rc.type,
             "start_ns": start - off, "end_ns": end - off, "dur_ns": end - start,
+            "last_work_ns": (np.asarray(rc.last_work_ns, dtype=np.int64) if len(rc.last_work_ns) == len(rc)
+                             else start) - off,
             "in_bytes": np.asarray(rc.in_bytes, dtype=np.int64), "out_bytes": np.asarray(rc.out_bytes, dtype=np.int64),
             "group_size": np.asarray(rc.group_size, dtype=np.int64), "step": np.asarray(rc.step, dtype=np.int64),
             "orphan": np.asarray(rc.orphan if len(rc.orphan) == len(rc) else [False] * len(rc), dtype=bool),
             "host_spans": np.full(len(rc), rc.source == "host", dtype=bool),
         }
         if with_windows:
-            cols["last_work_ns"] = (np.asarray(rc.last_work_ns, dtype=np.int64) - off
-                                    if len(rc.last_work_ns) == len(rc) else cols["start_ns"])
             pre = np.asarray(rc.pre_ns, dtype=np.int64).reshape(len(rc), len(CATEGORIES))
             since = np.asarray(rc.since_step_ns, dtype=np.int64).reshape(len(rc), len(CATEGORIES))
             for c, name in enumerate(CATEGORIES):
@@ -510,9 +510,9 @@ def member_frame(ranks: Sequence[RankCollectives], offsets_ns: dict[int, int] | 
         schema = {"rank": pl.Int64, "idx": pl.Int64, "pg": pl.String, "seq": pl.Int64, "type": pl.String,
                   "orphan": pl.Boolean, "host_spans": pl.Boolean,
                   "mtype": pl.String, "occ": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "dur_ns": pl.Int64,
+                  "last_work_ns": pl.Int64,
                   "in_bytes": pl.Int64, "out_bytes": pl.Int64, "group_size": pl.Int64, "step": pl.Int64}
         if with_windows:
-            schema["last_work_ns"] = pl.Int64
             schema.update({f"{p}_{c}": pl.Int64 for p in ("pre", "since") for c in CATEGORIES})
         return pl.DataFrame(schema=schema)
     df = pl.concat(frames, how="vertical")
@@ -548,7 +548,8 @@ class CollectiveTable:
       last_rank, first_rank, last_lead_ns (last arrival - second-latest arrival), transfer_ns
       (min duration across members), bytes (nccl-tests S), algbw_gbps, busbw_gbps, end_spread_ns.
     `members`: one row per (collective, rank): cid, rank, idx (instance index on the rank),
-      start_ns, end_ns (aligned), dur_ns, wait_ns (own start -> last arriver's start), is_last, step.
+      start_ns, end_ns, last_work_ns (aligned), dur_ns, wait_ns (own start -> last arriver's start),
+      is_last, step.
     `offsets_ns`: the clock offsets applied (rank -> ns subtracted from its timestamps)."""
     collectives: pl.DataFrame
     members: pl.DataFrame
@@ -620,7 +621,7 @@ def match_collectives(ranks: Sequence[RankCollectives], offsets_ns: dict[int, in
         ((pl.col("n_sizes") > 1) & pl.col("type").is_in(SAME_SIZE_TYPES)).alias("size_mismatch"),
     )
     mem = m.join(g.select(KEY + ["cid", "start_max_ns", "last_rank"]), on=KEY, how="inner").select(
-        "cid", "rank", "idx", "start_ns", "end_ns", "dur_ns",
+        "cid", "rank", "idx", "start_ns", "end_ns", "dur_ns", "last_work_ns",
         (pl.col("start_max_ns") - pl.col("start_ns")).alias("wait_ns"),
         (pl.col("rank") == pl.col("last_rank")).alias("is_last"), "step",
     ).sort(["cid", "rank"])
@@ -644,7 +645,7 @@ def _empty_collectives() -> pl.DataFrame:
 
 def _empty_members() -> pl.DataFrame:
     return pl.DataFrame(schema={"cid": pl.Int64, "rank": pl.Int64, "idx": pl.Int64, "start_ns": pl.Int64,
-                                "end_ns": pl.Int64, "dur_ns": pl.Int64, "wait_ns": pl.Int64,
+                                "end_ns": pl.Int64, "dur_ns": pl.Int64, "last_work_ns": pl.Int64, "wait_ns": pl.Int64,
                                 "is_last": pl.Boolean, "step": pl.Int64})
 
 

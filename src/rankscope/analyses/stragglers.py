@@ -38,9 +38,11 @@ excess[g] = rank's time in g - median over the others. Then, per step:
                    waits in K included),
   lateness     L = per collective where it was last, [next-latest arrival, its arrival]: the length
                    of their union (concurrent collectives, e.g. gloo's two worker threads, count once),
-  blocking     I = the part of L that lies on the others' critical path: per collective where it was
-                   last, [every other member has arrived and run out of its own work, it has arrived]
-                   (own work: COMP, `last_work_ns`), the length of their union.
+  blocking     I = the part of its lateness on the others' critical path: over the step's
+                   collectives, the union of the time during which every other member had arrived
+                   and done its own work so far (`_progress`: own work = COMP, `last_work_ns`; an
+                   arrival not queued behind the rank's previous collective also shows its progress)
+                   while it had not (not arrived, or still working), before the collective started.
 cost = min(A, B, I) per step (0 in steps where it was never last), averaged over the steps with
 collectives: how much the others' steps would shorten if it ran like the median rank. Each bound
 alone overstates in some case. A and B compare breakdown categories, in which the others' waits
@@ -50,10 +52,11 @@ the late rank's excess `cpu_ops`). L counts waits the others spent working: DDP 
 backward, so a rank 1-3 % slower on the host (synth's per-rank speed noise) is last at every bucket
 of a launch-bound step by its own pace between buckets, yet it holds the others up only once they
 have finished backward (measured: L 5.6 ms, I 0.36 ms, the generator's counterfactual with that rank
-at the median speed 0.45 ms of a 29 ms step). I ignores waits during which the others still had work.
-In later rounds (stragglers of earlier rounds taken out) the rank's end of I is the collective's
-real start instead of its arrival when it was still working until then: the others, idle, waited
-for a straggler already found, and without it they would have waited for this rank's work.
+at the median speed 0.45 ms of a 29 ms step). I leaves out waits during which another rank still
+had work: with two stragglers, each one's cost is what fixing it alone would gain (synth, 32 ranks,
+20 ms DataLoader on rank 17 and 10 ms host idle on rank 5: 14.4 ms/step for rank 17, the generator's
+counterfactual 14.4). In later rounds the rank's end is the collective's real start (the stragglers
+of earlier rounds included): without them the others would have waited for this rank's work.
 cause = the group with the largest summed excess over those steps, if it explains at least
 `CAUSE_MIN_SHARE` of the positive excess; else `unknown`. Also `unknown` when the rank started those
 steps late (its step start minus the other members' median, aligned clocks) by at least
@@ -108,6 +111,9 @@ CANDIDATES_ALWAYS = 3
 #: or two ranks: cpu-gloo-4rank-loader2 would name a second rank out of its three left on 2 ms).
 MAX_ROUNDS = 3
 MIN_RANKS_NEXT_ROUND = 4
+#: An arrival within this of the end of the rank's previous collective (or while it still ran) was
+#: queued behind it: kernels of one stream start back to back (param-dlrm-8rank: 1-2 us apart).
+QUEUED_GAP_NS = 10_000
 #: A cause must explain at least this share of the rank's positive excess, else "unknown".
 CAUSE_MIN_SHARE = 0.5
 #: Load balance: common idle share (every rank idle at once) and the wait spread, in % of a step.
@@ -153,7 +159,7 @@ class RankStats:
     own_wait_ms_per_step: float            # its own waits, summed over collectives
     # the what-if, evaluated for candidate ranks only (last most often, or above the last-share bar); None otherwise
     lateness_ms_per_step: float | None     # L
-    blocking_lateness_ms_per_step: float | None   # I: the part of L the others spent idle
+    blocking_lateness_ms_per_step: float | None   # I: its lateness on the others' critical path
     work_excess_ms_per_step: float | None  # A
     others_wait_excess_ms_per_step: float | None  # B
     cost_ms_per_step: float | None         # min(A, B, I) per step, averaged over steps with collectives
@@ -257,16 +263,15 @@ def find_stragglers(ranks: Sequence[RankCollectives], table: CollectiveTable | N
     # ---- collective figures and verdict, in rounds: a straggler found is taken out and the
     # collectives re-matched among the others, so a second, smaller one hidden behind it shows
     min_cost = max(MIN_COST_MS, (MIN_COST_PCT_OF_STEP / 100.0) * (median_step or 0.0))
-    # when each collective instance really started (its last arrival, stragglers of earlier rounds included)
-    started = table.members.select("rank", "idx", (pl.col("start_ns") + pl.col("wait_ns")).alias("started_ns"))
-    stats, found = _evaluate(ranks, table, started, step_stats, median_step, min_cost)
+    progress = _progress(table.members)     # stragglers of later rounds are judged against the real job
+    stats, found = _evaluate(ranks, table, progress, step_stats, median_step, min_cost)
     by_rank = {s.rank: s for s in stats}
     remaining = [rc for rc in ranks if not by_rank[rc.rank].straggler]
     rounds = 1
     while found and table.count and rounds < MAX_ROUNDS and len(remaining) >= MIN_RANKS_NEXT_ROUND:
         fixed = sorted(set(by_rank) - {rc.rank for rc in remaining})
         sub = match_collectives(remaining, {r: table.offsets_ns.get(r, 0) for r in (rc.rank for rc in remaining)})
-        more_stats, more = _evaluate(remaining, sub, started, step_stats, median_step, min_cost)
+        more_stats, more = _evaluate(remaining, sub, progress, step_stats, median_step, min_cost)
         if not more:
             break
         for st in more_stats:
@@ -290,7 +295,22 @@ def find_stragglers(ranks: Sequence[RankCollectives], table: CollectiveTable | N
                            median_step_ms=median_step, thresholds=_thresholds(n))
 
 
-def _evaluate(ranks: Sequence[RankCollectives], table: CollectiveTable, started: pl.DataFrame, step_stats: dict,
+def _progress(mem: pl.DataFrame) -> pl.DataFrame:
+    """Per member instance (rank, idx): when its collective really started (`started_ns`: its last
+    arrival) and how far the rank's own work had got by its end, within its step (`busy_ns`; null
+    before any evidence): the running maximum of the ends of its own work during its collectives and
+    of its arrivals that were not queued behind its previous collective (an arrival shows the rank
+    was not ready earlier; a queued one only shows the queue)."""
+    m = mem.sort(["rank", "start_ns"]).with_columns(
+        pl.col("end_ns").cum_max().shift(1).over("rank").alias("prev_end_ns"))
+    queued = (pl.col("start_ns") <= pl.col("prev_end_ns") + QUEUED_GAP_NS).fill_null(False)
+    busy = (pl.when(pl.col("last_work_ns") > pl.col("start_ns")).then(pl.col("last_work_ns"))
+            .when(~queued).then(pl.col("start_ns")))
+    return m.select("rank", "idx", (pl.col("start_ns") + pl.col("wait_ns")).alias("started_ns"),
+                    busy.cum_max().forward_fill().over(["rank", "step"]).alias("busy_ns"))
+
+
+def _evaluate(ranks: Sequence[RankCollectives], table: CollectiveTable, progress: pl.DataFrame, step_stats: dict,
               median_step: float | None, min_cost: float) -> tuple[list[RankStats], list[Straggler]]:
     """One round: per-rank collective figures (vectorized; the what-if only for candidates) and the
     ranks that pass the straggler bars."""
@@ -322,9 +342,9 @@ def _evaluate(ranks: Sequence[RankCollectives], table: CollectiveTable, started:
     candidates = set(r for r in candidates if per.get(r, (0, 0, 0))[1] > 0)
     step_starts = {rc.rank: {s: a - int(table.offsets_ns.get(rc.rank, 0)) for s, a in zip(rc.steps, rc.step_start_ns)}
                    for rc in ranks}
-    # each member's windows (since its step start) and the end of its own work, keyed by collective id
-    windows = ["rank", "idx", "last_work_ns"] + [f"since_{c}" for c in CATEGORIES]
-    mf = (mem.select("cid", "rank", "idx", "start_ns", "wait_ns").join(started, on=["rank", "idx"])
+    # each member's windows (since its step start) and progress, keyed by collective id
+    windows = ["rank", "idx"] + [f"since_{c}" for c in CATEGORIES]
+    mf = (mem.select("cid", "rank", "idx", "start_ns", "wait_ns").join(progress, on=["rank", "idx"])
           .join(member_frame(ranks, table.offsets_ns, with_windows=True).select(windows), on=["rank", "idx"])
           if candidates else None)
     stats: list[RankStats] = []
@@ -401,25 +421,18 @@ def _what_if(r: int, rc: RankCollectives, coll: pl.DataFrame, mf: pl.DataFrame, 
     `r` was last (ns converted to ms). Windows: from each rank's step start to the straggler's
     arrival at K; the other members' part after their own arrival is their wait in K (communication).
     Lag: its step start minus the other members' median step start (aligned clocks)."""
-    mine = pl.col("cid").is_in(last_cids.implode())
-    # per collective: when every other member had arrived and run out of its own work, and until
-    # when `r` had not (not arrived, or still working) before the collective could start
-    done = pl.max_horizontal("start_ns", "last_work_ns")
-    blocked = mf.filter(mine).group_by("cid").agg(
-        done.filter(pl.col("rank") != r).max().alias("others_done_ns"),
-        pl.min_horizontal(done, "started_ns").filter(pl.col("rank") == r).first().alias("mine_done_ns"))
-    mine_last = (coll.filter(mine & (pl.col("step") >= 0)).join(blocked, on="cid").sort("start_max_ns")
-                 .with_columns(pl.col("others_done_ns").fill_null(pl.col("mine_done_ns"))))   # no other rank in it
+    mine_last = coll.filter(pl.col("cid").is_in(last_cids.implode()) & (pl.col("step") >= 0)).sort("start_max_ns")
+    blocking_ns = _blocking(r, coll.filter(pl.col("step").is_in(mine_last["step"].implode())), mf)
     cpu_only = rc.source == "host"
     since_cols = [f"since_{c}" for c in CATEGORIES]
     comm = _GROUPS.index("communication")
     L = I = A = B = cost = lag = 0.0
     excess_total = np.zeros(len(_GROUPS))
     for (step,), grp in mine_last.group_by("step", maintain_order=True):
-        # lateness L and blocking I: unions (concurrent collectives count once)
+        # lateness: union of [next-latest arrival, its arrival] (concurrent collectives count once)
         arrival = grp["start_max_ns"].to_numpy()
         lateness = _union_length(arrival - grp["last_lead_ns"].to_numpy(), arrival)
-        blocking = _union_length(grp["others_done_ns"].to_numpy(), grp["mine_done_ns"].to_numpy())
+        blocking = blocking_ns.get(int(step), 0.0)
         K = int(grp["cid"][-1])
         members = mf.filter(pl.col("cid") == K)
         me = members.filter(pl.col("rank") == r)
@@ -453,6 +466,19 @@ def _what_if(r: int, rc: RankCollectives, coll: pl.DataFrame, mf: pl.DataFrame, 
         if positive[best] >= CAUSE_MIN_SHARE * sum(positive.values()):
             cause = best
     return L / NS_PER_MS, I / NS_PER_MS, A / NS_PER_MS, B / NS_PER_MS, cost / NS_PER_MS, excess, cause, lag / NS_PER_MS
+
+
+def _blocking(r: int, step_colls: pl.DataFrame, mf: pl.DataFrame) -> dict[int, float]:
+    """I per step (ns): over the step's collectives that `r` is a member of, the union of [every
+    other member done with its own work so far, `r` done (arrived and its own work so far) but no
+    later than the collective's real start]."""
+    per = mf.join(step_colls.select("cid", "step"), on="cid").group_by("cid", "step").agg(
+        pl.col("busy_ns").filter(pl.col("rank") != r).max().alias("others_done_ns"),
+        pl.min_horizontal(pl.max_horizontal("start_ns", "busy_ns"), "started_ns")
+        .filter(pl.col("rank") == r).first().alias("mine_done_ns"))
+    per = per.drop_nulls("mine_done_ns").with_columns(pl.col("others_done_ns").fill_null(pl.col("mine_done_ns")))
+    return {int(step): _union_length(g["others_done_ns"].to_numpy(), g["mine_done_ns"].to_numpy())
+            for (step,), g in per.group_by("step")}
 
 
 def _union_length(a: np.ndarray, b: np.ndarray) -> float:
