@@ -212,7 +212,6 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
     `thresholds` overrides the findings' thresholds by name (`findings.THRESHOLDS`); unknown
     names raise ValueError before any file is read. `nccl_logs`: NCCL_DEBUG=INFO logs of the job
     (several = runs to compare); their findings join the job's, an unusable log is a problem."""
-    from rankscope.analyses.stragglers import cross_rank
     from rankscope.findings import evaluate as evaluate_findings, ordered, resolve_thresholds
     resolve_thresholds(thresholds)
     summaries, problems, chosen = _map_files(inputs, _rank_task, cache_dir, use_cache, engine, workers,
@@ -221,17 +220,27 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
     by_file = {s.meta.file: s for s in summaries}
     kept = [by_file[m.file] for m in kept_metas]
     problems += rank_problems
-    for s in kept:
-        if s.collectives is not None:
-            s.collectives.rank = s.rank
-    with_coll = [s.collectives for s in kept if s.collectives is not None]
-    cross = cross_rank(with_coll) if with_coll else None
+    cross = _cross_rank(kept)
     result = Analysis(job=_job_info(kept, rank_warnings), ranks=kept, problems=problems, engine=chosen,
                       cross=cross)
     result.findings = evaluate_findings(result, thresholds)
     if nccl_logs:
         result.findings = ordered(result.findings + _nccl_findings(nccl_logs, thresholds, result.problems))
     return result
+
+
+def _cross_rank(summaries: list[RankSummary]) -> CrossRank | None:
+    """The cross-rank reduce over the ranks' collectives, which it uses up: each summary's
+    `collectives` (per-instance data, the bulk of what the driver holds per rank) is released, and
+    `Analysis.cross` keeps what the reduce made of them."""
+    from rankscope.analyses.stragglers import cross_rank
+    ranks = []
+    for s in summaries:
+        if s.collectives is not None:
+            s.collectives.rank = s.rank
+            ranks.append(s.collectives)
+            s.collectives = None
+    return cross_rank(ranks) if ranks else None
 
 
 def _nccl_findings(paths: list, thresholds: dict[str, float] | None, problems: list[InputProblem]) -> list[Finding]:

@@ -84,7 +84,8 @@ import polars as pl
 
 from rankscope.analyses.breakdown import CATEGORIES
 from rankscope.analyses.clock import ClockAlignment, estimate_clock_offsets
-from rankscope.analyses.collectives import CollectiveTable, RankCollectives, match_collectives, member_frame
+from rankscope.analyses.collectives import (CollectiveTable, RankCollectives, match_collectives, member_frame,
+                                            since_step_windows)
 from rankscope.analyses.intervals import union
 
 NS_PER_MS = 1e6
@@ -231,13 +232,15 @@ def _step_table(ranks: Sequence[RankCollectives]) -> pl.DataFrame:
 
 
 def find_stragglers(ranks: Sequence[RankCollectives], table: CollectiveTable | None = None,
-                    clock: ClockAlignment | None = None) -> StragglerReport:
-    """Straggler verdict, per-rank figures and load balance (module docstring)."""
+                    clock: ClockAlignment | None = None, members: pl.DataFrame | None = None) -> StragglerReport:
+    """Straggler verdict, per-rank figures and load balance (module docstring). `members`:
+    `member_frame(ranks)` when the caller has it (the rounds re-match its rows)."""
     ranks = sorted(ranks, key=lambda r: r.rank)
     n = len(ranks)
+    members = members if members is not None else member_frame(ranks)
     if table is None:
-        clock = clock or estimate_clock_offsets(ranks)
-        table = match_collectives(ranks, clock.applied_offsets())
+        clock = clock or estimate_clock_offsets(ranks, members)
+        table = match_collectives(ranks, clock.applied_offsets(), members)
     steps = _step_table(ranks)
     median_step = float(steps["duration_ms"].median()) if steps.height else None
 
@@ -270,7 +273,9 @@ def find_stragglers(ranks: Sequence[RankCollectives], table: CollectiveTable | N
     rounds = 1
     while found and table.count and rounds < MAX_ROUNDS and len(remaining) >= MIN_RANKS_NEXT_ROUND:
         fixed = sorted(set(by_rank) - {rc.rank for rc in remaining})
-        sub = match_collectives(remaining, {r: table.offsets_ns.get(r, 0) for r in (rc.rank for rc in remaining)})
+        left = [rc.rank for rc in remaining]
+        sub = match_collectives(remaining, {r: table.offsets_ns.get(r, 0) for r in left},
+                                members.filter(pl.col("rank").is_in(left)))
         more_stats, more = _evaluate(remaining, sub, progress, step_stats, median_step, min_cost)
         if not more:
             break
@@ -342,10 +347,8 @@ def _evaluate(ranks: Sequence[RankCollectives], table: CollectiveTable, progress
     candidates = set(r for r in candidates if per.get(r, (0, 0, 0))[1] > 0)
     step_starts = {rc.rank: {s: a - int(table.offsets_ns.get(rc.rank, 0)) for s, a in zip(rc.steps, rc.step_start_ns)}
                    for rc in ranks}
-    # each member's windows (since its step start) and progress, keyed by collective id
-    windows = ["rank", "idx"] + [f"since_{c}" for c in CATEGORIES]
+    # each member's progress, keyed by collective id
     mf = (mem.select("cid", "rank", "idx", "start_ns", "wait_ns").join(progress, on=["rank", "idx"])
-          .join(member_frame(ranks, table.offsets_ns, with_windows=True).select(windows), on=["rank", "idx"])
           if candidates else None)
     stats: list[RankStats] = []
     found: list[Straggler] = []
@@ -357,7 +360,7 @@ def _evaluate(ranks: Sequence[RankCollectives], table: CollectiveTable, progress
         excess, cause = {}, None
         if r in candidates:
             last_cids = coll.filter(pl.col("last_rank") == r)["cid"]
-            L, I, A, B, cost, excess, cause, lag = _what_if(r, rc, coll, mf, last_cids, step_starts)
+            L, I, A, B, cost, excess, cause, lag = _what_if(rc, ranks, coll, mf, last_cids, step_starts)
             L, I, A, B, cost, lag = (x / n_steps_with_coll for x in (L, I, A, B, cost, lag))
             excess = {g: v / n_steps_with_coll for g, v in excess.items()}
         s = RankStats(
@@ -415,14 +418,18 @@ def _imposed_wait(mem: pl.DataFrame, coll: pl.DataFrame) -> dict[int, float]:
     return {int(r): float(v) for r, v in per_other.group_by("last_rank").agg(pl.col("ms").median()).iter_rows()}
 
 
-def _what_if(r: int, rc: RankCollectives, coll: pl.DataFrame, mf: pl.DataFrame, last_cids: pl.Series,
-             step_starts: dict[int, dict[int, int]]):
+def _what_if(rc: RankCollectives, ranks: Sequence[RankCollectives], coll: pl.DataFrame, mf: pl.DataFrame,
+             last_cids: pl.Series, step_starts: dict[int, dict[int, int]]):
     """(L, I, A, B, cost, excess per group, cause, step-start lag), summed over the steps in which
-    `r` was last (ns converted to ms). Windows: from each rank's step start to the straggler's
-    arrival at K; the other members' part after their own arrival is their wait in K (communication).
-    Lag: its step start minus the other members' median step start (aligned clocks)."""
+    `rc` was last (ns converted to ms). Windows (read for the members of each step's K only): from
+    each rank's step start to the straggler's arrival at K; the other members' part after their own
+    arrival is their wait in K (communication). Lag: its step start minus the other members' median
+    step start (aligned clocks)."""
+    r = rc.rank
     mine_last = coll.filter(pl.col("cid").is_in(last_cids.implode()) & (pl.col("step") >= 0)).sort("start_max_ns")
     blocking_ns = _blocking(r, coll.filter(pl.col("step").is_in(mine_last["step"].implode())), mf)
+    at_k = mf.filter(pl.col("cid").is_in(mine_last.group_by("step").agg(pl.col("cid").last())["cid"].implode()))
+    at_k = at_k.join(since_step_windows(ranks, at_k), on=["rank", "idx"])
     cpu_only = rc.source == "host"
     since_cols = [f"since_{c}" for c in CATEGORIES]
     comm = _GROUPS.index("communication")
@@ -434,7 +441,7 @@ def _what_if(r: int, rc: RankCollectives, coll: pl.DataFrame, mf: pl.DataFrame, 
         lateness = _union_length(arrival - grp["last_lead_ns"].to_numpy(), arrival)
         blocking = blocking_ns.get(int(step), 0.0)
         K = int(grp["cid"][-1])
-        members = mf.filter(pl.col("cid") == K)
+        members = at_k.filter(pl.col("cid") == K)
         me = members.filter(pl.col("rank") == r)
         others = members.filter(pl.col("rank") != r)
         if me.is_empty() or others.is_empty():
@@ -599,9 +606,10 @@ def cross_rank(ranks: Sequence[RankCollectives], align_clocks: bool = True) -> C
     """Clock alignment -> collective matching -> stragglers and load balance -> alpha-beta fits."""
     from rankscope.analyses.alphabeta import fit_alpha_beta
     ranks = sorted(ranks, key=lambda r: r.rank)
-    clock = estimate_clock_offsets(ranks) if align_clocks else ClockAlignment(
+    members = member_frame(ranks)                  # built once, shared by every stage below
+    clock = estimate_clock_offsets(ranks, members) if align_clocks else ClockAlignment(
         ranks=[r.rank for r in ranks], offset_ns=[0] * len(ranks), uncertainty_ns=[-1] * len(ranks),
         collectives_used=[0] * len(ranks), applied=[False] * len(ranks), note="clock alignment off: raw timestamps")
-    table = match_collectives(ranks, clock.applied_offsets())
-    report = find_stragglers(ranks, table, clock)
+    table = match_collectives(ranks, clock.applied_offsets(), members)
+    report = find_stragglers(ranks, table, clock, members)
     return CrossRank(clock, table, report, fit_alpha_beta(table))
