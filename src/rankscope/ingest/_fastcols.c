@@ -346,29 +346,60 @@ typedef struct {
     double dflt_f;
     long long dflt_i;
     strcache_t *cache;
+    const char *last_s;    /* the string this column coded last (consecutive events repeat their */
+    Py_ssize_t last_n;     /* ph, cat, pid, tid, often their name): checked before the cache */
+    int last_esc;
+    long long last_code;
     PyObject *out;         /* the column's bytes object, written in place and grown as rows come */
     char *data;            /* its buffer */
     size_t item;
 } column_t;
 
 #define KEYMAP_CAP 256
+/* Room for keys met in the text that no column wants (remembered so that they are predicted
+   too); past it, such keys are looked up and skipped each time. */
+#define KEYMAP_UNWANTED_MAX 128
 typedef struct {           /* key bytes -> up to 4 column indices */
     const char *key[KEYMAP_CAP];
     Py_ssize_t len[KEYMAP_CAP];
     int cols[KEYMAP_CAP][4];
     int ncols[KEYMAP_CAP];
+    /* Events repeat their keys in the same order: next[s] is the slot of the key that followed
+       slot s last time (next[KEYMAP_CAP]: the first key of an object), checked before hashing. */
+    int next[KEYMAP_CAP + 1];
+    int unwanted;
 } keymap_t;
 
-static uint64_t hash_bytes(const char *s, Py_ssize_t n) {
-    uint64_t h = 1469598103934665603ULL ^ (uint64_t)n;
-    Py_ssize_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, s + i, 8);
-        h = (h ^ w) * 0x100000001b3ULL;
-        h ^= h >> 29;
+static void keymap_init(keymap_t *m) {
+    for (int i = 0; i <= KEYMAP_CAP; i++) m->next[i] = -1;
+}
+
+/* String hash for the string caches: length and three 8-byte windows (start, middle, end), so
+   its cost does not grow with the string; equal hashes are confirmed byte by byte. */
+static inline uint64_t load8(const char *s) {
+    uint64_t w;
+    memcpy(&w, s, 8);
+    return w;
+}
+
+/* s[0:n] lies in a buffer that ends at `end`: short strings are read as one masked word when 8
+   bytes fit before it. */
+static uint64_t hash_bytes(const char *s, Py_ssize_t n, const char *end) {
+    uint64_t a = 0, b = 0, c = 0;
+    if (n >= 8) {
+        a = load8(s);
+        b = load8(s + n - 8);
+        c = load8(s + n / 2 - 4);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    } else if (end - s >= 8) {
+        a = load8(s) & ((1ULL << (8 * n)) - 1);       /* the low bytes are s[0:n] */
+#endif
+    } else {
+        memcpy(&a, s, (size_t)n);
     }
-    for (; i < n; i++) h = (h ^ (unsigned char)s[i]) * 0x100000001b3ULL;
+    uint64_t h = (a ^ 0x9E3779B97F4A7C15ULL) * 0xBF58476D1CE4E5B9ULL;
+    h = (h ^ (h >> 31) ^ b) * 0x94D049BB133111EBULL;
+    h = (h ^ (h >> 29) ^ c ^ ((uint64_t)n << 48)) * 0xBF58476D1CE4E5B9ULL;
     return h ^ (h >> 32);
 }
 
@@ -393,28 +424,39 @@ static inline uint64_t key_hash(const char *k, Py_ssize_t n) {
            ((uint64_t)(unsigned char)k[n - 1] << 16) ^ ((uint64_t)(unsigned char)k[n / 2] * 0x45d9f3bu);
 }
 
-static void keymap_add(keymap_t *m, const char *k, Py_ssize_t n, int col) {
+/* Slot of key k: found, or added (empty, with no column) when `add` (then *added = 1); -1 when
+   absent and not added. */
+static int keymap_slot(keymap_t *m, const char *k, Py_ssize_t n, int add, int *added) {
     uint64_t h = key_hash(k, n);
     for (Py_ssize_t i = 0; i < KEYMAP_CAP; i++) {
         Py_ssize_t j = (Py_ssize_t)((h + (uint64_t)i) % KEYMAP_CAP);
         if (m->key[j] == NULL) {
+            if (!add) return -1;
             m->key[j] = k; m->len[j] = n; m->ncols[j] = 0;
+            *added = 1;
+            return (int)j;
         }
-        if (m->len[j] == n && bytes_equal(m->key[j], k, n)) {
-            if (m->ncols[j] < 4) m->cols[j][m->ncols[j]++] = col;
-            return;
-        }
-    }
-}
-
-static int keymap_find(const keymap_t *m, const char *k, Py_ssize_t n) {
-    uint64_t h = key_hash(k, n);
-    for (Py_ssize_t i = 0; i < KEYMAP_CAP; i++) {
-        Py_ssize_t j = (Py_ssize_t)((h + (uint64_t)i) % KEYMAP_CAP);
-        if (m->key[j] == NULL) return -1;
         if (m->len[j] == n && bytes_equal(m->key[j], k, n)) return (int)j;
     }
     return -1;
+}
+
+static void keymap_add(keymap_t *m, const char *k, Py_ssize_t n, int col) {
+    int added = 0, j = keymap_slot(m, k, n, 1, &added);
+    if (j >= 0 && m->ncols[j] < 4) m->cols[j][m->ncols[j]++] = col;
+}
+
+/* Slot of the key that follows slot `prev` (KEYMAP_CAP: an object's first key): the predicted
+   one when it matches, else looked up; a key no column wants is remembered while there is room
+   (the key bytes live in the scanned buffer, which outlives the map). -1: not in the map. */
+static inline int keymap_next(keymap_t *m, int prev, const char *k, Py_ssize_t n) {
+    int j = m->next[prev];
+    if (j >= 0 && m->len[j] == n && bytes_equal(m->key[j], k, n)) return j;
+    int added = 0;
+    j = keymap_slot(m, k, n, m->unwanted < KEYMAP_UNWANTED_MAX, &added);
+    m->unwanted += added;
+    if (j >= 0) m->next[prev] = j;
+    return j;
 }
 
 static inline int is_ws(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
@@ -613,8 +655,21 @@ static PyObject *string_object(const char *s, Py_ssize_t n, int esc) {
 }
 
 /* Code of a raw string in a cache/table; -1 with exception on failure. */
-static long long cache_code(parser_t *ps, strcache_t *c, const char *s, Py_ssize_t n, int esc) {
-    uint64_t h = hash_bytes(s, n) ^ (uint64_t)esc;
+static long long cache_lookup(parser_t *ps, strcache_t *c, const char *s, Py_ssize_t n, int esc);
+
+/* Code of a column's raw string: the one it coded last, or from its table's cache. */
+static inline long long cache_code(parser_t *ps, column_t *col, const char *s, Py_ssize_t n, int esc) {
+    if (col->last_s != NULL && col->last_n == n && col->last_esc == esc && bytes_equal(col->last_s, s, n))
+        return col->last_code;
+    long long code = cache_lookup(ps, col->cache, s, n, esc);
+    if (code >= 0) {
+        col->last_s = s; col->last_n = n; col->last_esc = esc; col->last_code = code;
+    }
+    return code;
+}
+
+static long long cache_lookup(parser_t *ps, strcache_t *c, const char *s, Py_ssize_t n, int esc) {
+    uint64_t h = hash_bytes(s, n, ps->end) ^ (uint64_t)esc;
     if (c->used * 2 >= c->cap) {
         Py_ssize_t ncap = c->cap ? c->cap * 2 : 1024;
         strslot_t *grown = calloc((size_t)ncap, sizeof(strslot_t));
@@ -714,7 +769,7 @@ static int store_value(parser_t *ps, column_t *col, Py_ssize_t row) {
     if (k == 'r') {
         const char *start = ps->p;
         if (skip_value(ps, 1) < 0) return -1;
-        long long code = cache_code(ps, col->cache, start, ps->p - start, 0);
+        long long code = cache_code(ps, col, start, ps->p - start, 0);
         if (code < 0) return -1;
         ((int32_t *)col->data)[row] = (int32_t)code;
         return 0;
@@ -770,7 +825,7 @@ static int store_value(parser_t *ps, column_t *col, Py_ssize_t row) {
                 if (o == NULL) return -1;
                 if (digits) { ((int64_t *)col->data)[row] = v; return 0; }
             }
-            long long code = cache_code(ps, col->cache, s, n, esc);
+            long long code = cache_code(ps, col, s, n, esc);
             if (code < 0) return -1;
             if (k == 's') ((int32_t *)col->data)[row] = (int32_t)code;
             else ((int64_t *)col->data)[row] = -2 - code;
@@ -850,8 +905,9 @@ static void fill_defaults(column_t *cols, Py_ssize_t ncols, Py_ssize_t from, Py_
 }
 
 /* Members of an object at ps->p, dispatching keys through `map` into columns. */
-static int scan_members(parser_t *ps, const keymap_t *map, column_t *cols, Py_ssize_t row,
-                        const keymap_t *args_map, int *args_seen) {
+static int scan_members(parser_t *ps, keymap_t *map, column_t *cols, Py_ssize_t row,
+                        keymap_t *args_map, int *args_seen) {
+    int prev = KEYMAP_CAP;
     ps->p++;
     skip_ws(ps);
     if (ps->p < ps->end && *ps->p == '}') { ps->p++; return 0; }
@@ -860,7 +916,8 @@ static int scan_members(parser_t *ps, const keymap_t *map, column_t *cols, Py_ss
         if (scan_key(ps, &key, &klen, &esc) < 0) return -1;
         if (ps->p >= ps->end) { ps->error = 1; return -1; }
         if (esc) { ps->error = 1; return -1; }      /* escaped key: the reference path decides */
-        int slot = keymap_find(map, key, klen);
+        int slot = keymap_next(map, prev, key, klen);
+        prev = slot >= 0 ? slot : KEYMAP_CAP;
         if (args_map != NULL && !esc && klen == 4 && memcmp(key, "args", 4) == 0) {
             /* the nested object: last "args" wins, like a decoder filling a field twice */
             if (*args_seen) {
@@ -875,7 +932,7 @@ static int scan_members(parser_t *ps, const keymap_t *map, column_t *cols, Py_ss
             } else if (*(ps->p - 1) != 'l') {
                 return -2;          /* args present but not an object or null: msgspec rejects it */
             }
-        } else if (slot < 0) {
+        } else if (slot < 0 || map->ncols[slot] == 0) {
             if (skip_value(ps, 1) < 0) return -1;
         } else {
             const char *value_start = ps->p;
@@ -927,6 +984,8 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
     Py_ssize_t cap = 0, filled = 0, row = 0, bad = 0;
     parser_t ps = {(const char *)view.buf, (const char *)view.buf + view.len, 0, NULL};
     if (!cols || !caches || !top || !inner) { PyErr_NoMemory(); goto done; }
+    keymap_init(top);
+    keymap_init(inner);
     for (Py_ssize_t t = 0; t < ntables; t++) caches[t].table = PyList_GET_ITEM(tables, t);
 
     for (Py_ssize_t c = 0; c < ncols; c++) {
