@@ -188,34 +188,10 @@ def test_reader_without_c_extension_survives_huge_grid(tmp_path: Path, monkeypat
 # ----------------------------------------------------------------------------------------------
 # C scanner (raw JSON -> columns) vs the msgspec reference path
 def _frames_equal(a, b) -> list[str]:
+    """Frames that differ. String pids/tids/flow ids are coded in the order of their text on both
+    paths (the scanner meets them event by event, columnize column by column), so even those
+    columns must be identical (param-dlrm-8rank has them: "Traces", "stream 7")."""
     return [name for name, f in a.frames().items() if not f.equals(b.frames()[name])]
-
-
-#: int64 'k' columns where a string id (pid "Traces", tid "stream 7") is stored as -2 - code of
-#: the string in a per-file table: the code numbering is an internal detail.
-_KEY_COLUMNS = {"events": ("pid", "tid"), "flows": ("id", "pid", "tid")}
-
-
-def _same_up_to_string_codes(a: np.ndarray, b: np.ndarray) -> bool:
-    """Equal where the value is a number (>= -1); where it is a string code (<= -2), the two
-    columns must name the same strings, i.e. codes map one-to-one."""
-    if a.shape != b.shape or not np.array_equal(a >= -1, b >= -1) or not np.array_equal(a[a >= -1], b[b >= -1]):
-        return False
-    pairs = set(zip(a[a <= -2].tolist(), b[b <= -2].tolist()))
-    return len({x for x, _ in pairs}) == len(pairs) == len({y for _, y in pairs})
-
-
-def _frames_equivalent(a, b) -> list[str]:
-    """Frames that differ other than by the numbering of string ids (see _KEY_COLUMNS)."""
-    bad = []
-    for name, fa in a.frames().items():
-        fb = b.frames()[name]
-        keys = [c for c in _KEY_COLUMNS.get(name, ()) if c in fa.columns]
-        if fa.columns != fb.columns or not fa.drop(keys).equals(fb.drop(keys)):
-            bad.append(name)
-        elif not all(_same_up_to_string_codes(fa[c].to_numpy(), fb[c].to_numpy()) for c in keys):
-            bad.append(name)
-    return bad
 
 
 SCANNER_FILES = ["hta-amd-mi250", "hta-triton", "hta-cpu-only", "hta-critical-path-alexnet",
@@ -227,7 +203,7 @@ def test_scanner_equals_msgspec_path_on_corpus(corpus: Path, folder: str):
     path = sorted((corpus / folder).glob("*.json.gz"))[0]
     fast, _ = read_kineto(path, use_scanner=True)
     ref, _ = read_kineto(path, use_scanner=False)
-    assert _frames_equivalent(fast, ref) == [], f"{folder}: frames differ between scanner and msgspec path"
+    assert _frames_equal(fast, ref) == [], f"{folder}: frames differ between scanner and msgspec path"
     assert fast.meta.to_dict() == ref.meta.to_dict()
 
 
@@ -240,17 +216,6 @@ def test_scanner_equals_msgspec_path_when_its_buffers_grow(tmp_path: Path):
     fast, ref = _read_both(tmp_path, json.dumps({"traceEvents": events}, separators=(", ", ": ")))
     assert not isinstance(fast, str) and not isinstance(ref, str), (fast, ref)
     assert fast.events.height == 20_000
-    assert _frames_equivalent(fast, ref) == []
-
-
-@pytest.mark.xfail(strict=True, reason="bug: string pids/tids ('Traces', 'PyTorch Profiler', 'stream 7') get "
-                   "other codes in events.pid/tid from the scanner than from the msgspec path (-3 vs -5 for the "
-                   "profiler's own 'Trace' event): the shared table is filled event by event by the scanner but "
-                   "column by column by columnize, so the frames are not identical as scan_events promises")
-def test_scanner_string_id_codes_identical(corpus: Path):
-    path = sorted((corpus / "param-dlrm-8rank").glob("*.json.gz"))[0]
-    fast, _ = read_kineto(path, use_scanner=True)
-    ref, _ = read_kineto(path, use_scanner=False)
     assert _frames_equal(fast, ref) == []
 
 
@@ -293,7 +258,7 @@ def _read_both(tmp_path: Path, text: str):
 def test_scanner_equals_msgspec_path_on_crafted_args(tmp_path: Path, value: str):
     fast, ref = _read_both(tmp_path, _scanner_case_text("").replace('"@@"', value))
     assert not isinstance(fast, str) and not isinstance(ref, str), (fast, ref)
-    assert _frames_equivalent(fast, ref) == []
+    assert _frames_equal(fast, ref) == []
     assert fast.meta.problems == ref.meta.problems
 
 
@@ -332,14 +297,9 @@ SCANNER_BUGS = {
     "duplicate-key": ('{"ph": "X", "cat": "kernel", "name": "k2", "name": 5, "pid": 0, "tid": 7, "ts": 102, "dur": 5}',
                       "scanner keeps the first string for a repeated key, msgspec the last value"),
     "lone-surrogate-name": ('{"ph": "X", "cat": "kernel", "name": "bad \\ud800", "pid": 0, "tid": 7, "ts": 102, "dur": 5}',
-                            "the scanner reads all 6 events; the msgspec reference path rejects the text (msgspec refuses "
-                            "lone surrogates) and keeps nothing: 'invalid JSON inside the event list at byte 16; no "
-                            "complete event before it', although 2 complete events precede the bad one"),
+                            "the scanner read all 6 events; the msgspec path refused the text (msgspec refuses lone "
+                            "surrogates) and kept nothing; it now reads the escape as '?', as the frames' categories do"),
 }
-
-
-#: Divergences not fixed yet (the others were fixed; their cases stay as regression tests).
-STILL_OPEN = {"lone-surrogate-name"}
 
 
 def _event_case(event_text: str) -> str:
@@ -352,19 +312,18 @@ def _event_case(event_text: str) -> str:
 def test_scanner_equals_msgspec_path_on_crafted_events(tmp_path: Path, event: str):
     fast, ref = _read_both(tmp_path, _event_case(event))
     assert not isinstance(fast, str) and not isinstance(ref, str), (fast, ref)
-    assert _frames_equivalent(fast, ref) == []
+    assert _frames_equal(fast, ref) == []
     assert fast.meta.problems == ref.meta.problems
     assert fast.meta.events_total == ref.meta.events_total
 
 
 @pytest.mark.parametrize("event, why", list(SCANNER_BUGS.values()), ids=list(SCANNER_BUGS))
-def test_scanner_divergences(tmp_path: Path, event: str, why: str, request):
-    if request.node.callspec.id in STILL_OPEN:
-        request.node.add_marker(pytest.mark.xfail(strict=True, reason=f"bug: scanner vs msgspec path: {why}"))
+def test_scanner_divergences(tmp_path: Path, event: str, why: str):
+    """Inputs on which the two paths once differ(ed) (`why`): fixed, kept as regression tests."""
     try:
         fast, ref = _read_both(tmp_path, _event_case(event))
     except Exception as exc:     # not TraceError: a crash
         pytest.fail(f"read_kineto raised {type(exc).__name__}: {exc}")
     assert not isinstance(fast, str) and not isinstance(ref, str), (fast, ref)
-    assert _frames_equivalent(fast, ref) == []
+    assert _frames_equal(fast, ref) == []
     assert fast.meta.events_total == ref.meta.events_total

@@ -21,7 +21,7 @@ import polars as pl
 from rankscope.model import FRAME_NAMES, RankMeta, RankTrace
 
 #: Bump when the parser's output changes: old entries are then ignored.
-PARSER_VERSION = "3"
+PARSER_VERSION = "4"
 _EDGE_BYTES = 1 << 20
 
 

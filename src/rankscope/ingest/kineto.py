@@ -321,6 +321,7 @@ class _Accumulator:
     repaired_events: int = 0    # kept without their badly typed fields
     invalid_utf8_chunks: int = 0     # chunks whose invalid UTF-8 bytes were replaced by U+FFFD
     replaced_utf8_chunk: bool = False
+    replaced_surrogates: bool = False   # a chunk with lone surrogate escapes is being re-read
     n_events: int = 0           # trace events of every phase
     n_x: int = 0                # complete events so far (= next `row`)
     phase_counts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
@@ -459,6 +460,10 @@ class _JSONError(Exception):
 
 
 _MSGSPEC_BYTE = re.compile(r"byte (\d+)")
+#: A \uD800-\uDFFF escape that is not half of a surrogate pair (after an even run of backslashes).
+_LONE_SURROGATE = re.compile(
+    rb"(?<!\\)((?:\\\\)*)(?:\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2})")
 
 
 def _decode_chunk(body: bytes | memoryview, acc: _Accumulator) -> None:
@@ -474,6 +479,15 @@ def _decode_chunk(body: bytes | memoryview, acc: _Accumulator) -> None:
         except msgspec.ValidationError:    # a badly typed event; the JSON may still break later
             events = _decode_leniently(bytes(body), acc)
     except msgspec.DecodeError as exc:
+        if not acc.replaced_surrogates and _LONE_SURROGATE.search(body):
+            # valid JSON that msgspec refuses: read it as the scanner does ("?" for each, as in
+            # the frames' categories), same length, so byte offsets still hold
+            acc.replaced_surrogates = True
+            try:
+                _decode_chunk(_LONE_SURROGATE.sub(rb"\1\\u003f", bytes(body)), acc)
+            finally:
+                acc.replaced_surrogates = False
+            return
         m = _MSGSPEC_BYTE.search(str(exc))
         raise _JSONError(int(m.group(1)) if m else (stopped if stopped >= 0 else None)) from None
     except UnicodeDecodeError:             # invalid UTF-8 in a string: keep the events, mark the bytes
@@ -756,6 +770,7 @@ def read_kineto(path: str | Path, use_scanner: bool = True) -> tuple[RankTrace, 
 
 def _build(path: Path, size: int, parsed: _Parsed, header: dict) -> RankTrace:
     acc, t = parsed.acc, parsed.acc.tables
+    _canonical_key_codes(acc)
     ph_names = _inverse(t.ph)
     phase_counts = {ph_names[i]: int(n) for i, n in enumerate(acc.phase_counts) if n}
 
@@ -829,6 +844,32 @@ def _build(path: Path, size: int, parsed: _Parsed, header: dict) -> RankTrace:
         span_ns=span, salvaged=parsed.cut_at_byte is not None, problems=problems, size_bytes=size,
     )
     return RankTrace(meta=meta, events=events, memory=memory, flows=flows, **side)
+
+
+#: Kept columns that hold `k`-kind values: ints, or -2 - code of a string in the `tid` table.
+_KEY_COLUMNS = {"x": ("pid", "tid"), "flows": ("id", "pid", "tid"), "meta": ("pid", "tid")}
+
+
+def _canonical_key_codes(acc: _Accumulator) -> None:
+    """String pids/tids/flow ids ("Traces", "stream 7") are coded in the order they are met, which
+    differs between the scanner (event by event) and columnize (column by column): recode them in
+    the order of their text, so both paths give identical frames."""
+    table = acc.tables.tid
+    if not table:
+        return
+    texts = sorted(table)
+    remap = np.empty(len(texts), dtype=np.int64)
+    remap[[table[x] for x in texts]] = np.arange(len(texts))
+    table.clear()
+    table.update((x, i) for i, x in enumerate(texts))
+    for group, names in _KEY_COLUMNS.items():
+        for name in names:
+            column = acc.parts.get(group, {}).get(name)
+            if column is None:
+                continue
+            values = column.values()
+            coded = (values <= -2) & (values >= -1 - len(texts))     # below: a negative int as written
+            values[coded] = -2 - remap[-2 - values[coded]]
 
 
 def _profiler_steps(names: list[str], name_codes: np.ndarray, kind: np.ndarray) -> int:
