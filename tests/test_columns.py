@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from decimal import Decimal
 from pathlib import Path
 
@@ -252,6 +253,38 @@ def _read_both(tmp_path: Path, text: str):
         except TraceError as exc:
             out.append(f"TraceError: {exc}")
     return out
+
+
+def test_scanner_key_and_value_prediction_misses(tmp_path: Path):
+    """The scanner compares each key (and each string value of a text column) in place against the
+    one met after the same key in the previous event (the previous value). Events here break that
+    guess every way: keys in shuffled order, keys that extend the guessed one ("ts" -> "tsx",
+    "name" -> "names"), values that extend or cut the previous one ("cpu_op" -> "cpu_op2" -> "cpu"),
+    an escaped quote right after the guessed text ("cpu_op" -> "cpu_op\\"x"), a repeated key, and
+    more distinct unknown keys than the scanner remembers (KEYMAP_UNWANTED_MAX). Reference: the
+    msgspec path."""
+    rng = random.Random(7)
+    events = []
+    for i in range(600):
+        e = {"ph": "X", "cat": ["cpu_op", r'cpu_op\"x', "cpu_op2", "cpu"][i % 4],     # JSON text of each string
+             "name": ["aten::mm", "aten::mm_out", "aten::m", r"n\u0061me"][i % 4], "pid": 1, "tid": ["7", "t7", "t"][i % 3],
+             "ts": 100 + i, "dur": 3, "args": {"External id": i, "Seq": i, f"unknown {i % 200}": i}}
+        if i % 5 == 0:
+            e["tsx"] = 1
+            e["names"] = "x"
+        items = list(e.items())
+        if i % 7 == 0:
+            rng.shuffle(items)
+        text = ", ".join(f"{json.dumps(k)}: {json.dumps(v) if not isinstance(v, str) else chr(34) + v + chr(34)}"
+                         for k, v in items)
+        if i % 11 == 0:
+            text += ', "name": "dup"'
+        events.append("{" + text + "}")
+    fast, ref = _read_both(tmp_path, '{"traceEvents": [' + ",\n".join(events) + "]}")
+    assert not isinstance(fast, str) and not isinstance(ref, str), (fast, ref)
+    assert fast.events.height == 600
+    assert _frames_equal(fast, ref) == []
+    assert sorted(fast.events["name"].cast(str).unique()) == ["aten::m", "aten::mm", "aten::mm_out", "dup", "name"]
 
 
 @pytest.mark.parametrize("value", list(AGREE.values()), ids=list(AGREE))

@@ -417,6 +417,12 @@ static inline int bytes_equal(const char *a, const char *b, Py_ssize_t n) {
     return 1;
 }
 
+/* At ps->p: '"', the n bytes of `text` (which holds no backslash or quote) and '"'. */
+static inline int quoted_text_at(const parser_t *ps, const char *text, Py_ssize_t n) {
+    const char *p = ps->p;
+    return ps->end - p > n + 1 && p[0] == '"' && p[n + 1] == '"' && bytes_equal(p + 1, text, n);
+}
+
 /* Keys are short and few: length and three bytes spread them well enough; bytes_equal decides. */
 static inline uint64_t key_hash(const char *k, Py_ssize_t n) {
     if (n == 0) return 0;
@@ -783,6 +789,14 @@ static int store_value(parser_t *ps, column_t *col, Py_ssize_t row) {
         ((int64_t *)col->data)[row] = ns;
         return 0;
     }
+    if (c == '"' && (k == 's' || k == 'k') && col->last_s != NULL && !col->last_esc &&
+        quoted_text_at(ps, col->last_s, col->last_n)) {
+        /* the column's last string again (no escapes in it, so the quote after it closes it) */
+        if (k == 's') ((int32_t *)col->data)[row] = (int32_t)col->last_code;
+        else ((int64_t *)col->data)[row] = -2 - col->last_code;
+        ps->p += col->last_n + 2;
+        return 0;
+    }
     if (c == '"') {
         const char *s; Py_ssize_t n; int esc;
         if (scan_string(ps, &s, &n, &esc) < 0) return -1;
@@ -912,11 +926,24 @@ static int scan_members(parser_t *ps, keymap_t *map, column_t *cols, Py_ssize_t 
     skip_ws(ps);
     if (ps->p < ps->end && *ps->p == '}') { ps->p++; return 0; }
     while (ps->p < ps->end) {
-        const char *key; Py_ssize_t klen; int esc;
-        if (scan_key(ps, &key, &klen, &esc) < 0) return -1;
+        const char *key; Py_ssize_t klen; int esc = 0, slot;
+        int guess = map->next[prev];
+        if (guess >= 0 && quoted_text_at(ps, map->key[guess], map->len[guess])) {
+            /* the predicted key, compared in place: no search for its closing quote */
+            key = ps->p + 1;
+            klen = map->len[guess];
+            slot = guess;
+            ps->p += klen + 2;
+            skip_ws(ps);
+            if (ps->p >= ps->end || *ps->p != ':') { ps->error = 1; return -1; }
+            ps->p++;
+            skip_ws(ps);
+        } else {
+            if (scan_key(ps, &key, &klen, &esc) < 0) return -1;
+            if (esc) { ps->error = 1; return -1; }      /* escaped key: the reference path decides */
+            slot = keymap_next(map, prev, key, klen);
+        }
         if (ps->p >= ps->end) { ps->error = 1; return -1; }
-        if (esc) { ps->error = 1; return -1; }      /* escaped key: the reference path decides */
-        int slot = keymap_next(map, prev, key, klen);
         prev = slot >= 0 ? slot : KEYMAP_CAP;
         if (args_map != NULL && !esc && klen == 4 && memcmp(key, "args", 4) == 0) {
             /* the nested object: last "args" wins, like a decoder filling a field twice */
