@@ -261,14 +261,15 @@ def test_scanner_key_and_value_prediction_misses(tmp_path: Path):
     guess every way: keys in shuffled order, keys that extend the guessed one ("ts" -> "tsx",
     "name" -> "names"), values that extend or cut the previous one ("cpu_op" -> "cpu_op2" -> "cpu"),
     an escaped quote right after the guessed text ("cpu_op" -> "cpu_op\\"x"), a repeated key, and
-    more distinct unknown keys than the scanner remembers (KEYMAP_UNWANTED_MAX). Reference: the
-    msgspec path."""
+    more distinct unknown keys than the scanner remembers (KEYMAP_UNWANTED_MAX), raw values (Input
+    Dims) that repeat or extend the previous one (12 -> 123). Reference: the msgspec path."""
     rng = random.Random(7)
     events = []
     for i in range(600):
         e = {"ph": "X", "cat": ["cpu_op", r'cpu_op\"x', "cpu_op2", "cpu"][i % 4],     # JSON text of each string
              "name": ["aten::mm", "aten::mm_out", "aten::m", r"n\u0061me"][i % 4], "pid": 1, "tid": ["7", "t7", "t"][i % 3],
-             "ts": 100 + i, "dur": 3, "args": {"External id": i, "Seq": i, f"unknown {i % 200}": i}}
+             "ts": 100 + i, "dur": 3, "args": {"External id": i, "Seq": i, f"unknown {i % 200}": i,
+                                             "Input Dims": [[[4096], [4096]], [[4096], [4096]], 12, 123, 12, [[4096]]][i % 6]}}
         if i % 5 == 0:
             e["tsx"] = 1
             e["names"] = "x"

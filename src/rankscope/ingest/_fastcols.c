@@ -466,6 +466,7 @@ static inline int keymap_next(keymap_t *m, int prev, const char *k, Py_ssize_t n
 }
 
 static inline int is_ws(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+static inline int ends_value(char c) { return c == ',' || c == '}' || c == ']' || is_ws(c); }
 
 /* Pretty-printed traces are a quarter whitespace: skip it 16 bytes at a time where SSE2 exists. */
 static inline void skip_ws(parser_t *ps) {
@@ -773,6 +774,14 @@ static int store_value(parser_t *ps, column_t *col, Py_ssize_t row) {
         return -1;
     }
     if (k == 'r') {
+        /* the column's last value again: same bytes, so the value ends where it ended (a number
+           could go on: a delimiter must follow) */
+        if (col->last_s != NULL && ps->end - ps->p > col->last_n &&
+            bytes_equal(ps->p, col->last_s, col->last_n) && ends_value(ps->p[col->last_n])) {
+            ((int32_t *)col->data)[row] = (int32_t)col->last_code;
+            ps->p += col->last_n;
+            return 0;
+        }
         const char *start = ps->p;
         if (skip_value(ps, 1) < 0) return -1;
         long long code = cache_code(ps, col, start, ps->p - start, 0);
