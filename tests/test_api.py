@@ -75,3 +75,29 @@ def test_lazy_job_loads_one_rank(corpus, tmp_path):
     assert len(job) == 8
     trace = job.rank(3)
     assert trace.meta.rank == 3 and trace.meta.dist_rank == 3 and len(trace.events) > 0
+
+
+def test_arriving_summaries_share_strings_and_keep_their_content(corpus):
+    """What the driver does to each summary as it arrives (`api._arrived`) changes how it is held,
+    not what it says: the same plain data (msgpack, collectives aside), with the strings every rank
+    repeats held once, and the collectives' arrays owning their memory."""
+    import copy
+
+    import numpy as np
+
+    from rankscope.api import _arrived, _rank_task, _Task
+    files = sorted((corpus / "param-dlrm-8rank").glob("*.json.gz"))[:2]
+    summaries = [_rank_task(_Task(str(f), None, False)) for f in files]
+    for s in summaries:
+        s.collectives.start_ns = np.frombuffer(s.collectives.start_ns.tobytes(), dtype=np.int64)  # a view, as Ray's
+    before = [copy.deepcopy(s) for s in summaries]
+    strings: dict[str, str] = {}
+    for s in summaries:
+        _arrived(s, strings)
+    for s, b in zip(summaries, before):
+        assert np.array_equal(s.collectives.start_ns, b.collectives.start_ns) and s.collectives.start_ns.base is None
+        s.collectives = b.collectives = None
+        assert msgspec.msgpack.encode(s) == msgspec.msgpack.encode(b)
+    names = [s.kernels["stats"]["kernels"]["name"] for s in summaries]
+    same = set(names[0]) & set(names[1])
+    assert same and all(any(x is y for y in names[1]) for x in names[0] if x in same)

@@ -6,19 +6,22 @@ from the synthetic generator's constants and ground truth, or from nccl-tests do
 """
 from __future__ import annotations
 
+import copy
 import math
 from functools import lru_cache
 from pathlib import Path
 
 import msgspec
 import numpy as np
+import polars as pl
 import pytest
 
 from conftest import DLRM, GLOO_HEALTHY, corpus_files, corpus_root, load_json, x_events
 from rankscope.analyses.breakdown import CATEGORIES
 from rankscope.analyses.collectives import (RankCollectives, busbw_factor, collectives_summary, dtype_bytes,
-                                            match_collectives, nccl_tests_bytes, normalize_collective,
+                                            match_collectives, member_frame, nccl_tests_bytes, normalize_collective,
                                             rank_collectives, summarize_collectives)
+from rankscope.analyses.stragglers import cross_rank
 from rankscope.ingest.kineto import read_kineto
 from rankscope.synth import BUS_BANDWIDTH_GBPS, generate_job
 
@@ -174,8 +177,40 @@ def test_rank_collectives_is_small_and_msgpack_serializable():
     assert len(blob) < 4_000                 # 8 collectives and 4 steps: a few hundred bytes per instance
 
 
+@pytest.mark.parametrize("folder", [DLRM, GLOO_STRAGGLER, "hta-sampled-2rank"])
+def test_compacted_collectives_reduce_the_same(corpus, folder):
+    """What a worker sends the driver (`compact`: arrays, since_step_ns compressed, fields the
+    reduce does not read dropped) gives the same cross-rank result as the full lists, and is
+    smaller."""
+    fresh = corpus_collectives(folder)
+    packed = [copy.deepcopy(rc).compact() for rc in fresh]
+    for rc, pc in zip(fresh, packed):
+        assert isinstance(pc.since_step_ns, bytes) and pc.pre_ns == [] and pc.dtype == []
+        assert np.array_equal(pc.since_step_matrix(), np.asarray(rc.since_step_ns).reshape(len(rc), len(CATEGORIES)))
+        assert len(pc.since_step_ns) < np.asarray(rc.since_step_ns, dtype=np.int64).nbytes
+    assert cross_rank(packed).as_dict() == cross_rank(fresh).as_dict()
+
+
 # ----------------------------------------------------------------------------------------------
 # Reduce side
+def test_member_frame_occurrence_by_hand_and_against_polars(corpus):
+    """`occ` (the n-th instance of a key on its rank, numpy) by hand on a made-up pair of ranks,
+    and equal to polars' `int_range().over(key)` on corpus jobs (orphans: hta-negative-queue;
+    host spans matched per size: gloo; seq: dlrm)."""
+    a = _hand(0, ["all_reduce", "send", "all_reduce", "recv", "all_reduce"], [0, 10, 20, 30, 40],
+              orphan=[False, True, False, False, False])
+    b = _hand(1, ["all_reduce"], [5], seq=[3])
+    m = member_frame([b, a])                       # any order in: rows come out by (rank, idx)
+    assert m["rank"].to_list() == [0] * 5 + [1] and m["idx"].to_list() == [0, 1, 2, 3, 4, 0]
+    assert m["occ"].to_list() == [0, 0, 1, 0, 2, 0]           # the orphan send is not a p2p occurrence
+    assert m["mtype"].to_list() == ["all_reduce", "orphan:0", "all_reduce", "p2p", "all_reduce", "*"]
+    for folder in (DLRM, GLOO_HEALTHY, "hta-negative-queue", "hta-sampled-2rank"):
+        m = member_frame(corpus_collectives(folder))
+        ref = m.with_columns(pl.int_range(pl.len()).over(["rank", "pg", "seq", "mtype", "orphan"]).alias("ref"))
+        matchable = ref.filter(~pl.col("orphan") | (pl.col("seq") >= 0))
+        assert matchable["occ"].to_list() == matchable["ref"].to_list(), folder
+
+
 def test_dlrm_matched_across_all_8_ranks_and_skew_by_hand(corpus):
     table = match_collectives(corpus_collectives(DLRM))
     c = table.collectives
