@@ -374,16 +374,15 @@ static void keymap_init(keymap_t *m) {
     for (int i = 0; i <= KEYMAP_CAP; i++) m->next[i] = -1;
 }
 
-/* String hash for the string caches: length and three 8-byte windows (start, middle, end), so
-   its cost does not grow with the string; equal hashes are confirmed byte by byte. */
 static inline uint64_t load8(const char *s) {
     uint64_t w;
     memcpy(&w, s, 8);
     return w;
 }
 
-/* s[0:n] lies in a buffer that ends at `end`: short strings are read as one masked word when 8
-   bytes fit before it. */
+/* String hash for the string caches: length and three 8-byte windows (start, middle, end), so
+   its cost does not grow with the string; equal hashes are confirmed byte by byte. s[0:n] lies in
+   a buffer that ends at `end`: a short string is read as one masked word when 8 bytes fit. */
 static uint64_t hash_bytes(const char *s, Py_ssize_t n, const char *end) {
     uint64_t a = 0, b = 0, c = 0;
     if (n >= 8) {
