@@ -488,7 +488,8 @@ def _window_breakdown(timeline: Timeline, a: np.ndarray, b: np.ndarray) -> np.nd
 def member_frame(ranks: Sequence[RankCollectives]) -> pl.DataFrame:
     """One row per (rank, instance), in (rank, idx) order: rank, idx, pg, seq, type, mtype, occ
     (match key: pg, seq, mtype, occ), start_ns / end_ns / last_work_ns on the rank's own clock,
-    dur_ns, in_bytes, out_bytes, group_size, step. Built once per reduce: the clock estimate, the
+    dur_ns, in_bytes, out_bytes, group_size, step, and `key` (a dense integer id of the match key,
+    `_key_ids`). Built once per reduce: the clock estimate, the
     matching (which applies the offsets) and the straggler rounds share it. Columns are gathered
     across ranks with numpy and framed once, already in order, and `occ` is counted with numpy
     (`_occurrence`) instead of polars' sort and `over` on the whole frame: 256 ranks x 336
@@ -499,7 +500,8 @@ def member_frame(ranks: Sequence[RankCollectives]) -> pl.DataFrame:
             "rank": pl.Int64, "idx": pl.Int64, "pg": pl.String, "seq": pl.Int64, "type": pl.String,
             "orphan": pl.Boolean, "host_spans": pl.Boolean, "mtype": pl.String, "occ": pl.Int64,
             "start_ns": pl.Int64, "end_ns": pl.Int64, "dur_ns": pl.Int64, "last_work_ns": pl.Int64,
-            "in_bytes": pl.Int64, "out_bytes": pl.Int64, "group_size": pl.Int64, "step": pl.Int64})
+            "in_bytes": pl.Int64, "out_bytes": pl.Int64, "group_size": pl.Int64, "step": pl.Int64,
+            "key": pl.Int64})
 
     def ints(get) -> np.ndarray:
         return np.concatenate([np.asarray(get(rc), dtype=np.int64) for rc in ranks])
@@ -536,7 +538,27 @@ def member_frame(ranks: Sequence[RankCollectives]) -> pl.DataFrame:
     unmatchable = pl.col("orphan") & ~with_seq
     df = df.with_columns(pl.when(unmatchable).then(pl.lit("orphan:") + pl.col("rank").cast(pl.String))
                          .otherwise(pl.col("mtype")).alias("mtype"))
-    return df
+    return df.with_columns(pl.Series("key", _key_ids(df), dtype=pl.Int64))
+
+
+def _key_ids(df: pl.DataFrame) -> np.ndarray:
+    """Per row: a dense integer id of its match key (`KEY`: pg, seq, mtype, occ), numbered in the
+    keys' sort order (strings ranked as polars sorts them), so that sorting or grouping by `key`
+    orders rows exactly as by `KEY`. The stages after `member_frame` count, group and join on it
+    instead of hashing or row-encoding the four columns, two of them strings, each time."""
+    codes = df.select(pl.col("pg").rank("dense").cast(pl.Int64), pl.col("seq"),
+                      pl.col("mtype").rank("dense").cast(pl.Int64), pl.col("occ"))
+    keys = [codes[c].to_numpy() for c in codes.columns]
+    del codes
+    order = np.lexsort(keys[::-1])
+    new = np.zeros(len(order), dtype=bool)           # a key starts here (in sorted order)
+    new[:1] = True
+    for k in keys:
+        ks = k[order]
+        new[1:] |= ks[1:] != ks[:-1]
+    ids = np.empty(len(order), dtype=np.int64)
+    ids[order] = np.cumsum(new) - 1
+    return ids
 
 
 def _occurrence(df: pl.DataFrame) -> np.ndarray:
@@ -610,16 +632,27 @@ def match_collectives(ranks: Sequence[RankCollectives], offsets_ns: dict[int, in
         m = m.with_columns(pl.col("start_ns") - off, pl.col("end_ns") - off, pl.col("last_work_ns") - off)
     if m.is_empty():
         return CollectiveTable(_empty_collectives(), _empty_members(), offsets_ns, 0)
-    m = m.with_columns(pl.len().over(KEY).alias("n_ranks"))
-    unmatched = int((m["n_ranks"] < 2).sum())
-    m = m.filter(pl.col("n_ranks") >= 2)
+    # only the columns read below, grouped on the integer `key` (same order as `KEY`): the member
+    # frame is copied by the filter and the sort, so what it carries is paid for twice
+    m = m.select("rank", "idx", "pg", "seq", "occ", "key", "type", "step", "group_size", "start_ns", "end_ns",
+                 "dur_ns", "last_work_ns", "in_bytes", "out_bytes")
+    key = m["key"].to_numpy()
+    matched = np.bincount(key)[key] >= 2
+    unmatched = int((~matched).sum())
+    if not matched.all():
+        m = m.filter(pl.Series(matched))
+    del key, matched
     if m.is_empty():
         return CollectiveTable(_empty_collectives(), _empty_members(), offsets_ns, unmatched)
     # ranks that have each pg at all (the expected membership when group_size is unknown)
     ranks_per_pg = m.group_by("pg").agg(pl.col("rank").n_unique().alias("pg_ranks"))
     # sort members by arrival inside each collective: the last row is the last arriver (ties: lower rank first)
-    m = m.sort(KEY + ["start_ns", "rank"])
-    g = m.group_by(KEY, maintain_order=True).agg(
+    # (a sorted copy of the columns the aggregation reads, dropped once it is done; the members'
+    # rows below come from `m` as it is)
+    by_arrival = m.select("key", "pg", "seq", "occ", "type", "step", "group_size", "start_ns", "end_ns", "dur_ns",
+                          "rank", "in_bytes", "out_bytes").sort(["key", "start_ns", "rank"])
+    g = by_arrival.group_by("key", maintain_order=True).agg(
+        pl.col("pg").first(), pl.col("seq").first(), pl.col("occ").first(),
         pl.col("type").mode().sort().first().alias("type"),
         pl.col("step").max().alias("step"),
         pl.len().alias("n_ranks"),
@@ -636,6 +669,7 @@ def match_collectives(ranks: Sequence[RankCollectives], offsets_ns: dict[int, in
         pl.col("out_bytes").max().alias("out_bytes"),
         pl.col("in_bytes").filter(pl.col("in_bytes") > 0).n_unique().alias("n_sizes"),
     ).join(ranks_per_pg, on="pg", how="left")
+    del by_arrival
     g = g.sort(["start_min_ns", "pg", "seq", "occ"]).with_row_index("cid").with_columns(pl.col("cid").cast(pl.Int64))
     group = np.where(g["group_size_arg"].to_numpy() > 0, g["group_size_arg"].to_numpy(), g["pg_ranks"].to_numpy())
     types = g["type"].to_list()
@@ -660,11 +694,18 @@ def match_collectives(ranks: Sequence[RankCollectives], offsets_ns: dict[int, in
         pl.Series("busbw_gbps", algbw * factor),
         ((pl.col("n_sizes") > 1) & pl.col("type").is_in(SAME_SIZE_TYPES)).alias("size_mismatch"),
     )
-    mem = m.join(g.select(KEY + ["cid", "start_max_ns", "last_rank"]), on=KEY, how="inner").select(
-        "cid", "rank", "idx", "start_ns", "end_ns", "dur_ns", "last_work_ns",
-        (pl.col("start_max_ns") - pl.col("start_ns")).alias("wait_ns"),
-        (pl.col("rank") == pl.col("last_rank")).alias("is_last"), "step",
+    # each member's collective, looked up by key with numpy (what a join on `key` gives, without
+    # its hash table and a copy of every column)
+    by_key = np.zeros((3, int(g["key"].max()) + 1), dtype=np.int64)
+    by_key[:, g["key"].to_numpy()] = g.select("cid", "start_max_ns", "last_rank").to_numpy().T
+    cid, start_max, last_rank = by_key[:, m["key"].to_numpy()]
+    del by_key
+    mem = m.select(
+        pl.Series("cid", cid), "rank", "idx", "start_ns", "end_ns", "dur_ns", "last_work_ns",
+        (pl.Series(start_max) - pl.col("start_ns")).alias("wait_ns"),
+        (pl.col("rank") == pl.Series(last_rank)).alias("is_last"), "step",
     ).sort(["cid", "rank"])
+    del cid, start_max, last_rank
     warnings = []
     by_order = coll.filter(pl.col("seq") < 0)
     bad = int(by_order["size_mismatch"].sum()) if by_order.height else 0

@@ -234,11 +234,11 @@ def _step_table(ranks: Sequence[RankCollectives]) -> pl.DataFrame:
 def find_stragglers(ranks: Sequence[RankCollectives], table: CollectiveTable | None = None,
                     clock: ClockAlignment | None = None, members: pl.DataFrame | None = None) -> StragglerReport:
     """Straggler verdict, per-rank figures and load balance (module docstring). `members`:
-    `member_frame(ranks)` when the caller has it (the rounds re-match its rows)."""
+    `member_frame(ranks)` when the caller has it and no `table` (the collectives are matched here)."""
     ranks = sorted(ranks, key=lambda r: r.rank)
     n = len(ranks)
-    members = members if members is not None else member_frame(ranks)
     if table is None:
+        members = members if members is not None else member_frame(ranks)
         clock = clock or estimate_clock_offsets(ranks, members)
         table = match_collectives(ranks, clock.applied_offsets(), members)
     steps = _step_table(ranks)
@@ -273,9 +273,7 @@ def find_stragglers(ranks: Sequence[RankCollectives], table: CollectiveTable | N
     rounds = 1
     while found and table.count and rounds < MAX_ROUNDS and len(remaining) >= MIN_RANKS_NEXT_ROUND:
         fixed = sorted(set(by_rank) - {rc.rank for rc in remaining})
-        left = [rc.rank for rc in remaining]
-        sub = match_collectives(remaining, {r: table.offsets_ns.get(r, 0) for r in left},
-                                members.filter(pl.col("rank").is_in(left)))
+        sub = _without(table, fixed)
         more_stats, more = _evaluate(remaining, sub, progress, step_stats, median_step, min_cost)
         if not more:
             break
@@ -298,6 +296,62 @@ def find_stragglers(ranks: Sequence[RankCollectives], table: CollectiveTable | N
     verdict = _verdict(found, stats, table.count, n, min_cost, share_min)
     return StragglerReport(stragglers=found, verdict=verdict, ranks=stats, load_balance=balance,
                            median_step_ms=median_step, thresholds=_thresholds(n))
+
+
+def _without(table: CollectiveTable, fixed: Sequence[int]) -> CollectiveTable:
+    """The matched collectives as `match_collectives` gives them once the ranks `fixed` are taken
+    out (the straggler search's later rounds), derived from `table` instead of re-matching the
+    member frame: taking ranks out matches no new instance (a key's members only shrink), so the
+    members are the table's rows of the other ranks, in the collectives that keep two of them.
+    Only what the rounds read is recomputed (per collective: cid renumbered in `match_collectives`'
+    order (start_min_ns, pg, seq, occ), step, start_max_ns, last_rank (ties: the higher rank),
+    last_lead_ns; per member: cid, rank, idx, start_ns, wait_ns, is_last, step), with numpy
+    reductions over each collective's rows. Re-matching (hashing, sorting and joining the whole
+    member frame again each round) held ~12 MB more at 256 ranks x 336 collectives."""
+    mem = table.members                    # sorted by (cid, rank)
+    keep = ~np.isin(mem["rank"].to_numpy(), np.asarray(fixed, dtype=np.int64))
+    cid = mem["cid"].to_numpy()[keep]
+    count = np.bincount(cid, minlength=table.collectives.height)
+    keep[keep] = count[cid] >= 2           # collectives that keep two members
+    if not keep.any():
+        return CollectiveTable(table.collectives.clear(), mem.clear(), dict(table.offsets_ns), unmatched=0)
+    # the kept rows through polars (its allocator has the pages the matching freed), the per-row
+    # figures with numpy on views of them
+    sub = mem.select("cid", "rank", "idx", "start_ns", "step").filter(pl.Series(keep))
+    del keep
+    cid, rank, start, step = (sub[c].to_numpy() for c in ("cid", "rank", "start_ns", "step"))
+    lo = np.flatnonzero(np.r_[True, cid[1:] != cid[:-1]])
+    start_max = np.maximum.reduceat(start, lo)
+    row_group = np.repeat(np.arange(len(lo)), np.diff(np.r_[lo, len(cid)]))
+    at_max = start == start_max[row_group]
+    last_rank = np.maximum.reduceat(np.where(at_max, rank, -1), lo)       # ties: the higher rank is last
+    is_last = rank == last_rank[row_group]
+    # the next-latest arrival: the latest start once the last arriver's row (one) is left out
+    last_row = np.flatnonzero(at_max & is_last)
+    last_row = last_row[np.r_[True, row_group[last_row][1:] != row_group[last_row][:-1]]]
+    others = start.copy()
+    others[last_row] = np.iinfo(np.int64).min
+    second = np.maximum.reduceat(others, lo)
+    del others, at_max
+    per = pl.DataFrame({
+        "old_cid": cid[lo], "start_min_ns": np.minimum.reduceat(start, lo), "step": np.maximum.reduceat(step, lo),
+        "start_max_ns": start_max, "last_rank": last_rank, "last_lead_ns": start_max - second,
+    }, schema_overrides={c: pl.Int64 for c in ("old_cid", "start_min_ns", "step", "start_max_ns", "last_rank",
+                                              "last_lead_ns")})
+    per = per.join(table.collectives.select(pl.col("cid").alias("old_cid"), "pg", "seq", "occ"), on="old_cid",
+                   how="left")
+    per = per.sort(["start_min_ns", "pg", "seq", "occ"]).with_row_index("cid").with_columns(pl.col("cid").cast(pl.Int64))
+    renumber = np.zeros(table.collectives.height, dtype=np.int64)
+    renumber[per["old_cid"].to_numpy()] = per["cid"].to_numpy()
+    members = sub.select(pl.Series("cid", renumber[cid]), "rank", "idx", "start_ns",
+                         (pl.Series(start_max[row_group]) - pl.col("start_ns")).alias("wait_ns"),
+                         pl.Series("is_last", is_last), "step")
+    del sub, cid, rank, start, step, row_group, is_last
+    if not members["cid"].is_sorted():
+        # rows keep their rank order within a collective: a stable sort on the new cid is (cid, rank)
+        members = members.sort("cid", maintain_order=True)
+    coll = per.select("cid", "step", "start_max_ns", "last_rank", "last_lead_ns")
+    return CollectiveTable(coll, members, dict(table.offsets_ns), unmatched=0)
 
 
 def _progress(mem: pl.DataFrame) -> pl.DataFrame:
@@ -404,18 +458,54 @@ def _straggler(s: RankStats, coll: pl.DataFrame, median_step: float | None) -> S
 
 def _imposed_wait(mem: pl.DataFrame, coll: pl.DataFrame) -> dict[int, float]:
     """Per rank: the median over the other ranks of the time (ms, summed over steps) they waited in
-    collectives where it arrived last; a rank's waits in concurrent collectives count once."""
-    w = mem.join(coll.select("cid", "last_rank"), on="cid").filter(
-        (pl.col("rank") != pl.col("last_rank")) & (pl.col("wait_ns") > 0)).select(
-        "last_rank", "rank", "step", pl.col("start_ns").alias("a"), (pl.col("start_ns") + pl.col("wait_ns")).alias("b"))
+    collectives where it arrived last; a rank's waits in concurrent collectives count once (per
+    (last rank, waiting rank, step), the union of the wait intervals). One sort, then a numpy sweep
+    (running maximum per group, `_group_cummax`) instead of polars' `over` and group_by on (last
+    rank, rank, step): in the straggler search's later rounds, where the last arrivals are spread
+    over every rank, those groups number ~n^2 x steps, and their hash tables held ~25 MB at 256 ranks."""
+    last_of = np.zeros(int(coll["cid"].max()) + 1 if coll.height else 0, dtype=np.int64)
+    last_of[coll["cid"].to_numpy()] = coll["last_rank"].to_numpy()
+    # rows selected and sorted by polars (its allocator has the pages the matching freed), the
+    # sweep with numpy on views of them
+    w = mem.select(pl.Series("last", last_of[mem["cid"].to_numpy()]), "rank", "step", "start_ns", "wait_ns").filter(
+        (pl.col("wait_ns") > 0) & (pl.col("rank") != pl.col("last"))).sort(["last", "rank", "step", "start_ns"])
     if w.is_empty():
         return {}
-    g = ["last_rank", "rank", "step"]
-    w = w.sort(g + ["a"]).with_columns(pl.col("b").cum_max().shift(1).over(g).alias("reach"))
-    w = w.with_columns(pl.max_horizontal("a", pl.col("reach").fill_null(pl.col("a"))).alias("a2"))
-    per_other = w.group_by(["last_rank", "rank"]).agg(((pl.col("b") - pl.col("a2")).clip(lower_bound=0).sum()
-                                                       / NS_PER_MS).alias("ms"))
-    return {int(r): float(v) for r, v in per_other.group_by("last_rank").agg(pl.col("ms").median()).iter_rows()}
+    last, rank, step, a = (w[c].to_numpy() for c in ("last", "rank", "step", "start_ns"))
+    b = a + w["wait_ns"].to_numpy()
+    new = np.r_[True, (last[1:] != last[:-1]) | (rank[1:] != rank[:-1]) | (step[1:] != step[:-1])]
+    # a wait counts from where the group's earlier waits reached (sweep in order of start)
+    reach = _group_cummax(b, np.cumsum(new) - 1)
+    a2 = a.copy()
+    a2[~new] = np.maximum(a[~new], reach[:-1][~new[1:]])
+    del reach
+    part = np.clip(b - a2, 0, None)
+    del a2, b
+    pair = np.r_[True, (last[1:] != last[:-1]) | (rank[1:] != rank[:-1])]
+    lo = np.flatnonzero(pair)
+    # ns -> ms and the median in polars, as before (its division by a constant rounds differently)
+    per_other = pl.DataFrame({"last_rank": last[lo], "ns": np.add.reduceat(part, lo)},
+                             schema_overrides={"last_rank": pl.Int64, "ns": pl.Int64})
+    return {int(r): float(v) for r, v in
+            per_other.group_by("last_rank").agg((pl.col("ns") / NS_PER_MS).median()).iter_rows()}
+
+
+def _group_cummax(x: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """Running maximum of `x` restarting at each group (`group`: non-decreasing ids from 0):
+    one `np.maximum.accumulate` on group x (span + 1) + (x - min), which orders every group
+    above the previous ones, when that fits int64; else group by group."""
+    if not len(x):
+        return x.copy()
+    lo = int(x.min())
+    span = int(x.max()) - lo + 1
+    if span * (int(group[-1]) + 1) < 2 ** 62:
+        shift = group * span
+        return np.maximum.accumulate(shift + (x - lo)) - shift + lo
+    out = np.empty_like(x)
+    bounds = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+    for i, j in zip(bounds, np.r_[bounds[1:], len(x)]):
+        out[i:j] = np.maximum.accumulate(x[i:j])
+    return out
 
 
 def _what_if(rc: RankCollectives, ranks: Sequence[RankCollectives], coll: pl.DataFrame, mf: pl.DataFrame,
@@ -611,5 +701,6 @@ def cross_rank(ranks: Sequence[RankCollectives], align_clocks: bool = True) -> C
         ranks=[r.rank for r in ranks], offset_ns=[0] * len(ranks), uncertainty_ns=[-1] * len(ranks),
         collectives_used=[0] * len(ranks), applied=[False] * len(ranks), note="clock alignment off: raw timestamps")
     table = match_collectives(ranks, clock.applied_offsets(), members)
-    report = find_stragglers(ranks, table, clock, members)
+    del members                                    # the straggler rounds derive theirs from `table`
+    report = find_stragglers(ranks, table, clock)
     return CrossRank(clock, table, report, fit_alpha_beta(table))
