@@ -30,7 +30,7 @@ from typing import Sequence
 import numpy as np
 import polars as pl
 
-from rankscope.analyses.collectives import RankCollectives, member_frame
+from rankscope.analyses.collectives import RankCollectives, matched_rows, member_frame
 
 NS_PER_MS = 1e6
 #: Collective types whose members all finish with the last transfer (ends coincide).
@@ -85,7 +85,7 @@ def estimate_clock_offsets(ranks: Sequence[RankCollectives], members: pl.DataFra
     # ranks x 336 instances those left ~25 MB with polars' allocator); the row order of E does not
     # matter (medians per collective, then per rank)
     key = m["key"].to_numpy()
-    matched = np.bincount(key)[key] >= 2
+    matched = matched_rows(m)
     rank = m["rank"].to_numpy()
     sym = matched & m["type"].is_in(SYMMETRIC_TYPES).to_numpy()
     per_rank_sym = np.unique(rank[sym], return_counts=True)[1]

@@ -546,41 +546,45 @@ def _key_ids(df: pl.DataFrame) -> np.ndarray:
     keys' sort order (strings ranked as polars sorts them), so that sorting or grouping by `key`
     orders rows exactly as by `KEY`. The stages after `member_frame` count, group and join on it
     instead of hashing or row-encoding the four columns, two of them strings, each time."""
-    codes = df.select(pl.col("pg").rank("dense").cast(pl.Int64), pl.col("seq"),
-                      pl.col("mtype").rank("dense").cast(pl.Int64), pl.col("occ"))
-    keys = [codes[c].to_numpy() for c in codes.columns]
-    del codes
-    order = np.lexsort(keys[::-1])
-    new = np.zeros(len(order), dtype=bool)           # a key starts here (in sorted order)
-    new[:1] = True
-    for k in keys:
-        ks = k[order]
-        new[1:] |= ks[1:] != ks[:-1]
+    order, first = _sorted_groups(df, ["pg", "seq", "mtype", "occ"])
     ids = np.empty(len(order), dtype=np.int64)
-    ids[order] = np.cumsum(new) - 1
+    ids[order] = np.cumsum(first) - 1
     return ids
 
 
 def _occurrence(df: pl.DataFrame) -> np.ndarray:
     """Per row (in (rank, idx) order): how many rows of the same (rank, pg, seq, mtype, orphan)
-    come before it. A stable lexsort on integer codes of the keys."""
-    codes = df.select(pl.col("rank"), pl.col("pg").cast(pl.Categorical).to_physical().cast(pl.Int64),
-                      pl.col("seq"), pl.col("mtype").cast(pl.Categorical).to_physical().cast(pl.Int64),
-                      pl.col("orphan").cast(pl.Int64))
-    keys = [codes[c].to_numpy() for c in codes.columns]
-    order = np.lexsort(keys[::-1])                   # stable: rows of one group keep their order
-    first = np.zeros(len(order), dtype=bool)           # a group starts here (in sorted order)
-    first[:1] = True
-    for k in keys:
-        ks = k[order]
-        first[1:] |= ks[1:] != ks[:-1]
+    come before it."""
+    order, first = _sorted_groups(df, ["rank", "pg", "seq", "mtype", "orphan"])
     pos = np.arange(len(order))
     occ = np.empty(len(order), dtype=np.int64)
     occ[order] = pos - np.maximum.accumulate(np.where(first, pos, 0))
     return occ
 
 
+def _sorted_groups(df: pl.DataFrame, columns: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """A stable sort of the rows by `columns` (strings by their dense rank, as polars sorts them;
+    rows of one group keep their order) and, in that order, where each group starts."""
+    codes = df.select(pl.col(c).rank("dense").cast(pl.Int64) if df[c].dtype == pl.String else pl.col(c).cast(pl.Int64)
+                      for c in columns)
+    keys = [codes[c].to_numpy() for c in codes.columns]
+    del codes
+    order = np.lexsort(keys[::-1])
+    first = np.zeros(len(order), dtype=bool)
+    first[:1] = True
+    for k in keys:
+        ks = k[order]
+        first[1:] |= ks[1:] != ks[:-1]
+    return order, first
+
+
 KEY = ["pg", "seq", "mtype", "occ"]
+
+
+def matched_rows(members: pl.DataFrame) -> np.ndarray:
+    """Per member row: is its instance matched, i.e. does its `key` have at least two members."""
+    key = members["key"].to_numpy()
+    return np.bincount(key)[key] >= 2
 
 
 def since_step_windows(ranks: Sequence[RankCollectives], rows: pl.DataFrame) -> pl.DataFrame:
@@ -636,12 +640,11 @@ def match_collectives(ranks: Sequence[RankCollectives], offsets_ns: dict[int, in
     # frame is copied by the filter and the sort, so what it carries is paid for twice
     m = m.select("rank", "idx", "pg", "seq", "occ", "key", "type", "step", "group_size", "start_ns", "end_ns",
                  "dur_ns", "last_work_ns", "in_bytes", "out_bytes")
-    key = m["key"].to_numpy()
-    matched = np.bincount(key)[key] >= 2
+    matched = matched_rows(m)
     unmatched = int((~matched).sum())
     if not matched.all():
         m = m.filter(pl.Series(matched))
-    del key, matched
+    del matched
     if m.is_empty():
         return CollectiveTable(_empty_collectives(), _empty_members(), offsets_ns, unmatched)
     # ranks that have each pg at all (the expected membership when group_size is unknown)
