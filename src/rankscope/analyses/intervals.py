@@ -35,6 +35,30 @@ def union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return s[group_start], reach[group_end]
 
 
+def union_length_per_group(starts: np.ndarray, ends: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """Per group (`group`: ids 0..G-1, non-decreasing along the rows), the length of the union of
+    its intervals. One `union` of every group at once, each group moved into a time range of its
+    own, where the shifted times fit int64; else one `union` per group."""
+    starts = np.asarray(starts, dtype=np.int64)
+    ends = np.asarray(ends, dtype=np.int64)
+    n_groups = int(group[-1]) + 1 if len(group) else 0
+    out = np.zeros(n_groups, dtype=np.int64)
+    if not n_groups:
+        return out
+    lo = int(starts.min())
+    span = max(int(ends.max()), int(starts.max())) - lo + 1
+    if span * n_groups < 2 ** 62:
+        shift = group * span - lo
+        s, e = union(starts + shift, ends + shift)
+        np.add.at(out, s // span, e - s)
+        return out
+    bounds = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+    for i, j in zip(bounds, np.r_[bounds[1:], len(group)]):
+        s, e = union(starts[i:j], ends[i:j])
+        out[group[i]] = (e - s).sum()
+    return out
+
+
 def covered_between(u_starts: np.ndarray, u_ends: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Length of [a_i, b_i) covered by the disjoint sorted intervals (output of `union`)."""
     a = np.asarray(a, dtype=np.int64)

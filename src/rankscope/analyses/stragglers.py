@@ -86,7 +86,7 @@ from rankscope.analyses.breakdown import CATEGORIES
 from rankscope.analyses.clock import ClockAlignment, estimate_clock_offsets
 from rankscope.analyses.collectives import (CollectiveTable, RankCollectives, match_collectives, member_frame,
                                             since_step_windows)
-from rankscope.analyses.intervals import union
+from rankscope.analyses.intervals import union, union_length_per_group
 
 NS_PER_MS = 1e6
 
@@ -459,53 +459,28 @@ def _straggler(s: RankStats, coll: pl.DataFrame, median_step: float | None) -> S
 def _imposed_wait(mem: pl.DataFrame, coll: pl.DataFrame) -> dict[int, float]:
     """Per rank: the median over the other ranks of the time (ms, summed over steps) they waited in
     collectives where it arrived last; a rank's waits in concurrent collectives count once (per
-    (last rank, waiting rank, step), the union of the wait intervals). One sort, then a numpy sweep
-    (running maximum per group, `_group_cummax`) instead of polars' `over` and group_by on (last
-    rank, rank, step): in the straggler search's later rounds, where the last arrivals are spread
-    over every rank, those groups number ~n^2 x steps, and their hash tables held ~25 MB at 256 ranks."""
+    (last rank, waiting rank, step), the union of the wait intervals: `union_length_per_group`,
+    instead of polars' `over` and group_by on (last rank, rank, step): in the straggler search's
+    later rounds, where the last arrivals are spread over every rank, those groups number
+    ~n^2 x steps, and their hash tables held ~25 MB at 256 ranks)."""
     last_of = np.zeros(int(coll["cid"].max()) + 1 if coll.height else 0, dtype=np.int64)
     last_of[coll["cid"].to_numpy()] = coll["last_rank"].to_numpy()
     # rows selected and sorted by polars (its allocator has the pages the matching freed), the
-    # sweep with numpy on views of them
+    # unions with numpy on views of them
     w = mem.select(pl.Series("last", last_of[mem["cid"].to_numpy()]), "rank", "step", "start_ns", "wait_ns").filter(
-        (pl.col("wait_ns") > 0) & (pl.col("rank") != pl.col("last"))).sort(["last", "rank", "step", "start_ns"])
+        (pl.col("wait_ns") > 0) & (pl.col("rank") != pl.col("last"))).sort(["last", "rank", "step"])
     if w.is_empty():
         return {}
     last, rank, step, a = (w[c].to_numpy() for c in ("last", "rank", "step", "start_ns"))
-    b = a + w["wait_ns"].to_numpy()
-    new = np.r_[True, (last[1:] != last[:-1]) | (rank[1:] != rank[:-1]) | (step[1:] != step[:-1])]
-    # a wait counts from where the group's earlier waits reached (sweep in order of start)
-    reach = _group_cummax(b, np.cumsum(new) - 1)
-    a2 = a.copy()
-    a2[~new] = np.maximum(a[~new], reach[:-1][~new[1:]])
-    del reach
-    part = np.clip(b - a2, 0, None)
-    del a2, b
     pair = np.r_[True, (last[1:] != last[:-1]) | (rank[1:] != rank[:-1])]
-    lo = np.flatnonzero(pair)
+    group = np.cumsum(pair | np.r_[True, step[1:] != step[:-1]]) - 1
+    waited = union_length_per_group(a, a + w["wait_ns"].to_numpy(), group)
+    lo = np.flatnonzero(pair)                      # first row of each (last rank, waiting rank)
     # ns -> ms and the median in polars, as before (its division by a constant rounds differently)
-    per_other = pl.DataFrame({"last_rank": last[lo], "ns": np.add.reduceat(part, lo)},
+    per_other = pl.DataFrame({"last_rank": last[lo], "ns": np.add.reduceat(waited, group[lo])},
                              schema_overrides={"last_rank": pl.Int64, "ns": pl.Int64})
     return {int(r): float(v) for r, v in
             per_other.group_by("last_rank").agg((pl.col("ns") / NS_PER_MS).median()).iter_rows()}
-
-
-def _group_cummax(x: np.ndarray, group: np.ndarray) -> np.ndarray:
-    """Running maximum of `x` restarting at each group (`group`: non-decreasing ids from 0):
-    one `np.maximum.accumulate` on group x (span + 1) + (x - min), which orders every group
-    above the previous ones, when that fits int64; else group by group."""
-    if not len(x):
-        return x.copy()
-    lo = int(x.min())
-    span = int(x.max()) - lo + 1
-    if span * (int(group[-1]) + 1) < 2 ** 62:
-        shift = group * span
-        return np.maximum.accumulate(shift + (x - lo)) - shift + lo
-    out = np.empty_like(x)
-    bounds = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
-    for i, j in zip(bounds, np.r_[bounds[1:], len(x)]):
-        out[i:j] = np.maximum.accumulate(x[i:j])
-    return out
 
 
 def _what_if(rc: RankCollectives, ranks: Sequence[RankCollectives], coll: pl.DataFrame, mf: pl.DataFrame,
