@@ -451,14 +451,13 @@ static void keymap_add(keymap_t *m, const char *k, Py_ssize_t n, int col) {
     if (j >= 0 && m->ncols[j] < 4) m->cols[j][m->ncols[j]++] = col;
 }
 
-/* Slot of the key that follows slot `prev` (KEYMAP_CAP: an object's first key): the predicted
-   one when it matches, else looked up; a key no column wants is remembered while there is room
-   (the key bytes live in the scanned buffer, which outlives the map). -1: not in the map. */
-static inline int keymap_next(keymap_t *m, int prev, const char *k, Py_ssize_t n) {
-    int j = m->next[prev];
-    if (j >= 0 && m->len[j] == n && bytes_equal(m->key[j], k, n)) return j;
+/* Slot of a key that followed slot `prev` (KEYMAP_CAP: an object's first key) where the
+   prediction missed: looked up, and predicted after `prev` from now on; a key no column wants is
+   remembered while there is room (the key bytes live in the scanned buffer, which outlives the
+   map). -1: not in the map. */
+static int keymap_learn(keymap_t *m, int prev, const char *k, Py_ssize_t n) {
     int added = 0;
-    j = keymap_slot(m, k, n, m->unwanted < KEYMAP_UNWANTED_MAX, &added);
+    int j = keymap_slot(m, k, n, m->unwanted < KEYMAP_UNWANTED_MAX, &added);
     m->unwanted += added;
     if (j >= 0) m->next[prev] = j;
     return j;
@@ -663,10 +662,9 @@ static PyObject *string_object(const char *s, Py_ssize_t n, int esc) {
 /* Code of a raw string in a cache/table; -1 with exception on failure. */
 static long long cache_lookup(parser_t *ps, strcache_t *c, const char *s, Py_ssize_t n, int esc);
 
-/* Code of a column's raw string: the one it coded last, or from its table's cache. */
+/* Code of a column's raw string, from its table's cache; remembered as the column's last string,
+   which store_value compares in place first. */
 static inline long long cache_code(parser_t *ps, column_t *col, const char *s, Py_ssize_t n, int esc) {
-    if (col->last_s != NULL && col->last_n == n && col->last_esc == esc && bytes_equal(col->last_s, s, n))
-        return col->last_code;
     long long code = cache_lookup(ps, col->cache, s, n, esc);
     if (code >= 0) {
         col->last_s = s; col->last_n = n; col->last_esc = esc; col->last_code = code;
@@ -949,7 +947,7 @@ static int scan_members(parser_t *ps, keymap_t *map, column_t *cols, Py_ssize_t 
         } else {
             if (scan_key(ps, &key, &klen, &esc) < 0) return -1;
             if (esc) { ps->error = 1; return -1; }      /* escaped key: the reference path decides */
-            slot = keymap_next(map, prev, key, klen);
+            slot = keymap_learn(map, prev, key, klen);
         }
         if (ps->p >= ps->end) { ps->error = 1; return -1; }
         prev = slot >= 0 ? slot : KEYMAP_CAP;
