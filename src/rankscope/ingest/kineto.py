@@ -320,8 +320,7 @@ class _Accumulator:
     bad_events: int = 0         # not objects, or unusable: skipped
     repaired_events: int = 0    # kept without their badly typed fields
     invalid_utf8_chunks: int = 0     # chunks whose invalid UTF-8 bytes were replaced by U+FFFD
-    replaced_utf8_chunk: bool = False
-    replaced_surrogates: bool = False   # a chunk with lone surrogate escapes is being re-read
+    repairing: set = field(default_factory=set)   # repairs of the chunk being re-read ("utf8", "surrogates")
     n_events: int = 0           # trace events of every phase
     n_x: int = 0                # complete events so far (= next `row`)
     phase_counts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
@@ -479,28 +478,27 @@ def _decode_chunk(body: bytes | memoryview, acc: _Accumulator) -> None:
         except msgspec.ValidationError:    # a badly typed event; the JSON may still break later
             events = _decode_leniently(bytes(body), acc)
     except msgspec.DecodeError as exc:
-        if not acc.replaced_surrogates and _LONE_SURROGATE.search(body):
+        if "surrogates" not in acc.repairing and _LONE_SURROGATE.search(body):
             # valid JSON that msgspec refuses: read it as the scanner does ("?" for each, as in
             # the frames' categories), same length, so byte offsets still hold
-            acc.replaced_surrogates = True
-            try:
-                _decode_chunk(_LONE_SURROGATE.sub(rb"\1\\u003f", bytes(body)), acc)
-            finally:
-                acc.replaced_surrogates = False
-            return
+            return _decode_repaired(_LONE_SURROGATE.sub(rb"\1\\u003f", bytes(body)), "surrogates", acc)
         m = _MSGSPEC_BYTE.search(str(exc))
         raise _JSONError(int(m.group(1)) if m else (stopped if stopped >= 0 else None)) from None
     except UnicodeDecodeError:             # invalid UTF-8 in a string: keep the events, mark the bytes
-        if acc.replaced_utf8_chunk:
+        if "utf8" in acc.repairing:
             raise _JSONError(None) from None
         acc.invalid_utf8_chunks += 1
-        acc.replaced_utf8_chunk = True
-        try:
-            _decode_chunk(bytes(body).decode("utf-8", "replace").encode("utf-8"), acc)
-        finally:
-            acc.replaced_utf8_chunk = False
-        return
+        return _decode_repaired(bytes(body).decode("utf-8", "replace").encode("utf-8"), "utf8", acc)
     acc.add(events)
+
+
+def _decode_repaired(text: bytes, repair: str, acc: _Accumulator) -> None:
+    """Decode a chunk again from its repaired text; a repair is tried at most once per chunk."""
+    acc.repairing.add(repair)
+    try:
+        _decode_chunk(text, acc)
+    finally:
+        acc.repairing.discard(repair)
 
 
 def _decode_span(buf: bytearray, end: int, acc: _Accumulator) -> None:
