@@ -311,6 +311,9 @@ fail_buf:
  *   specs   sequence of (outer_key, inner_key_or_None, kind, default, table_index)
  *           outer_key is a top-level event key ("ts"); inner_key a key of its "args" object
  *   tables  list of dicts shared with the msgspec path (str -> code)
+ *   caches  optional: string_caches(len(tables)), kept by the caller across the calls of one file,
+ *           so that a string met in an earlier chunk is coded without the GIL or a Python
+ *           object (valid while the tables only grow; without it, each call starts empty)
  * ========================================================================================== */
 
 #define MAX_DEPTH 64
@@ -334,11 +337,36 @@ typedef struct {           /* one slot: together, so a lookup touches one cache 
     int64_t code;
 } strslot_t;
 
-typedef struct {           /* a string cache: raw JSON string bytes -> code, for one scan call */
+typedef struct arena_block {   /* storage for the key bytes of a persistent string cache */
+    struct arena_block *next;
+    size_t used, cap;
+    char data[];
+} arena_block_t;
+
+typedef struct {           /* a string cache: raw JSON string bytes -> code */
     strslot_t *slots;
     Py_ssize_t cap, used;
     PyObject *table;       /* the Python dict shared across calls */
+    int persistent;        /* 1: outlives the scan call (keys copied into `arena`); 0: this call only
+                              (keys point into the scanned buffer) */
+    arena_block_t *arena;
 } strcache_t;
+
+/* A copy of s[0:n] that lives as long as the cache; NULL when out of memory. */
+static const char *arena_copy(strcache_t *c, const char *s, Py_ssize_t n) {
+    arena_block_t *b = c->arena;
+    if (b == NULL || b->cap - b->used < (size_t)n) {
+        size_t cap = (size_t)n > ((size_t)1 << 16) ? (size_t)n : ((size_t)1 << 16);
+        b = malloc(sizeof(arena_block_t) + cap);
+        if (b == NULL) return NULL;
+        b->next = c->arena; b->used = 0; b->cap = cap;
+        c->arena = b;
+    }
+    char *out = b->data + b->used;
+    memcpy(out, s, (size_t)n);
+    b->used += (size_t)n;
+    return out;
+}
 
 typedef struct {
     char kind;
@@ -708,13 +736,52 @@ static long long cache_lookup(parser_t *ps, strcache_t *c, const char *s, Py_ssi
     }
     END_GIL(ps);
     if (code < 0) return -1;
-    c->slots[j] = (strslot_t){s, n, h, code};
+    const char *key = c->persistent ? arena_copy(c, s, n) : s;
+    if (key == NULL) return code;          /* out of memory for the copy: coded, not remembered */
+    c->slots[j] = (strslot_t){key, n, h, code};
     c->used++;
     return code;
 }
 
 static void cache_free(strcache_t *c) {
     free(c->slots);
+    c->slots = NULL;
+    c->cap = c->used = 0;
+    while (c->arena != NULL) {
+        arena_block_t *next = c->arena->next;
+        free(c->arena);
+        c->arena = next;
+    }
+}
+
+/* ---- string caches that persist across scan calls (one set per file being read) ---- */
+#define CACHES_CAPSULE "rankscope.ingest._fastcols.string_caches"
+
+typedef struct {
+    Py_ssize_t n;
+    strcache_t caches[];
+} cacheset_t;
+
+static void cacheset_destroy(PyObject *capsule) {
+    cacheset_t *set = PyCapsule_GetPointer(capsule, CACHES_CAPSULE);
+    if (set == NULL) { PyErr_Clear(); return; }
+    for (Py_ssize_t t = 0; t < set->n; t++) cache_free(&set->caches[t]);
+    free(set);
+}
+
+static PyObject *string_caches(PyObject *self, PyObject *arg) {
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "string_caches: need a count >= 0");
+        return NULL;
+    }
+    cacheset_t *set = calloc(1, sizeof(cacheset_t) + (size_t)n * sizeof(strcache_t));
+    if (set == NULL) return PyErr_NoMemory();
+    set->n = n;
+    for (Py_ssize_t t = 0; t < n; t++) set->caches[t].persistent = 1;
+    PyObject *capsule = PyCapsule_New(set, CACHES_CAPSULE, cacheset_destroy);
+    if (capsule == NULL) free(set);
+    return capsule;
 }
 
 
@@ -1001,16 +1068,25 @@ static int grow_columns(parser_t *ps, column_t *cols, Py_ssize_t ncols, Py_ssize
 }
 
 static PyObject *scan_events(PyObject *self, PyObject *args) {
-    PyObject *bufobj, *specs, *tables;
-    if (!PyArg_ParseTuple(args, "OOO!", &bufobj, &specs, &PyList_Type, &tables)) return NULL;
+    PyObject *bufobj, *specs, *tables, *kept = Py_None;
+    if (!PyArg_ParseTuple(args, "OOO!|O", &bufobj, &specs, &PyList_Type, &tables, &kept)) return NULL;
+    Py_ssize_t ntables = PyList_GET_SIZE(tables);
+    cacheset_t *set = NULL;
+    if (kept != Py_None) {
+        set = PyCapsule_GetPointer(kept, CACHES_CAPSULE);
+        if (set == NULL) return NULL;
+        if (set->n != ntables) {
+            PyErr_SetString(PyExc_ValueError, "scan_events: string caches for another number of tables");
+            return NULL;
+        }
+    }
     Py_buffer view;
     if (PyObject_GetBuffer(bufobj, &view, PyBUF_SIMPLE) < 0) return NULL;
     PyObject *seq = PySequence_Fast(specs, "scan_events: specs must be a sequence");
     if (seq == NULL) { PyBuffer_Release(&view); return NULL; }
     Py_ssize_t ncols = PySequence_Fast_GET_SIZE(seq);
-    Py_ssize_t ntables = PyList_GET_SIZE(tables);
     column_t *cols = calloc((size_t)(ncols ? ncols : 1), sizeof(column_t));
-    strcache_t *caches = calloc((size_t)(ntables ? ntables : 1), sizeof(strcache_t));
+    strcache_t *caches = set ? set->caches : calloc((size_t)(ntables ? ntables : 1), sizeof(strcache_t));
     keymap_t *top = calloc(1, sizeof(keymap_t));
     keymap_t *inner = calloc(1, sizeof(keymap_t));
     PyObject *result = NULL;
@@ -1119,8 +1195,11 @@ done:
     if (result == NULL && !PyErr_Occurred())
         result = PyLong_FromSsize_t(ps.p - (const char *)view.buf);     /* declined: where it stopped */
     if (cols) for (Py_ssize_t c = 0; c < ncols; c++) Py_XDECREF(cols[c].out);
-    if (caches) for (Py_ssize_t t = 0; t < ntables; t++) cache_free(&caches[t]);
-    free(cols); free(caches); free(top); free(inner);
+    if (caches && set == NULL) {
+        for (Py_ssize_t t = 0; t < ntables; t++) cache_free(&caches[t]);
+        free(caches);
+    }
+    free(cols); free(top); free(inner);
     Py_DECREF(seq);
     PyBuffer_Release(&view);
     return result;
@@ -1129,6 +1208,7 @@ done:
 static PyMethodDef methods[] = {
     {"columnize", columnize, METH_VARARGS, "Extract typed column buffers from a list of Structs."},
     {"scan_events", scan_events, METH_VARARGS, "Scan a JSON array of trace events into typed column buffers."},
+    {"string_caches", string_caches, METH_O, "String caches for scan_events that persist across calls."},
     {NULL, NULL, 0, NULL},
 };
 

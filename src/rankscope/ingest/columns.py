@@ -126,18 +126,24 @@ def columnize(objs: list, specs: Sequence[Col], indices: np.ndarray | None = Non
     return [np.frombuffer(b, dtype=DTYPES[s.kind]) for b, s in zip(buffers, specs)]
 
 
-def scan_json(body, specs: Sequence[tuple], tables: list[dict]) -> tuple[list[np.ndarray], int, int] | int | None:
+def scan_json(body, specs: Sequence[tuple], tables: list[dict], caches=None) -> tuple[list[np.ndarray], int, int] | int | None:
     """C scanner over a JSON array of events: (one array per spec, events, non-object elements);
     an int where the scanner declines (invalid JSON, unexpected types): the byte offset where it
     stopped, and the caller decodes with msgspec; None without the extension.
-    Specs are (event key, args key or None, kind, default, table index)."""
+    Specs are (event key, args key or None, kind, default, table index). `caches`: from
+    `string_caches(tables)`, passed with every chunk of one file."""
     if _fastcols is None:
         return None
-    out = _fastcols.scan_events(body, specs, tables)
+    out = _fastcols.scan_events(body, specs, tables, caches)
     if not isinstance(out, tuple):
         return int(out)
     buffers, n, bad = out
     return [np.frombuffer(b, dtype=DTYPES[s[2]]) for b, s in zip(buffers, specs)], n, bad
+
+
+def string_caches(tables: list[dict]):
+    """The scanner's string caches for one file's `tables` (None without the extension)."""
+    return None if _fastcols is None else _fastcols.string_caches(len(tables))
 
 
 def has_c_extension() -> bool:

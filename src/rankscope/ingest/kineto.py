@@ -25,7 +25,7 @@ import msgspec
 import numpy as np
 import polars as pl
 
-from rankscope.ingest.columns import DTYPES, Col, columnize, scan_json
+from rankscope.ingest.columns import DTYPES, Col, columnize, scan_json, string_caches
 from rankscope.model import (CATEGORY_KINDS, DEVICE_KINDS, PROFILER_STEP_PATTERN, Kind, RankMeta, RankTrace,
                              event_kernel_classes)
 
@@ -334,11 +334,12 @@ class _Accumulator:
         self.table_list = [t.ph, t.name, t.cat, t.tid, t.text]
         flat = self.core_specs + [c for cols in self.side_specs.values() for c in cols]
         self.scan_specs = [_scan_spec(c, self.table_list) for c in flat]
+        self.string_caches = string_caches(self.table_list)
 
     def scan(self, body) -> int | None:
         """C fast path over raw JSON. None: done. Else the chunk must take the msgspec path, and
         the result is where the scanner stopped (-1: not scanned)."""
-        out = scan_json(body, self.scan_specs, self.table_list) if self.use_scanner else None
+        out = scan_json(body, self.scan_specs, self.table_list, self.string_caches) if self.use_scanner else None
         if not isinstance(out, tuple):
             return -1 if out is None else out
         cols, n, bad = out
