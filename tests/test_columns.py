@@ -208,6 +208,84 @@ def test_scanner_equals_msgspec_path_on_corpus(corpus: Path, folder: str):
     assert fast.meta.to_dict() == ref.meta.to_dict()
 
 
+ROUTING_FILES = ["hta-nccl-metadata", "cpu-gloo-4rank-healthy", "tracelens-b200-rank0", "param-dlrm-8rank",
+                 "hta-amd-mi250", "hta-critical-path-alexnet"]
+
+
+def _read_counting_routed(path: Path, monkeypatch) -> tuple:
+    """read_kineto with the scanner, and the rows that the C routing put in each group."""
+    rows: dict[str, int] = {}
+    original = kineto._Accumulator._add_routed
+
+    def counting(self, groups, phase_counts, n):
+        for (name, columns), buffers in zip(self.routed_columns.items(), groups):
+            rows[name] = rows.get(name, 0) + len(buffers[0]) // columns[0][1].itemsize
+        return original(self, groups, phase_counts, n)
+
+    monkeypatch.setattr(kineto._Accumulator, "_add_routed", counting)
+    try:
+        return read_kineto(path, use_scanner=True)[0], rows
+    finally:
+        monkeypatch.setattr(kineto._Accumulator, "_add_routed", original)
+
+
+@pytest.mark.parametrize("folder", ROUTING_FILES)
+def test_c_routing_equals_msgspec_path_on_corpus(corpus: Path, monkeypatch, folder: str):
+    """After the chunk where a file's phase and category codes are first met, the scanner splits
+    each chunk's rows into the kept groups in C instead of `_Accumulator._add`. With 4 KB chunks
+    (a gzip file is read in inflate steps of ~50 KB) most chunks are split in C; the frames must
+    equal those of the msgspec reference path."""
+    monkeypatch.setattr(kineto, "CHUNK_BYTES", 4 << 10)
+    path = sorted((corpus / folder).glob("*.json.gz"))[0]
+    ref, _ = read_kineto(path, use_scanner=False)
+    fast, rows = _read_counting_routed(path, monkeypatch)
+    assert rows.get("x", 0) > 0 or fast.events.height < 1000, f"{folder}: no chunk was split in C"
+    assert _frames_equal(fast, ref) == [], f"{folder}: frames differ between C routing and msgspec path"
+    assert fast.meta.to_dict() == ref.meta.to_dict()
+
+
+def test_c_routing_fills_every_group(tmp_path: Path, monkeypatch):
+    """A crafted trace where every kind of row comes again after the chunk that first met its codes
+    (real traces have their metadata in the first or last chunk): complete events of each side
+    kind with and without side values, flows, '[memory]' and other instants, metadata, 'B'/'E'
+    (counted only). Each group gets rows from the C routing, and the frames equal the msgspec
+    reference path's."""
+    def block(i: int) -> list[dict]:
+        return [
+            {"ph": "M", "name": "thread_name", "pid": 1, "tid": i, "args": {"name": f"thread {i}"}},
+            {"ph": "X", "cat": "cpu_op", "name": f"aten::op{i % 7}", "pid": 1, "tid": 2, "ts": 10 * i, "dur": 5,
+             "args": {"External id": i, "Input Dims": [[i % 3, 4]], "Sequence number": i}},
+            {"ph": "X", "cat": "cpu_op", "name": "aten::empty", "pid": 1, "tid": 2, "ts": 10 * i + 1, "dur": 1},
+            {"ph": "X", "cat": "python_function", "name": "fn", "pid": 1, "tid": 2, "ts": 10 * i, "dur": 9,
+             "args": {"Python id": i, "Python parent id": i - 1}},
+            {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": 1, "tid": 2, "ts": 10 * i + 2,
+             "dur": 3, "args": {"Collective name": "allreduce", "In msg nelems": 1024 + i, "Seq": i,
+                                "dtype": "Float", "Process Group Name": "0"}},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 2, "ts": 10 * i + 3,
+             "dur": 1, "args": {"correlation": i, "External id": i}},
+            {"ph": "X", "cat": "kernel", "name": f"kernel{i % 5}", "pid": 0, "tid": 7, "ts": 10 * i + 4, "dur": 2,
+             "args": {"correlation": i, "stream": 7, "device": 0, "grid": [i % 4 + 1, 1, 1], "block": [128, 1, 1],
+                      "shared memory": 0, "registers per thread": 32, "est. achieved occupancy %": 50}},
+            {"ph": "s", "cat": "ac2g", "id": i, "pid": 1, "tid": 2, "ts": 10 * i + 3, "name": "ac2g"},
+            {"ph": "f", "cat": "ac2g", "id": i, "pid": 0, "tid": 7, "ts": 10 * i + 4, "name": "ac2g", "bp": "e"},
+            {"ph": "i", "name": "[memory]", "pid": 1, "tid": 2, "ts": 10 * i + 5, "s": "t",
+             "args": {"Bytes": 512 * (1 - 2 * (i % 2)), "Total Allocated": 1 << 20, "Total Reserved": 2 << 20,
+                      "Device Id": 0, "Device Type": 1, "Addr": 4096 + i}},
+            {"ph": "i", "name": "marker", "pid": 1, "tid": 2, "ts": 10 * i + 6, "s": "t"},
+            {"ph": "B", "name": "begin", "pid": 1, "tid": 2, "ts": 10 * i + 7},
+            {"ph": "E", "name": "begin", "pid": 1, "tid": 2, "ts": 10 * i + 8},
+        ]
+    events = [e for i in range(1, 400) for e in block(i)]
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    monkeypatch.setattr(kineto, "CHUNK_BYTES", 4 << 10)
+    ref, _ = read_kineto(path, use_scanner=False)
+    fast, rows = _read_counting_routed(path, monkeypatch)
+    assert {g for g, n in rows.items() if n > 0} == set(kineto._Accumulator(kineto._Tables()).routed_columns), rows
+    assert _frames_equal(fast, ref) == []
+    assert fast.meta.to_dict() == ref.meta.to_dict()
+
+
 def test_scanner_equals_msgspec_path_when_its_buffers_grow(tmp_path: Path):
     """Events far smaller than the scanner's first guess (one row per 256 bytes of a chunk), with
     whitespace (the single-space fast path) and a string long enough for the 16-byte search: its

@@ -276,7 +276,7 @@ SMALL_FILES = ["hta-amd-mi250", "hta-triton", "hta-cpu-only", "hta-cuda-event-sy
 @pytest.mark.parametrize("folder", SMALL_FILES)
 @pytest.mark.parametrize("chunk", [4096, 65536])
 def test_chunk_size_does_not_change_the_result(corpus: Path, monkeypatch, folder: str, chunk: int):
-    """The streaming reader decodes the text in chunks (8 MiB by default): with tiny chunks, so
+    """The streaming reader decodes the text in chunks (2 MiB by default): with tiny chunks, so
     that many chunk boundaries fall inside events, the frames are identical to the default."""
     path = sorted((corpus / folder).glob("*.json.gz"))[0]
     ref, _ = read_kineto(path)

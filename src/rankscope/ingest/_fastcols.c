@@ -378,8 +378,7 @@ typedef struct {
     Py_ssize_t last_n;     /* ph, cat, pid, tid, often their name): checked before the cache */
     int last_esc;
     long long last_code;
-    PyObject *out;         /* the column's bytes object, written in place and grown as rows come */
-    char *data;            /* its buffer */
+    char *data;            /* the column's rows (a scratch buffer, see scratch_t) */
     size_t item;
 } column_t;
 
@@ -754,10 +753,37 @@ static void cache_free(strcache_t *c) {
     }
 }
 
-/* ---- string caches that persist across scan calls (one set per file being read) ---- */
+/* The scanned columns' buffers: reused from chunk to chunk of a file (no page faults, no malloc
+   churn), or for one call. */
+typedef struct {
+    Py_ssize_t ncols;
+    char **data;
+    size_t *bytes;         /* capacity of each */
+} scratch_t;
+
+static void scratch_free(scratch_t *s) {
+    for (Py_ssize_t c = 0; c < s->ncols; c++) free(s->data[c]);
+    free(s->data);
+    free(s->bytes);
+    memset(s, 0, sizeof(*s));
+}
+
+/* ncols empty buffers (kept when there are that many already); -1 when out of memory. */
+static int scratch_ready(scratch_t *s, Py_ssize_t ncols) {
+    if (s->ncols == ncols && s->data != NULL) return 0;
+    scratch_free(s);
+    s->data = calloc((size_t)(ncols ? ncols : 1), sizeof(char *));
+    s->bytes = calloc((size_t)(ncols ? ncols : 1), sizeof(size_t));
+    if (s->data == NULL || s->bytes == NULL) { scratch_free(s); return -1; }
+    s->ncols = ncols;
+    return 0;
+}
+
+/* ---- what persists across the scan calls of one file: string caches, column buffers ---- */
 #define CACHES_CAPSULE "rankscope.ingest._fastcols.string_caches"
 
 typedef struct {
+    scratch_t scratch;
     Py_ssize_t n;
     strcache_t caches[];
 } cacheset_t;
@@ -766,6 +792,7 @@ static void cacheset_destroy(PyObject *capsule) {
     cacheset_t *set = PyCapsule_GetPointer(capsule, CACHES_CAPSULE);
     if (set == NULL) { PyErr_Clear(); return; }
     for (Py_ssize_t t = 0; t < set->n; t++) cache_free(&set->caches[t]);
+    scratch_free(&set->scratch);
     free(set);
 }
 
@@ -1051,25 +1078,268 @@ static int scan_members(parser_t *ps, keymap_t *map, column_t *cols, Py_ssize_t 
     return -1;
 }
 
-/* Every column's bytes object to `ncap` rows (created, or resized keeping its rows): the output is
-   written in place, so no copy is made at the end. Takes the GIL for it. -1 with an exception set. */
-static int grow_columns(parser_t *ps, column_t *cols, Py_ssize_t ncols, Py_ssize_t ncap) {
-    int rc = 0;
-    WITH_GIL(ps);
-    for (Py_ssize_t c = 0; c < ncols && rc == 0; c++) {
-        Py_ssize_t nbytes = ncap * (Py_ssize_t)cols[c].item;
-        if (cols[c].out == NULL) cols[c].out = PyBytes_FromStringAndSize(NULL, nbytes);
-        else if (_PyBytes_Resize(&cols[c].out, nbytes) < 0) cols[c].out = NULL;
-        if (cols[c].out == NULL) rc = -1;
-        else cols[c].data = PyBytes_AS_STRING(cols[c].out);
+/* Every column's buffer to at least `ncap` rows, keeping its rows. -1 with an exception set. */
+static int grow_columns(parser_t *ps, scratch_t *s, column_t *cols, Py_ssize_t ncols, Py_ssize_t ncap) {
+    for (Py_ssize_t c = 0; c < ncols; c++) {
+        size_t nbytes = (size_t)ncap * cols[c].item;
+        if (s->bytes[c] < nbytes) {
+            char *grown = realloc(s->data[c], nbytes);
+            if (grown == NULL) {
+                WITH_GIL(ps);
+                PyErr_NoMemory();
+                END_GIL(ps);
+                return -1;
+            }
+            s->data[c] = grown;
+            s->bytes[c] = nbytes;
+        }
+        cols[c].data = s->data[c];
     }
-    END_GIL(ps);
-    return rc;
+    return 0;
+}
+
+/* ---- routing: the scanned rows split, in C, into the groups the reader keeps ----------------
+ * What kineto._Accumulator._add does with numpy over a chunk's columns (the reference, and what
+ * runs for chunks decoded by msgspec), done here in one pass without the GIL: complete events
+ * ('X') to the event group, with their kind (from the category) and their side rows (GPU launch
+ * args, collective args, operator args: by kind, and only rows that hold a value); flow events;
+ * '[memory]' instants; metadata events; and the count of every phase. A chunk that holds a phase
+ * or category code the routing tables do not cover yet (met for the first time in this chunk)
+ * is left to Python. */
+enum { PH_OTHER = 0, PH_X = 1, PH_FLOW = 2, PH_INSTANT = 3, PH_META = 4 };
+enum { G_X, G_FLOWS, G_GPU, G_COMM, G_OP, G_MEMORY, G_META, NGROUPS };
+/* positions of the core specs (kineto._CORE_NAMES) */
+enum { C_PH, C_CAT, C_NAME, C_TS, C_DUR, C_PID, C_TID, C_EXT, C_EXT21, C_CORR, C_DEVICE, C_STREAM, C_ID, NCORE };
+#define MAX_PRESENCE 16
+#define MAX_GROUP_COLS 64
+
+typedef struct {
+    Py_ssize_t first, count;       /* the group's specs: [first, first + count) */
+    const char *kind_mask;         /* 256 bytes: does an event of this kind get a row */
+    int npresence;                 /* a row is kept when one of these specs (relative) holds a value */
+    int presence[MAX_PRESENCE];    /* (>= 0; a float: not NaN); none: always kept */
+} side_t;
+
+typedef struct {
+    const char *ph_class; Py_ssize_t nph;      /* phase code -> PH_* */
+    const char *cat_kind; Py_ssize_t ncat;     /* category code -> kind */
+    int absent_kind;                           /* kind of an event without a category */
+    long long names_known, memory_code;        /* name codes below names_known are known; "[memory]" */
+    long long x_offset;                        /* complete events before this chunk */
+    side_t side[3];                            /* G_GPU, G_COMM, G_OP */
+    Py_ssize_t memory_first, memory_count, meta_label;
+} routing_t;
+
+static int routing_parse(PyObject *obj, routing_t *rt, Py_ssize_t ncols) {
+    PyObject *sides;
+    if (!PyArg_ParseTuple(obj, "y#y#iLLLOnnn", &rt->ph_class, &rt->nph, &rt->cat_kind, &rt->ncat,
+                          &rt->absent_kind, &rt->names_known, &rt->memory_code, &rt->x_offset, &sides,
+                          &rt->memory_first, &rt->memory_count, &rt->meta_label))
+        return -1;
+    if (!PyTuple_Check(sides) || PyTuple_GET_SIZE(sides) != 3) goto bad;
+    for (int g = 0; g < 3; g++) {
+        side_t *sd = &rt->side[g];
+        PyObject *presence;
+        Py_ssize_t masklen;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(sides, g), "nny#O!", &sd->first, &sd->count, &sd->kind_mask,
+                              &masklen, &PyTuple_Type, &presence))
+            return -1;
+        if (masklen != 256 || sd->first < NCORE || sd->count < 0 || sd->count + 1 > MAX_GROUP_COLS ||
+            sd->first + sd->count > ncols || PyTuple_GET_SIZE(presence) > MAX_PRESENCE)
+            goto bad;
+        sd->npresence = (int)PyTuple_GET_SIZE(presence);
+        for (int q = 0; q < sd->npresence; q++) {
+            long v = PyLong_AsLong(PyTuple_GET_ITEM(presence, q));
+            if (v < 0 || v >= sd->count) goto bad;
+            sd->presence[q] = (int)v;
+        }
+    }
+    if (rt->absent_kind < 0 || rt->absent_kind > 255 || rt->memory_first < NCORE || rt->memory_count < 0 ||
+        rt->memory_count + 1 > MAX_GROUP_COLS || rt->memory_first + rt->memory_count > ncols ||
+        rt->meta_label < NCORE || rt->meta_label >= ncols)
+        goto bad;
+    return 0;
+bad:
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "scan_events: bad routing");
+    return -1;
+}
+
+static inline long long col_int(const column_t *c, Py_ssize_t r) {
+    return (c->kind == 's' || c->kind == 'r') ? ((const int32_t *)c->data)[r] : ((const int64_t *)c->data)[r];
+}
+
+static inline int col_present(const column_t *c, Py_ssize_t r) {
+    if (c->kind == 'f') return !isnan(((const double *)c->data)[r]);
+    return col_int(c, r) >= 0;
+}
+
+/* Pass 1: each row's groups (bits 1 << G_*) and kind, the row count of each group, the phase
+   counts. -1: a code the routing does not know (the chunk is routed in Python). */
+static int route_classify(const routing_t *rt, const column_t *cols, Py_ssize_t rows, unsigned char *groups,
+                          unsigned char *kinds, Py_ssize_t count[NGROUPS], int64_t *phase) {
+    const int32_t *ph = (const int32_t *)cols[C_PH].data, *cat = (const int32_t *)cols[C_CAT].data,
+                  *name = (const int32_t *)cols[C_NAME].data;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        unsigned char in = 0, kind = 0;
+        if (ph[r] >= 0) {
+            if (ph[r] >= rt->nph) return -1;
+            phase[ph[r]]++;
+            switch (rt->ph_class[ph[r]]) {
+            case PH_X:
+                if (cat[r] >= rt->ncat) return -1;
+                kind = cat[r] < 0 ? (unsigned char)rt->absent_kind : (unsigned char)rt->cat_kind[cat[r]];
+                in = 1 << G_X;
+                for (int g = 0; g < 3; g++) {
+                    const side_t *sd = &rt->side[g];
+                    if (!sd->kind_mask[kind]) continue;
+                    int keep = sd->npresence == 0;
+                    for (int q = 0; q < sd->npresence && !keep; q++)
+                        keep = col_present(&cols[sd->first + sd->presence[q]], r);
+                    if (keep) in |= 1 << (G_GPU + g);
+                }
+                break;
+            case PH_FLOW: in = 1 << G_FLOWS; break;
+            case PH_META: in = 1 << G_META; break;
+            case PH_INSTANT:
+                if (rt->memory_code >= 0 && name[r] == rt->memory_code) in = 1 << G_MEMORY;
+                else if (name[r] >= rt->names_known) return -1;    /* a new name: "[memory]"? */
+                break;
+            default: break;
+            }
+        }
+        groups[r] = in;
+        kinds[r] = kind;
+        for (int g = 0; g < NGROUPS; g++) count[g] += (in >> g) & 1;
+    }
+    return 0;
+}
+
+/* A group's columns: where each value comes from. */
+typedef struct {
+    int ncols;
+    int source[MAX_GROUP_COLS];    /* spec index, or one of the SRC_* below */
+    size_t item[MAX_GROUP_COLS];
+} layout_t;
+enum { SRC_KIND = -1, SRC_ROW = -2, SRC_EXTERNAL_ID = -3, SRC_DEVICE32 = -4 };
+
+static void layout_add(layout_t *l, int source, size_t item) {
+    l->source[l->ncols] = source;
+    l->item[l->ncols++] = item;
+}
+
+static void route_layouts(const routing_t *rt, const column_t *cols, layout_t out[NGROUPS]) {
+    memset(out, 0, sizeof(layout_t) * NGROUPS);
+    layout_t *x = &out[G_X], *f = &out[G_FLOWS], *m = &out[G_MEMORY], *meta = &out[G_META];
+    layout_add(x, SRC_KIND, 1); layout_add(x, C_NAME, 4); layout_add(x, C_TS, 8); layout_add(x, C_DUR, 8);
+    layout_add(x, C_PID, 8); layout_add(x, C_TID, 8); layout_add(x, SRC_DEVICE32, 4); layout_add(x, C_STREAM, 8);
+    layout_add(x, C_CORR, 8); layout_add(x, SRC_EXTERNAL_ID, 8);
+    layout_add(f, C_PH, 4); layout_add(f, C_CAT, 4); layout_add(f, C_ID, 8); layout_add(f, C_TS, 8);
+    layout_add(f, C_PID, 8); layout_add(f, C_TID, 8);
+    for (int g = 0; g < 3; g++) {
+        layout_t *l = &out[G_GPU + g];
+        layout_add(l, SRC_ROW, 8);
+        for (Py_ssize_t c = rt->side[g].first; c < rt->side[g].first + rt->side[g].count; c++)
+            layout_add(l, (int)c, cols[c].item);
+    }
+    layout_add(m, C_TS, 8);
+    for (Py_ssize_t c = rt->memory_first; c < rt->memory_first + rt->memory_count; c++) layout_add(m, (int)c, cols[c].item);
+    layout_add(meta, C_NAME, 4); layout_add(meta, C_PID, 8); layout_add(meta, C_TID, 8);
+    layout_add(meta, (int)rt->meta_label, cols[rt->meta_label].item);
+}
+
+/* Pass 2: the rows of each group into its columns (`out[g][k]`: count[g] values each). */
+static void route_fill(const routing_t *rt, const column_t *cols, Py_ssize_t rows, const unsigned char *groups,
+                       const unsigned char *kinds, const layout_t layouts[NGROUPS], char **out[NGROUPS]) {
+    Py_ssize_t at[NGROUPS] = {0};
+    Py_ssize_t xi = 0;                 /* position among this chunk's complete events */
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        unsigned char in = groups[r];
+        if (in == 0) continue;
+        for (int g = 0; g < NGROUPS; g++) {
+            if (!((in >> g) & 1)) continue;
+            const layout_t *l = &layouts[g];
+            Py_ssize_t i = at[g]++;
+            for (int k = 0; k < l->ncols; k++) {
+                char *dst = out[g][k];
+                int src = l->source[k];
+                switch (src) {
+                case SRC_KIND: ((uint8_t *)dst)[i] = kinds[r]; break;
+                case SRC_ROW: ((int64_t *)dst)[i] = rt->x_offset + xi; break;
+                case SRC_DEVICE32: ((int32_t *)dst)[i] = (int32_t)((const int64_t *)cols[C_DEVICE].data)[r]; break;
+                case SRC_EXTERNAL_ID: {
+                    int64_t ext = ((const int64_t *)cols[C_EXT].data)[r];
+                    ((int64_t *)dst)[i] = ext >= 0 ? ext : ((const int64_t *)cols[C_EXT21].data)[r];
+                    break;
+                }
+                default:
+                    if (l->item[k] == 8) ((int64_t *)dst)[i] = ((const int64_t *)cols[src].data)[r];
+                    else ((int32_t *)dst)[i] = ((const int32_t *)cols[src].data)[r];
+                }
+            }
+        }
+        xi += in & 1;                  /* bit G_X */
+    }
+}
+
+/* The scanned rows routed: (list of NGROUPS lists of column bytes, phase counts bytes), or Py_None
+   when the routing does not cover a code of this chunk; NULL with an exception set. Runs without
+   the GIL except to create the outputs. */
+static PyObject *route_rows(parser_t *ps, const routing_t *rt, const column_t *cols, Py_ssize_t rows) {
+    unsigned char *groups = malloc((size_t)(rows ? rows : 1) * 2);
+    int64_t *phase = calloc((size_t)(rt->nph ? rt->nph : 1), sizeof(int64_t));
+    Py_ssize_t count[NGROUPS] = {0};
+    layout_t layouts[NGROUPS];
+    char **out[NGROUPS] = {0};
+    char *pointers[NGROUPS * MAX_GROUP_COLS];
+    PyObject *result = NULL, *lists = NULL;
+    if (groups == NULL || phase == NULL) {
+        WITH_GIL(ps);
+        PyErr_NoMemory();
+        END_GIL(ps);
+        goto done;
+    }
+    if (route_classify(rt, cols, rows, groups, groups + rows, count, phase) < 0) {
+        WITH_GIL(ps);
+        result = Py_NewRef(Py_None);
+        END_GIL(ps);
+        goto done;
+    }
+    route_layouts(rt, cols, layouts);
+    {
+        WITH_GIL(ps);
+        lists = PyList_New(NGROUPS);
+        for (int g = 0; lists != NULL && g < NGROUPS; g++) {
+            PyObject *list = PyList_New(layouts[g].ncols);
+            if (list == NULL) { Py_CLEAR(lists); break; }
+            PyList_SET_ITEM(lists, g, list);
+            out[g] = &pointers[g * MAX_GROUP_COLS];
+            for (int k = 0; k < layouts[g].ncols; k++) {
+                PyObject *b = PyBytes_FromStringAndSize(NULL, count[g] * (Py_ssize_t)layouts[g].item[k]);
+                if (b == NULL) { Py_CLEAR(lists); break; }
+                PyList_SET_ITEM(list, k, b);
+                out[g][k] = PyBytes_AS_STRING(b);
+            }
+        }
+        END_GIL(ps);
+    }
+    if (lists == NULL) goto done;
+    route_fill(rt, cols, rows, groups, groups + rows, layouts, out);
+    {
+        WITH_GIL(ps);
+        PyObject *counts = PyBytes_FromStringAndSize((const char *)phase, rt->nph * (Py_ssize_t)sizeof(int64_t));
+        result = counts ? Py_BuildValue("(NN)", lists, counts) : NULL;
+        if (result == NULL) Py_DECREF(lists);
+        END_GIL(ps);
+    }
+done:
+    free(groups);
+    free(phase);
+    return result;
 }
 
 static PyObject *scan_events(PyObject *self, PyObject *args) {
-    PyObject *bufobj, *specs, *tables, *kept = Py_None;
-    if (!PyArg_ParseTuple(args, "OOO!|O", &bufobj, &specs, &PyList_Type, &tables, &kept)) return NULL;
+    PyObject *bufobj, *specs, *tables, *kept = Py_None, *routing = Py_None;
+    if (!PyArg_ParseTuple(args, "OOO!|OO", &bufobj, &specs, &PyList_Type, &tables, &kept, &routing)) return NULL;
     Py_ssize_t ntables = PyList_GET_SIZE(tables);
     cacheset_t *set = NULL;
     if (kept != Py_None) {
@@ -1092,7 +1362,9 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
     PyObject *result = NULL;
     Py_ssize_t cap = 0, filled = 0, row = 0, bad = 0;
     parser_t ps = {(const char *)view.buf, (const char *)view.buf + view.len, 0, NULL};
-    if (!cols || !caches || !top || !inner) { PyErr_NoMemory(); goto done; }
+    scratch_t local = {0};
+    scratch_t *scratch = set ? &set->scratch : &local;
+    if (!cols || !caches || !top || !inner || scratch_ready(scratch, ncols) < 0) { PyErr_NoMemory(); goto done; }
     keymap_init(top);
     keymap_init(inner);
     for (Py_ssize_t t = 0; t < ntables; t++) caches[t].table = PyList_GET_ITEM(tables, t);
@@ -1126,6 +1398,12 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
         col->inner = innerk != Py_None;
     }
 
+    routing_t rt;
+    if (routing != Py_None && (ncols < NCORE || routing_parse(routing, &rt, ncols) < 0)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "scan_events: routing needs the core specs");
+        goto done;
+    }
+
     ps.released = PyEval_SaveThread();
     skip_ws(&ps);
     if (ps.p >= ps.end || *ps.p != '[') { ps.error = 1; goto done; }
@@ -1135,7 +1413,7 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
     while (ps.p < ps.end) {
         if (row >= cap) {
             Py_ssize_t ncap = cap ? cap + cap / 2 : (view.len / 256 > 1024 ? view.len / 256 : 1024);
-            if (grow_columns(&ps, cols, ncols, ncap) < 0) goto done;
+            if (grow_columns(&ps, scratch, cols, ncols, ncap) < 0) goto done;
             cap = ncap;
         }
         if (row >= filled) {          /* defaults a block at a time: no writes past the last row */
@@ -1170,16 +1448,22 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
 finished:
     skip_ws(&ps);
     if (ps.p != ps.end) { ps.error = 1; goto done; }
+    PyObject *routed = routing == Py_None ? Py_None : route_rows(&ps, &rt, cols, row);
     PyEval_RestoreThread(ps.released);
     ps.released = NULL;
+    if (routed == NULL) goto done;
+    if (routed != Py_None) {
+        result = Py_BuildValue("(Nnn)", routed, row, bad);
+        goto done;
+    }
+    if (routing != Py_None) Py_DECREF(routed);
     {
         PyObject *list = PyList_New(ncols);
         if (list == NULL) goto done;
         for (Py_ssize_t c = 0; c < ncols; c++) {
-            PyObject *b = cols[c].out ? cols[c].out : PyBytes_FromStringAndSize(NULL, 0);
-            cols[c].out = NULL;
-            if (b == NULL || _PyBytes_Resize(&b, (Py_ssize_t)(row * (Py_ssize_t)cols[c].item)) < 0) {
-                Py_DECREF(list);          /* (_PyBytes_Resize released b on failure) */
+            PyObject *b = PyBytes_FromStringAndSize(row ? cols[c].data : NULL, row * (Py_ssize_t)cols[c].item);
+            if (b == NULL) {
+                Py_DECREF(list);
                 goto done;
             }
             PyList_SET_ITEM(list, c, b);
@@ -1194,7 +1478,7 @@ done:
         PyErr_Clear();            /* invalid UTF-8 and similar: the msgspec path decides */
     if (result == NULL && !PyErr_Occurred())
         result = PyLong_FromSsize_t(ps.p - (const char *)view.buf);     /* declined: where it stopped */
-    if (cols) for (Py_ssize_t c = 0; c < ncols; c++) Py_XDECREF(cols[c].out);
+    scratch_free(&local);
     if (caches && set == NULL) {
         for (Py_ssize_t t = 0; t < ntables; t++) cache_free(&caches[t]);
         free(caches);

@@ -126,18 +126,23 @@ def columnize(objs: list, specs: Sequence[Col], indices: np.ndarray | None = Non
     return [np.frombuffer(b, dtype=DTYPES[s.kind]) for b, s in zip(buffers, specs)]
 
 
-def scan_json(body, specs: Sequence[tuple], tables: list[dict], caches=None) -> tuple[list[np.ndarray], int, int] | int | None:
+def scan_json(body, specs: Sequence[tuple], tables: list[dict], caches=None,
+              routing: tuple | None = None) -> tuple[list[np.ndarray] | tuple, int, int] | int | None:
     """C scanner over a JSON array of events: (one array per spec, events, non-object elements);
     an int where the scanner declines (invalid JSON, unexpected types): the byte offset where it
     stopped, and the caller decodes with msgspec; None without the extension.
     Specs are (event key, args key or None, kind, default, table index). `caches`: from
-    `string_caches(tables)`, passed with every chunk of one file."""
+    `string_caches(tables)`, passed with every chunk of one file. With `routing` (see the Kineto
+    reader), the first item is instead the rows already split into groups, as the C code returns
+    them, unless a code of the chunk is not in the routing yet."""
     if _fastcols is None:
         return None
-    out = _fastcols.scan_events(body, specs, tables, caches)
+    out = _fastcols.scan_events(body, specs, tables, caches, routing)
     if not isinstance(out, tuple):
         return int(out)
     buffers, n, bad = out
+    if isinstance(buffers, tuple):
+        return buffers, n, bad
     return [np.frombuffer(b, dtype=DTYPES[s[2]]) for b, s in zip(buffers, specs)], n, bad
 
 

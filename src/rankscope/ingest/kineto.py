@@ -29,7 +29,7 @@ from rankscope.ingest.columns import DTYPES, Col, columnize, scan_json, string_c
 from rankscope.model import (CATEGORY_KINDS, DEVICE_KINDS, PROFILER_STEP_PATTERN, Kind, RankMeta, RankTrace,
                              event_kernel_classes)
 
-CHUNK_BYTES = 4 << 20          # decompressed bytes decoded at once (transient memory ~6x this)
+CHUNK_BYTES = 2 << 20          # decompressed bytes decoded at once (transient memory ~6x this)
 HEADER_LIMIT = 64 << 20        # give up looking for "traceEvents" after this many bytes
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 #: Flow categories that link a launch to its device activity; resolved into `correlation`.
@@ -335,15 +335,53 @@ class _Accumulator:
         flat = self.core_specs + [c for cols in self.side_specs.values() for c in cols]
         self.scan_specs = [_scan_spec(c, self.table_list) for c in flat]
         self.string_caches = string_caches(self.table_list)
+        first, at = {}, len(self.core_specs)       # where each side frame's specs start
+        for frame, specs in self.side_specs.items():
+            first[frame] = at
+            at += len(specs)
+        self.routing_sides = tuple(
+            (first[frame], len(self.side_specs[frame]), _SIDE_KINDS[frame].tobytes(),
+             tuple(self.side_names[frame].index(n) for n in _SIDE_PRESENCE[frame]))
+            for frame in _SIDE_KINDS)
+        self.routing_tail = (first["memory"], len(self.side_specs["memory"]), first["meta"])
+        self._routing_codes: tuple | None = None
+        self.routed_columns = {
+            "x": [(n, np.dtype(d)) for n, d in _X_COLUMNS],
+            "flows": [(n, np.dtype(d)) for n, d in _FLOW_COLUMNS],
+            **{frame: [("row", np.dtype(np.int64))] + [(n, np.dtype(DTYPES[c.kind])) for n, c in
+                                                       zip(self.side_names[frame], self.side_specs[frame])]
+               for frame in _SIDE_KINDS},
+            "memory": [("ts_ns", np.dtype(np.int64))] + [(n, np.dtype(DTYPES[c.kind])) for n, c in
+                                                         zip(self.side_names["memory"], self.side_specs["memory"])],
+            "meta": [(n, np.dtype(d)) for n, d in _META_COLUMNS],
+        }
+
+    def routing(self) -> tuple:
+        """What the C scanner needs to split rows as `_add` does: phase classes and category kinds
+        for the codes known so far, the name code of "[memory]", the side groups."""
+        t = self.tables
+        if self._routing_codes != (len(t.ph), len(t.cat)):
+            self._routing_codes = (len(t.ph), len(t.cat))
+            ph_class = np.zeros(len(t.ph), dtype=np.uint8)
+            for texts, value in _PHASE_CLASSES.items():
+                ph_class[_code_mask(t.ph, texts)[:-1]] = value
+            kinds = _cat_kind_lut(t.cat)
+            self._routing_luts = (ph_class.tobytes(), kinds[:-1].tobytes(), int(kinds[-1]))
+        return (*self._routing_luts, len(t.name), t.name.get("[memory]", -1), self.n_x, self.routing_sides,
+                *self.routing_tail)
 
     def scan(self, body) -> int | None:
         """C fast path over raw JSON. None: done. Else the chunk must take the msgspec path, and
         the result is where the scanner stopped (-1: not scanned)."""
-        out = scan_json(body, self.scan_specs, self.table_list, self.string_caches) if self.use_scanner else None
+        out = (scan_json(body, self.scan_specs, self.table_list, self.string_caches, self.routing())
+               if self.use_scanner else None)
         if not isinstance(out, tuple):
             return -1 if out is None else out
         cols, n, bad = out
         self.bad_events += bad
+        if isinstance(cols, tuple):
+            self._add_routed(*cols, n)
+            return None
         core, rest = cols[:len(self.core_specs)], cols[len(self.core_specs):]
         dense, i = {}, 0
         for frame, specs in self.side_specs.items():
@@ -372,46 +410,52 @@ class _Accumulator:
         return np.zeros(0, dtype=dtype) if column is None else column.values()
 
 
+    def _count_phases(self, counts: np.ndarray) -> None:
+        if len(counts) > len(self.phase_counts):
+            counts = counts.copy()
+            counts[:len(self.phase_counts)] += self.phase_counts
+            self.phase_counts = counts
+        else:
+            self.phase_counts[:len(counts)] += counts
+
+    def _add_routed(self, groups: list[list[bytes]], phase_counts: bytes, n: int) -> None:
+        """A chunk the C scanner split into the groups itself (see `routing`)."""
+        self._count_phases(np.frombuffer(phase_counts, dtype=np.int64))
+        self.n_events += n
+        for (group, columns), buffers in zip(self.routed_columns.items(), groups):
+            if group == "x" or buffers[0]:
+                self._keep(group, {name: np.frombuffer(b, dtype=dtype) for (name, dtype), b in zip(columns, buffers)})
+        self.n_x += len(groups[0][0])      # the kinds: one byte per complete event
+
     def _add(self, core: list[np.ndarray], n: int, side_columns) -> None:
         if n == 0:
             return
         c = dict(zip(_CORE_NAMES, core))
         t = self.tables
         ph = c["ph"]
-        counts = np.bincount(ph[ph >= 0], minlength=len(t.ph))
-        if len(counts) > len(self.phase_counts):
-            counts[:len(self.phase_counts)] += self.phase_counts
-            self.phase_counts = counts
-        else:
-            self.phase_counts[:len(counts)] += counts
+        self._count_phases(np.bincount(ph[ph >= 0], minlength=len(t.ph)))
         self.n_events += n
 
         x_idx = np.flatnonzero(ph == t.ph.get("X", -99))
         kind = _cat_kind_lut(t.cat)[c["cat"][x_idx]]
         ext = c["ext"][x_idx]
-        self._keep("x", {
+        self._keep("x", {     # the columns of _X_COLUMNS
             "kind": kind, "name": c["name"][x_idx], "ts_ns": c["ts_ns"][x_idx],
             "dur_ns": c["dur_ns"][x_idx], "pid": c["pid"][x_idx], "tid": c["tid"][x_idx],
             "device": c["device"][x_idx].astype(np.int32), "stream": c["stream"][x_idx],
             "correlation": c["corr"][x_idx], "external_id": np.where(ext >= 0, ext, c["ext21"][x_idx]),
         })
-        flow_idx = np.flatnonzero(_code_mask(t.ph, ("s", "f", "t"))[ph])
+        flow_idx = np.flatnonzero(_code_mask(t.ph, _FLOW_PHASES)[ph])
         if len(flow_idx):
-            self._keep("flows", {k: c[k][flow_idx] for k in ("ph", "cat", "id", "ts_ns", "pid", "tid")})
+            self._keep("flows", {k: c[k][flow_idx] for k, _ in _FLOW_COLUMNS})
 
-        device, host_op = _IS_DEVICE[kind], _IS_HOST_OP[kind]      # per complete event
-        groups = {
-            "gpu_args": device,
-            "comm_args": (host_op & (kind != int(Kind.PYTHON_FUNCTION))) | device,
-            "op_args": host_op,
-        }
-        for frame, of_x in groups.items():
-            at = np.flatnonzero(of_x)                      # positions among this chunk's complete events
+        for frame, kinds in _SIDE_KINDS.items():
+            at = np.flatnonzero(kinds[kind])               # positions among this chunk's complete events
             if len(at):
                 cols = dict(zip(self.side_names[frame], side_columns(frame, x_idx[at])))
-                keep = _SIDE_HAS_VALUE[frame](cols)
+                keep = _has_value(cols, _SIDE_PRESENCE[frame])
                 self._keep(frame, {"row": (at + self.n_x)[keep], **{k: v[keep] for k, v in cols.items()}})
-        memory_idx = np.flatnonzero(_code_mask(t.ph, ("i", "I"))[ph] & (c["name"] == t.name.get("[memory]", -99)))
+        memory_idx = np.flatnonzero(_code_mask(t.ph, _INSTANT_PHASES)[ph] & (c["name"] == t.name.get("[memory]", -99)))
         if len(memory_idx):
             self._keep("memory", {"ts_ns": c["ts_ns"][memory_idx],
                                   **dict(zip(self.side_names["memory"], side_columns("memory", memory_idx)))})
@@ -422,17 +466,40 @@ class _Accumulator:
         self.n_x += len(x_idx)
 
 
-#: Side rows worth keeping: those that carry at least one value.
-_SIDE_HAS_VALUE = {
-    "gpu_args": lambda c: np.ones(len(c["bytes"]), dtype=bool),
-    "comm_args": lambda c: (c["collective"] >= 0) | (c["in_msg_nelems"] >= 0) | (c["seq"] >= 0),
-    "op_args": lambda c: ((c["input_dims"] >= 0) | (c["call_stack"] >= 0) | ~np.isnan(c["flops"])
-                          | (c["sequence_number"] >= 0) | (c["python_id"] >= 0)),
-}
-
-
 _IS_DEVICE = np.isin(np.arange(256), [int(k) for k in DEVICE_KINDS])
 _IS_HOST_OP = np.isin(np.arange(256), [int(Kind.CPU_OP), int(Kind.USER_ANNOTATION), int(Kind.PYTHON_FUNCTION)])
+#: Which complete events (by kind) get a row in each side frame ...
+_SIDE_KINDS = {
+    "gpu_args": _IS_DEVICE,
+    "comm_args": (_IS_HOST_OP & (np.arange(256) != int(Kind.PYTHON_FUNCTION))) | _IS_DEVICE,
+    "op_args": _IS_HOST_OP,
+}
+#: ... and keep it: when one of these columns holds a value (none listed: always).
+_SIDE_PRESENCE = {
+    "gpu_args": (),
+    "comm_args": ("collective", "in_msg_nelems", "seq"),
+    "op_args": ("input_dims", "call_stack", "flops", "sequence_number", "python_id"),
+}
+#: Kept columns of the complete events, of the flow events, of the metadata events (name, dtype).
+_X_COLUMNS = [("kind", np.uint8), ("name", np.int32), ("ts_ns", np.int64), ("dur_ns", np.int64),
+              ("pid", np.int64), ("tid", np.int64), ("device", np.int32), ("stream", np.int64),
+              ("correlation", np.int64), ("external_id", np.int64)]
+_FLOW_COLUMNS = [("ph", np.int32), ("cat", np.int32), ("id", np.int64), ("ts_ns", np.int64), ("pid", np.int64),
+                 ("tid", np.int64)]
+_META_COLUMNS = [("name", np.int32), ("pid", np.int64), ("tid", np.int64), ("label", np.int32)]
+_FLOW_PHASES, _INSTANT_PHASES = ("s", "f", "t"), ("i", "I")
+#: Phase texts -> the C routing's classes (PH_X, PH_FLOW, PH_INSTANT, PH_META in _fastcols.c).
+_PHASE_CLASSES = {("X",): 1, _FLOW_PHASES: 2, _INSTANT_PHASES: 3, ("M",): 4}
+
+
+def _has_value(cols: dict[str, np.ndarray], names: tuple[str, ...]) -> np.ndarray:
+    """Rows where one of `names` holds a value (>= 0; a float: not NaN); all rows when none."""
+    rows = len(next(iter(cols.values())))
+    keep = np.zeros(rows, dtype=bool) if names else np.ones(rows, dtype=bool)
+    for name in names:
+        v = cols[name]
+        keep |= ~np.isnan(v) if v.dtype.kind == "f" else v >= 0
+    return keep
 
 
 def _code_mask(table: dict, texts: tuple[str, ...]) -> np.ndarray:
@@ -676,6 +743,7 @@ def _parse_stream(path: Path, use_scanner: bool) -> _Parsed:
         comma = buf.index(b",", end)
         del buf[:comma]
         consumed += comma
+    acc.string_caches = None          # the scanner's buffers and caches, before the frames are built
     return _Parsed(header, trailer, acc, cut_at, cut_reason, fmt)
 
 
