@@ -1209,7 +1209,7 @@ static int route_classify(const routing_t *rt, const column_t *cols, Py_ssize_t 
         }
         groups[r] = in;
         kinds[r] = kind;
-        for (int g = 0; g < NGROUPS; g++) count[g] += (in >> g) & 1;
+        if (in) for (int g = 0; g < NGROUPS; g++) count[g] += (in >> g) & 1;
     }
     return 0;
 }
@@ -1247,37 +1247,70 @@ static void route_layouts(const routing_t *rt, const column_t *cols, layout_t ou
     layout_add(meta, (int)rt->meta_label, cols[rt->meta_label].item);
 }
 
-/* Pass 2: the rows of each group into its columns (`out[g][k]`: count[g] values each). */
+/* A generic group's row r: its spec columns after `skip` leading columns written by the caller. */
+static inline void copy_specs(const layout_t *l, int skip, const column_t *cols, Py_ssize_t r, char **dst, Py_ssize_t i) {
+    for (int k = skip; k < l->ncols; k++) {
+        const column_t *c = &cols[l->source[k]];
+        if (l->item[k] == 8) ((int64_t *)dst[k])[i] = ((const int64_t *)c->data)[r];
+        else ((int32_t *)dst[k])[i] = ((const int32_t *)c->data)[r];
+    }
+}
+
+/* Pass 2: the rows of each group into its columns (`out[g][k]`: count[g] values each, in the
+   order of route_layouts). */
 static void route_fill(const routing_t *rt, const column_t *cols, Py_ssize_t rows, const unsigned char *groups,
                        const unsigned char *kinds, const layout_t layouts[NGROUPS], char **out[NGROUPS]) {
     Py_ssize_t at[NGROUPS] = {0};
     Py_ssize_t xi = 0;                 /* position among this chunk's complete events */
+    const int32_t *ph = (const int32_t *)cols[C_PH].data, *cat = (const int32_t *)cols[C_CAT].data,
+                  *name = (const int32_t *)cols[C_NAME].data;
+    const int64_t *ts = (const int64_t *)cols[C_TS].data, *dur = (const int64_t *)cols[C_DUR].data,
+                  *pid = (const int64_t *)cols[C_PID].data, *tid = (const int64_t *)cols[C_TID].data,
+                  *ext = (const int64_t *)cols[C_EXT].data, *ext21 = (const int64_t *)cols[C_EXT21].data,
+                  *corr = (const int64_t *)cols[C_CORR].data, *device = (const int64_t *)cols[C_DEVICE].data,
+                  *stream = (const int64_t *)cols[C_STREAM].data, *id = (const int64_t *)cols[C_ID].data;
+    char **x = out[G_X], **f = out[G_FLOWS];
     for (Py_ssize_t r = 0; r < rows; r++) {
         unsigned char in = groups[r];
         if (in == 0) continue;
-        for (int g = 0; g < NGROUPS; g++) {
-            if (!((in >> g) & 1)) continue;
-            const layout_t *l = &layouts[g];
-            Py_ssize_t i = at[g]++;
-            for (int k = 0; k < l->ncols; k++) {
-                char *dst = out[g][k];
-                int src = l->source[k];
-                switch (src) {
-                case SRC_KIND: ((uint8_t *)dst)[i] = kinds[r]; break;
-                case SRC_ROW: ((int64_t *)dst)[i] = rt->x_offset + xi; break;
-                case SRC_DEVICE32: ((int32_t *)dst)[i] = (int32_t)((const int64_t *)cols[C_DEVICE].data)[r]; break;
-                case SRC_EXTERNAL_ID: {
-                    int64_t ext = ((const int64_t *)cols[C_EXT].data)[r];
-                    ((int64_t *)dst)[i] = ext >= 0 ? ext : ((const int64_t *)cols[C_EXT21].data)[r];
-                    break;
-                }
-                default:
-                    if (l->item[k] == 8) ((int64_t *)dst)[i] = ((const int64_t *)cols[src].data)[r];
-                    else ((int32_t *)dst)[i] = ((const int32_t *)cols[src].data)[r];
-                }
+        if (in & (1 << G_X)) {
+            Py_ssize_t i = at[G_X]++;
+            ((uint8_t *)x[0])[i] = kinds[r];
+            ((int32_t *)x[1])[i] = name[r];
+            ((int64_t *)x[2])[i] = ts[r];
+            ((int64_t *)x[3])[i] = dur[r];
+            ((int64_t *)x[4])[i] = pid[r];
+            ((int64_t *)x[5])[i] = tid[r];
+            ((int32_t *)x[6])[i] = (int32_t)device[r];
+            ((int64_t *)x[7])[i] = stream[r];
+            ((int64_t *)x[8])[i] = corr[r];
+            ((int64_t *)x[9])[i] = ext[r] >= 0 ? ext[r] : ext21[r];
+            for (int g = G_GPU; g <= G_OP; g++) {
+                if (!(in & (1 << g))) continue;
+                Py_ssize_t j = at[g]++;
+                ((int64_t *)out[g][0])[j] = rt->x_offset + xi;
+                copy_specs(&layouts[g], 1, cols, r, out[g], j);
             }
+            xi++;
+        } else if (in & (1 << G_FLOWS)) {
+            Py_ssize_t i = at[G_FLOWS]++;
+            ((int32_t *)f[0])[i] = ph[r];
+            ((int32_t *)f[1])[i] = cat[r];
+            ((int64_t *)f[2])[i] = id[r];
+            ((int64_t *)f[3])[i] = ts[r];
+            ((int64_t *)f[4])[i] = pid[r];
+            ((int64_t *)f[5])[i] = tid[r];
+        } else if (in & (1 << G_MEMORY)) {
+            Py_ssize_t i = at[G_MEMORY]++;
+            ((int64_t *)out[G_MEMORY][0])[i] = ts[r];
+            copy_specs(&layouts[G_MEMORY], 1, cols, r, out[G_MEMORY], i);
+        } else if (in & (1 << G_META)) {
+            Py_ssize_t i = at[G_META]++;
+            ((int32_t *)out[G_META][0])[i] = name[r];
+            ((int64_t *)out[G_META][1])[i] = pid[r];
+            ((int64_t *)out[G_META][2])[i] = tid[r];
+            copy_specs(&layouts[G_META], 3, cols, r, out[G_META], i);
         }
-        xi += in & 1;                  /* bit G_X */
     }
 }
 
