@@ -618,7 +618,7 @@ def _decode_leniently(data: bytes, acc: _Accumulator) -> list:
 def _last_boundary(buf: bytes | bytearray, before: int) -> int:
     """Position just after the last '}' of a `}, {` event boundary that starts before `before`;
     -1 if none."""
-    window = 1 << 16
+    window = 1 << 12
     while True:
         lo = max(0, before - window)
         last = -1
