@@ -217,9 +217,20 @@ def _children_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+def settle(seconds: float) -> None:
+    """Before a timed run: write back what earlier runs left dirty in the page cache (rankscope's
+    cache files), then wait, so that neither that writeback nor the exit of the previous tool
+    (HTA frees ~4 GB) runs during the next measurement."""
+    if seconds > 0:
+        if hasattr(os, "sync"):
+            os.sync()
+        time.sleep(seconds)
+
+
 def run_measured(cmd: list[str], *, env: dict | None, stdout, timeout: float, interval: float,
-                 stderr_path: Path, with_pss: bool = HAVE_PSS) -> dict:
-    """Run cmd in a fresh process; wall, tree CPU seconds, tree peak RSS, rc."""
+                 stderr_path: Path, with_pss: bool = HAVE_PSS, settle_s: float = 0.0) -> dict:
+    """Run cmd in a fresh process (after `settle(settle_s)`); wall, tree CPU seconds, tree peak RSS, rc."""
+    settle(settle_s)
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     cpu0 = _children_cpu()
     with open(stderr_path, "wb") as err:
@@ -342,7 +353,8 @@ def bench_size(mb: float, args, rs_cmd, rs_env, hta_py) -> dict:
                     print(f"[{label} #{rep + 1}] {kind}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
                     with open(os.devnull, "wb") as devnull:
                         r = run_measured(cmd, env=rs_env, stdout=devnull, timeout=args.timeout, interval=args.interval,
-                                         stderr_path=logdir / f"{kind}-{rep}.err", with_pss=args.pss)
+                                         stderr_path=logdir / f"{kind}-{rep}.err", with_pss=args.pss,
+                                         settle_s=args.settle)
                     _report_run(kind, r)
                     res["runs"][kind].append(r)
             if not args.no_verify and run_ok("rankscope_analyze_cached", res["runs"]["rankscope_analyze_cached"][-1]):
@@ -360,7 +372,8 @@ def bench_size(mb: float, args, rs_cmd, rs_env, hta_py) -> dict:
             out_path = logdir / f"hta-{rep}.out"
             with open(out_path, "wb") as out:
                 r = run_measured(cmd, env=dict(os.environ), stdout=out, timeout=args.timeout,
-                                 interval=args.interval, stderr_path=logdir / f"hta-{rep}.err", with_pss=args.pss)
+                                 interval=args.interval, stderr_path=logdir / f"hta-{rep}.err", with_pss=args.pss,
+                                 settle_s=args.settle)
             r["cmd"] = [str(hta_py), "-c", "<HTA_SCRIPT>", str(data_dir)]
             try:
                 r["hta"] = json.loads(out_path.read_text().strip().splitlines()[-1])
@@ -526,6 +539,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data-dir", default=None, help="where scale sets live (default benchmarks/data)")
     ap.add_argument("--interval", type=float, default=0.02, help="RSS polling interval, s (default 0.02)")
     ap.add_argument("--timeout", type=float, default=1800, help="per run, s")
+    ap.add_argument("--settle", type=float, default=2.0,
+                    help="before each timed run: sync, then wait this long, s (default 2; 0: neither)")
     ap.add_argument("--no-pss", dest="pss", action="store_false",
                     help="do not also sample PSS (/proc/PID/smaps_rollup) next to RSS")
     ap.add_argument("--results", type=Path, default=RESULTS_DIR)

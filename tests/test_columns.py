@@ -219,7 +219,7 @@ def _read_counting_routed(path: Path, monkeypatch) -> tuple:
 
     def counting(self, groups, phase_counts, n):
         for (name, columns), buffers in zip(self.routed_columns.items(), groups):
-            rows[name] = rows.get(name, 0) + len(buffers[0]) // columns[0][1].itemsize
+            rows[name] = rows.get(name, 0) + len(buffers[0]) // np.dtype(columns[0][1]).itemsize
         return original(self, groups, phase_counts, n)
 
     monkeypatch.setattr(kineto._Accumulator, "_add_routed", counting)

@@ -311,9 +311,11 @@ fail_buf:
  *   specs   sequence of (outer_key, inner_key_or_None, kind, default, table_index)
  *           outer_key is a top-level event key ("ts"); inner_key a key of its "args" object
  *   tables  list of dicts shared with the msgspec path (str -> code)
- *   caches  optional: string_caches(len(tables)), kept by the caller across the calls of one file,
- *           so that a string met in an earlier chunk is coded without the GIL or a Python
- *           object (valid while the tables only grow; without it, each call starts empty)
+ *   state   optional: scan_state(len(tables)), kept by the caller across the calls of one file:
+ *           string caches (a string met in an earlier chunk is coded without the GIL or a Python
+ *           object; valid while the tables only grow) and column buffers reused from call to
+ *           call. Without it, each call starts empty.
+ *   routing optional: see route_rows
  * ========================================================================================== */
 
 #define MAX_DEPTH 64
@@ -780,33 +782,33 @@ static int scratch_ready(scratch_t *s, Py_ssize_t ncols) {
 }
 
 /* ---- what persists across the scan calls of one file: string caches, column buffers ---- */
-#define CACHES_CAPSULE "rankscope.ingest._fastcols.string_caches"
+#define STATE_CAPSULE "rankscope.ingest._fastcols.scan_state"
 
 typedef struct {
     scratch_t scratch;
     Py_ssize_t n;
     strcache_t caches[];
-} cacheset_t;
+} scanstate_t;
 
-static void cacheset_destroy(PyObject *capsule) {
-    cacheset_t *set = PyCapsule_GetPointer(capsule, CACHES_CAPSULE);
+static void scanstate_destroy(PyObject *capsule) {
+    scanstate_t *set = PyCapsule_GetPointer(capsule, STATE_CAPSULE);
     if (set == NULL) { PyErr_Clear(); return; }
     for (Py_ssize_t t = 0; t < set->n; t++) cache_free(&set->caches[t]);
     scratch_free(&set->scratch);
     free(set);
 }
 
-static PyObject *string_caches(PyObject *self, PyObject *arg) {
+static PyObject *scan_state(PyObject *self, PyObject *arg) {
     Py_ssize_t n = PyLong_AsSsize_t(arg);
     if (n < 0) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "string_caches: need a count >= 0");
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "scan_state: need a count of tables >= 0");
         return NULL;
     }
-    cacheset_t *set = calloc(1, sizeof(cacheset_t) + (size_t)n * sizeof(strcache_t));
+    scanstate_t *set = calloc(1, sizeof(scanstate_t) + (size_t)n * sizeof(strcache_t));
     if (set == NULL) return PyErr_NoMemory();
     set->n = n;
     for (Py_ssize_t t = 0; t < n; t++) set->caches[t].persistent = 1;
-    PyObject *capsule = PyCapsule_New(set, CACHES_CAPSULE, cacheset_destroy);
+    PyObject *capsule = PyCapsule_New(set, STATE_CAPSULE, scanstate_destroy);
     if (capsule == NULL) free(set);
     return capsule;
 }
@@ -1371,15 +1373,15 @@ done:
 }
 
 static PyObject *scan_events(PyObject *self, PyObject *args) {
-    PyObject *bufobj, *specs, *tables, *kept = Py_None, *routing = Py_None;
-    if (!PyArg_ParseTuple(args, "OOO!|OO", &bufobj, &specs, &PyList_Type, &tables, &kept, &routing)) return NULL;
+    PyObject *bufobj, *specs, *tables, *state = Py_None, *routing = Py_None;
+    if (!PyArg_ParseTuple(args, "OOO!|OO", &bufobj, &specs, &PyList_Type, &tables, &state, &routing)) return NULL;
     Py_ssize_t ntables = PyList_GET_SIZE(tables);
-    cacheset_t *set = NULL;
-    if (kept != Py_None) {
-        set = PyCapsule_GetPointer(kept, CACHES_CAPSULE);
+    scanstate_t *set = NULL;
+    if (state != Py_None) {
+        set = PyCapsule_GetPointer(state, STATE_CAPSULE);
         if (set == NULL) return NULL;
         if (set->n != ntables) {
-            PyErr_SetString(PyExc_ValueError, "scan_events: string caches for another number of tables");
+            PyErr_SetString(PyExc_ValueError, "scan_events: a scan state for another number of tables");
             return NULL;
         }
     }
@@ -1525,7 +1527,7 @@ done:
 static PyMethodDef methods[] = {
     {"columnize", columnize, METH_VARARGS, "Extract typed column buffers from a list of Structs."},
     {"scan_events", scan_events, METH_VARARGS, "Scan a JSON array of trace events into typed column buffers."},
-    {"string_caches", string_caches, METH_O, "String caches for scan_events that persist across calls."},
+    {"scan_state", scan_state, METH_O, "What scan_events keeps across the calls of one file."},
     {NULL, NULL, 0, NULL},
 };
 

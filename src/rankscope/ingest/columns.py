@@ -126,18 +126,18 @@ def columnize(objs: list, specs: Sequence[Col], indices: np.ndarray | None = Non
     return [np.frombuffer(b, dtype=DTYPES[s.kind]) for b, s in zip(buffers, specs)]
 
 
-def scan_json(body, specs: Sequence[tuple], tables: list[dict], caches=None,
+def scan_json(body, specs: Sequence[tuple], tables: list[dict], state=None,
               routing: tuple | None = None) -> tuple[list[np.ndarray] | tuple, int, int] | int | None:
     """C scanner over a JSON array of events: (one array per spec, events, non-object elements);
     an int where the scanner declines (invalid JSON, unexpected types): the byte offset where it
     stopped, and the caller decodes with msgspec; None without the extension.
-    Specs are (event key, args key or None, kind, default, table index). `caches`: from
-    `string_caches(tables)`, passed with every chunk of one file. With `routing` (see the Kineto
+    Specs are (event key, args key or None, kind, default, table index). `state`: from
+    `scan_state(tables)`, passed with every chunk of one file. With `routing` (see the Kineto
     reader), the first item is instead the rows already split into groups, as the C code returns
     them, unless a code of the chunk is not in the routing yet."""
     if _fastcols is None:
         return None
-    out = _fastcols.scan_events(body, specs, tables, caches, routing)
+    out = _fastcols.scan_events(body, specs, tables, state, routing)
     if not isinstance(out, tuple):
         return int(out)
     buffers, n, bad = out
@@ -146,9 +146,10 @@ def scan_json(body, specs: Sequence[tuple], tables: list[dict], caches=None,
     return [np.frombuffer(b, dtype=DTYPES[s[2]]) for b, s in zip(buffers, specs)], n, bad
 
 
-def string_caches(tables: list[dict]):
-    """The scanner's string caches for one file's `tables` (None without the extension)."""
-    return None if _fastcols is None else _fastcols.string_caches(len(tables))
+def scan_state(tables: list[dict]):
+    """What the scanner keeps from chunk to chunk of one file (string caches for its `tables`,
+    column buffers); None without the extension."""
+    return None if _fastcols is None else _fastcols.scan_state(len(tables))
 
 
 def has_c_extension() -> bool:

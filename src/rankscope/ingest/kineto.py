@@ -25,7 +25,7 @@ import msgspec
 import numpy as np
 import polars as pl
 
-from rankscope.ingest.columns import DTYPES, Col, columnize, scan_json, string_caches
+from rankscope.ingest.columns import DTYPES, Col, columnize, scan_json, scan_state
 from rankscope.model import (CATEGORY_KINDS, DEVICE_KINDS, PROFILER_STEP_PATTERN, Kind, RankMeta, RankTrace,
                              event_kernel_classes)
 
@@ -334,7 +334,7 @@ class _Accumulator:
         self.table_list = [t.ph, t.name, t.cat, t.tid, t.text]
         flat = self.core_specs + [c for cols in self.side_specs.values() for c in cols]
         self.scan_specs = [_scan_spec(c, self.table_list) for c in flat]
-        self.string_caches = string_caches(self.table_list)
+        self.scan_state = scan_state(self.table_list)
         first, at = {}, len(self.core_specs)       # where each side frame's specs start
         for frame, specs in self.side_specs.items():
             first[frame] = at
@@ -344,17 +344,17 @@ class _Accumulator:
              tuple(self.side_names[frame].index(n) for n in _SIDE_PRESENCE[frame]))
             for frame in _SIDE_KINDS)
         self.routing_tail = (first["memory"], len(self.side_specs["memory"]), first["meta"])
-        self._routing_codes: tuple | None = None
+        self._routing_codes: tuple | None = None      # (phases, categories) the tables below cover
+        self._routing_luts: tuple = ()
+        # the groups the C routing returns, in its order (G_X ... G_META), and their columns
         self.routed_columns = {
-            "x": [(n, np.dtype(d)) for n, d in _X_COLUMNS],
-            "flows": [(n, np.dtype(d)) for n, d in _FLOW_COLUMNS],
-            **{frame: [("row", np.dtype(np.int64))] + [(n, np.dtype(DTYPES[c.kind])) for n, c in
-                                                       zip(self.side_names[frame], self.side_specs[frame])]
-               for frame in _SIDE_KINDS},
-            "memory": [("ts_ns", np.dtype(np.int64))] + [(n, np.dtype(DTYPES[c.kind])) for n, c in
-                                                         zip(self.side_names["memory"], self.side_specs["memory"])],
-            "meta": [(n, np.dtype(d)) for n, d in _META_COLUMNS],
+            "x": _X_COLUMNS, "flows": _FLOW_COLUMNS,
+            **{frame: [("row", np.int64)] + self._spec_columns(frame) for frame in _SIDE_KINDS},
+            "memory": [("ts_ns", np.int64)] + self._spec_columns("memory"), "meta": _META_COLUMNS,
         }
+
+    def _spec_columns(self, frame: str) -> list[tuple[str, type]]:
+        return [(n, DTYPES[c.kind]) for n, c in zip(self.side_names[frame], self.side_specs[frame])]
 
     def routing(self) -> tuple:
         """What the C scanner needs to split rows as `_add` does: phase classes and category kinds
@@ -373,7 +373,7 @@ class _Accumulator:
     def scan(self, body) -> int | None:
         """C fast path over raw JSON. None: done. Else the chunk must take the msgspec path, and
         the result is where the scanner stopped (-1: not scanned)."""
-        out = (scan_json(body, self.scan_specs, self.table_list, self.string_caches, self.routing())
+        out = (scan_json(body, self.scan_specs, self.table_list, self.scan_state, self.routing())
                if self.use_scanner else None)
         if not isinstance(out, tuple):
             return -1 if out is None else out
@@ -424,7 +424,7 @@ class _Accumulator:
         self.n_events += n
         for (group, columns), buffers in zip(self.routed_columns.items(), groups):
             if group == "x" or buffers[0]:
-                self._keep(group, {name: np.frombuffer(b, dtype=dtype) for (name, dtype), b in zip(columns, buffers)})
+                self._keep(group, {name: np.frombuffer(b, dtype) for (name, dtype), b in zip(columns, buffers)})
         self.n_x += len(groups[0][0])      # the kinds: one byte per complete event
 
     def _add(self, core: list[np.ndarray], n: int, side_columns) -> None:
@@ -743,7 +743,7 @@ def _parse_stream(path: Path, use_scanner: bool) -> _Parsed:
         comma = buf.index(b",", end)
         del buf[:comma]
         consumed += comma
-    acc.string_caches = None          # the scanner's buffers and caches, before the frames are built
+    acc.scan_state = None             # the scanner's buffers and caches, before the frames are built
     return _Parsed(header, trailer, acc, cut_at, cut_reason, fmt)
 
 
