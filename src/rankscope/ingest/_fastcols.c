@@ -791,11 +791,11 @@ typedef struct {
 } scanstate_t;
 
 static void scanstate_destroy(PyObject *capsule) {
-    scanstate_t *set = PyCapsule_GetPointer(capsule, STATE_CAPSULE);
-    if (set == NULL) { PyErr_Clear(); return; }
-    for (Py_ssize_t t = 0; t < set->n; t++) cache_free(&set->caches[t]);
-    scratch_free(&set->scratch);
-    free(set);
+    scanstate_t *st = PyCapsule_GetPointer(capsule, STATE_CAPSULE);
+    if (st == NULL) { PyErr_Clear(); return; }
+    for (Py_ssize_t t = 0; t < st->n; t++) cache_free(&st->caches[t]);
+    scratch_free(&st->scratch);
+    free(st);
 }
 
 static PyObject *scan_state(PyObject *self, PyObject *arg) {
@@ -804,12 +804,12 @@ static PyObject *scan_state(PyObject *self, PyObject *arg) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "scan_state: need a count of tables >= 0");
         return NULL;
     }
-    scanstate_t *set = calloc(1, sizeof(scanstate_t) + (size_t)n * sizeof(strcache_t));
-    if (set == NULL) return PyErr_NoMemory();
-    set->n = n;
-    for (Py_ssize_t t = 0; t < n; t++) set->caches[t].persistent = 1;
-    PyObject *capsule = PyCapsule_New(set, STATE_CAPSULE, scanstate_destroy);
-    if (capsule == NULL) free(set);
+    scanstate_t *st = calloc(1, sizeof(scanstate_t) + (size_t)n * sizeof(strcache_t));
+    if (st == NULL) return PyErr_NoMemory();
+    st->n = n;
+    for (Py_ssize_t t = 0; t < n; t++) st->caches[t].persistent = 1;
+    PyObject *capsule = PyCapsule_New(st, STATE_CAPSULE, scanstate_destroy);
+    if (capsule == NULL) free(st);
     return capsule;
 }
 
@@ -1376,11 +1376,11 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
     PyObject *bufobj, *specs, *tables, *state = Py_None, *routing = Py_None;
     if (!PyArg_ParseTuple(args, "OOO!|OO", &bufobj, &specs, &PyList_Type, &tables, &state, &routing)) return NULL;
     Py_ssize_t ntables = PyList_GET_SIZE(tables);
-    scanstate_t *set = NULL;
+    scanstate_t *st = NULL;
     if (state != Py_None) {
-        set = PyCapsule_GetPointer(state, STATE_CAPSULE);
-        if (set == NULL) return NULL;
-        if (set->n != ntables) {
+        st = PyCapsule_GetPointer(state, STATE_CAPSULE);
+        if (st == NULL) return NULL;
+        if (st->n != ntables) {
             PyErr_SetString(PyExc_ValueError, "scan_events: a scan state for another number of tables");
             return NULL;
         }
@@ -1391,14 +1391,14 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
     if (seq == NULL) { PyBuffer_Release(&view); return NULL; }
     Py_ssize_t ncols = PySequence_Fast_GET_SIZE(seq);
     column_t *cols = calloc((size_t)(ncols ? ncols : 1), sizeof(column_t));
-    strcache_t *caches = set ? set->caches : calloc((size_t)(ntables ? ntables : 1), sizeof(strcache_t));
+    strcache_t *caches = st ? st->caches : calloc((size_t)(ntables ? ntables : 1), sizeof(strcache_t));
     keymap_t *top = calloc(1, sizeof(keymap_t));
     keymap_t *inner = calloc(1, sizeof(keymap_t));
     PyObject *result = NULL;
     Py_ssize_t cap = 0, filled = 0, row = 0, bad = 0;
     parser_t ps = {(const char *)view.buf, (const char *)view.buf + view.len, 0, NULL};
     scratch_t local = {0};
-    scratch_t *scratch = set ? &set->scratch : &local;
+    scratch_t *scratch = st ? &st->scratch : &local;
     if (!cols || !caches || !top || !inner || scratch_ready(scratch, ncols) < 0) { PyErr_NoMemory(); goto done; }
     keymap_init(top);
     keymap_init(inner);
@@ -1514,7 +1514,7 @@ done:
     if (result == NULL && !PyErr_Occurred())
         result = PyLong_FromSsize_t(ps.p - (const char *)view.buf);     /* declined: where it stopped */
     scratch_free(&local);
-    if (caches && set == NULL) {
+    if (caches && st == NULL) {
         for (Py_ssize_t t = 0; t < ntables; t++) cache_free(&caches[t]);
         free(caches);
     }
