@@ -244,12 +244,13 @@ def test_c_routing_equals_msgspec_path_on_corpus(corpus: Path, monkeypatch, fold
     assert fast.meta.to_dict() == ref.meta.to_dict()
 
 
-def test_c_routing_fills_every_group(tmp_path: Path, monkeypatch):
+@pytest.mark.parametrize("chunk", [4 << 10, 1 << 20])
+def test_c_routing_fills_every_group(tmp_path: Path, monkeypatch, chunk: int):
     """A crafted trace where every kind of row comes again after the chunk that first met its codes
     (real traces have their metadata in the first or last chunk): complete events of each side
     kind with and without side values, flows, '[memory]' and other instants, metadata, 'B'/'E'
     (counted only). Each group gets rows from the C routing, and the frames equal the msgspec
-    reference path's."""
+    reference path's. With 1 MB chunks a chunk holds several of the routing's blocks of rows."""
     def block(i: int) -> list[dict]:
         return [
             {"ph": "M", "name": "thread_name", "pid": 1, "tid": i, "args": {"name": f"thread {i}"}},
@@ -275,10 +276,10 @@ def test_c_routing_fills_every_group(tmp_path: Path, monkeypatch):
             {"ph": "B", "name": "begin", "pid": 1, "tid": 2, "ts": 10 * i + 7},
             {"ph": "E", "name": "begin", "pid": 1, "tid": 2, "ts": 10 * i + 8},
         ]
-    events = [e for i in range(1, 400) for e in block(i)]
+    events = [e for i in range(1, 1500) for e in block(i)]
     path = tmp_path / "rank0.json"
     path.write_text(json.dumps({"traceEvents": events}))
-    monkeypatch.setattr(kineto, "CHUNK_BYTES", 4 << 10)
+    monkeypatch.setattr(kineto, "CHUNK_BYTES", chunk)
     ref, _ = read_kineto(path, use_scanner=False)
     fast, rows = _read_counting_routed(path, monkeypatch)
     assert {g for g, n in rows.items() if n > 0} == set(kineto._Accumulator(kineto._Tables()).routed_columns), rows

@@ -315,7 +315,7 @@ fail_buf:
  *           string caches (a string met in an earlier chunk is coded without the GIL or a Python
  *           object; valid while the tables only grow) and column buffers reused from call to
  *           call. Without it, each call starts empty.
- *   routing optional: see route_rows
+ *   routing optional: split the rows into the groups the reader keeps (see route_block)
  * ========================================================================================== */
 
 #define MAX_DEPTH 64
@@ -784,8 +784,12 @@ static int scratch_ready(scratch_t *s, Py_ssize_t ncols) {
 /* ---- what persists across the scan calls of one file: string caches, column buffers ---- */
 #define STATE_CAPSULE "rankscope.ingest._fastcols.scan_state"
 
+typedef struct routed routed_t;
+static void routed_free(routed_t *R);
+
 typedef struct {
     scratch_t scratch;
+    routed_t *routed;      /* the routing's output buffers (allocated on first use) */
     Py_ssize_t n;
     strcache_t caches[];
 } scanstate_t;
@@ -795,6 +799,10 @@ static void scanstate_destroy(PyObject *capsule) {
     if (st == NULL) { PyErr_Clear(); return; }
     for (Py_ssize_t t = 0; t < st->n; t++) cache_free(&st->caches[t]);
     scratch_free(&st->scratch);
+    if (st->routed) {
+        routed_free(st->routed);
+        free(st->routed);
+    }
     free(st);
 }
 
@@ -1259,11 +1267,13 @@ static inline void copy_specs(const layout_t *l, int skip, const column_t *cols,
 }
 
 /* Pass 2: the rows of each group into its columns (`out[g][k]`: count[g] values each, in the
-   order of route_layouts). */
+   order of route_layouts), after the rows they hold already; xi: complete events of this call before
+   these rows. */
 static void route_fill(const routing_t *rt, const column_t *cols, Py_ssize_t rows, const unsigned char *groups,
-                       const unsigned char *kinds, const layout_t layouts[NGROUPS], char **out[NGROUPS]) {
-    Py_ssize_t at[NGROUPS] = {0};
-    Py_ssize_t xi = 0;                 /* position among this chunk's complete events */
+                       const unsigned char *kinds, const layout_t layouts[NGROUPS], char **out[NGROUPS],
+                       const Py_ssize_t first[NGROUPS], Py_ssize_t xi) {
+    Py_ssize_t at[NGROUPS];
+    memcpy(at, first, sizeof(at));     /* rows already in each group's columns */
     const int32_t *ph = (const int32_t *)cols[C_PH].data, *cat = (const int32_t *)cols[C_CAT].data,
                   *name = (const int32_t *)cols[C_NAME].data;
     const int64_t *ts = (const int64_t *)cols[C_TS].data, *dur = (const int64_t *)cols[C_DUR].data,
@@ -1316,60 +1326,87 @@ static void route_fill(const routing_t *rt, const column_t *cols, Py_ssize_t row
     }
 }
 
-/* The scanned rows routed: (list of NGROUPS lists of column bytes, phase counts bytes), or Py_None
-   when the routing does not cover a code of this chunk; NULL with an exception set. Runs without
-   the GIL except to create the outputs. */
-static PyObject *route_rows(parser_t *ps, const routing_t *rt, const column_t *cols, Py_ssize_t rows) {
-    unsigned char *groups = malloc((size_t)(rows ? rows : 1) * 2);
-    int64_t *phase = calloc((size_t)(rt->nph ? rt->nph : 1), sizeof(int64_t));
-    Py_ssize_t count[NGROUPS] = {0};
+/* Rows are routed a block at a time, so that the scanned columns of a block (48 columns: ~0.7 MB)
+   are reused while they are still in the CPU's cache. */
+#define ROUTE_BLOCK 2048
+
+struct routed {           /* what the routing of one scan call has made so far */
     layout_t layouts[NGROUPS];
-    char **out[NGROUPS] = {0};
-    char *pointers[NGROUPS * MAX_GROUP_COLS];
-    PyObject *result = NULL, *lists = NULL;
-    if (groups == NULL || phase == NULL) {
-        WITH_GIL(ps);
-        PyErr_NoMemory();
-        END_GIL(ps);
-        goto done;
-    }
-    if (route_classify(rt, cols, rows, groups, groups + rows, count, phase) < 0) {
-        WITH_GIL(ps);
-        result = Py_NewRef(Py_None);
-        END_GIL(ps);
-        goto done;
-    }
-    route_layouts(rt, cols, layouts);
-    {
-        WITH_GIL(ps);
-        lists = PyList_New(NGROUPS);
-        for (int g = 0; lists != NULL && g < NGROUPS; g++) {
-            PyObject *list = PyList_New(layouts[g].ncols);
-            if (list == NULL) { Py_CLEAR(lists); break; }
-            PyList_SET_ITEM(lists, g, list);
-            out[g] = &pointers[g * MAX_GROUP_COLS];
-            for (int k = 0; k < layouts[g].ncols; k++) {
-                PyObject *b = PyBytes_FromStringAndSize(NULL, count[g] * (Py_ssize_t)layouts[g].item[k]);
-                if (b == NULL) { Py_CLEAR(lists); break; }
-                PyList_SET_ITEM(list, k, b);
-                out[g][k] = PyBytes_AS_STRING(b);
+    Py_ssize_t count[NGROUPS];                     /* rows in each group */
+    char *data[NGROUPS][MAX_GROUP_COLS];           /* their columns (kept from call to call) */
+    size_t bytes[NGROUPS][MAX_GROUP_COLS];         /* capacity of each */
+    Py_ssize_t xi;                                 /* complete events */
+    int64_t *phase;                                /* events of each phase code */
+    Py_ssize_t nph;
+    unsigned char groups[2 * ROUTE_BLOCK];         /* per row of a block: its groups, its kind */
+};
+
+static void routed_free(routed_t *R) {
+    for (int g = 0; g < NGROUPS; g++)
+        for (int k = 0; k < MAX_GROUP_COLS; k++) free(R->data[g][k]);
+    free(R->phase);
+    memset(R, 0, sizeof(*R));
+}
+
+/* Empty, for a call with routing `rt` (its buffers kept). -1 when out of memory. */
+static int routed_start(routed_t *R, const routing_t *rt, const column_t *cols) {
+    route_layouts(rt, cols, R->layouts);
+    memset(R->count, 0, sizeof(R->count));
+    R->xi = 0;
+    free(R->phase);
+    R->nph = rt->nph;
+    R->phase = calloc((size_t)(rt->nph ? rt->nph : 1), sizeof(int64_t));
+    return R->phase ? 0 : -1;
+}
+
+/* Route `rows` scanned rows (at most ROUTE_BLOCK). 0 ok; 1 a code the routing does not know (the
+   chunk is scanned again without routing); -1 out of memory (exception set). */
+static int route_block(parser_t *ps, const routing_t *rt, const column_t *cols, Py_ssize_t rows, routed_t *R) {
+    Py_ssize_t count[NGROUPS] = {0};
+    char **out[NGROUPS];
+    if (route_classify(rt, cols, rows, R->groups, R->groups + ROUTE_BLOCK, count, R->phase) < 0) return 1;
+    for (int g = 0; g < NGROUPS; g++) {
+        const layout_t *l = &R->layouts[g];
+        for (int k = 0; k < l->ncols && count[g]; k++) {
+            size_t need = (size_t)(R->count[g] + count[g]) * l->item[k];
+            if (R->bytes[g][k] < need) {
+                size_t cap = need > 2 * R->bytes[g][k] ? need : 2 * R->bytes[g][k];
+                char *grown = realloc(R->data[g][k], cap);
+                if (grown == NULL) {
+                    WITH_GIL(ps);
+                    PyErr_NoMemory();
+                    END_GIL(ps);
+                    return -1;
+                }
+                R->data[g][k] = grown;
+                R->bytes[g][k] = cap;
             }
         }
-        END_GIL(ps);
+        out[g] = R->data[g];
     }
-    if (lists == NULL) goto done;
-    route_fill(rt, cols, rows, groups, groups + rows, layouts, out);
-    {
-        WITH_GIL(ps);
-        PyObject *counts = PyBytes_FromStringAndSize((const char *)phase, rt->nph * (Py_ssize_t)sizeof(int64_t));
-        result = counts ? Py_BuildValue("(NN)", lists, counts) : NULL;
-        if (result == NULL) Py_DECREF(lists);
-        END_GIL(ps);
+    route_fill(rt, cols, rows, R->groups, R->groups + ROUTE_BLOCK, R->layouts, out, R->count, R->xi);
+    for (int g = 0; g < NGROUPS; g++) R->count[g] += count[g];
+    R->xi += count[G_X];
+    return 0;
+}
+
+/* The routed rows as (list of NGROUPS lists of column bytes, phase counts bytes). With the GIL. */
+static PyObject *routed_result(const routed_t *R) {
+    PyObject *lists = PyList_New(NGROUPS);
+    for (int g = 0; lists != NULL && g < NGROUPS; g++) {
+        const layout_t *l = &R->layouts[g];
+        PyObject *list = PyList_New(l->ncols);
+        if (list == NULL) { Py_CLEAR(lists); break; }
+        PyList_SET_ITEM(lists, g, list);
+        for (int k = 0; k < l->ncols; k++) {
+            PyObject *b = PyBytes_FromStringAndSize(R->count[g] ? R->data[g][k] : NULL,
+                                                    R->count[g] * (Py_ssize_t)l->item[k]);
+            if (b == NULL) { Py_CLEAR(lists); break; }
+            PyList_SET_ITEM(list, k, b);
+        }
     }
-done:
-    free(groups);
-    free(phase);
-    return result;
+    if (lists == NULL) return NULL;
+    return Py_BuildValue("(Ny#)", lists, (const char *)R->phase, R->nph * (Py_ssize_t)sizeof(int64_t));
 }
 
 static PyObject *scan_events(PyObject *self, PyObject *args) {
@@ -1399,6 +1436,7 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
     parser_t ps = {(const char *)view.buf, (const char *)view.buf + view.len, 0, NULL};
     scratch_t local = {0};
     scratch_t *scratch = st ? &st->scratch : &local;
+    routed_t *own_routed = NULL;   /* the routing's output buffers when there is no scan state */
     if (!cols || !caches || !top || !inner || scratch_ready(scratch, ncols) < 0) { PyErr_NoMemory(); goto done; }
     keymap_init(top);
     keymap_init(inner);
@@ -1434,20 +1472,40 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
     }
 
     routing_t rt;
-    if (routing != Py_None && (ncols < NCORE || routing_parse(routing, &rt, ncols) < 0)) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "scan_events: routing needs the core specs");
-        goto done;
+    routed_t *R = NULL;            /* the routing's output, while the rows are routed */
+    if (routing != Py_None) {
+        if (ncols < NCORE || routing_parse(routing, &rt, ncols) < 0) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "scan_events: routing needs the core specs");
+            goto done;
+        }
+        if (st != NULL) {
+            if (st->routed == NULL) st->routed = calloc(1, sizeof(routed_t));
+            R = st->routed;
+        } else {
+            R = own_routed = calloc(1, sizeof(routed_t));
+        }
+        if (R == NULL || routed_start(R, &rt, cols) < 0) { PyErr_NoMemory(); goto done; }
     }
+    Py_ssize_t routed_rows = 0;    /* rows of the blocks routed already */
 
     ps.released = PyEval_SaveThread();
+scan:
     skip_ws(&ps);
     if (ps.p >= ps.end || *ps.p != '[') { ps.error = 1; goto done; }
     ps.p++;
     skip_ws(&ps);
     if (ps.p < ps.end && *ps.p == ']') { ps.p++; goto finished; }
     while (ps.p < ps.end) {
+        if (R != NULL && row == ROUTE_BLOCK) {
+            int rc = route_block(&ps, &rt, cols, row, R);
+            if (rc < 0) goto done;
+            if (rc > 0) goto unrouted;
+            routed_rows += row;
+            row = filled = 0;
+        }
         if (row >= cap) {
-            Py_ssize_t ncap = cap ? cap + cap / 2 : (view.len / 256 > 1024 ? view.len / 256 : 1024);
+            Py_ssize_t ncap = R != NULL ? ROUTE_BLOCK
+                            : cap ? cap + cap / 2 : (view.len / 256 > 1024 ? view.len / 256 : 1024);
             if (grow_columns(&ps, scratch, cols, ncols, ncap) < 0) goto done;
             cap = ncap;
         }
@@ -1480,18 +1538,29 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
     ps.error = 1;
     goto done;
 
+unrouted:
+    /* a phase, category or name code the routing does not cover yet: the chunk again, unrouted */
+    R = NULL;
+    ps.p = (const char *)view.buf;
+    ps.error = 0;
+    row = filled = cap = bad = routed_rows = 0;
+    goto scan;
+
 finished:
     skip_ws(&ps);
     if (ps.p != ps.end) { ps.error = 1; goto done; }
-    PyObject *routed = routing == Py_None ? Py_None : route_rows(&ps, &rt, cols, row);
-    PyEval_RestoreThread(ps.released);
-    ps.released = NULL;
-    if (routed == NULL) goto done;
-    if (routed != Py_None) {
-        result = Py_BuildValue("(Nnn)", routed, row, bad);
+    if (R != NULL) {
+        int rc = route_block(&ps, &rt, cols, row, R);
+        if (rc < 0) goto done;
+        if (rc > 0) goto unrouted;
+        PyEval_RestoreThread(ps.released);
+        ps.released = NULL;
+        PyObject *routed = routed_result(R);
+        if (routed != NULL) result = Py_BuildValue("(Nnn)", routed, routed_rows + row, bad);
         goto done;
     }
-    if (routing != Py_None) Py_DECREF(routed);
+    PyEval_RestoreThread(ps.released);
+    ps.released = NULL;
     {
         PyObject *list = PyList_New(ncols);
         if (list == NULL) goto done;
@@ -1514,6 +1583,10 @@ done:
     if (result == NULL && !PyErr_Occurred())
         result = PyLong_FromSsize_t(ps.p - (const char *)view.buf);     /* declined: where it stopped */
     scratch_free(&local);
+    if (own_routed != NULL) {
+        routed_free(own_routed);
+        free(own_routed);
+    }
     if (caches && st == NULL) {
         for (Py_ssize_t t = 0; t < ntables; t++) cache_free(&caches[t]);
         free(caches);
