@@ -287,6 +287,19 @@ def test_c_routing_fills_every_group(tmp_path: Path, monkeypatch, chunk: int):
     assert fast.meta.to_dict() == ref.meta.to_dict()
 
 
+def test_c_routing_misuse_raises():
+    """The routing's output buffers live in the scan state: routing without one, or a malformed
+    routing, is a programming error (TypeError), not a chunk handed to the msgspec path."""
+    from rankscope.ingest import _fastcols
+    acc = kineto._Accumulator(kineto._Tables())
+    body = b'[{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 2}]'
+    with pytest.raises(TypeError, match="scan state"):
+        _fastcols.scan_events(body, acc.scan_specs, acc.table_list, None, acc.routing())
+    with pytest.raises(TypeError):
+        _fastcols.scan_events(body, acc.scan_specs, acc.table_list, acc.scan_state, (b"", b"", 0))
+    assert _fastcols.scan_events(body, acc.scan_specs, acc.table_list, acc.scan_state, acc.routing())[1:] == (1, 0)
+
+
 def test_scanner_equals_msgspec_path_when_its_buffers_grow(tmp_path: Path):
     """Events far smaller than the scanner's first guess (one row per 256 bytes of a chunk), with
     whitespace (the single-space fast path) and a string long enough for the 16-byte search: its

@@ -315,7 +315,7 @@ fail_buf:
  *           string caches (a string met in an earlier chunk is coded without the GIL or a Python
  *           object; valid while the tables only grow) and column buffers reused from call to
  *           call. Without it, each call starts empty.
- *   routing optional: split the rows into the groups the reader keeps (see route_block)
+ *   routing optional, with a state: split the rows into the groups the reader keeps (see route_block)
  * ========================================================================================== */
 
 #define MAX_DEPTH 64
@@ -1170,7 +1170,7 @@ static int routing_parse(PyObject *obj, routing_t *rt, Py_ssize_t ncols) {
         goto bad;
     return 0;
 bad:
-    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "scan_events: bad routing");
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "scan_events: bad routing");
     return -1;
 }
 
@@ -1436,7 +1436,6 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
     parser_t ps = {(const char *)view.buf, (const char *)view.buf + view.len, 0, NULL};
     scratch_t local = {0};
     scratch_t *scratch = st ? &st->scratch : &local;
-    routed_t *own_routed = NULL;   /* the routing's output buffers when there is no scan state */
     if (!cols || !caches || !top || !inner || scratch_ready(scratch, ncols) < 0) { PyErr_NoMemory(); goto done; }
     keymap_init(top);
     keymap_init(inner);
@@ -1475,15 +1474,15 @@ static PyObject *scan_events(PyObject *self, PyObject *args) {
     routed_t *R = NULL;            /* the routing's output, while the rows are routed */
     if (routing != Py_None) {
         if (ncols < NCORE || routing_parse(routing, &rt, ncols) < 0) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "scan_events: routing needs the core specs");
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "scan_events: routing needs the core specs");
             goto done;
         }
-        if (st != NULL) {
-            if (st->routed == NULL) st->routed = calloc(1, sizeof(routed_t));
-            R = st->routed;
-        } else {
-            R = own_routed = calloc(1, sizeof(routed_t));
+        if (st == NULL) {
+            PyErr_SetString(PyExc_TypeError, "scan_events: routing needs a scan state");
+            goto done;
         }
+        if (st->routed == NULL) st->routed = calloc(1, sizeof(routed_t));
+        R = st->routed;
         if (R == NULL || routed_start(R, &rt, cols) < 0) { PyErr_NoMemory(); goto done; }
     }
     Py_ssize_t routed_rows = 0;    /* rows of the blocks routed already */
@@ -1583,10 +1582,6 @@ done:
     if (result == NULL && !PyErr_Occurred())
         result = PyLong_FromSsize_t(ps.p - (const char *)view.buf);     /* declined: where it stopped */
     scratch_free(&local);
-    if (own_routed != NULL) {
-        routed_free(own_routed);
-        free(own_routed);
-    }
     if (caches && st == NULL) {
         for (Py_ssize_t t = 0; t < ntables; t++) cache_free(&caches[t]);
         free(caches);
