@@ -1224,42 +1224,53 @@ static int route_classify(const routing_t *rt, const column_t *cols, Py_ssize_t 
     return 0;
 }
 
-/* A group's columns: where each value comes from. */
+/* A group's columns: their item sizes, and for those copied from a scanned column its spec index.
+   The others (SRC_FIXED: every column of the complete events and of the flows, and the leading
+   columns of the other groups) route_fill writes itself, in the order listed here. */
 typedef struct {
     int ncols;
-    int source[MAX_GROUP_COLS];    /* spec index, or one of the SRC_* below */
+    int source[MAX_GROUP_COLS];
     size_t item[MAX_GROUP_COLS];
 } layout_t;
-enum { SRC_KIND = -1, SRC_ROW = -2, SRC_EXTERNAL_ID = -3, SRC_DEVICE32 = -4 };
+#define SRC_FIXED (-1)
 
 static void layout_add(layout_t *l, int source, size_t item) {
     l->source[l->ncols] = source;
     l->item[l->ncols++] = item;
 }
 
-static void route_layouts(const routing_t *rt, const column_t *cols, layout_t out[NGROUPS]) {
-    memset(out, 0, sizeof(layout_t) * NGROUPS);
-    layout_t *x = &out[G_X], *f = &out[G_FLOWS], *m = &out[G_MEMORY], *meta = &out[G_META];
-    layout_add(x, SRC_KIND, 1); layout_add(x, C_NAME, 4); layout_add(x, C_TS, 8); layout_add(x, C_DUR, 8);
-    layout_add(x, C_PID, 8); layout_add(x, C_TID, 8); layout_add(x, SRC_DEVICE32, 4); layout_add(x, C_STREAM, 8);
-    layout_add(x, C_CORR, 8); layout_add(x, SRC_EXTERNAL_ID, 8);
-    layout_add(f, C_PH, 4); layout_add(f, C_CAT, 4); layout_add(f, C_ID, 8); layout_add(f, C_TS, 8);
-    layout_add(f, C_PID, 8); layout_add(f, C_TID, 8);
-    for (int g = 0; g < 3; g++) {
-        layout_t *l = &out[G_GPU + g];
-        layout_add(l, SRC_ROW, 8);
-        for (Py_ssize_t c = rt->side[g].first; c < rt->side[g].first + rt->side[g].count; c++)
-            layout_add(l, (int)c, cols[c].item);
-    }
-    layout_add(m, C_TS, 8);
-    for (Py_ssize_t c = rt->memory_first; c < rt->memory_first + rt->memory_count; c++) layout_add(m, (int)c, cols[c].item);
-    layout_add(meta, C_NAME, 4); layout_add(meta, C_PID, 8); layout_add(meta, C_TID, 8);
-    layout_add(meta, (int)rt->meta_label, cols[rt->meta_label].item);
+static void layout_fixed(layout_t *l, const size_t *items, int n) {
+    for (int k = 0; k < n; k++) layout_add(l, SRC_FIXED, items[k]);
 }
 
-/* A generic group's row r: its spec columns after `skip` leading columns written by the caller. */
-static inline void copy_specs(const layout_t *l, int skip, const column_t *cols, Py_ssize_t r, char **dst, Py_ssize_t i) {
-    for (int k = skip; k < l->ncols; k++) {
+static void layout_specs(layout_t *l, const column_t *cols, Py_ssize_t first, Py_ssize_t count) {
+    for (Py_ssize_t c = first; c < first + count; c++) layout_add(l, (int)c, cols[c].item);
+}
+
+static void route_layouts(const routing_t *rt, const column_t *cols, layout_t out[NGROUPS]) {
+    /* kind, name, ts, dur, pid, tid, device, stream, correlation, external id (kineto._X_COLUMNS) */
+    static const size_t X_ITEMS[] = {1, 4, 8, 8, 8, 8, 4, 8, 8, 8};
+    /* ph, cat, id, ts, pid, tid (kineto._FLOW_COLUMNS) */
+    static const size_t FLOW_ITEMS[] = {4, 4, 8, 8, 8, 8};
+    static const size_t ROW_ITEMS[] = {8};                 /* row; ts_ns for the memory samples */
+    static const size_t META_ITEMS[] = {4, 8, 8};          /* name, pid, tid; then the label */
+    memset(out, 0, sizeof(layout_t) * NGROUPS);
+    layout_fixed(&out[G_X], X_ITEMS, 10);
+    layout_fixed(&out[G_FLOWS], FLOW_ITEMS, 6);
+    for (int g = 0; g < 3; g++) {
+        layout_fixed(&out[G_GPU + g], ROW_ITEMS, 1);
+        layout_specs(&out[G_GPU + g], cols, rt->side[g].first, rt->side[g].count);
+    }
+    layout_fixed(&out[G_MEMORY], ROW_ITEMS, 1);
+    layout_specs(&out[G_MEMORY], cols, rt->memory_first, rt->memory_count);
+    layout_fixed(&out[G_META], META_ITEMS, 3);
+    layout_specs(&out[G_META], cols, rt->meta_label, 1);
+}
+
+/* Row r of the scanned columns into the spec-copied columns of a group's row i. */
+static inline void copy_specs(const layout_t *l, const column_t *cols, Py_ssize_t r, char **dst, Py_ssize_t i) {
+    for (int k = 0; k < l->ncols; k++) {
+        if (l->source[k] == SRC_FIXED) continue;
         const column_t *c = &cols[l->source[k]];
         if (l->item[k] == 8) ((int64_t *)dst[k])[i] = ((const int64_t *)c->data)[r];
         else ((int32_t *)dst[k])[i] = ((const int32_t *)c->data)[r];
@@ -1301,7 +1312,7 @@ static void route_fill(const routing_t *rt, const column_t *cols, Py_ssize_t row
                 if (!(in & (1 << g))) continue;
                 Py_ssize_t j = at[g]++;
                 ((int64_t *)out[g][0])[j] = rt->x_offset + xi;
-                copy_specs(&layouts[g], 1, cols, r, out[g], j);
+                copy_specs(&layouts[g], cols, r, out[g], j);
             }
             xi++;
         } else if (in & (1 << G_FLOWS)) {
@@ -1315,13 +1326,13 @@ static void route_fill(const routing_t *rt, const column_t *cols, Py_ssize_t row
         } else if (in & (1 << G_MEMORY)) {
             Py_ssize_t i = at[G_MEMORY]++;
             ((int64_t *)out[G_MEMORY][0])[i] = ts[r];
-            copy_specs(&layouts[G_MEMORY], 1, cols, r, out[G_MEMORY], i);
+            copy_specs(&layouts[G_MEMORY], cols, r, out[G_MEMORY], i);
         } else if (in & (1 << G_META)) {
             Py_ssize_t i = at[G_META]++;
             ((int32_t *)out[G_META][0])[i] = name[r];
             ((int64_t *)out[G_META][1])[i] = pid[r];
             ((int64_t *)out[G_META][2])[i] = tid[r];
-            copy_specs(&layouts[G_META], 3, cols, r, out[G_META], i);
+            copy_specs(&layouts[G_META], cols, r, out[G_META], i);
         }
     }
 }
