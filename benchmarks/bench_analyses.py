@@ -13,9 +13,9 @@ import argparse
 import time
 from pathlib import Path
 
-from rankscope.analyses import (breakdown, dataloader, gaps, idle, kernels, launch, memory, operators, overlap, steps,
-                                temporal)
-from rankscope.analyses.overview import summarize_rank
+from rankscope.analyses.rank import (breakdown, dataloader, gaps, idle, kernels, launch, memory, operators, overlap,
+                                     steps, temporal)
+from rankscope.analyses.rank.summary import summarize_rank
 from rankscope.ingest.kineto import read_kineto
 
 DATA = Path(__file__).resolve().parent / "data"

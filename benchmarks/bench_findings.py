@@ -59,7 +59,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 import rankscope  # noqa: E402
-from rankscope.analyses.stragglers import MIN_COST_PCT_OF_STEP  # noqa: E402
+from rankscope.analyses.job.stragglers import MIN_COST_PCT_OF_STEP  # noqa: E402
 from rankscope.findings import THRESHOLDS  # noqa: E402
 from rankscope.synth import Injection, expected_findings, generate_job  # noqa: E402
 

@@ -48,8 +48,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from rankscope.analyses.collectives import rank_collectives  # noqa: E402
-from rankscope.analyses.stragglers import MIN_COST_PCT_OF_STEP, cross_rank  # noqa: E402
+from rankscope.analyses.rank.collectives import rank_collectives  # noqa: E402
+from rankscope.analyses.job.stragglers import MIN_COST_PCT_OF_STEP, cross_rank  # noqa: E402
 from rankscope.ingest.kineto import read_kineto  # noqa: E402
 from rankscope.synth import STRAGGLER_CAUSES, Injection, generate_job  # noqa: E402
 

@@ -10,8 +10,9 @@ import math
 
 import pytest
 
-from rankscope.analyses.alphabeta import (AlphaBetaFit, LinkModel, alpha_beta_rows, fit_alpha_beta, predict_us)
-from rankscope.analyses.collectives import RankCollectives, match_collectives, rank_collectives
+from rankscope.analyses.job.alphabeta import (AlphaBetaFit, LinkModel, alpha_beta_rows, fit_alpha_beta, predict_us)
+from rankscope.analyses.rank.collectives import RankCollectives, rank_collectives
+from rankscope.analyses.job.matching import match_collectives
 from rankscope.ingest.kineto import read_kineto
 from rankscope.synth import BUS_BANDWIDTH_GBPS, NCCL_BASE_LATENCY_US, NCCL_HOP_LATENCY_US, generate_job
 

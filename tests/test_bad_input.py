@@ -18,7 +18,8 @@ import pytest
 from conftest import (DLRM, assert_no_traceback, complete_events_in_prefix, corpus_files, fresh_json,
                       gunzip_prefix, raw_text, run_cli, sha256_tree, shared_cache_dir, write_trace, x_events)
 from rankscope import api
-from rankscope.ingest.kineto import TraceError, read_kineto
+from rankscope.ingest.errors import TraceError
+from rankscope.ingest.kineto import read_kineto
 
 RANK7 = "worker7_step_12.1694128201553.pt.trace.json.gz"
 

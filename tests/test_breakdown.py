@@ -12,9 +12,9 @@ import polars as pl
 import pytest
 
 from conftest import corpus_trace_params
-from rankscope.analyses.breakdown import CATEGORIES, step_breakdown
-from rankscope.analyses.gaps import idle_gaps
-from rankscope.analyses.steps import step_windows
+from rankscope.analyses.rank.breakdown import CATEGORIES, step_breakdown
+from rankscope.analyses.rank.gaps import idle_gaps
+from rankscope.analyses.rank.steps import step_windows
 from rankscope.ingest.kineto import read_kineto
 from tracebuilder import TraceBuilder
 

@@ -13,9 +13,10 @@ from functools import lru_cache
 import numpy as np
 
 from conftest import DLRM, GLOO_HEALTHY, corpus_files, corpus_root, fresh_json, load_json, write_trace, x_events
-from rankscope.analyses.clock import MIN_MATCHED_COLLECTIVES, estimate_clock_offsets
-from rankscope.analyses.collectives import RankCollectives, match_collectives, rank_collectives
-from rankscope.analyses.stragglers import cross_rank
+from rankscope.analyses.job.clock import MIN_MATCHED_COLLECTIVES, estimate_clock_offsets
+from rankscope.analyses.rank.collectives import RankCollectives, rank_collectives
+from rankscope.analyses.job.matching import match_collectives
+from rankscope.analyses.job.stragglers import cross_rank
 from rankscope.ingest.kineto import read_kineto
 from rankscope.synth import generate_job, parse_injection
 

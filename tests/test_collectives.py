@@ -17,11 +17,10 @@ import polars as pl
 import pytest
 
 from conftest import DLRM, GLOO_HEALTHY, corpus_files, corpus_root, load_json, x_events
-from rankscope.analyses.breakdown import CATEGORIES
-from rankscope.analyses.collectives import (RankCollectives, busbw_factor, collectives_summary, dtype_bytes,
-                                            match_collectives, member_frame, nccl_tests_bytes, normalize_collective,
-                                            rank_collectives, summarize_collectives)
-from rankscope.analyses.stragglers import cross_rank
+from rankscope.analyses.rank.breakdown import CATEGORIES
+from rankscope.analyses.rank.collectives import RankCollectives, busbw_factor, dtype_bytes, nccl_tests_bytes, normalize_collective, rank_collectives
+from rankscope.analyses.job.matching import collectives_summary, match_collectives, member_frame, summarize_collectives
+from rankscope.analyses.job.stragglers import cross_rank
 from rankscope.ingest.kineto import read_kineto
 from rankscope.synth import BUS_BANDWIDTH_GBPS, generate_job
 

@@ -23,7 +23,8 @@ import pytest
 from conftest import load_json, write_trace
 from rankscope.ingest import columns, kineto
 from rankscope.ingest.columns import Col, columnize
-from rankscope.ingest.kineto import Args, Event, TraceError, read_kineto
+from rankscope.ingest.errors import TraceError
+from rankscope.ingest.kineto import Args, Event, read_kineto
 
 pytestmark = pytest.mark.skipif(not columns.has_c_extension(),
                                 reason="C extension not built: nothing to compare the Python twin with")

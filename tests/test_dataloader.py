@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from rankscope.analyses.dataloader import dataloader_share
-from rankscope.analyses.steps import step_windows
+from rankscope.analyses.rank.dataloader import dataloader_share
+from rankscope.analyses.rank.steps import step_windows
 from rankscope.ingest.kineto import read_kineto
 
 CORPUS = Path(os.environ.get("RANKSCOPE_CORPUS", str(Path(__file__).resolve().parents[1].parent / "shared" / "corpus")))

@@ -27,7 +27,7 @@ import pytest
 import rankscope
 from conftest import (GLOO_HEALTHY, assert_no_traceback, corpus_files, load_json, run_cli, shared_cache_dir,
                       x_events)
-from rankscope.analyses.diff import (ALPHA, COLLECTIVE_METRICS, STEP_METRICS, compare_samples, diff_analyses,
+from rankscope.analyses.job.diff import (ALPHA, COLLECTIVE_METRICS, STEP_METRICS, compare_samples, diff_analyses,
                                      student_t_p_two_sided, verdict_text)
 from rankscope.render.diff_html import render_diff_html
 from rankscope.render.diff_json import SCHEMA, diff_to_dict

@@ -18,7 +18,7 @@ import pytest
 from rich.console import Console
 
 import rankscope
-from rankscope.analyses.grad_sync import gradient_sync_schedule
+from rankscope.analyses.rank.grad_sync import gradient_sync_schedule
 from rankscope.findings import THRESHOLDS, evaluate, parse_threshold, resolve_thresholds
 from rankscope.render.json import analysis_to_dict
 from rankscope.render.terminal import render_analysis
@@ -144,7 +144,7 @@ def test_every_id_is_stable_and_findings_are_ordered(analyses):
         assert keys == sorted(keys)
         for f in a.findings:
             assert f.summary and f.fix and f.explanation and f.threshold
-            # load balance is judged in analyses/stragglers.py with its own ALL_IDLE_PCT
+            # load balance is judged in analyses/job/stragglers.py with its own ALL_IDLE_PCT
             assert set(f.threshold) <= set(THRESHOLDS) | {"all_idle_pct"}
 
 

@@ -31,7 +31,8 @@ from hypothesis import strategies as st
 from conftest import corpus_root, raw_text
 from rankscope import api
 from rankscope.ingest import kineto
-from rankscope.ingest.kineto import TraceError, read_kineto
+from rankscope.ingest.errors import TraceError
+from rankscope.ingest.kineto import read_kineto
 from rankscope.model import DEVICE_KINDS
 
 BASES = ["hta-cpu-only", "hta-triton", "hta-amd-mi250", "param-dlrm-8rank"]

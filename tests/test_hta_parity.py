@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from rankscope.analyses.idle import idle_time_breakdown
-from rankscope.analyses.launch import (HTA_LAUNCH_STATS_NAMES, HTA_QUEUE_LENGTH_NAMES, SERIES_POINTS,
+from rankscope.analyses.rank.idle import idle_time_breakdown
+from rankscope.analyses.rank.launch import (HTA_LAUNCH_STATS_NAMES, HTA_QUEUE_LENGTH_NAMES, SERIES_POINTS,
                                        kernel_launch_stats, memory_bandwidth, queue_length)
-from rankscope.analyses.overlap import comm_comp_overlap
-from rankscope.analyses.temporal import temporal_breakdown
+from rankscope.analyses.rank.overlap import comm_comp_overlap
+from rankscope.analyses.rank.temporal import temporal_breakdown
 from rankscope.ingest.kineto import read_kineto
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hta"

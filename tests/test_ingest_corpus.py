@@ -15,7 +15,8 @@ import pytest
 from conftest import (MEMORY_TIMELINE, corpus_trace_params, fresh_json, load_json, write_trace,
                       x_events)
 from rankscope.ingest import kineto
-from rankscope.ingest.kineto import TraceError, read_kineto
+from rankscope.ingest.errors import TraceError
+from rankscope.ingest.kineto import read_kineto
 from rankscope.model import Kind, KernelClass
 
 KERNEL_CATS = ("kernel", "Kernel")          # current Kineto / 2021 format

@@ -1,4 +1,4 @@
-"""rankscope.analyses.kernels on real corpus traces.
+"""rankscope.analyses.rank.kernels on real corpus traces.
 
 Independent references, stated per test:
   * plain `json.loads` of the trace file (conftest.load_json) with the DESIGN.md class patterns
@@ -21,7 +21,7 @@ import polars as pl
 import pytest
 
 from conftest import MEMORY_TIMELINE, corpus_trace_params, load_json, raw_text, x_events
-from rankscope.analyses.kernels import (KernelBreakdown, KernelStats, kernel_breakdown, kernel_stats,
+from rankscope.analyses.rank.kernels import (KernelBreakdown, KernelStats, kernel_breakdown, kernel_stats,
                                         launch_occupancy, tensor_core_rule)
 from rankscope.ingest.kineto import read_kineto
 

@@ -16,7 +16,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from rankscope.analyses.memory import BULK_COPY_BYTES, classify_memcpy, memory_timeline, pageable_memcpy
+from rankscope.analyses.rank.memory import BULK_COPY_BYTES, classify_memcpy, memory_timeline, pageable_memcpy
 from rankscope.ingest.kineto import read_kineto
 
 CORPUS = Path(os.environ.get("RANKSCOPE_CORPUS", str(Path(__file__).resolve().parents[1].parent / "shared" / "corpus")))

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from rankscope.analyses.memory_snapshot import analyze_snapshot, classify_frames, theoretical_breakdown
+from rankscope.analyses.inputs.memory_snapshot import analyze_snapshot, classify_frames, theoretical_breakdown
 from rankscope.ingest import TraceError
 from rankscope.ingest.memory_snapshot import read_memory_snapshot
 from rankscope.render.memory_snapshot import memory_to_dict, render_memory

@@ -17,7 +17,8 @@ import pytest
 
 from conftest import DLRM, assert_no_traceback, corpus_files, fresh_json, load_json, run_cli, write_trace
 import rankscope
-from rankscope.analyses.mfu import from_summary, given_flops, mfu_report, rank_flops, transformer_flops
+from rankscope.analyses.job.mfu import from_summary, given_flops, mfu_report, transformer_flops
+from rankscope.analyses.rank.flops import rank_flops
 from rankscope.api import analyze
 from rankscope.hardware import device_model, peak_tflops
 from rankscope.ingest import read_trace
@@ -185,7 +186,7 @@ def test_model_mfu_and_comm_efficiency_dlrm(corpus: Path, dlrm_dir: Path):
 
 
 def _by_type(result) -> list[dict]:
-    from rankscope.analyses.overview import as_plain
+    from rankscope.analyses.rank.summary import as_plain
     return as_plain(result.cross.as_dict())["collectives"]["by_type"]
 
 

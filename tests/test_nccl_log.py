@@ -21,7 +21,7 @@ from statistics import median
 import pytest
 from rich.console import Console
 
-from rankscope.analyses.nccl import compare_nccl_logs
+from rankscope.analyses.inputs.nccl import compare_nccl_logs
 from rankscope.findings import nccl_findings
 from rankscope.ingest import TraceError
 from rankscope.ingest.nccl_log import read_nccl_log

@@ -1,4 +1,4 @@
-"""rankscope.analyses.operators on real corpus traces.
+"""rankscope.analyses.rank.operators on real corpus traces.
 
 Independent reference: the trace file read with plain `json.loads` (conftest.load_json, floats
 kept as Decimal so nanoseconds are exact) and a classic per-thread stack sweep written here with
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import corpus_trace_params, load_json, write_trace, x_events
-from rankscope.analyses.operators import OperatorStats, operator_stats
+from rankscope.analyses.rank.operators import OperatorStats, operator_stats
 from rankscope.ingest.kineto import read_kineto
 
 RESNET = "kineto-resnet50-workers0/worker0.1623143089861.pt.trace.json.gz"

@@ -1,4 +1,4 @@
-"""`rankscope export perfetto`: the merged Chrome-trace timeline (render/perfetto.py, analyses/timeline.py).
+"""`rankscope export perfetto`: the merged Chrome-trace timeline (render/perfetto.py, analyses/rank/timeline.py).
 
 Independent sources: the output is read back with plain `json` and checked against the Chrome Trace
 Event Format (the phases and the fields each requires; X slices properly nested per thread, checked
@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from conftest import (DLRM, assert_no_traceback, copy_files, corpus_files, load_json, run_cli, shared_cache_dir,
                       x_events)
-from rankscope.analyses.timeline import is_laminar, nest_lanes
+from rankscope.analyses.rank.timeline import is_laminar, nest_lanes
 from rankscope.api import export_perfetto
 
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from conftest import GLOO_HEALTHY, corpus_root, load_json, x_events
-from rankscope.analyses.breakdown import CATEGORIES
+from rankscope.analyses.rank.breakdown import CATEGORIES
 from rankscope.api import analyze
-from rankscope.analyses.collectives import RankCollectives, rank_collectives
-from rankscope.analyses.stragglers import (CAUSES, MIN_COST_PCT_OF_STEP, cross_rank, find_stragglers,
+from rankscope.analyses.rank.collectives import RankCollectives, rank_collectives
+from rankscope.analyses.job.stragglers import (CAUSES, MIN_COST_PCT_OF_STEP, cross_rank, find_stragglers,
                                            last_share_min)
 from rankscope.ingest.kineto import read_kineto
 from rankscope.synth import STRAGGLER_CAUSES, generate_job, parse_injection

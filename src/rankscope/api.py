@@ -17,7 +17,7 @@ import gc
 import tempfile
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
@@ -30,42 +30,15 @@ from rankscope.ingest import Cache, TraceError, load_rank, read_trace
 from rankscope.ingest.cache import content_key
 from rankscope.ingest.discover import assign_ranks, discover
 from rankscope.model import InputProblem, RankMeta, RankTrace
+from rankscope.results import Analysis, ExportResult, Ingest, JobInfo
 
 if TYPE_CHECKING:
-    from rankscope.analyses.overview import RankSummary
-    from rankscope.analyses.stragglers import CrossRank
-    from rankscope.findings import Finding
+    from rankscope.analyses.rank.summary import RankSummary
+    from rankscope.analyses.job.stragglers import CrossRank
+    from rankscope.results import Finding
 
 # The analyses are imported where they are used: `validate` and `load` only parse, and the
 # analysis modules would add ~0.15 s to their start.
-
-
-@dataclass
-class JobInfo:
-    world_size: int | None
-    ranks: list[int]
-    backend: str | None
-    steps: list[int]
-    devices: list[str]
-    warnings: list[str]
-    missing_ranks: list[int]
-    steps_source: str                   # "profiler_step" | "whole_trace" | "mixed"
-    span_ms: float | None
-    hosts: list[str]
-
-
-@dataclass
-class Analysis:
-    job: JobInfo
-    ranks: list[RankSummary]                       # sorted by rank
-    problems: list[InputProblem] = field(default_factory=list)   # files skipped or salvaged
-    engine: str = "inprocess"
-    cross: CrossRank | None = None                 # collectives, clock alignment, stragglers, alpha-beta
-    findings: list[Finding] = field(default_factory=list)   # ordered: severity, then cost per step
-
-    @property
-    def skipped(self) -> list[InputProblem]:
-        return [p for p in self.problems if p.fatal]
 
 
 @dataclass(frozen=True)
@@ -109,7 +82,7 @@ def _arrived(result: RankSummary | InputProblem, strings: dict[str, str]) -> Non
     (`share_strings`), and the collectives' arrays are copied out of the buffer the engine
     delivered them in (Ray unpickles numpy arrays as views into the task's whole reply, which
     they would keep alive)."""
-    from rankscope.analyses.overview import share_strings
+    from rankscope.analyses.rank.summary import share_strings
     if isinstance(result, InputProblem):
         return
     rc = result.collectives
@@ -135,7 +108,7 @@ def _trim_heap() -> None:
 
 def _summary(task: _Task) -> RankSummary:
     from rankscope.analyses import code_fingerprint
-    from rankscope.analyses.overview import RankSummary, summarize_rank
+    from rankscope.analyses.rank.summary import RankSummary, summarize_rank
     if not task.use_cache:
         return summarize_rank(read_trace(task.path)[0])
     cache = Cache(task.cache_dir)
@@ -168,19 +141,6 @@ def _load_task(task: _Task) -> RankMeta | InputProblem:
     if meta is None:
         meta = load_rank(task.path, cache, key=key)[0].meta
     return meta
-
-
-@dataclass
-class Ingest:
-    """What `load` / `validate` find: per kept file its metadata (rank assigned), the problems."""
-    ranks: list[RankMeta]
-    problems: list[InputProblem]
-    warnings: list[str]
-    engine: str
-
-    @property
-    def skipped(self) -> list[InputProblem]:
-        return [p for p in self.problems if p.fatal]
 
 
 def ingest(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True,
@@ -270,7 +230,7 @@ def _cross_rank(summaries: list[RankSummary]) -> CrossRank | None:
     """The cross-rank reduce over the ranks' collectives, which it uses up: each summary's
     `collectives` (per-instance data, the bulk of what the driver holds per rank) is released, and
     `Analysis.cross` keeps what the reduce made of them."""
-    from rankscope.analyses.stragglers import cross_rank
+    from rankscope.analyses.job.stragglers import cross_rank
     ranks = []
     for s in summaries:
         if s.collectives is not None:
@@ -281,7 +241,7 @@ def _cross_rank(summaries: list[RankSummary]) -> CrossRank | None:
 
 
 def _nccl_findings(paths: list, thresholds: dict[str, float] | None, problems: list[InputProblem]) -> list[Finding]:
-    from rankscope.analyses.nccl import compare_nccl_logs
+    from rankscope.analyses.inputs.nccl import compare_nccl_logs
     from rankscope.findings import nccl_findings
     from rankscope.ingest.nccl_log import read_nccl_log
     logs = []
@@ -374,19 +334,6 @@ def load(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cac
 
 # ---------------------------------------------------------------------------------------------- export
 @dataclass
-class ExportResult:
-    out: str
-    ranks: list[int]                       # ranks written
-    events: int
-    size_bytes: int
-    problems: list[InputProblem] = field(default_factory=list)
-
-    @property
-    def skipped(self) -> list[InputProblem]:
-        return [p for p in self.problems if p.fatal]
-
-
-@dataclass
 class _ExportTask:
     path: str
     rank: int
@@ -400,7 +347,7 @@ class _ExportTask:
 def _export_task(task: _ExportTask) -> tuple[dict, list[bytes], int]:
     """Load one rank (from the cache when on), build its timeline and its JSON text: (what the
     file's metadata says about the rank, chunks, events). Bad input -> InputProblem."""
-    from rankscope.analyses.timeline import rank_timeline
+    from rankscope.analyses.rank.timeline import rank_timeline
     from rankscope.render.perfetto import rank_json
     trace, _ = load_rank(task.path, Cache(task.cache_dir))
     trace.meta.rank = task.rank
@@ -435,8 +382,9 @@ def export_perfetto(inputs, out: str | Path, cache_dir: str | Path | None = None
 
 
 def _export(writer, inputs, cache_dir, on_progress, pipeline_ranks: int) -> ExportResult:
-    from rankscope.analyses.overview import as_plain
-    from rankscope.analyses.timeline import collective_waits, job_origin_ns
+    from rankscope.analyses.rank.summary import as_plain
+    from rankscope.analyses.job.matching import collective_waits
+    from rankscope.analyses.rank.timeline import job_origin_ns
     from rankscope.render.perfetto import SCHEMA
     files = 0
 

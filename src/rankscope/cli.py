@@ -246,7 +246,7 @@ def export_perfetto_cmd(paths, out, cache_dir, no_cache, quiet) -> None:
               help="Also write the comparison as a self-contained HTML page to PATH.")
 def diff_cmd(before, after, as_json, cache_dir, no_cache, quiet, html_path) -> None:
     """A/B comparison of two runs (trace folders or single traces): what changed, beyond noise."""
-    from rankscope.analyses.diff import diff_analyses
+    from rankscope.analyses.job.diff import diff_analyses
     sides = []
     for path in (before, after):
         result = _with_progress(lambda progress, path=path: analyze([path], cache_dir=cache_dir, use_cache=not no_cache,
@@ -297,7 +297,7 @@ def _inputs_exit_code(parsed: list, skipped: list) -> int:
 def nccl_cmd(logs, as_json) -> None:
     """NCCL_DEBUG=INFO logs (each one run, e.g. healthy vs slow): version, ranks, channels, rings and trees,
     transport per peer, NCCL's link bandwidths, nccl-tests bus bandwidth; what is slower than its peers."""
-    from rankscope.analyses.nccl import compare_nccl_logs
+    from rankscope.analyses.inputs.nccl import compare_nccl_logs
     from rankscope.findings import nccl_findings
     from rankscope.ingest.nccl_log import read_nccl_log
     parsed, skipped = _read_inputs(logs, read_nccl_log)
@@ -323,7 +323,7 @@ def nccl_cmd(logs, as_json) -> None:
 def memory_cmd(snapshots, as_json, params, param_bytes) -> None:
     """CUDA memory snapshots (torch.cuda.memory._dump_snapshot pickles, read without running any code):
     peak, fragmentation, largest live blocks and their stacks, the events before an OOM, memory by category."""
-    from rankscope.analyses.memory_snapshot import analyze_snapshot
+    from rankscope.analyses.inputs.memory_snapshot import analyze_snapshot
     from rankscope.ingest.memory_snapshot import read_memory_snapshot
     parsed, skipped = _read_inputs(snapshots, read_memory_snapshot)
     reports = [analyze_snapshot(s, params=params, param_bytes=param_bytes) for s in parsed]
@@ -363,8 +363,8 @@ def mfu_cmd(paths, model_flops_per_step, recompute, dtype, cache_dir, no_cache, 
     """Model and hardware FLOPs utilization (MFU / HFU) against the devices' peak, and communication
     efficiency (bus bandwidth / link peak). FLOPs come from the model (--model-flops-per-step, or the
     transformer dims) or from the traces (with_flops=True per-op FLOPs, else recorded GEMM shapes)."""
-    from rankscope.analyses.mfu import from_summary, given_flops, mfu_report, transformer_flops
-    from rankscope.analyses.overview import as_plain
+    from rankscope.analyses.job.mfu import from_summary, given_flops, mfu_report, transformer_flops
+    from rankscope.analyses.rank.summary import as_plain
     given = [d for d in _DIMS if dims[d] is not None]
     try:
         if given and (len(given) < len(_DIMS) or model_flops_per_step):

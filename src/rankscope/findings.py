@@ -15,17 +15,17 @@ communication: it belongs to the straggler / load-imbalance findings that name i
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from statistics import median
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from rankscope.analyses.overview import RankSummary, as_plain
+from rankscope.analyses.rank.summary import RankSummary, as_plain
+from rankscope.results import Finding
 from rankscope.hardware import devices_link_peak_gbps
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rankscope.analyses.nccl import NcclReport, NcclRun
-    from rankscope.api import Analysis
+    from rankscope.analyses.inputs.nccl import NcclReport, NcclRun
+    from rankscope.results import Analysis
 
 SEVERITIES = ("high", "medium", "low")
 
@@ -50,7 +50,7 @@ THRESHOLDS: dict[str, Threshold] = {
     "exposed_comm_low_pct": Threshold(5.0, "% of step", _OURS),
     "exposed_comm_medium_pct": Threshold(10.0, "% of step", _OURS),
     "exposed_comm_high_pct": Threshold(60.0, "% of step", _OURS),
-    # gradient collectives launched after backward ended (analyses/grad_sync.py)
+    # gradient collectives launched after backward ended (analyses/rank/grad_sync.py)
     "after_backward_pct": Threshold(50.0, "% of gradient collectives", "PyTorch DDP design: buckets all-reduce "
                                     "during backward; most launched after it means no overlap"),
     "low_overlap_pct": Threshold(30.0, "% of comm time overlapped (HTA)", _OURS),
@@ -75,30 +75,12 @@ THRESHOLDS: dict[str, Threshold] = {
     "busbw_low_pct_of_peak": Threshold(25.0, "% of the device's link peak", "nccl-tests bus bandwidth"),
     "busbw_min_bytes": Threshold(1 << 20, "bytes per collective (below: latency bound)", "nccl-tests"),
     "straggler_high_cost_pct": Threshold(10.0, "% of median step", _OURS),
-    # NCCL debug logs compared as runs (analyses/nccl.py)
+    # NCCL debug logs compared as runs (analyses/inputs/nccl.py)
     "nccl_busbw_pct_of_best": Threshold(70.0, "% of the best run's nccl-tests bus bandwidth at the same sizes",
                                         "rankscope default; nccl-tests run-to-run spread is a few %"),
     "nccl_degraded_pct_of_peers": Threshold(75.0, "% of the best peer's channel count / NCCL link bandwidth",
                                             "rankscope default; checked on the corpus nccl-logs-2xA100 (healthy: none)"),
 }
-
-
-@dataclass
-class Finding:
-    id: str
-    severity: str                       # high | medium | low
-    ranks: list[int]
-    steps: list[int]
-    summary: str
-    evidence: dict[str, Any]
-    explanation: str
-    fix: str
-    threshold: dict[str, float]         # the thresholds this rule compared against
-    cost_ms_per_step: float | None = None   # what it costs each step (ordering; None when not a time)
-
-    def as_dict(self) -> dict:
-        """Plain JSON data: rank-keyed evidence gets string keys, as JSON objects have."""
-        return as_plain(dataclasses.asdict(self))
 
 
 def resolve_thresholds(overrides: dict[str, float] | None = None) -> dict[str, float]:
@@ -613,11 +595,11 @@ def ordered(findings: list[Finding]) -> list[Finding]:
 
 # ---------------------------------------------------------------------------------------------
 # NCCL debug logs (`rankscope nccl LOG...`, `analyze --nccl-log LOG`): the comparisons of
-# analyses/nccl.py (each log one run) -> `low_bus_bandwidth` and `degraded_nccl_link`.
+# analyses/inputs/nccl.py (each log one run) -> `low_bus_bandwidth` and `degraded_nccl_link`.
 
 
 def nccl_findings(report: NcclReport, overrides: dict[str, float] | None = None) -> list[Finding]:
-    """Findings of NCCL logs compared as runs (analyses/nccl.py), ordered by severity."""
+    """Findings of NCCL logs compared as runs (analyses/inputs/nccl.py), ordered by severity."""
     t = resolve_thresholds(overrides)
     found = [f for run in report.runs for f in (_nccl_busbw(report, run, t), _nccl_degraded(report, run, t)) if f]
     return ordered(found)

@@ -1,5 +1,11 @@
 """Pure analysis functions: (RankTrace or summaries, options) -> frames/dataclasses.
-No printing, no plotting, no file I/O. One module per question."""
+No printing, no plotting, no file I/O. One module per question:
+
+  rank/     per-rank analyses (the map over ranks)
+  job/      cross-rank analyses (the reduce over the per-rank results)
+  inputs/   inputs other than profiler traces (NCCL logs, memory snapshots)
+  intervals.py  interval arithmetic shared by all of them
+"""
 from __future__ import annotations
 
 import hashlib
@@ -13,7 +19,7 @@ def code_fingerprint() -> str:
     changed analysis never serves an old result."""
     root = Path(__file__).resolve().parent
     h = hashlib.sha256()
-    for path in sorted(root.glob("*.py")) + [root.parent / "model.py"]:
-        h.update(path.name.encode())
+    for path in sorted(root.rglob("*.py")) + [root.parent / "model.py"]:
+        h.update(str(path.relative_to(root.parent)).encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]

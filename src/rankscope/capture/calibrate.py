@@ -18,14 +18,14 @@ import sys
 
 import polars as pl
 
-from rankscope.analyses.alphabeta import (
+from rankscope.analyses.job.alphabeta import (
     MIN_DISTINCT_SIZES,
     AlphaBetaFit,
     alpha_beta_rows,
     fit_alpha_beta,
 )
-from rankscope.analyses.collectives import CollectiveTable
-from rankscope.analyses.overview import as_plain
+from rankscope.analyses.job.matching import CollectiveTable
+from rankscope.analyses.rank.summary import as_plain
 from rankscope.capture._torch import (
     CaptureError,
     comm_device,

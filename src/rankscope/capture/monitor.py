@@ -28,7 +28,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from rankscope.analyses.stragglers import STEP_PCT_FLAG, STEP_Z_FLAG
+from rankscope.analyses.job.stragglers import STEP_PCT_FLAG, STEP_Z_FLAG
 from rankscope.capture._torch import (
     CaptureError,
     all_gather_float,

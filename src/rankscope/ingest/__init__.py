@@ -4,7 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from rankscope.ingest.cache import Cache, content_key
-from rankscope.ingest.kineto import TraceError, read_kineto
+from rankscope.ingest.errors import TraceError
+from rankscope.ingest.kineto import read_kineto
 from rankscope.ingest.nsys_sqlite import SQLITE_SUFFIXES, is_sqlite, read_nsys_sqlite
 from rankscope.model import RankTrace
 

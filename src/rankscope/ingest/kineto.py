@@ -26,6 +26,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.ingest.columns import DTYPES, Col, columnize, scan_json, scan_state
+from rankscope.ingest.errors import TraceError
 from rankscope.model import (CATEGORY_KINDS, DEVICE_KINDS, PROFILER_STEP_PATTERN, Kind, RankMeta, RankTrace,
                              event_kernel_classes)
 
@@ -35,10 +36,6 @@ _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 #: Flow categories that link a launch to its device activity; resolved into `correlation`.
 LAUNCH_FLOW_CATEGORIES = ("ac2g", "async", "async_cpu_to_gpu")
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
-
-
-class TraceError(Exception):
-    """The file holds no usable trace. The message is one line, without the file name."""
 
 
 # ----------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rankscope.ingest.kineto import TraceError
+from rankscope.ingest.errors import TraceError
 
 #: A frame as (function name, file name, line).
 Frame = tuple[str, str, int]

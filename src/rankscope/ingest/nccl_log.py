@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rankscope.ingest.kineto import TraceError
+from rankscope.ingest.errors import TraceError
 
 #: ncclDataType_t (nccl.h): name and size in bytes, by enum value.
 NCCL_DATATYPES: dict[int, tuple[str, int]] = {

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from rankscope.ingest.kineto import TraceError
+from rankscope.ingest.errors import TraceError
 from rankscope.model import (DEVICE_KINDS, PROFILER_STEP_PATTERN, KernelClass, Kind, RankMeta, RankTrace,
                              event_kernel_classes)
 

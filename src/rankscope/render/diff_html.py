@@ -5,7 +5,7 @@ escaping, tables, charts, the CSS and the embedded plotly.js. Computes nothing: 
 """
 from __future__ import annotations
 
-from rankscope.analyses.breakdown import CATEGORIES
+from rankscope.analyses.rank.breakdown import CATEGORIES
 from rankscope.render.diff_terminal import metric_label, p_text
 from rankscope.render.html import (CATEGORY_COLORS, CATEGORY_LABELS, _e, _fmt, _Html, _kv, _layout, _name,
                                    _note, _one_chart, _table, page)

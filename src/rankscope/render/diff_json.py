@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rankscope.analyses.diff import (ALPHA, BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, Comparison, Diff, NameDiff)
+from rankscope.analyses.job.diff import (ALPHA, BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, Comparison, Diff, NameDiff)
 
 SCHEMA = "rankscope.diff/1"
 

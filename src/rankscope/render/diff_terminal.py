@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rankscope.analyses.diff import ALPHA, Comparison, Diff, NameDiff, largest_moves
+from rankscope.analyses.job.diff import ALPHA, Comparison, Diff, NameDiff, largest_moves
 from rankscope.render.terminal import _short
 
 #: Rows of the per-rank table and of each name table (all are in --json).

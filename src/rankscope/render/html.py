@@ -23,7 +23,7 @@ import math
 import plotly.offline
 
 from rankscope import __version__
-from rankscope.analyses.breakdown import CATEGORIES as BREAKDOWN_CATEGORIES
+from rankscope.analyses.rank.breakdown import CATEGORIES as BREAKDOWN_CATEGORIES
 from rankscope.render.terminal import _ranges, _short
 
 MAX_BAR_RANKS = 64

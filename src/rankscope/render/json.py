@@ -9,9 +9,9 @@ from typing import Any
 
 import msgspec
 
-from rankscope.analyses.breakdown import CATEGORIES as BREAKDOWN_CATEGORIES
-from rankscope.analyses.overview import as_plain, step_time_stats
-from rankscope.api import Analysis
+from rankscope.analyses.rank.breakdown import CATEGORIES as BREAKDOWN_CATEGORIES
+from rankscope.analyses.rank.summary import as_plain, step_time_stats
+from rankscope.results import Analysis
 
 SCHEMA = "rankscope.analysis/1"
 

@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rankscope.analyses.memory import BYTES_PER_MB
-from rankscope.analyses.memory_snapshot import CATEGORIES, DeviceMemory, MemoryReport
+from rankscope.analyses.rank.memory import BYTES_PER_MB
+from rankscope.analyses.inputs.memory_snapshot import CATEGORIES, DeviceMemory, MemoryReport
 from rankscope.ingest.memory_snapshot import Frame
 
 SCHEMA = "rankscope.memory_snapshot/1"

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rankscope.analyses.mfu import MfuReport
+from rankscope.analyses.job.mfu import MfuReport
 
 SCHEMA = "rankscope.mfu/1"
 SOURCES = {"model": "model FLOPs given", "flops_args": "per-op FLOPs in the traces (with_flops)",

@@ -1,5 +1,5 @@
 """NCCL logs: JSON (`rankscope.nccl/1`, docs/inputs.md) and the terminal view (rich, 80 columns).
-Nothing is computed here: the numbers come from analyses/nccl.py and findings.nccl_findings."""
+Nothing is computed here: the numbers come from analyses/inputs/nccl.py and findings.nccl_findings."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,8 +11,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from rankscope.analyses.nccl import NcclReport, NcclRun
-from rankscope.findings import Finding
+from rankscope.analyses.inputs.nccl import NcclReport, NcclRun
+from rankscope.results import Finding
 from rankscope.render.terminal import SEVERITY_STYLE
 
 SCHEMA = "rankscope.nccl/1"

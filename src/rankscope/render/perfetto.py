@@ -2,7 +2,7 @@
 name ends in .gz) that opens in https://ui.perfetto.dev and chrome://tracing.
 
 Layout: one process per rank (pid = rank, name `rank 3`, process_sort_index = rank); its tracks
-(analyses/timeline.py) as threads named `rank 3 / <track>` with tids unique across the file and
+(analyses/rank/timeline.py) as threads named `rank 3 / <track>` with tids unique across the file and
 the original pid/tid in the thread_name event's args; counters (ph "C") per rank process.
 Times: `ts`/`dur` in µs with ns decimals, ts = (own timestamp - rank's clock offset - origin) / 1000;
 the origin (earliest aligned timestamp, ns) and the offsets are in the top-level "rankscope" key.
@@ -21,7 +21,7 @@ from pathlib import Path
 import msgspec
 import polars as pl
 
-from rankscope.analyses.timeline import RankTimeline
+from rankscope.analyses.rank.timeline import RankTimeline
 
 SCHEMA = "rankscope.perfetto/1"
 #: Rows converted to JSON text at once (bounds the text held in memory: ~40 MB).

@@ -9,8 +9,8 @@ from rich.markup import escape
 from rich.text import Text
 from rich.table import Table
 
-from rankscope.analyses.overview import step_time_stats
-from rankscope.api import Analysis
+from rankscope.analyses.rank.summary import step_time_stats
+from rankscope.results import Analysis
 
 
 def _ms(x: float | None) -> str:

@@ -6,7 +6,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from rankscope.api import Ingest
+from rankscope.results import Ingest
 
 
 def validation_rows(found: Ingest) -> list[dict]:

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
-from rankscope.analyses.breakdown import CATEGORIES, Timeline, classify_timeline
+from rankscope.analyses.rank.breakdown import CATEGORIES, Timeline, classify_timeline
 from rankscope.analyses.intervals import union
-from rankscope.analyses.steps import StepWindows, step_windows
+from rankscope.analyses.rank.steps import StepWindows, step_windows
 from rankscope.model import DATALOADER_PATTERN, DEVICE_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace, names_matching
 
 #: Shorter idle stretches are launch jitter, not gaps (tb-profiler's GPU-idle view shows >= 0.1 ms).

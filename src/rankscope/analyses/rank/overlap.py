@@ -22,11 +22,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from rankscope.analyses.intervals import covered_between, union
-from rankscope.analyses.steps import StepWindows, step_windows
-from rankscope.analyses.temporal import device_intervals, hta_scope
+from rankscope.analyses.rank.steps import StepWindows, step_windows
+from rankscope.analyses.rank.temporal import device_intervals, hta_scope
 from rankscope.model import KernelClass, RankTrace
-
-NS_PER_MS = 1e6
+from rankscope.units import NS_PER_MS
 
 
 @dataclass

@@ -82,13 +82,13 @@ from typing import Sequence
 import numpy as np
 import polars as pl
 
-from rankscope.analyses.breakdown import CATEGORIES
-from rankscope.analyses.clock import ClockAlignment, estimate_clock_offsets
-from rankscope.analyses.collectives import (CollectiveTable, RankCollectives, match_collectives, member_frame,
-                                            since_step_windows)
+from rankscope.analyses.rank.breakdown import CATEGORIES
+from rankscope.analyses.job.clock import ClockAlignment, estimate_clock_offsets
+from rankscope.analyses.job.matching import CollectiveTable, match_collectives, member_frame, since_step_windows
+from rankscope.analyses.rank.collectives import RankCollectives
 from rankscope.analyses.intervals import union, union_length_per_group
+from rankscope.units import NS_PER_MS
 
-NS_PER_MS = 1e6
 
 #: Seed 003 ("straggler z-score"): a rank's mean step time > 2 sigma or > 10 % over the mean.
 STEP_Z_FLAG = 2.0
@@ -653,8 +653,8 @@ class CrossRank:
     def as_dict(self) -> dict:
         """Plain data (JSON-ready): `collectives` (count, by_type, by_pg, alpha_beta, clock offsets,
         warnings), `stragglers` (list), `straggler_verdict`, `load_balance`, `clock`, `ranks`."""
-        from rankscope.analyses.alphabeta import alpha_beta_rows
-        from rankscope.analyses.collectives import collectives_summary
+        from rankscope.analyses.job.alphabeta import alpha_beta_rows
+        from rankscope.analyses.job.matching import collectives_summary
         rep = self.stragglers
         return {
             "collectives": {**collectives_summary(self.collectives), "alpha_beta": alpha_beta_rows(self.alpha_beta)},
@@ -669,7 +669,7 @@ class CrossRank:
 
 def cross_rank(ranks: Sequence[RankCollectives], align_clocks: bool = True) -> CrossRank:
     """Clock alignment -> collective matching -> stragglers and load balance -> alpha-beta fits."""
-    from rankscope.analyses.alphabeta import fit_alpha_beta
+    from rankscope.analyses.job.alphabeta import fit_alpha_beta
     ranks = sorted(ranks, key=lambda r: r.rank)
     members = member_frame(ranks)                  # built once, shared by every stage below
     clock = estimate_clock_offsets(ranks, members) if align_clocks else ClockAlignment(

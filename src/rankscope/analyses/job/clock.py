@@ -30,9 +30,10 @@ from typing import Sequence
 import numpy as np
 import polars as pl
 
-from rankscope.analyses.collectives import RankCollectives, matched_rows, member_frame
+from rankscope.analyses.rank.collectives import RankCollectives
+from rankscope.analyses.job.matching import matched_rows, member_frame
+from rankscope.units import NS_PER_MS
 
-NS_PER_MS = 1e6
 #: Collective types whose members all finish with the last transfer (ends coincide).
 SYMMETRIC_TYPES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier")
 #: Matched collectives a rank needs before its offset is trusted. 5 medians of µs-spread ends give

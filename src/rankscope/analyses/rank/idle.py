@@ -27,11 +27,10 @@ from dataclasses import asdict, dataclass, field
 
 import polars as pl
 
-from rankscope.analyses.temporal import hta_scope
+from rankscope.analyses.rank.temporal import hta_scope
 from rankscope.model import DEVICE_KINDS, Kind, RankTrace
+from rankscope.units import NS_PER_US, NS_PER_MS
 
-NS_PER_MS = 1e6
-NS_PER_US = 1e3
 #: HTA 0.5 default of get_idle_time_breakdown (applied in µs, see module docstring).
 CONSECUTIVE_KERNEL_DELAY_US = 30.0
 CATEGORIES = ("host_wait", "kernel_wait", "other")

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
-from rankscope.analyses.collectives import CollectiveTable, busbw_factor
+from rankscope.analyses.job.matching import CollectiveTable
+from rankscope.analyses.rank.collectives import busbw_factor
 
 #: Fewest collectives, and fewest distinct sizes, for a fit: two points define a line, a third is
 #: the least that tests it (R²).

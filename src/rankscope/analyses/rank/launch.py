@@ -46,11 +46,10 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import sorted_unique, union
-from rankscope.analyses.temporal import hta_scope
+from rankscope.analyses.rank.temporal import hta_scope
 from rankscope.model import DEVICE_KINDS, Kind, KernelClass, RankTrace
+from rankscope.units import NS_PER_US, NS_PER_MS
 
-NS_PER_MS = 1e6
-NS_PER_US = 1e3
 #: HTA 0.5 defaults of get_cuda_kernel_launch_stats (µs).
 RUNTIME_CUTOFF_US = 50.0
 LAUNCH_DELAY_CUTOFF_US = 100.0

@@ -57,10 +57,10 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import covered_between, sorted_unique, union
-from rankscope.analyses.steps import StepWindows, step_windows
+from rankscope.analyses.rank.steps import StepWindows, step_windows
 from rankscope.model import Kind, RankTrace
+from rankscope.units import NS_PER_MS
 
-NS_PER_MS = 1e6
 BYTES_PER_MB = float(1 << 20)
 MIN_POINTS = 8
 

@@ -39,13 +39,12 @@ from typing import Sequence
 import numpy as np
 import polars as pl
 
-from rankscope.analyses.breakdown import CATEGORIES, classify_timeline, training_thread
-from rankscope.analyses.collectives import CollectiveTable
-from rankscope.analyses.gaps import idle_gaps
+from rankscope.analyses.rank.breakdown import CATEGORIES, classify_timeline, training_thread
+from rankscope.analyses.rank.gaps import idle_gaps
 from rankscope.analyses.intervals import union
-from rankscope.analyses.launch import copy_kind, queue_length_changes
-from rankscope.analyses.memory import memory_timeline
-from rankscope.analyses.steps import step_windows
+from rankscope.analyses.rank.launch import copy_kind, queue_length_changes
+from rankscope.analyses.rank.memory import memory_timeline
+from rankscope.analyses.rank.steps import step_windows
 from rankscope.model import DEVICE_KINDS, Kind, RankTrace
 
 #: Kineto's category name for each event kind (the `cat` a Chrome-trace reader shows).
@@ -259,15 +258,6 @@ def _exposed_comm(track: int, offset_ns: int, timeline) -> pl.DataFrame:
     sel = timeline.category == CATEGORIES.index("comm_exposed")
     s, e = union(timeline.start_ns[sel], timeline.start_ns[sel] + timeline.length_ns[sel])
     return _overlay(track, s - offset_ns, e - s, ["exposed comm"] * len(s))
-
-
-def collective_waits(table: CollectiveTable, rank: int) -> pl.DataFrame:
-    """The rank's waits in matched collectives (aligned clock): ts_ns (its arrival), dur_ns (until
-    the last arriver's), last_rank, type, pg, seq, cid, step. Only waits > 0."""
-    m = table.members.filter((pl.col("rank") == rank) & (pl.col("wait_ns") > 0))
-    return m.join(table.collectives.select("cid", "type", "pg", "seq", "last_rank"), on="cid", how="left").select(
-        pl.col("start_ns").alias("ts_ns"), pl.col("wait_ns").alias("dur_ns"), "last_rank", "type", "pg", "seq",
-        "cid", "step").sort("ts_ns")
 
 
 def _waits(track: int, waits: pl.DataFrame | None) -> pl.DataFrame:

@@ -29,10 +29,10 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import covered_between, union
-from rankscope.analyses.steps import StepWindows, step_windows
+from rankscope.analyses.rank.steps import StepWindows, step_windows
 from rankscope.model import DATALOADER_PATTERN, HOST_OP_KINDS, RankTrace, names_matching
+from rankscope.units import NS_PER_MS
 
-NS_PER_MS = 1e6
 SINGLE_PROCESS_ITER = "_SingleProcessDataLoaderIter"
 MULTI_PROCESS_ITER = "_MultiProcessingDataLoaderIter"
 _ITERATOR = re.compile(r"^enumerate\(DataLoader\)#([^.]+)\.__next__")

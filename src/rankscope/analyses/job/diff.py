@@ -14,7 +14,7 @@ ranks) and per rank pair (its steps):
   step_time_ms              step duration (DESIGN.md "Step")
   gpu_idle_ms, gpu_idle_pct step duration minus device busy time (union of device activity in the
                             step), and its share of the step; only when both sides have device events
-  dataloader_share_pct      DataLoader time / step duration (analyses/dataloader.py)
+  dataloader_share_pct      DataLoader time / step duration (analyses/rank/dataloader.py)
   breakdown_ms.<category>   the eight parts of DESIGN.md "Step breakdown"
 Collective metrics, when both jobs have matched collectives (samples: every matched collective of
 the job, every member for the wait): collective_skew_ms (arrival skew), collective_transfer_ms,
@@ -57,7 +57,8 @@ from typing import Any, Sequence
 import numpy as np
 import polars as pl
 
-from rankscope.analyses.breakdown import CATEGORIES
+from rankscope.analyses.rank.breakdown import CATEGORIES
+from rankscope.units import NS_PER_US, NS_PER_MS
 
 #: Significance level: the conventional 5% (R. A. Fisher, Statistical Methods for Research
 #: Workers, 1925), which is also what "beyond noise" means in the seed study's A/B reading.
@@ -71,8 +72,6 @@ _BETACF_MAX_ITER = 300
 _BETACF_EPS = 1e-15
 _TINY = 1e-300
 
-NS_PER_MS = 1e6
-NS_PER_US = 1e3
 STEP_METRICS = ("step_time_ms", "gpu_idle_ms", "gpu_idle_pct", "dataloader_share_pct",
                 *(f"breakdown_ms.{c}" for c in CATEGORIES))
 COLLECTIVE_METRICS = ("collective_skew_ms", "collective_transfer_ms", "collective_wait_ms", "collective_busbw_gbps")

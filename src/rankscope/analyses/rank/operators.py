@@ -57,8 +57,8 @@ import polars as pl
 
 from rankscope.analyses.intervals import sorted_unique
 from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace, names_matching
+from rankscope.units import NS_PER_MS
 
-NS_PER_MS = 1e6
 _HOST = [int(k) for k in HOST_OP_KINDS]
 _DEVICE = [int(k) for k in DEVICE_KINDS]
 _LAUNCH = [int(Kind.RUNTIME), int(Kind.DRIVER)]

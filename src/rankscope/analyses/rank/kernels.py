@@ -93,9 +93,8 @@ import polars as pl
 from rankscope.analyses.intervals import union
 from rankscope.model import (DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, KernelClass,
                              RankTrace, names_matching)
+from rankscope.units import NS_PER_US, NS_PER_MS
 
-NS_PER_US = 1e3
-NS_PER_MS = 1e6
 _DEVICE = [int(k) for k in DEVICE_KINDS]
 _HOST = [int(k) for k in HOST_OP_KINDS]
 _LAUNCH = [int(Kind.RUNTIME), int(Kind.DRIVER)]

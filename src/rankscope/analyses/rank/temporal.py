@@ -36,8 +36,8 @@ import polars as pl
 
 from rankscope.analyses.intervals import union
 from rankscope.model import DEVICE_KINDS, Kind, KernelClass, RankTrace
+from rankscope.units import NS_PER_MS
 
-NS_PER_MS = 1e6
 #: HTA treats these cuda_sync events as device-side even without a correlation id (trace_filter.py).
 _HTA_DEVICE_SYNC_NAMES = ("Event Sync", "Context Sync")
 _STEP_MARK = "ProfilerStep"

@@ -32,16 +32,16 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import covered_between, sorted_unique, union
-from rankscope.analyses.steps import StepWindows, step_windows
-from rankscope.analyses.dataloader import dataloader_spans
+from rankscope.analyses.rank.steps import StepWindows, step_windows
+from rankscope.analyses.rank.dataloader import dataloader_spans
 from rankscope.model import (BLOCKING_SYNC_PATTERN, DATALOADER_PATTERN, DEVICE_KINDS, PROFILER_STEP_PATTERN, Kind,
                              KernelClass, RankTrace, names_matching)
+from rankscope.units import NS_PER_MS
 
 CATEGORIES = ("compute", "comm_overlapped", "comm_exposed", "memcpy", "dataloader", "sync", "host",
               "idle_other")
 #: Host ops that are collectives, not computation (CPU-only jobs).
 HOST_COLLECTIVE_PATTERN = r"^(c10d::|record_param_comms|gloo:|nccl:)"
-NS_PER_MS = 1e6
 
 
 @dataclass

@@ -14,24 +14,24 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from rankscope.analyses.breakdown import CATEGORIES, classify_timeline, step_breakdown
-from rankscope.analyses.collectives import RankCollectives, rank_collectives
-from rankscope.analyses.dataloader import dataloader_share
-from rankscope.analyses.gaps import GapSummary, idle_gaps
-from rankscope.analyses.grad_sync import gradient_sync_schedule
-from rankscope.analyses.mfu import rank_flops
-from rankscope.analyses.idle import idle_time_breakdown
-from rankscope.analyses.kernels import kernel_breakdown, kernel_stats
-from rankscope.analyses.operators import operator_stats
-from rankscope.analyses.launch import kernel_launch_stats, memory_bandwidth, queue_length
-from rankscope.analyses.memory import memory_timeline, pageable_memcpy
-from rankscope.analyses.overlap import comm_comp_overlap
-from rankscope.analyses.temporal import temporal_breakdown
-from rankscope.analyses.steps import device_busy_ns, step_windows
+from rankscope.analyses.rank.breakdown import CATEGORIES, classify_timeline, step_breakdown
+from rankscope.analyses.rank.collectives import RankCollectives, rank_collectives
+from rankscope.analyses.rank.dataloader import dataloader_share
+from rankscope.analyses.rank.gaps import GapSummary, idle_gaps
+from rankscope.analyses.rank.grad_sync import gradient_sync_schedule
+from rankscope.analyses.rank.flops import rank_flops
+from rankscope.analyses.rank.idle import idle_time_breakdown
+from rankscope.analyses.rank.kernels import kernel_breakdown, kernel_stats
+from rankscope.analyses.rank.operators import operator_stats
+from rankscope.analyses.rank.launch import kernel_launch_stats, memory_bandwidth, queue_length
+from rankscope.analyses.rank.memory import memory_timeline, pageable_memcpy
+from rankscope.analyses.rank.overlap import comm_comp_overlap
+from rankscope.analyses.rank.temporal import temporal_breakdown
+from rankscope.analyses.rank.steps import device_busy_ns, step_windows
 from rankscope.model import (DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, KernelClass, RankMeta,
                              RankTrace, names_matching)
+from rankscope.units import NS_PER_MS
 
-NS_PER_MS = 1e6
 #: Memory samples kept per device in the summary (peaks kept exactly): enough for a chart.
 MEMORY_POINTS = 200
 #: Rows kept in top-N tables (kernels, operators) per rank.

@@ -1,0 +1,5 @@
+"""Time units. Times inside rankscope are int64 nanoseconds; outputs are milliseconds (`_ms`) or
+microseconds (`_us`), with the unit in the name."""
+
+NS_PER_US = 1e3
+NS_PER_MS = 1e6
