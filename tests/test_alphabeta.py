@@ -54,7 +54,7 @@ def test_not_enough_samples_or_sizes_no_fit():
 
 
 def test_fit_recovers_the_generator_network(tmp_path):
-    """synth._Network: transfer = latency + S x 2(n-1)/n / BUS_BANDWIDTH_GBPS, latency =
+    """synth.simulation._Network: transfer = latency + S x 2(n-1)/n / BUS_BANDWIDTH_GBPS, latency =
     NCCL_BASE_LATENCY_US + NCCL_HOP_LATENCY_US x log2(n), x lognormal(3 %) noise, + 0-3 µs end jitter.
     The fitted busbw is that bandwidth and alpha that latency, within the noise."""
     n = 8

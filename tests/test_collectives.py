@@ -254,7 +254,7 @@ def test_gloo_straggler_is_last_everywhere(corpus):
 
 def test_synthetic_job_matches_by_seq_and_recovers_bus_bandwidth(tmp_path):
     """Generator: DDP bucket all-reduces with Seq and pg "0"; transfer = latency + S x 2(n-1)/n /
-    BUS_BANDWIDTH_GBPS (synth._Network). So busbw of the large buckets is close to that constant."""
+    BUS_BANDWIDTH_GBPS (synth.simulation._Network). So busbw of the large buckets is close to that constant."""
     truth = generate_job(tmp_path / "job", ranks=4, steps=2, seed=3, gzip=False)
     ranks = [rank_collectives(read_kineto(p)[0]) for p in sorted((tmp_path / "job").glob("rank*.json"))]
     per_step = truth["expected"]["collectives_per_step"]
