@@ -100,7 +100,7 @@ LAST_SHARE_CHANCE_FACTOR = 1.5
 #: Cost threshold, relative to the median step time: the same order as seed 003's "10 % over the
 #: mean", halved because cost is measured directly (not through noisy step times). Measured here:
 #: the closest candidate of a healthy or launch-bound synthetic job (rank speed spread 1-2 %,
-#: synth/ (the generator)) costs <= 1.4 %, cpu-gloo-4rank-loader0's 2.1 %, param-dlrm-8rank's rank 7 5.0 %
+#: rankscope.synth) costs <= 1.4 %, cpu-gloo-4rank-loader0's 2.1 %, param-dlrm-8rank's rank 7 5.0 %
 #: (0.80 ms: it starts the one profiled step late), cpu-gloo-4rank-straggler's 40 ms sleep 57 %.
 MIN_COST_PCT_OF_STEP = 5.0
 MIN_COST_MS = 0.05
