@@ -1,5 +1,5 @@
 """rankscope: where every millisecond of every step went on every rank of a distributed job."""
-__version__ = "0.1.0"
+from rankscope.version import __version__
 
 __all__ = ["Analysis", "Job", "analyze", "load", "load_rank", "__version__"]
 

@@ -22,7 +22,7 @@ import math
 
 import plotly.offline
 
-from rankscope import __version__
+from rankscope.version import __version__
 from rankscope.analyses.rank.breakdown import CATEGORIES as BREAKDOWN_CATEGORIES
 from rankscope.render.terminal import _ranges, _short
 
