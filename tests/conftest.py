@@ -97,6 +97,13 @@ def x_events(doc: dict) -> list[dict]:
     return [e for e in doc["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"]
 
 
+def columns_frame(columns):
+    """A result's column Struct (one list per column) as a polars frame, to query it."""
+    import msgspec
+    import polars as pl
+    return pl.DataFrame(msgspec.to_builtins(columns))
+
+
 def write_trace(path: Path, doc, gz: bool | None = None) -> Path:
     """Write `doc` as JSON (gzip when the name ends in .gz, unless `gz` says otherwise)."""
     text = json.dumps(doc).encode()

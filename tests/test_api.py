@@ -78,14 +78,14 @@ def test_lazy_job_loads_one_rank(corpus, tmp_path):
 
 
 def test_arriving_summaries_share_strings_and_keep_their_content(corpus):
-    """What the driver does to each summary as it arrives (`api._arrived`) changes how it is held,
+    """What the driver does to each summary as it arrives (`pipelines.job._arrived`) changes how it is held,
     not what it says: the same plain data (msgpack, collectives aside), with the strings every rank
     repeats held once, and the collectives' arrays owning their memory."""
     import copy
 
     import numpy as np
 
-    from rankscope.api import _arrived, _rank_task, _Task
+    from rankscope.pipelines.job import _arrived, _rank_task, _Task
     files = sorted((corpus / "param-dlrm-8rank").glob("*.json.gz"))[:2]
     summaries = [_rank_task(_Task(str(f), None, False)) for f in files]
     for s in summaries:
@@ -98,6 +98,6 @@ def test_arriving_summaries_share_strings_and_keep_their_content(corpus):
         assert np.array_equal(s.collectives.start_ns, b.collectives.start_ns) and s.collectives.start_ns.base is None
         s.collectives = b.collectives = None
         assert msgspec.msgpack.encode(s) == msgspec.msgpack.encode(b)
-    names = [s.kernels["stats"]["kernels"]["name"] for s in summaries]
+    names = [s.kernels.stats.kernels.name for s in summaries]
     same = set(names[0]) & set(names[1])
     assert same and all(any(x is y for y in names[1]) for x in names[0] if x in same)

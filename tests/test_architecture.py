@@ -15,17 +15,19 @@ PACKAGE = Path(__file__).resolve().parent.parent / "src" / "rankscope"
 #: For each room, the rooms of rankscope it may import (its own always allowed). Bottom first.
 ALLOWED: dict[str, set[str]] = {
     "version": set(),
+    "files": set(),
     "units": set(),
     "numbers": set(),
     "hardware": set(),
     "thresholds": set(),
     "model": {"units"},
     "synth": set(),
-    "ingest": {"model", "units", "numbers"},
+    "ingest": {"files", "model", "units", "numbers"},
     "analyses": {"model", "units", "numbers", "hardware", "thresholds", "ingest"},
     "results": {"model", "units", "numbers", "ingest", "analyses"},
     "findings": {"model", "units", "numbers", "hardware", "thresholds", "ingest", "analyses", "results"},
-    "render": {"version", "model", "units", "numbers", "hardware", "thresholds", "ingest", "analyses", "results"},
+    "render": {"version", "files", "model", "units", "numbers", "hardware", "thresholds", "ingest", "analyses",
+               "results"},
 }
 
 

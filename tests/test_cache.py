@@ -1,5 +1,5 @@
 """The parse cache (ingest/cache.py): hits equal fresh parses, a changed file is never served
-stale (within the documented key: size, mtime, first and last MiB), damaged entries are misses,
+stale (the key: size, mtime, first and last MiB, inode and ctime), damaged entries are misses,
 --no-cache writes nothing, an unwritable cache never fails the analysis."""
 from __future__ import annotations
 
@@ -151,20 +151,21 @@ def test_big_file_change_in_hashed_ends_is_a_miss(big_plain: Path, tmp_path: Pat
     assert new in _durations_us(trace)
 
 
-def test_big_file_change_in_the_middle_documented_limitation(big_plain: Path, tmp_path: Path):
-    """DOCUMENTED LIMITATION (cache.py docstring): the key is size + mtime + first/last MiB, so a
-    same-size edit strictly between the first and last MiB with the mtime restored by hand
-    (os.utime) IS served stale. This pins that documented behaviour; `full_hash=True` catches it."""
+def test_big_file_change_in_the_middle_is_a_miss(big_plain: Path, tmp_path: Path):
+    """A same-size edit strictly between the first and last MiB with the mtime restored by hand
+    (os.utime): the content part of the key (size, mtime, ends) is unchanged, but the file's ctime
+    moved, so the key is new and the edit is read (it was served stale before the identity part)."""
     size = big_plain.stat().st_size
     cache = Cache(tmp_path / "cache")
     key_before = content_key(big_plain)
     full_before = content_key(big_plain, full_hash=True)
     load_rank(big_plain, cache)
-    _edit_dur_in_range(big_plain, MIB + 1000, size - MIB - 1000)
-    assert content_key(big_plain) == key_before
+    _, old, new = _edit_dur_in_range(big_plain, MIB + 1000, size - MIB - 1000)
+    assert content_key(big_plain).rpartition("-")[0] == key_before.rpartition("-")[0]
+    assert content_key(big_plain) != key_before
     assert content_key(big_plain, full_hash=True) != full_before
-    _, hit = load_rank(big_plain, cache)
-    assert hit, "the documented limitation no longer holds: update cache.py's docstring and this test"
+    trace, hit = load_rank(big_plain, cache)
+    assert not hit and new in _durations_us(trace)
 
 
 def test_no_cache_writes_nothing(corpus: Path, tmp_path: Path):

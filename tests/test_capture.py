@@ -92,7 +92,7 @@ def test_rank_profiler_traces_load_back_with_their_ranks(tmp_path):
     assert analysis.job.ranks == [0, 1] and analysis.job.world_size == 2 and analysis.job.backend == "gloo"
     assert [s.meta.rank_source for s in analysis.ranks] == ["distributedInfo"] * 2
     assert analysis.job.steps == PROFILED_STEPS
-    assert [[s["step"] for s in r.steps] for r in analysis.ranks] == [PROFILED_STEPS] * 2
+    assert [[s.step for s in r.steps] for r in analysis.ranks] == [PROFILED_STEPS] * 2
     coll = analysis.cross.collectives.collectives
     assert coll.height == len(_allreduce_elements(docs[0])) == len(_allreduce_elements(docs[1]))
     assert coll["complete"].all() and (coll["n_ranks"] == 2).all() and set(coll["type"]) == {"all_reduce"}

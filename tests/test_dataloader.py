@@ -83,11 +83,11 @@ def test_one_step_by_hand_loader0():
     want_ns = _ref_dl_in(path, a, b)
     assert want_ns == 34_670_304                   # the hand reading above
     res = _share(path)
-    row = res.steps.filter(res.steps["step"] == 3).row(0, named=True)
-    assert row["dataloader_ms"] == pytest.approx(34.670304, abs=1e-9)
-    assert row["duration_ms"] == pytest.approx((b - a) / 1e6, abs=1e-9)
-    assert row["share_pct"] == pytest.approx(100.0 * 34_670_304 / (b - a))
-    assert row["spans"] == 1
+    i = res.steps.step.index(3)
+    assert res.steps.dataloader_ms[i] == pytest.approx(34.670304, abs=1e-9)
+    assert res.steps.duration_ms[i] == pytest.approx((b - a) / 1e6, abs=1e-9)
+    assert res.steps.share_pct[i] == pytest.approx(100.0 * 34_670_304 / (b - a))
+    assert res.steps.spans[i] == 1
     assert res.num_workers == 0 and res.multiprocessing is False
     assert res.iterators == ["_SingleProcessDataLoaderIter"]
 
@@ -107,8 +107,7 @@ def test_resnet50_workers0_vs_workers4():
     assert r0.share_pct > 10 * r4.share_pct
     assert r0.spans == 6 and r4.spans == 6                     # hand count: one per profiled step
     # every step of the 0-worker run waits ~69 ms for its batch (json: 68.694 ms in step 5)
-    s5 = r0.steps.filter(r0.steps["step"] == 5).row(0, named=True)
-    assert s5["dataloader_ms"] == pytest.approx(68.694, abs=1e-9)
+    assert r0.steps.dataloader_ms[r0.steps.step.index(5)] == pytest.approx(68.694, abs=1e-9)
     assert r0.num_workers == 0 and r0.multiprocessing is False and r0.num_workers_source == "iterator_class"
     assert r4.num_workers is None and r4.multiprocessing is True and r4.num_workers_source == "unknown"
 
@@ -157,10 +156,10 @@ def test_union_and_clipping_hand_made(tmp_path):
           _span(NEXT, 250, 10), _span("aten::pin_memory", 300, 5, cat="cpu_op"),
           _span(NEXT, 55, 5, cat="gpu_user_annotation")]   # device-side mirror: not a host span
     res = dataloader_share(read_kineto(_write(tmp_path, ev))[0])
-    assert res.steps["step"].to_list() == [1, 2]
-    assert res.steps["dataloader_ms"].to_list() == pytest.approx([0.050, 0.060])
-    assert res.steps["share_pct"].to_list() == pytest.approx([50.0, 60.0])
-    assert res.steps["spans"].to_list() == [2, 1]      # by start: [50,150) and [60,70) in step 1
+    assert res.steps.step == [1, 2]
+    assert res.steps.dataloader_ms == pytest.approx([0.050, 0.060])
+    assert res.steps.share_pct == pytest.approx([50.0, 60.0])
+    assert res.steps.spans == [2, 1]      # by start: [50,150) and [60,70) in step 1
     assert res.dataloader_ms == pytest.approx(0.110) and res.step_time_ms == pytest.approx(0.200)
     assert res.share_pct == pytest.approx(55.0) and res.mean_step_share_pct == pytest.approx(55.0)
     assert res.max_step_share_pct == pytest.approx(60.0)
@@ -194,7 +193,7 @@ def test_every_corpus_file(path):
     trace, _ = read_kineto(path)
     windows = step_windows(trace)
     res = dataloader_share(trace, windows)
-    assert res.steps.height == windows.frame.height
-    assert all(0.0 <= s <= 100.0 for s in res.steps["share_pct"].to_list())
+    assert len(res.steps.step) == windows.frame.height
+    assert all(0.0 <= s <= 100.0 for s in res.steps.share_pct)
     assert res.dataloader_ms <= res.step_time_ms + 1e-9
     assert (res.spans > 0) == (res.multiprocessing is not None)

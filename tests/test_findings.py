@@ -21,7 +21,7 @@ import rankscope
 from rankscope.analyses.rank.grad_sync import gradient_sync_schedule
 from rankscope.findings import THRESHOLDS, evaluate, parse_threshold, resolve_thresholds
 from rankscope.render.json import analysis_to_dict
-from rankscope.render.terminal import render_analysis
+from rankscope.render.base import render
 from rankscope.synth import Injection, generate_job
 
 from conftest import corpus_files, load_json, run_cli, x_events
@@ -151,10 +151,10 @@ def test_every_id_is_stable_and_findings_are_ordered(analyses):
 def test_threshold_overrides(analyses):
     a = analyses["cpu-gloo-4rank-loader0"]
     assert by_id(a, "dataloader_stall").severity == "high"
-    raised = evaluate(a, {"dataloader_high_pct": 90.0})
+    raised = evaluate(a, resolve_thresholds({"dataloader_high_pct": 90.0}))
     assert next(f for f in raised if f.id == "dataloader_stall").severity == "medium"
-    assert "dataloader_stall" not in [f.id for f in evaluate(a, {"dataloader_low_pct": 95, "dataloader_medium_pct": 96,
-                                                                 "dataloader_high_pct": 97})]
+    quiet = resolve_thresholds({"dataloader_low_pct": 95, "dataloader_medium_pct": 96, "dataloader_high_pct": 97})
+    assert "dataloader_stall" not in [f.id for f in evaluate(a, quiet)]
     with pytest.raises(ValueError, match="unknown threshold 'nope'"):
         resolve_thresholds({"nope": 1.0})
     assert parse_threshold("sync_high_pct=12.5") == ("sync_high_pct", 12.5)
@@ -174,12 +174,12 @@ def test_json_findings(analyses):
 
 def test_terminal_findings_fit_80_columns(analyses):
     console = Console(width=80, record=True, color_system=None)
-    render_analysis(analyses["cpu-gloo-4rank-serial_comm"], console)
+    render(analyses["cpu-gloo-4rank-serial_comm"], "terminal", console)
     text = console.export_text()
     assert max(len(line.rstrip()) for line in text.splitlines()) <= 80
     assert "1. HIGH" in text and "fix:" in text and "--html" in text
     brief = Console(width=80, record=True, color_system=None)
-    render_analysis(analyses["cpu-gloo-4rank-serial_comm"], brief, brief=True)
+    render(analyses["cpu-gloo-4rank-serial_comm"], "terminal", brief, brief=True)
     short = brief.export_text()
     assert "fix:" in short and "Step time per rank" not in short and "why:" not in short
 

@@ -27,6 +27,7 @@ from rankscope.analyses.rank.launch import (HTA_LAUNCH_STATS_NAMES, HTA_QUEUE_LE
 from rankscope.analyses.rank.overlap import comm_comp_overlap
 from rankscope.analyses.rank.temporal import temporal_breakdown
 from rankscope.ingest.kineto import read_kineto
+from rankscope.results import to_plain
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hta"
 REL = 0.01                       # 1% relative
@@ -131,30 +132,30 @@ def test_idle_time_breakdown_matches_hta(set_name, fname, mode):
     h = hta_result(set_name, fname, mode, "idle_time_breakdown")
     o = idle_time_breakdown(load(f"{set_name}/{fname}"), include_last_step=(mode == "include_last_step"))
     assert o.consecutive_kernel_delay_us == h["consecutive_kernel_delay"]
-    ours = {str(s["stream"]): s for s in o.streams}
+    ours = {str(s.stream): s for s in o.streams}
     assert set(h["streams"]) <= set(ours)
     for stream, cats in h["streams"].items():
         s = ours[stream]
         loose = FLOAT_PRECISION_IDLE.get((set_name, stream))
         total_hta = sum(c["idle_time"] for c in cats.values() if "idle_time" in c)
-        assert close(s["idle_total_ms"] * 1e3, total_hta, abs_tol=0.01)
+        assert close(s.idle_total_ms * 1e3, total_hta, abs_tol=0.01)
         for cat, c in cats.items():
             if "idle_time" not in c:
                 continue
-            ours_us = s["idle_ms"][cat] * 1e3
-            stats, iv = c.get("interval_stats", {}), s["intervals"][cat]
+            ours_us = s.idle_ms[cat] * 1e3
+            stats, iv = c.get("interval_stats", {}), s.intervals[cat]
             if loose:
                 assert abs(ours_us - c["idle_time"]) <= loose["abs_us"], (stream, cat, ours_us, c["idle_time"])
-                assert abs(iv["count"] - stats.get("count", 0)) <= loose["count"]
+                assert abs(iv.count - stats.get("count", 0)) <= loose["count"]
                 continue
             assert close(ours_us, c["idle_time"], abs_tol=0.01), (stream, cat, ours_us, c["idle_time"])
             if c["idle_time_ratio"] is not None:
-                assert close(s["ratio"][cat], c["idle_time_ratio"], abs_tol=0.005 + 1e-9)   # HTA rounds to 0.01
+                assert close(s.ratio[cat], c["idle_time_ratio"], abs_tol=0.005 + 1e-9)   # HTA rounds to 0.01
             if stats:
-                assert iv["count"] == stats["count"], (stream, cat)
+                assert iv.count == stats["count"], (stream, cat)
                 if stats["count"]:
-                    for ours_v, theirs in ((iv["mean_us"], stats["mean"]), (iv["p50_us"], stats["50%"]),
-                                           (iv["max_us"], stats["max"])):
+                    for ours_v, theirs in ((iv.mean_us, stats["mean"]), (iv.p50_us, stats["50%"]),
+                                           (iv.max_us, stats["max"])):
                         assert close(ours_v, theirs, abs_tol=0.01), (stream, cat, ours_v, theirs)
 
 
@@ -171,15 +172,15 @@ def test_kernel_launch_stats_match_hta(set_name, fname, mode):
         h["short_kernels"], h["runtime_outliers"], h["launch_delay_outliers"])
     for q in ("cpu_duration", "gpu_duration", "launch_delay"):
         ours, theirs = getattr(o, q), h[q]
-        assert ours["count"] == theirs["count"]
+        assert ours.count == theirs["count"]
         for k in ("mean", "p50", "p95", "max"):
-            assert close(ours[f"{k}_us"], theirs[k], abs_tol=0.01), (q, k, ours, theirs)
-        assert close(ours["sum_ms"] * 1e3, theirs["sum"], abs_tol=0.01)
-    per = {str(s["stream"]): s for s in o.streams}
+            assert close(getattr(ours, f"{k}_us"), theirs[k], abs_tol=0.01), (q, k, ours, theirs)
+        assert close(ours.sum_ms * 1e3, theirs["sum"], abs_tol=0.01)
+    per = {str(s.stream): s for s in o.streams}
     for stream, s in h["streams"].items():
-        assert per[stream]["launches"] == s["count"]
-        assert close(per[stream]["launch_delay_mean_us"], s["launch_delay_mean"], abs_tol=0.01)
-        ours_us, hta_us = per[stream]["gpu_duration_sum_ms"] * 1e3, s["gpu_duration_sum"]
+        assert per[stream].launches == s["count"]
+        assert close(per[stream].launch_delay_mean_us, s["launch_delay_mean"], abs_tol=0.01)
+        ours_us, hta_us = per[stream].gpu_duration_sum_ms * 1e3, s["gpu_duration_sum"]
         assert close(ours_us, hta_us, abs_tol=0.01)
 
 
@@ -189,27 +190,27 @@ def test_queue_length_matches_hta(set_name, fname, mode):
     names = HTA_QUEUE_LENGTH_NAMES if (set_name, "queue_length") in KNOWN_DIFFERENCES else None
     o = queue_length(load(f"{set_name}/{fname}"), include_last_step=(mode == "include_last_step"),
                      launch_names=names)
-    ours = {str(s["stream"]): s["points"] for s in o.streams}
+    ours = {str(s.stream): s.points for s in o.streams}
     assert set(ours) == set(h["streams"])
     for stream, theirs in h["streams"].items():
         p = ours[stream]
-        assert p["count"] == theirs["count"]
+        assert p.count == theirs["count"]
         # point statistics depend on the order of events with equal timestamps (HTA: unstable sort)
         for k in ("mean", "min", "p25", "p50", "p75", "max"):
-            assert close(p[k], theirs[k], abs_tol=0.01), (stream, k, p[k], theirs[k])
+            assert close(getattr(p, k), theirs[k], abs_tol=0.01), (stream, k, getattr(p, k), theirs[k])
 
 
 @pytest.mark.parametrize("set_name,fname,mode", CASES)
 def test_memory_bandwidth_matches_hta(set_name, fname, mode):
     h = hta_result(set_name, fname, mode, "memory_bandwidth")
     o = memory_bandwidth(load(f"{set_name}/{fname}"), include_last_step=(mode == "include_last_step"))
-    ours = {k["kind"]: k["points"] for k in o.kinds}
+    ours = {k.kind: k.points for k in o.kinds}
     assert set(h["kinds"]) <= set(ours)
     for kind, theirs in h["kinds"].items():
         p = ours[kind]
-        assert p["count"] == theirs["count"], kind
+        assert p.count == theirs["count"], kind
         for ok, hk in (("mean", "mean"), ("min", "min"), ("p50", "50%"), ("max", "max")):
-            assert close(p[ok], theirs[hk], abs_tol=1e-6), (kind, ok, p[ok], theirs[hk])
+            assert close(getattr(p, ok), theirs[hk], abs_tol=1e-6), (kind, ok, getattr(p, ok), theirs[hk])
 
 
 def test_per_step_overlap_equals_hta_when_hta_keeps_one_step():
@@ -217,8 +218,8 @@ def test_per_step_overlap_equals_hta_when_hta_keeps_one_step():
     overlap of step 551's kernels, which our per-step-window value must reproduce."""
     for fname in ("sampled_rank-0.json.gz", "sampled_rank-1.json.gz"):
         hta = hta_result("hta-sampled-2rank", fname, "default", "comm_comp_overlap")["comp_comm_overlap_pctg"]
-        steps = {s["step"]: s for s in comm_comp_overlap(load(f"hta-sampled-2rank/{fname}")).steps}
-        assert close(steps[551]["overlap_pct"], hta, abs_tol=0.01)
+        steps = {s.step: s for s in comm_comp_overlap(load(f"hta-sampled-2rank/{fname}")).steps}
+        assert close(steps[551].overlap_pct, hta, abs_tol=0.01)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -406,15 +407,15 @@ def test_idle_categories_by_hand(tmp_path):
     trace, _ = read_kineto(write_trace(tmp_path, ev))
     r = idle_time_breakdown(trace)
     (s,) = r.streams
-    assert s["idle_ms"]["host_wait"] * 1e3 == pytest.approx(10)
-    assert s["idle_ms"]["kernel_wait"] * 1e3 == pytest.approx(5 + 29.999 - 0.5)
-    assert s["idle_ms"]["other"] * 1e3 == pytest.approx(30)
-    assert s["ratio"]["other"] == pytest.approx(30 / (10 + 34.499 + 30))
-    kw = s["intervals"]["kernel_wait"]
-    assert kw["count"] == 3 and kw["max_us"] == pytest.approx(29.999) and kw["p50_us"] == pytest.approx(5)
+    assert s.idle_ms["host_wait"] * 1e3 == pytest.approx(10)
+    assert s.idle_ms["kernel_wait"] * 1e3 == pytest.approx(5 + 29.999 - 0.5)
+    assert s.idle_ms["other"] * 1e3 == pytest.approx(30)
+    assert s.ratio["other"] == pytest.approx(30 / (10 + 34.499 + 30))
+    kw = s.intervals["kernel_wait"]
+    assert kw.count == 3 and kw.max_us == pytest.approx(29.999) and kw.p50_us == pytest.approx(5)
     # p95 with linear interpolation of (-0.5, 5, 29.999): 5 + 0.9 * 24.999
-    assert kw["p95_us"] == pytest.approx(5 + 0.9 * 24.999)
-    assert r.idle_ms["host_wait"] == s["idle_ms"]["host_wait"]
+    assert kw.p95_us == pytest.approx(5 + 0.9 * 24.999)
+    assert r.idle_ms["host_wait"] == s.idle_ms["host_wait"]
 
 
 def test_scope_drops_the_last_step_and_unlaunched_device_events(tmp_path):
@@ -436,9 +437,9 @@ def test_scope_drops_the_last_step_and_unlaunched_device_events(tmp_path):
     assert t2.span_ms * 1e3 == pytest.approx(160)        # 20 .. 180
     assert t2.compute_ms * 1e3 == pytest.approx(60)
     # per step window (all events): step 1 window holds the unlaunched gemm too -> 10 of 30 µs of comm overlap
-    steps = {s["step"]: s for s in o.steps}
-    assert steps[1]["overlap_pct"] == pytest.approx(100 * 10 / 30)
-    assert steps[2]["comm_ms"] == 0 and steps[2]["overlap_pct"] is None
+    steps = {s.step: s for s in o.steps}
+    assert steps[1].overlap_pct == pytest.approx(100 * 10 / 30)
+    assert steps[2].comm_ms == 0 and steps[2].overlap_pct is None
 
 
 def test_launch_stats_and_queue_by_hand(tmp_path):
@@ -451,19 +452,19 @@ def test_launch_stats_and_queue_by_hand(tmp_path):
     trace, _ = read_kineto(write_trace(tmp_path, ev))
     k = kernel_launch_stats(trace)
     assert k.launches == 3 and k.short_kernels == 1 and k.runtime_outliers == 1 and k.launch_delay_outliers == 1
-    assert k.launch_delay["mean_us"] == pytest.approx((8 + 7 + 135) / 3)
+    assert k.launch_delay.mean_us == pytest.approx((8 + 7 + 135) / 3)
     assert kernel_launch_stats(trace, include_memory_events=False).launches == 2
     q = queue_length(trace)
     (s,) = q.streams
     # change points: +1@0 +1@3 -1@10 +1@64 -1@70 -1@200 -> values 1,2,1,2,1,0
-    assert s["points"]["count"] == 6 and s["points"]["mean"] == pytest.approx(7 / 6) and s["points"]["max"] == 2
+    assert s.points.count == 6 and s.points.mean == pytest.approx(7 / 6) and s.points.max == 2
     # time-weighted over [0, 200]: 1*3 + 2*7 + 1*54 + 2*6 + 1*130 = 213
-    assert s["time_weighted_mean"] == pytest.approx(213 / 200)
-    assert s["time_at_max_queue_ms"] == 0.0
+    assert s.time_weighted_mean == pytest.approx(213 / 200)
+    assert s.time_at_max_queue_ms == 0.0
     m = memory_bandwidth(trace)
     (kind,) = m.kinds
-    assert kind["kind"] == "Memcpy HtoD" and kind["bytes"] == 1000 and kind["busy_ms"] == pytest.approx(0.01)
-    assert kind["effective_gbps"] == pytest.approx(0.1) and kind["points"]["count"] == 1
+    assert kind.kind == "Memcpy HtoD" and kind.bytes == 1000 and kind.busy_ms == pytest.approx(0.01)
+    assert kind.effective_gbps == pytest.approx(0.1) and kind.points.count == 1
 
 
 def test_zero_duration_memset_lasts_one_us_in_the_counter(tmp_path):
@@ -474,8 +475,8 @@ def test_zero_duration_memset_lasts_one_us_in_the_counter(tmp_path):
     trace, _ = read_kineto(write_trace(tmp_path, ev))
     (kind,) = memory_bandwidth(trace).kinds
     # +2@5, +3@5.5, -2@6, -3@6.5 -> 2, 5, 3 (0 excluded)
-    assert kind["points"]["count"] == 3 and kind["points"]["max"] == pytest.approx(5)
-    assert kind["points"]["mean"] == pytest.approx(10 / 3)
+    assert kind.points.count == 3 and kind.points.max == pytest.approx(5)
+    assert kind.points.mean == pytest.approx(10 / 3)
 
 
 def test_series_are_downsampled(tmp_path):
@@ -484,12 +485,12 @@ def test_series_are_downsampled(tmp_path):
         ev += [launch(10 * i, 1, i + 1), kernel(10 * i + 5, 2, i + 1)]
     trace, _ = read_kineto(write_trace(tmp_path, ev))
     q = queue_length(trace)
-    n = len(q.series["t_ms"])
+    n = len(q.series.t_ms)
     assert 0 < n <= SERIES_POINTS
-    assert max(q.series["max"]) == 1 and min(q.series["max"]) >= 0
-    tw = q.streams[0]["time_weighted_mean"]
+    assert max(q.series.max) == 1 and min(q.series.max) >= 0
+    tw = q.streams[0].time_weighted_mean
     assert tw == pytest.approx(0.5, abs=0.01)             # queue is 1 for 5 of every 10 µs
-    assert all(0.0 <= v <= 1.0 for v in q.series["mean"])
+    assert all(0.0 <= v <= 1.0 for v in q.series.mean)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -507,10 +508,9 @@ def test_every_corpus_trace(rel_path):
     results = [temporal_breakdown(trace), comm_comp_overlap(trace), idle_time_breakdown(trace),
                kernel_launch_stats(trace), queue_length(trace), memory_bandwidth(trace)]
     for r in results:
-        d = r.to_dict()
-        json.dumps(d, allow_nan=False)
+        json.dumps(to_plain(r), allow_nan=False)
     q, m = results[4], results[5]
-    assert len(q.series["t_ms"]) <= SERIES_POINTS and len(m.series["t_ms"]) <= SERIES_POINTS
+    assert len(q.series.t_ms) <= SERIES_POINTS and len(m.series.t_ms) <= SERIES_POINTS
     if not trace.has_device_activity():
         t, o, i, k = results[:4]
         assert t.span_ms is None and t.compute_pct is None

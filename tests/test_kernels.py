@@ -20,7 +20,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from conftest import MEMORY_TIMELINE, corpus_trace_params, load_json, raw_text, x_events
+from conftest import MEMORY_TIMELINE, columns_frame, corpus_trace_params, load_json, raw_text, x_events
 from rankscope.analyses.rank.kernels import (KernelBreakdown, KernelStats, kernel_breakdown, kernel_stats,
                                         launch_occupancy, tensor_core_rule)
 from rankscope.ingest.kineto import read_kineto
@@ -92,7 +92,7 @@ def test_class_counts_and_sums_match_plain_json(corpus: Path, rel: str):
     by_cls = defaultdict(list)
     for cls, name, _, dur in ref:
         by_cls[cls].append((name, dur))
-    got = {r["kernel_class"]: r for r in b.classes.to_dicts()}
+    got = {r["kernel_class"]: r for r in columns_frame(b.classes).to_dicts()}
     assert set(got) == set(by_cls)
     total = sum(d for _, _, _, d in ref)
     for cls, items in by_cls.items():
@@ -104,7 +104,7 @@ def test_class_counts_and_sums_match_plain_json(corpus: Path, rel: str):
         for name, d in items:
             per_name[name].append(d)
         top = sorted(per_name.items(), key=lambda kv: -sum(kv[1]))[:5]
-        rows = b.top_kernels.filter(pl.col("kernel_class") == cls)
+        rows = columns_frame(b.top_kernels).filter(pl.col("kernel_class") == cls)
         assert rows["name"].to_list()[:len(top)] == [n for n, _ in top] or \
             sorted(sum(v) for _, v in top) == sorted(rows["sum_us"].to_list()[:len(top)])   # ties reorder
         for name, durs in top:
@@ -144,10 +144,11 @@ def test_busy_time_and_overlap_by_hand(corpus: Path):
     comm = [(t, t + d) for c, _, t, d in ref if c == "COMM"]
     busy = union_len(all_iv)
     assert b.busy_ms * 1e6 == pytest.approx(busy, abs=2)
-    assert b.overlap["time_ms"].sum() * 1e6 == pytest.approx(busy, abs=2)
+    assert sum(b.overlap.time_ms) * 1e6 == pytest.approx(busy, abs=2)
     # |COMP ∪| + |COMM ∪| - |COMP ∪ COMM ∪| = |COMP ∩ COMM|
     both = union_len(comp) + union_len(comm) - union_len(comp + comm)
-    comp_comm = b.overlap.filter(pl.col("kernel_types").str.contains("COMP") & pl.col("kernel_types").str.contains("COMM"))
+    comp_comm = columns_frame(b.overlap).filter(pl.col("kernel_types").str.contains("COMP")
+                                              & pl.col("kernel_types").str.contains("COMM"))
     assert comp_comm["time_ms"].sum() * 1e6 == pytest.approx(both, abs=2)
     assert both > 0
 
@@ -168,23 +169,23 @@ def test_breakdown_matches_hta(corpus: Path, rel: str):
     re-aggregate that class (no "others" row; see README)."""
     hta = _hta(rel)
     b = kernel_breakdown(read_kineto(corpus / rel)[0], top_k=10, hta_filter=True)
-    ours = dict(zip(b.overlap["kernel_types"], b.overlap["time_ms"]))
+    ours = dict(zip(b.overlap.kernel_types, b.overlap.time_ms))
     theirs = {_hta_label(r["kernel_type"]): r["sum_us"] / 1e3 for r in hta["kernel_type"]}
     assert set(ours) == set(theirs)
     for k, v in theirs.items():
         assert ours[k] == pytest.approx(v, rel=0.01), k
-    pct = dict(zip(b.overlap["kernel_types"], b.overlap["share_pct"]))
+    pct = dict(zip(b.overlap.kernel_types, b.overlap.share_pct))
     for r in hta["kernel_type"]:
         assert pct[_hta_label(r["kernel_type"])] == pytest.approx(r["percentage"], abs=0.1)   # HTA rounds to 0.1
 
     class_sum = defaultdict(float)
     for r in hta["kernels"]:
         class_sum[HTA_TYPES[r["kernel_type"]]] += r["sum_us"]
-    got_sum = dict(zip(b.classes["kernel_class"], b.classes["sum_ms"]))
+    got_sum = dict(zip(b.classes.kernel_class, b.classes.sum_ms))
     for cls, s in class_sum.items():
         assert got_sum[cls] * 1e3 == pytest.approx(s, rel=0.01), cls
 
-    top = b.top_kernels
+    top = columns_frame(b.top_kernels)
     for cls in class_sum:
         rows = [r for r in hta["kernels"] if HTA_TYPES[r["kernel_type"]] == cls]
         aggregated = any(r["name"] == "others" for r in rows)
@@ -212,7 +213,7 @@ def test_hta_filter_drops_last_step_only(corpus: Path):
              and _ns(e["ts"]) < last}
     keep = [e for e in xs if DEVICE_CATS.get(e.get("cat")) and e["args"].get("correlation") in early]
     b = kernel_breakdown(read_kineto(corpus / NQ)[0], hta_filter=True)
-    assert int(b.classes["count"].sum()) == len(keep)
+    assert sum(b.classes.count) == len(keep)
     assert len(keep) < sum(1 for e in xs if DEVICE_CATS.get(e.get("cat")))
 
 
@@ -227,7 +228,7 @@ def test_hta_classification_differences_documented(corpus: Path):
     assert multimem and all(hta_type[n] == "COMPUTATION" for n in multimem)
     assert nccl_dev and all(hta_type[n] == "COMMUNICATION" for n in nccl_dev)
     b = kernel_breakdown(read_kineto(corpus / B200)[0], top_k=10)
-    comm_names = b.top_kernels.filter(pl.col("kernel_class") == "COMM")["name"].to_list()
+    comm_names = columns_frame(b.top_kernels).filter(pl.col("kernel_class") == "COMM")["name"].to_list()
     assert any("multimem_all_reduce_kernel" in n for n in comm_names)
     assert any(n.startswith("ncclDevKernel_") for n in comm_names)
     # HTA's COMMUNICATION time = only the ncclDevKernel (its ns durations rounded down to us)
@@ -235,12 +236,12 @@ def test_hta_classification_differences_documented(corpus: Path):
     nccl_us = sum(d for _, n, _, d in ref if n.startswith("ncclDevKernel_")) / 1e3
     hta_comm = sum(r["sum_us"] for r in hta["kernel_type"] if r["kernel_type"] == "COMMUNICATION")
     assert hta_comm == pytest.approx(nccl_us, abs=1.0)
-    comm_ms = b.classes.filter(pl.col("kernel_class") == "COMM")["sum_ms"][0]
+    comm_ms = columns_frame(b.classes).filter(pl.col("kernel_class") == "COMM")["sum_ms"][0]
     assert comm_ms * 1e3 > 50 * hta_comm          # the multimem kernels dominate our COMM
 
     assert "error" in _hta(MI300)
     bm = kernel_breakdown(read_kineto(corpus / MI300)[0], top_k=10)
-    rccl = [n for n in bm.top_kernels.filter(pl.col("kernel_class") == "COMM")["name"].to_list()
+    rccl = [n for n in columns_frame(bm.top_kernels).filter(pl.col("kernel_class") == "COMM")["name"].to_list()
             if n.startswith("ncclDevKernel_")]
     assert rccl
 
@@ -290,12 +291,13 @@ def test_occupancy_when_kineto_reports_zero(corpus: Path):
     assert all(e["args"]["shared memory"] == 147456 and e["args"]["grid"][0] * e["args"]["grid"][1] * e["args"]["grid"][2] >= 108
                and 225 <= e["args"]["registers per thread"] <= 248 for e in evs)
     s = kernel_stats(read_kineto(corpus / NQ)[0], top_n=50)
-    row = s.kernels.filter(pl.col("name") == name).to_dicts()[0]
+    row = columns_frame(s.kernels).filter(pl.col("name") == name).to_dicts()[0]
     assert row["occupancy_source"] == "computed"
     assert row["occupancy_pct"] == pytest.approx(12.5)
     assert row["count"] == len(evs)
     # a kernel without shared memory keeps Kineto's value
-    adam = s.kernels.filter(pl.col("name").str.starts_with("void multi_tensor_apply_kernel")).to_dicts()[0]
+    kernels = columns_frame(s.kernels)
+    adam = kernels.filter(pl.col("name").str.starts_with("void multi_tensor_apply_kernel")).to_dicts()[0]
     assert adam["occupancy_source"] == "trace"
 
 
@@ -404,7 +406,7 @@ def test_tensor_core_share_a100_by_hand(corpus: Path):
     assert s.gemm_fp32_ms * 1e6 == pytest.approx(fp32, abs=1000)
     assert s.fp32_gemm_share_pct == pytest.approx(100.0 * fp32 / (tc + fp32), rel=1e-6)
     assert s.tensor_core_pct == pytest.approx(100.0 * tc / allk, rel=1e-6)
-    top = s.kernels.row(0, named=True)                 # the NCCL kernel leads
+    top = columns_frame(s.kernels).row(0, named=True)  # the NCCL kernel leads
     names = defaultdict(int)
     for e in kern:
         names[e["name"]] += _ns(e["dur"])
@@ -420,19 +422,18 @@ def test_works_on_every_corpus_trace(corpus: Path, rel: str):
     b = kernel_breakdown(trace, top_k=3)
     s = kernel_stats(trace, top_n=5)
     assert isinstance(b, KernelBreakdown) and isinstance(s, KernelStats)
-    assert b.top_kernels.height <= 3 * (3 + 1) and s.kernels.height <= 5
+    assert len(b.top_kernels.name) <= 3 * (3 + 1) and len(s.kernels.name) <= 5
     # device events counted in the gunzipped text: every kernel/memcpy/memset is an "X" event
     n_dev = len(DEVICE_CAT_RX.findall(raw_text(corpus / rel)))
     if n_dev == 0:
-        assert b.classes.is_empty() and b.overlap.is_empty() and b.top_kernels.is_empty()
-        assert b.sum_ms == 0.0 and s.kernels.is_empty() and s.kernel_count == 0
+        assert not b.classes.kernel_class and not b.overlap.kernel_types and not b.top_kernels.name
+        assert b.sum_ms == 0.0 and not s.kernels.name and s.kernel_count == 0
         assert s.fp32_gemm_share_pct is None and s.occupancy_pct is None
     else:
-        assert int(b.classes["count"].sum()) == n_dev
-        assert b.overlap["share_pct"].sum() == pytest.approx(100.0)
-        assert b.classes["share_pct"].sum() == pytest.approx(100.0)
+        assert sum(b.classes.count) == n_dev
+        assert sum(b.overlap.share_pct) == pytest.approx(100.0)
+        assert sum(b.classes.share_pct) == pytest.approx(100.0)
     if s.occupancy_pct is not None:
         assert 0.0 <= s.occupancy_pct <= 100.0
-        occ = s.kernels["occupancy_pct"].drop_nulls()
-        assert ((occ >= 0) & (occ <= 100)).all()
+        assert all(0 <= x <= 100 for x in s.kernels.occupancy_pct if x is not None)
     assert MEMORY_TIMELINE not in rel

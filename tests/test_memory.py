@@ -16,6 +16,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+from conftest import columns_frame
 from rankscope.analyses.rank.memory import BULK_COPY_BYTES, classify_memcpy, memory_timeline, pageable_memcpy
 from rankscope.ingest.kineto import read_kineto
 
@@ -85,7 +86,7 @@ def test_cpu_profile_memory_peak_matches_json(rank):
     assert cpu.reserved_known is False and cpu.peak_reserved_mb is None and cpu.fragmentation_mb is None
     assert cpu.capacity_mb is None and cpu.peak_allocated_pct_of_capacity is None
     # fewer samples than max_points: the whole curve, in time order, equals the json sequence
-    tl = mt.timeline.filter(pl.col("device") == "cpu")
+    tl = columns_frame(mt.timeline).filter(pl.col("device") == "cpu")
     assert tl["allocated_mb"].to_list() == pytest.approx([a / MiB for a in alloc])
     assert tl["ts_ns"].to_list() == [_ns(e["ts"]) for e in ref]
     assert tl["reserved_mb"].null_count() == tl.height
@@ -94,7 +95,7 @@ def test_cpu_profile_memory_peak_matches_json(rank):
              for e in _x(path) if e["name"].startswith("ProfilerStep#")]
     inside = [s for s, a, b in steps if a <= cpu.peak_allocated_ts_ns < b]
     assert cpu.peak_allocated_step == (inside[0] if inside else None)
-    ps = mt.per_step.filter(pl.col("device") == "cpu")
+    ps = columns_frame(mt.per_step).filter(pl.col("device") == "cpu")
     assert ps["peak_allocated_mb"].max() == pytest.approx(cpu.peak_allocated_mb)
 
 
@@ -156,7 +157,7 @@ def test_timeline_downsampled_keeps_peak_and_envelope(max_points):
     mt = memory_timeline(_resnet0(), max_points=max_points)
     gpu = mt.devices[1]
     assert gpu.samples == 8220          # hand count: [memory] events with Device Type 1 in the file
-    tl = mt.timeline.filter(pl.col("device") == "cuda:0")
+    tl = columns_frame(mt.timeline).filter(pl.col("device") == "cuda:0")
     assert 0 < tl.height <= max_points
     assert tl["allocated_mb"].max() == pytest.approx(gpu.peak_allocated_mb)
     assert tl["allocated_mb"].min() == pytest.approx(0.0)   # the running sum starts at its floor
@@ -214,14 +215,14 @@ def test_running_sum_floor_hand_made(tmp_path):
     (gpu,) = mt.devices
     assert gpu.allocated_source == "running_sum"
     assert gpu.peak_allocated_mb == 130.0 and gpu.peak_allocated_ts_ns == 30_000
-    assert mt.timeline["allocated_mb"].to_list() == [0.0, 100.0, 130.0, 50.0]
+    assert mt.timeline.allocated_mb == [0.0, 100.0, 130.0, 50.0]
     assert gpu.capacity_mb is None                     # no deviceProperties in this trace
 
 
 def test_no_memory_events_is_empty():
     trace, _ = read_kineto(_one("hta-nccl-metadata"))
     mt = memory_timeline(trace)
-    assert mt.empty and mt.timeline.is_empty() and mt.per_step.is_empty()
+    assert mt.empty and not mt.timeline.device and not mt.per_step.device
 
 
 # ----------------------------------------------------------------------------------------------
@@ -255,13 +256,13 @@ def test_pageable_htod_resnet_matches_json():
     want = {s: sum(_ns(e["dur"]) for e in ref if a <= _ns(e["ts"]) and _ns(e["ts"]) + _ns(e["dur"]) <= b)
             for s, (a, b) in steps.items()}
     assert sum(want.values()) == dur_ns
-    got = dict(zip(rep.per_step["step"].to_list(), rep.per_step["pageable_ms"].to_list()))
+    got = dict(zip(rep.per_step.step, rep.per_step.pageable_ms))
     assert got == pytest.approx({s: v / 1e6 for s, v in want.items()})
     # share of step time: json ProfilerStep spans; rankscope's last window also covers the device
     # tail (DESIGN.md "Step"), about 16 ms more of ~1,060 ms: 3 % relative tolerance
     share = 100.0 * dur_ns / sum(b - a for a, b in steps.values())
     assert p.step_share_pct == pytest.approx(share, rel=0.03)
-    row = rep.by_kind.filter((pl.col("direction") == "HtoD") & (pl.col("host_memory") == "pageable"))
+    row = columns_frame(rep.by_kind).filter((pl.col("direction") == "HtoD") & (pl.col("host_memory") == "pageable"))
     assert row["count"].to_list() == [12]
 
 
@@ -270,7 +271,7 @@ def test_pageable_vs_pinned_counts_hta_negative_queue():
     per kind from the json names."""
     path = _one("hta-negative-queue")
     rep = pageable_memcpy(read_kineto(path)[0])
-    kinds = {(r["direction"], r["host_memory"]): r for r in rep.by_kind.iter_rows(named=True)}
+    kinds = {(r["direction"], r["host_memory"]): r for r in columns_frame(rep.by_kind).iter_rows(named=True)}
     for (direction, host), needle in {("HtoD", "pageable"): "HtoD (Pageable", ("HtoD", "pinned"): "HtoD (Pinned",
                                       ("DtoH", "pageable"): "DtoH (Device -> Pageable",
                                       ("DtoD", "device"): "DtoD"}.items():
@@ -293,7 +294,8 @@ def test_device_to_device_only():
     assert ref and all("DtoD" in e["name"] for e in ref)
     rep = pageable_memcpy(read_kineto(path)[0])
     assert rep.pageable.count == 0 and rep.pageable.step_share_pct == 0.0
-    assert rep.by_kind.select("direction", "host_memory", "count").rows() == [("DtoD", "device", len(ref))]
+    kinds = columns_frame(rep.by_kind).select("direction", "host_memory", "count")
+    assert kinds.rows() == [("DtoD", "device", len(ref))]
 
 
 @pytest.mark.parametrize("name, want", [
@@ -320,13 +322,13 @@ def test_every_corpus_file(path):
     mt = memory_timeline(trace, max_points=500)
     assert mt.empty == trace.memory.is_empty()
     for d in mt.devices:
-        n = mt.timeline.filter(pl.col("device") == d.device).height
+        n = mt.timeline.device.count(d.device)
         assert 0 < n <= 500
         assert d.peak_allocated_mb >= 0
         if d.fragmentation_pct is not None:
             assert 0 <= d.fragmentation_pct <= 100
     rep = pageable_memcpy(trace)
     n_copies = int((trace.events["kind"] == 6).sum())          # Kind.MEMCPY
-    assert int(rep.by_kind["count"].sum() or 0) == n_copies
+    assert sum(rep.by_kind.count) == n_copies
     for c in (rep.pageable, rep.pinned):
         assert c.step_share_pct is None or 0 <= c.step_share_pct <= 100

@@ -23,7 +23,9 @@ from rich.console import Console
 from rankscope.analyses.inputs.memory_snapshot import analyze_snapshot, classify_frames, theoretical_breakdown
 from rankscope.ingest import TraceError
 from rankscope.ingest.memory_snapshot import read_memory_snapshot
-from rankscope.render.memory_snapshot import memory_to_dict, render_memory
+from rankscope.render.base import render
+from rankscope.render.memory_snapshot import MemoryJson
+from rankscope.results import MemoryResult
 
 from conftest import assert_no_traceback, run_cli
 
@@ -150,7 +152,7 @@ def test_oom_events_and_categories_hand_count(tmp_path):
     assert (oom.requested, oom.device_free, oom.allocated_at_oom) == (4000, 64, 300)
     assert [e["action"] for e in oom.events_before] == ["alloc", "alloc", "free_requested", "free_completed"]
     assert oom.events_before[1]["frame"] == "forward /work/model.py:1"
-    out = memory_to_dict([report], [])
+    out = MemoryJson().to_dict(MemoryResult([report], []))
     assert out["snapshots"][0]["ooms"][0]["events_before"][0]["category"] == "optimizer"
 
 
@@ -234,7 +236,7 @@ def test_cli_json_and_exit_codes(tmp_path, snapshot_path, raw):
 
 def test_terminal_fits_80_columns(report):
     console = Console(width=80, record=True, color_system=None)
-    render_memory([report], console)
+    render(MemoryResult([report], []), "terminal", console)
     text = console.export_text()
     assert max(len(line.rstrip()) for line in text.splitlines()) <= 80
     assert "fragmentation 97.4%" in text and "forward model.py:39" in text

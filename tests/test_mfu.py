@@ -176,7 +176,7 @@ def test_model_mfu_and_comm_efficiency_dlrm(corpus: Path, dlrm_dir: Path):
     by_type = _by_type(result)
     report = mfu_report(ranks, result.job.world_size, given_flops(flops), dtype="fp32", collectives_by_type=by_type)
     for row, s in zip(report.ranks, result.ranks):
-        step_s = s.steps[0]["duration_ms"] / 1e3
+        step_s = s.steps[0].duration_ms / 1e3
         assert row.mfu_pct == pytest.approx(100 * 1e12 / (15.7e12 * step_s), rel=1e-9)
     assert report.mfu_pct == pytest.approx(sum(r.achieved_tflops for r in report.ranks) / (8 * 15.7) * 100, rel=1e-9)
     assert {c.type for c in report.comm} == {r["type"] for r in by_type if r["group_size"] >= 2}
@@ -186,8 +186,8 @@ def test_model_mfu_and_comm_efficiency_dlrm(corpus: Path, dlrm_dir: Path):
 
 
 def _by_type(result) -> list[dict]:
-    from rankscope.analyses.rank.summary import as_plain
-    return as_plain(result.cross.as_dict())["collectives"]["by_type"]
+    from rankscope.results import to_plain
+    return to_plain(result.cross.as_dict())["collectives"]["by_type"]
 
 
 # ---- command line ---------------------------------------------------------------------------

@@ -25,7 +25,9 @@ from rankscope.analyses.inputs.nccl import compare_nccl_logs
 from rankscope.findings import nccl_findings
 from rankscope.ingest import TraceError
 from rankscope.ingest.nccl_log import read_nccl_log
-from rankscope.render.nccl import nccl_to_dict, render_nccl
+from rankscope.render.base import render
+from rankscope.render.nccl import NcclJson
+from rankscope.results import NcclResult
 
 from conftest import assert_no_traceback, run_cli
 
@@ -279,8 +281,8 @@ def test_analyze_nccl_log_adds_the_findings(tmp_path, corpus, fault_path):
 def test_terminal_fits_80_columns(logs):
     report = compare_nccl_logs(list(logs))
     console = Console(width=80, record=True, color_system=None)
-    render_nccl(report, nccl_findings(report), console)
+    render(NcclResult(report, nccl_findings(report), []), "terminal", console)
     text = console.export_text()
     assert max(len(line.rstrip()) for line in text.splitlines()) <= 80
     assert "HIGH degraded_nccl_link" in text and "216.6" in text and "28.6" in text
-    json.dumps(nccl_to_dict(report, nccl_findings(report), []))       # plain data all the way down
+    json.dumps(NcclJson().to_dict(NcclResult(report, nccl_findings(report), [])))   # plain data all the way down

@@ -190,7 +190,7 @@ def test_nvtx_step_ranges_become_steps(report: Path, tmp_path: Path):
     result = analyze(path, use_cache=False, engine="inprocess")
     (summary,) = result.ranks
     assert summary.steps_source == "profiler_step"
-    assert [(s["step"], s["start_ns"] - epoch) for s in summary.steps] == [(7, 1_200_000_000), (8, 1_500_000_000)]
+    assert [(s.step, s.start_ns - epoch) for s in summary.steps] == [(7, 1_200_000_000), (8, 1_500_000_000)]
 
 
 def test_not_nsys_and_not_sqlite_one_line_errors(tmp_path: Path, report: Path):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import corpus_trace_params, load_json, write_trace, x_events
+from conftest import columns_frame, corpus_trace_params, load_json, write_trace, x_events
 from rankscope.analyses.rank.operators import OperatorStats, operator_stats
 from rankscope.ingest.kineto import read_kineto
 
@@ -120,8 +120,9 @@ def _ref(corpus: Path, rel: str) -> Ref:
     return _REFS[rel]
 
 
-def _rows(df, key_cols) -> dict:
-    return {tuple(r[c] for c in key_cols) if len(key_cols) > 1 else r[key_cols[0]]: r for r in df.to_dicts()}
+def _rows(groups, key_cols) -> dict:
+    return {tuple(r[c] for c in key_cols) if len(key_cols) > 1 else r[key_cols[0]]: r
+            for r in columns_frame(groups).to_dicts()}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -162,11 +163,11 @@ def test_top_lists_are_sorted_and_cut(corpus: Path):
     ref = _ref(corpus, RESNET)
     expected = ref.group(lambda i: ref.ops[i]["name"])
     r = operator_stats(read_kineto(corpus / RESNET)[0], top_n=5, group_by="name")
-    assert r.by_self_device.height == 5 and r.by_self_cpu.height == 5
+    assert len(r.by_self_device.calls) == 5 and len(r.by_self_cpu.calls) == 5
     by_dev = sorted(expected, key=lambda n: -expected[n]["self_dev"])[:5]
     by_cpu = sorted(expected, key=lambda n: -expected[n]["self_cpu"])[:5]
-    assert r.by_self_device["name"].to_list() == by_dev
-    assert r.by_self_cpu["name"].to_list() == by_cpu
+    assert r.by_self_device.name == by_dev
+    assert r.by_self_cpu.name == by_cpu
     # ResNet50 V100 sample: the convolution backward ops lead the device time
     assert by_dev[0] == "aten::cudnn_convolution_backward_weight"
 
@@ -184,7 +185,7 @@ def test_group_by_shapes(corpus: Path):
     r = operator_stats(read_kineto(corpus / RESNET)[0], top_n=10_000, group_by="shapes")
     assert r.groups == len(expected)
     got = {}
-    for row in r.by_self_cpu.to_dicts():
+    for row in columns_frame(r.by_self_cpu).to_dicts():
         dims = row["input_dims"]
         got[(row["name"], json.dumps(json.loads(dims)) if dims is not None else None)] = row
     assert set(got) == set(expected)
@@ -273,7 +274,7 @@ def test_group_by_stack_python_function(corpus: Path):
     got = _rows(r.by_self_device, ["location"])
     assert set(got) == set(expected)
     top = max(expected, key=lambda k: expected[k]["self_dev"])
-    assert r.by_self_device["location"][0] == top and top.startswith("vllm/")
+    assert r.by_self_device.location[0] == top and top.startswith("vllm/")
     for k, e in expected.items():
         assert got[k]["calls"] == e["calls"], k
         assert got[k]["self_cpu_ms"] * 1e6 == pytest.approx(e["self_cpu"], abs=1e-3), k
@@ -297,7 +298,7 @@ def test_device_time_follows_external_id(corpus: Path):
         if ext in name_of_ext:
             by_name[name_of_ext[ext]] += n
     r = operator_stats(read_kineto(corpus / NQ)[0], top_n=1000, group_by="name")
-    got = dict(zip(r.by_self_cpu["name"], r.by_self_cpu["device_events"]))
+    got = dict(zip(r.by_self_cpu.name, r.by_self_cpu.device_events))
     agree = sum(min(got.get(n, 0), c) for n, c in by_name.items())
     assert agree >= 0.95 * sum(by_name.values())
 
@@ -344,9 +345,9 @@ def test_synthetic_edge_cases(tmp_path: Path):
     assert rows["outer"]["total_device_ms"] == pytest.approx(24 / 1e3)
     assert r.device_ms == pytest.approx(41 / 1e3) and r.device_attributed_ms == pytest.approx(24 / 1e3)
     assert r.nesting_conflicts == 1
-    assert r.by_self_device["name"].to_list()[:2] == ["outer", "inner"]
+    assert r.by_self_device.name[:2] == ["outer", "inner"]
     s = operator_stats(read_kineto(_synthetic(tmp_path))[0], group_by="stack")
-    assert s.stack_source is None and s.by_self_cpu["location"].to_list() == [None]
+    assert s.stack_source is None and s.by_self_cpu.location == [None]
     with pytest.raises(ValueError):
         operator_stats(read_kineto(_synthetic(tmp_path))[0], group_by="module")
 
@@ -358,12 +359,13 @@ def test_works_on_every_corpus_trace(corpus: Path, rel: str):
     for group_by in ("name", "shapes", "stack"):
         r = operator_stats(trace, top_n=7, group_by=group_by)
         assert isinstance(r, OperatorStats)
-        assert r.by_self_cpu.height <= 7 and r.by_self_device.height <= 7
+        assert len(r.by_self_cpu.calls) <= 7 and len(r.by_self_device.calls) <= 7
         assert r.device_attributed_ms <= r.device_ms + 1e-9
         if not trace.has_device_activity():
             assert r.device_ms == 0.0
-            assert r.by_self_cpu["self_device_ms"].sum() == 0.0
-        if r.by_self_cpu.height:
-            assert (r.by_self_cpu["self_cpu_ms"] <= r.by_self_cpu["total_cpu_ms"] + 1e-9).all()
-            assert (r.by_self_cpu["self_cpu_ms"] >= 0).all()
-            assert (r.by_self_device["self_device_ms"] <= r.by_self_device["total_device_ms"] + 1e-9).all()
+            assert sum(r.by_self_cpu.self_device_ms) == 0.0
+        if r.by_self_cpu.calls:
+            cpu, dev = r.by_self_cpu, r.by_self_device
+            assert all(s <= t + 1e-9 for s, t in zip(cpu.self_cpu_ms, cpu.total_cpu_ms))
+            assert all(s >= 0 for s in cpu.self_cpu_ms)
+            assert all(s <= t + 1e-9 for s, t in zip(dev.self_device_ms, dev.total_device_ms))

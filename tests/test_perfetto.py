@@ -411,7 +411,7 @@ def test_cli_nothing_usable_writes_nothing(tmp_path):
 def test_no_cache_export_parses_each_file_once(corpus, tmp_path, monkeypatch):
     """--no-cache: a scratch cache lives for the export only, so the analysis' parse serves the
     export too (hand count: one parse per rank file), and the user's cache stays empty."""
-    import rankscope.api as api
+    import rankscope.pipelines.job as job
     import rankscope.ingest as ingest
     parsed = []
     real = ingest.read_trace
@@ -421,7 +421,7 @@ def test_no_cache_export_parses_each_file_once(corpus, tmp_path, monkeypatch):
         return real(path)
 
     monkeypatch.setattr(ingest, "read_trace", counting)
-    monkeypatch.setattr(api, "read_trace", counting)
+    monkeypatch.setattr(job, "read_trace", counting)
     user_cache = tmp_path / "user-cache"
     monkeypatch.setenv("RANKSCOPE_CACHE_DIR", str(user_cache))
     folder = corpus / "cpu-gloo-4rank-straggler"

@@ -3,7 +3,7 @@
 Each rule reads the per-rank summaries and the cross-rank result of an `api.Analysis` (nothing is
 recomputed from events) and returns at most one `Finding` per id. Every threshold is a named
 entry of `THRESHOLDS` with its unit and the source it comes from; users override any of them
-(`rankscope analyze --threshold dataloader_high_pct=30`, or `evaluate(..., overrides)`).
+(`rankscope analyze --threshold dataloader_high_pct=30`, or `evaluate(..., resolve_thresholds(overrides))`).
 
 Job-level shares are the median over ranks of a per-rank share of the mean step (DESIGN.md "Step
 breakdown"), so one odd rank does not decide for the job; the ranks a finding names are those
@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from rankscope.analyses.rank.summary import RankSummary, as_plain
-from rankscope.results import Finding
+from rankscope.analyses.rank.summary import RankSummary
+from rankscope.results import Finding, to_plain
 from rankscope.hardware import devices_link_peak_gbps
+from rankscope.numbers import rounded
 
 if TYPE_CHECKING:  # pragma: no cover
     from rankscope.analyses.inputs.nccl import NcclReport, NcclRun
@@ -123,7 +124,7 @@ class _Job:
         return s.breakdown_mean_ms.get(category, 0.0)
 
     def steps(self) -> list[int]:
-        return sorted({st["step"] for s in self.ranks for st in s.steps})
+        return sorted({st.step for s in self.ranks for st in s.steps})
 
 
 def _tier(value: float, t: dict[str, float], low: str | None, medium: str | None, high: str | None) -> str | None:
@@ -146,10 +147,6 @@ def _job_or_rank_tier(shares: dict[int, float], t: dict[str, float], tiers: tupl
     ranks = sorted(r for r, v in shares.items() if v >= t[top])
     one_down = SEVERITIES[min(SEVERITIES.index(top_severity) + 1, len(SEVERITIES) - 1)]
     return (one_down if ranks else None), ranks
-
-
-def _r(x: float | None, nd: int = 2) -> float | None:
-    return None if x is None else round(float(x), nd)
 
 
 def _ranks_text(ranks: list[int]) -> str:
@@ -195,10 +192,11 @@ def _straggler(job: _Job) -> Iterable[Finding]:
             id="straggler_rank", severity=severity, ranks=[st["rank"]], steps=list(st["steps"]),
             summary=(f"rank {st['rank']} is a straggler ({st['cause']}): the other ranks lose "
                      f"{cost:.2f} ms per step ({cost_pct:.1f}% of the median step) waiting for it"),
-            evidence={"cause": st["cause"], "cost_ms_per_step": _r(cost, 3), "cost_pct_of_step": _r(cost_pct),
-                      "last_arrival_pct": _r(st["last_arrival_pct"], 1), "step_time_z": _r(st["step_time_z"]),
-                      "wait_imposed_ms_per_step": _r(st["wait_imposed_ms_per_step"], 3),
-                      "excess_ms_per_step": {k: _r(v, 3) for k, v in st["excess_ms_per_step"].items()},
+            evidence={"cause": st["cause"], "cost_ms_per_step": rounded(cost, 3),
+                      "cost_pct_of_step": rounded(cost_pct, 2), "last_arrival_pct": rounded(st["last_arrival_pct"], 1),
+                      "step_time_z": rounded(st["step_time_z"], 2),
+                      "wait_imposed_ms_per_step": rounded(st["wait_imposed_ms_per_step"], 3),
+                      "excess_ms_per_step": {k: rounded(v, 3) for k, v in st["excess_ms_per_step"].items()},
                       "detail": st["evidence"]},
             explanation=("Every collective finishes only when its last member arrives, so one late rank makes "
                          "all others wait. This rank arrives last at most collectives; the cause is what it did "
@@ -218,7 +216,8 @@ def _dataloader(job: _Job) -> Iterable[Finding]:
     if severity is None:
         return
     by_rank = {s.rank: s for s in job.ranks}
-    workers = sorted({(by_rank[r].dataloader or {}).get("num_workers") for r in ranks} - {None})
+    loaders = [by_rank[r].dataloader for r in ranks]
+    workers = sorted({d.num_workers for d in loaders if d} - {None})
     ms = median(job.part(by_rank[r], "dataloader") for r in ranks)
     workers_text = ("" if not workers else f" (num_workers={'/'.join(map(str, workers))})")
     more = ("set num_workers to 4-8 per GPU (it is 0: data is loaded on the training thread)"
@@ -228,11 +227,11 @@ def _dataloader(job: _Job) -> Iterable[Finding]:
         summary=(f"the {'device' if any(s.has_device for s in job.ranks) else 'training thread'} waits for the "
                  f"DataLoader {median(shares[r] for r in ranks):.1f}% of each step on {_ranks_text(ranks)} "
                  f"({ms:.1f} ms per step){workers_text}"),
-        evidence={"dataloader_pct_of_step": {r: _r(v, 1) for r, v in sorted(shares.items())},
-                  "median_pct_of_step": _r(median(shares.values()), 1), "dataloader_ms_per_step": _r(ms, 3),
+        evidence={"dataloader_pct_of_step": {r: rounded(v, 1) for r, v in sorted(shares.items())},
+                  "median_pct_of_step": rounded(median(shares.values()), 1), "dataloader_ms_per_step": rounded(ms, 3),
                   "num_workers": workers,
-                  "dataloader_span_share_pct": {r: _r((by_rank[r].dataloader or {}).get("share_pct"), 1)
-                                                for r in ranks}},
+                  "dataloader_span_share_pct": {r: rounded(d.share_pct, 1) if d else None
+                                                for r, d in zip(ranks, loaders)}},
         explanation=("Time inside enumerate(DataLoader).__next__ with nothing else running: the next batch was "
                      "not ready when the step wanted it, so compute stalls on input."),
         fix=(f"{more}; pin_memory=True; persistent_workers=True and prefetch_factor=2-4; move decoding and "
@@ -253,11 +252,11 @@ def _comm(job: _Job) -> Iterable[Finding]:
     med_pct = median(exposed_pct.values())
     med_ms = median(exposed.values())
     sched = [s.grad_sync for s in with_comm if s.grad_sync]
-    launched = sum(g["collectives"] for g in sched)
-    after = sum(g["launched_after_backward"] for g in sched)
+    launched = sum(g.collectives for g in sched)
+    after = sum(g.launched_after_backward for g in sched)
     after_pct = 100.0 * after / launched if launched else None
-    hta_overlap = [s.hta["overlap"]["overlap_pct"] for s in with_comm
-                   if s.hta and s.hta["overlap"]["overlap_pct"] is not None]
+    hta_overlap = [s.hta.overlap.overlap_pct for s in with_comm
+                   if s.hta and s.hta.overlap.overlap_pct is not None]
     med_overlap = median(hta_overlap) if hta_overlap else None
     waits_note = (" (of the step without its waits for late ranks, which the straggler / load imbalance findings "
                   "explain)"
@@ -270,11 +269,12 @@ def _comm(job: _Job) -> Iterable[Finding]:
             ranks=sorted(r for r, v in exposed_pct.items() if v >= t["exposed_comm_low_pct"]), steps=job.steps(),
             summary=f"communication that no computation hides takes {med_pct:.1f}% of each step "
                     f"(median rank, {med_ms:.1f} ms){waits_note}",
-            evidence={"exposed_comm_pct_of_step": {r: _r(v, 1) for r, v in sorted(exposed_pct.items())},
-                      "exposed_comm_ms_per_step": {r: _r(v, 3) for r, v in sorted(exposed.items())},
-                      "wait_for_late_ranks_ms_per_step": {r: _r(job.wait_ms.get(r, 0.0), 3) for r in sorted(exposed)},
-                      "gradient_collectives_after_backward_pct": _r(after_pct, 1),
-                      "comm_comp_overlap_pct": _r(med_overlap, 1)},
+            evidence={"exposed_comm_pct_of_step": {r: rounded(v, 1) for r, v in sorted(exposed_pct.items())},
+                      "exposed_comm_ms_per_step": {r: rounded(v, 3) for r, v in sorted(exposed.items())},
+                      "wait_for_late_ranks_ms_per_step": {r: rounded(job.wait_ms.get(r, 0.0), 3)
+                                                          for r in sorted(exposed)},
+                      "gradient_collectives_after_backward_pct": rounded(after_pct, 1),
+                      "comm_comp_overlap_pct": rounded(med_overlap, 1)},
             explanation=("While a collective runs with no compute beside it, the step only waits for the network. "
                          "Either it starts too late to overlap (after backward), or there is more of it than "
                          "compute to hide it behind."),
@@ -286,8 +286,8 @@ def _comm(job: _Job) -> Iterable[Finding]:
             cost_ms_per_step=med_ms)
 
     evidence = {"gradient_collectives": launched, "launched_after_backward": after,
-                "after_backward_pct": _r(after_pct, 1), "comm_comp_overlap_pct": _r(med_overlap, 1),
-                "exposed_comm_pct_of_step": _r(med_pct, 1)}
+                "after_backward_pct": rounded(after_pct, 1), "comm_comp_overlap_pct": rounded(med_overlap, 1),
+                "exposed_comm_pct_of_step": rounded(med_pct, 1)}
     low = None
     if after_pct is not None and after_pct >= t["after_backward_pct"]:
         # the schedule itself is the evidence; what it costs now sets the severity
@@ -319,8 +319,8 @@ def _comm(job: _Job) -> Iterable[Finding]:
             id="comm_bound", severity="medium", ranks=sorted(exposed), steps=job.steps(),
             summary=(f"communication-bound: {comm_ms:.1f} ms of communication per step against {compute_ms:.1f} ms "
                      f"of compute" + (f" ({ratio:.1f}x)" if ratio else "")),
-            evidence={"comm_ms_per_step": _r(comm_ms, 3), "compute_ms_per_step": _r(compute_ms, 3),
-                      "comm_to_compute_ratio": _r(ratio), "classification": "comm-bound"},
+            evidence={"comm_ms_per_step": rounded(comm_ms, 3), "compute_ms_per_step": rounded(compute_ms, 3),
+                      "comm_to_compute_ratio": rounded(ratio, 2), "classification": "comm-bound"},
             explanation=("With more communication than compute per step, no overlap can hide it all: the job scales "
                          "with the network, not the GPUs (seed 003: comm > 1.2x compute = comm-bound)."),
             fix=("move fewer bytes per unit of compute: larger batch per rank or gradient accumulation, bf16 "
@@ -346,8 +346,8 @@ def _device_category(job: _Job, category: str, finding_id: str, medium: str, hig
     ms = median(job.part(s, category) for s in job.ranks if s.rank in shares)
     yield Finding(
         id=finding_id, severity=severity, ranks=ranks, steps=job.steps(), summary=summary.format(pct=pct, ms=ms),
-        evidence={f"{category}_pct_of_step": {r: _r(v, 1) for r, v in sorted(shares.items())},
-                  f"{category}_ms_per_step": _r(ms, 3)},
+        evidence={f"{category}_pct_of_step": {r: rounded(v, 1) for r, v in sorted(shares.items())},
+                  f"{category}_ms_per_step": rounded(ms, 3)},
         explanation=explanation, fix=fix, threshold={k: t[k] for k in (medium, high)}, cost_ms_per_step=ms)
 
 
@@ -378,16 +378,16 @@ def _launch_overhead(job: _Job) -> Iterable[Finding]:
     t = job.t
     ranks, short_pcts, kernel_p50_us = [], [], []
     for s in job.ranks:
-        launch = (s.hta or {}).get("launch") or {}
-        n = launch.get("launches") or 0
+        launch = s.hta.launch if s.hta else None
+        n = launch.launches if launch else 0
         if not n or s.breakdown_mode != "device":
             continue
-        short_pct = 100.0 * launch.get("short_kernels", 0) / n
+        short_pct = 100.0 * launch.short_kernels / n
         idle_pct = job.share(s, job.part(s, "host") + job.part(s, "idle_other"))
         if short_pct >= t["short_kernel_share_pct"] and idle_pct >= t["launch_idle_pct"]:
             ranks.append(s.rank)
             short_pcts.append(short_pct)
-            p50 = (launch.get("gpu_duration") or {}).get("p50_us")
+            p50 = launch.gpu_duration.p50_us
             if p50 is not None:
                 kernel_p50_us.append(p50)
     if not ranks:
@@ -397,8 +397,8 @@ def _launch_overhead(job: _Job) -> Iterable[Finding]:
         id="launch_overhead", severity="medium", ranks=ranks, steps=job.steps(),
         summary=(f"{median(short_pcts):.0f}% of kernels are tiny{median_kernel} and the device idles between them: "
                  "launch overhead dominates"),
-        evidence={"short_kernel_pct": _r(median(short_pcts), 1),
-                  "median_kernel_us": _r(median(kernel_p50_us), 1) if kernel_p50_us else None},
+        evidence={"short_kernel_pct": rounded(median(short_pcts), 1),
+                  "median_kernel_us": rounded(median(kernel_p50_us), 1) if kernel_p50_us else None},
         explanation=("Each kernel costs several microseconds of CPU launch time; when kernels run for less than "
                      "that, the GPU waits for launches instead of computing."),
         fix=("fuse and batch: torch.compile, CUDA graphs (torch.compile(mode='reduce-overhead') or "
@@ -408,32 +408,31 @@ def _launch_overhead(job: _Job) -> Iterable[Finding]:
 
 def _memcpy(job: _Job) -> Iterable[Finding]:
     t = job.t
-    rows = {s.rank: s.memcpy["pageable"] for s in job.ranks if s.memcpy and s.memcpy.get("pageable")
-            and s.memcpy["pageable"].get("count")}
+    rows = {s.rank: s.memcpy.pageable for s in job.ranks if s.memcpy and s.memcpy.pageable.count}
     if not rows:
         return
-    shares = {r: p.get("step_share_pct") or 0.0 for r, p in rows.items()}
+    shares = {r: p.step_share_pct or 0.0 for r, p in rows.items()}
     severity, ranks = _job_or_rank_tier(shares, t, ("pageable_memcpy_low_pct", "pageable_memcpy_medium_pct", None))
     if severity is None:
         return
-    bw = [rows[r].get("mean_bandwidth_gbps") for r in ranks if rows[r].get("mean_bandwidth_gbps") is not None]
+    bw = [rows[r].mean_bandwidth_gbps for r in ranks if rows[r].mean_bandwidth_gbps is not None]
     by_rank = {s.rank: s for s in job.ranks}
-    ratio = [by_rank[r].memcpy.get("pinned_vs_pageable_bandwidth_ratio") for r in ranks]
+    ratio = [by_rank[r].memcpy.pinned_vs_pageable_bandwidth_ratio for r in ranks]
     yield Finding(
         id="unpinned_memcpy", severity=severity, ranks=ranks, steps=job.steps(),
         summary=(f"copies from pageable host memory take {median(shares.values()):.1f}% of each step"
                  + (f" at {median(bw):.1f} GB/s" if bw else "")),
-        evidence={"pageable_pct_of_step": {r: _r(v, 2) for r, v in sorted(shares.items())},
-                  "pageable_copies": {r: rows[r]["count"] for r in ranks},
-                  "pageable_ms": {r: _r(rows[r].get("total_ms"), 3) for r in ranks},
-                  "mean_bandwidth_gbps": _r(median(bw), 2) if bw else None,
-                  "pinned_vs_pageable_bandwidth_ratio": [_r(x) for x in ratio]},
+        evidence={"pageable_pct_of_step": {r: rounded(v, 2) for r, v in sorted(shares.items())},
+                  "pageable_copies": {r: rows[r].count for r in ranks},
+                  "pageable_ms": {r: rounded(rows[r].total_ms, 3) for r in ranks},
+                  "mean_bandwidth_gbps": rounded(median(bw), 2) if bw else None,
+                  "pinned_vs_pageable_bandwidth_ratio": [rounded(x, 2) for x in ratio]},
         explanation=("A copy from pageable memory is staged through a pinned bounce buffer by the driver: it runs "
                      "at a fraction of PCIe bandwidth and cannot overlap with compute."),
         fix="DataLoader(pin_memory=True) and tensor.to(device, non_blocking=True); pin long-lived host buffers "
             "(tensor.pin_memory())",
         threshold={k: t[k] for k in ("pageable_memcpy_low_pct", "pageable_memcpy_medium_pct")},
-        cost_ms_per_step=median(rows[r].get("total_ms") or 0.0 for r in ranks) / max(len(job.steps()), 1))
+        cost_ms_per_step=median(rows[r].total_ms or 0.0 for r in ranks) / max(len(job.steps()), 1))
 
 
 #: Devices with fp16 Tensor Cores but no bf16 / TF32 (Volta, Turing).
@@ -444,12 +443,13 @@ def _tensor_cores(job: _Job, devices: list[str]) -> Iterable[Finding]:
     t = job.t
     hits = {}
     for s in job.ranks:
-        st = (s.kernels or {}).get("stats") or {}
-        kernel_ms, gemm_ms = st.get("kernel_ms") or 0.0, st.get("gemm_ms") or 0.0
-        fp32 = st.get("fp32_gemm_share_pct")
+        if s.kernels is None:
+            continue
+        st = s.kernels.stats
+        kernel_ms, gemm_ms, fp32 = st.kernel_ms, st.gemm_ms, st.fp32_gemm_share_pct
         if kernel_ms > 0 and fp32 is not None and 100.0 * gemm_ms / kernel_ms >= t["gemm_share_pct"] \
                 and fp32 >= t["fp32_gemm_pct"]:
-            hits[s.rank] = (100.0 * gemm_ms / kernel_ms, fp32, st.get("gemm_fp32_ms") or 0.0)
+            hits[s.rank] = (100.0 * gemm_ms / kernel_ms, fp32, st.gemm_fp32_ms)
     if not hits:
         return
     gemm_pct = median(v[0] for v in hits.values())
@@ -458,9 +458,9 @@ def _tensor_cores(job: _Job, devices: list[str]) -> Iterable[Finding]:
         ranks=sorted(hits), steps=job.steps(),
         summary=(f"{median(v[1] for v in hits.values()):.0f}% of GEMM time runs in FP32 without Tensor Cores; "
                  f"GEMMs are {gemm_pct:.0f}% of kernel time"),
-        evidence={"gemm_pct_of_kernel_time": {r: _r(v[0], 1) for r, v in hits.items()},
-                  "fp32_gemm_pct": {r: _r(v[1], 1) for r, v in hits.items()},
-                  "fp32_gemm_ms": {r: _r(v[2], 3) for r, v in hits.items()}},
+        evidence={"gemm_pct_of_kernel_time": {r: rounded(v[0], 1) for r, v in hits.items()},
+                  "fp32_gemm_pct": {r: rounded(v[1], 1) for r, v in hits.items()},
+                  "fp32_gemm_ms": {r: rounded(v[2], 3) for r, v in hits.items()}},
         explanation=("FP32 matrix multiplies run on the CUDA cores at a fraction (1/8-1/16) of the Tensor Core "
                      "throughput of bf16/fp16 or TF32 on Ampere and later."),
         fix=("run the model under torch.autocast(device_type='cuda', dtype=torch.float16) with "
@@ -476,24 +476,24 @@ def _memory(job: _Job) -> Iterable[Finding]:
     t = job.t
     frag, pressure = {}, {}
     for s in job.ranks:
-        for d in (s.memory or {}).get("devices", []):
-            if d.get("device_type") == 0:          # host memory: no allocator cache, no capacity
+        for d in (s.memory.devices if s.memory else []):
+            if d.device_type == 0:          # host memory: no allocator cache, no capacity
                 continue
-            if (d.get("fragmentation_pct") or 0) >= t["fragmentation_pct"] and \
-                    (d.get("fragmentation_mb") or 0) >= t["fragmentation_min_mb"]:
+            if (d.fragmentation_pct or 0) >= t["fragmentation_pct"] and \
+                    (d.fragmentation_mb or 0) >= t["fragmentation_min_mb"]:
                 frag[s.rank] = d
-            used = d.get("peak_reserved_pct_of_capacity") or d.get("peak_allocated_pct_of_capacity")
+            used = d.peak_reserved_pct_of_capacity or d.peak_allocated_pct_of_capacity
             if used is not None and used >= t["memory_pressure_medium_pct"]:
                 pressure[s.rank] = (used, d)
     if frag:
-        worst = max(frag.values(), key=lambda d: d["fragmentation_mb"])
+        worst = max(frag.values(), key=lambda d: d.fragmentation_mb)
         yield Finding(
             id="memory_fragmentation", severity="medium", ranks=sorted(frag), steps=job.steps(),
-            summary=(f"at peak, {worst['fragmentation_mb']:.0f} MB ({worst['fragmentation_pct']:.0f}%) of reserved "
+            summary=(f"at peak, {worst.fragmentation_mb:.0f} MB ({worst.fragmentation_pct:.0f}%) of reserved "
                      f"GPU memory is cached but not allocated (fragmentation)"),
-            evidence={r: {"device": d["device"], "peak_reserved_mb": _r(d.get("peak_reserved_mb"), 1),
-                          "peak_allocated_mb": _r(d.get("peak_allocated_mb"), 1),
-                          "fragmentation_mb": _r(d["fragmentation_mb"], 1)} for r, d in frag.items()},
+            evidence={r: {"device": d.device, "peak_reserved_mb": rounded(d.peak_reserved_mb, 1),
+                          "peak_allocated_mb": rounded(d.peak_allocated_mb, 1),
+                          "fragmentation_mb": rounded(d.fragmentation_mb, 1)} for r, d in frag.items()},
             explanation=("The caching allocator keeps freed blocks reserved; with varying tensor sizes they split "
                          "into pieces too small to reuse, so reserved memory grows far past what is allocated."),
             fix=("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; keep shapes static (pad or bucket sequence "
@@ -506,8 +506,8 @@ def _memory(job: _Job) -> Iterable[Finding]:
             severity="high" if top >= t["memory_pressure_high_pct"] else "medium", ranks=sorted(pressure),
             steps=job.steps(),
             summary=f"peak GPU memory reaches {top:.0f}% of device capacity",
-            evidence={r: {"device": d["device"], "peak_pct_of_capacity": _r(u, 1),
-                          "capacity_mb": _r(d.get("capacity_mb"), 0)} for r, (u, d) in pressure.items()},
+            evidence={r: {"device": d.device, "peak_pct_of_capacity": rounded(u, 1),
+                          "capacity_mb": rounded(d.capacity_mb, 0)} for r, (u, d) in pressure.items()},
             explanation=("Close to capacity the allocator retries (synchronizing cudaFree) and the next larger batch "
                          "or sequence runs out of memory."),
             fix=("activation checkpointing (torch.utils.checkpoint), shard parameters/gradients/optimizer states "
@@ -556,8 +556,8 @@ def _load_imbalance(job: _Job) -> Iterable[Finding]:
     yield Finding(
         id="load_imbalance", severity="medium" if all_idle else "low", ranks=sorted(s.rank for s in job.ranks),
         steps=[s["step"] for s in lb.get("steps", [])], summary=lb.get("summary", verdict),
-        evidence={"verdict": verdict, "common_idle_pct": _r(lb.get("common_idle_pct"), 1),
-                  "wait_spread_pct": _r(lb.get("wait_spread_pct"), 1)},
+        evidence={"verdict": verdict, "common_idle_pct": rounded(lb.get("common_idle_pct"), 1),
+                  "wait_spread_pct": rounded(lb.get("wait_spread_pct"), 1)},
         explanation=("All ranks idle at the same moments: the whole job waits on something shared (input pipeline, "
                      "host-bound forward, checkpointing)." if all_idle else
                      "Ranks wait for each other, but a different rank is late each time: work per rank varies "
@@ -571,11 +571,12 @@ def _load_imbalance(job: _Job) -> Iterable[Finding]:
 
 
 # ---------------------------------------------------------------------------------------------
-def evaluate(analysis: "Analysis", overrides: dict[str, float] | None = None) -> list[Finding]:
-    """All findings of a job, ordered by severity then cost per step."""
-    t = resolve_thresholds(overrides)
+def evaluate(analysis: "Analysis", thresholds: dict[str, float] | None = None) -> list[Finding]:
+    """All findings of a job, ordered by severity then cost per step. `thresholds`: the values in
+    force (`resolve_thresholds`), by default the defaults."""
+    t = thresholds or resolve_thresholds()
     ranks = [s for s in analysis.ranks if s.steps]
-    cross = as_plain(analysis.cross.as_dict()) if analysis.cross is not None else None
+    cross = to_plain(analysis.cross.as_dict()) if analysis.cross is not None else None
     job = _Job(ranks=ranks, cross=cross, t=t,
                step_ms={s.rank: sum(s.breakdown_mean_ms.values()) for s in ranks},
                wait_ms={r["rank"]: r.get("own_wait_ms_per_step") or 0.0 for r in (cross or {}).get("ranks", [])})
@@ -598,9 +599,10 @@ def ordered(findings: list[Finding]) -> list[Finding]:
 # analyses/inputs/nccl.py (each log one run) -> `low_bus_bandwidth` and `degraded_nccl_link`.
 
 
-def nccl_findings(report: NcclReport, overrides: dict[str, float] | None = None) -> list[Finding]:
-    """Findings of NCCL logs compared as runs (analyses/inputs/nccl.py), ordered by severity."""
-    t = resolve_thresholds(overrides)
+def nccl_findings(report: NcclReport, thresholds: dict[str, float] | None = None) -> list[Finding]:
+    """Findings of NCCL logs compared as runs (analyses/inputs/nccl.py), ordered by severity;
+    `thresholds` as in `evaluate`."""
+    t = thresholds or resolve_thresholds()
     found = [f for run in report.runs for f in (_nccl_busbw(report, run, t), _nccl_degraded(report, run, t)) if f]
     return ordered(found)
 
@@ -635,10 +637,12 @@ def _nccl_busbw(report: NcclReport, run: NcclRun, t: dict[str, float]) -> Findin
         id="low_bus_bandwidth", severity="high" if low_vs_best and vs_best.pct < 50.0 else "medium",
         ranks=vs_best.ranks if vs_best else [], steps=[],
         summary=f"{_log_name(run.file)}: bus bandwidth {run.avg_busbw_gbps:.1f} GB/s, " + "; ".join(parts),
-        evidence={"file": run.file, "busbw_gbps": _r(run.avg_busbw_gbps), "peak_busbw_gbps": _r(run.peak_busbw_gbps),
-                  "best_run": report.best_run, "best_busbw_gbps": _r(best.avg_busbw_gbps) if best else None,
-                  "pct_of_best": _r(vs_best.pct, 1) if vs_best else None, "device": run.devices[0] if run.devices else None,
-                  "link_peak_gbps": peak, "pct_of_link_peak": _r(of_peak, 1),
+        evidence={"file": run.file, "busbw_gbps": rounded(run.avg_busbw_gbps, 2),
+                  "peak_busbw_gbps": rounded(run.peak_busbw_gbps, 2),
+                  "best_run": report.best_run, "best_busbw_gbps": rounded(best.avg_busbw_gbps, 2) if best else None,
+                  "pct_of_best": rounded(vs_best.pct, 1) if vs_best else None,
+                  "device": run.devices[0] if run.devices else None,
+                  "link_peak_gbps": peak, "pct_of_link_peak": rounded(of_peak, 1),
                   **_nccl_channels_and_transports(run),
                   "best_run_channels": _nccl_channels_and_transports(best)["channels"] if best else None},
         explanation=("Bus bandwidth (nccl-tests) normalizes a collective's speed to the links; a run far below "
@@ -677,8 +681,9 @@ def _nccl_degraded(report: NcclReport, run: NcclRun, t: dict[str, float]) -> Fin
         ranks=ranks or comm_ranks, steps=[],
         summary=f"{_log_name(run.file)}: " + "; ".join(texts),
         evidence={"file": run.file, **_nccl_channels_and_transports(run),
-                  "issues": [{"kind": c.kind, "subject": c.subject, "value": _r(c.value), "reference": _r(c.reference),
-                              "reference_from": c.reference_from, "pct": _r(c.pct, 1), **c.detail} for c in issues]},
+                  "issues": [{"kind": c.kind, "subject": c.subject, "value": rounded(c.value, 2),
+                              "reference": rounded(c.reference, 2), "reference_from": c.reference_from,
+                              "pct": rounded(c.pct, 1), **c.detail} for c in issues]},
         explanation=("NCCL sizes its channels to the link bandwidth it detects: a link it sees slower (a down "
                      "NVLink, a PCIe fallback) or a slower transport (SHM or the network instead of P2P) than its "
                      "peers caps every collective that crosses it."),

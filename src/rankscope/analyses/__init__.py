@@ -1,4 +1,4 @@
-"""Pure analysis functions: (RankTrace or summaries, options) -> frames/dataclasses.
+"""Pure analysis functions: (RankTrace or summaries, options) -> msgspec Structs, dataclasses, frames.
 No printing, no plotting, no file I/O. One module per question:
 
   rank/     per-rank analyses (the map over ranks)

@@ -1,11 +1,11 @@
 """Capture helpers for live torch jobs (optional: `pip install 'rankscope[torch]'`).
 
     from rankscope.capture import rank_profiler, StragglerMonitor, ddp_bucket_sweep
-    from rankscope.capture.calibrate import calibrate      # (the package name `calibrate` is the module)
+    from rankscope.capture.calibrate import calibrate      # (`capture.calibrate` is the subpackage)
 
 Every module imports torch inside its functions, so `import rankscope` (and this package) never
 needs torch; calling a helper without torch raises `CaptureError` with the install line. The names
-below load their module on first use (so `python -m rankscope.capture.calibrate` runs cleanly).
+below load their module on first use.
 """
 import importlib
 

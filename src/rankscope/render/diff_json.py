@@ -10,12 +10,11 @@ import dataclasses
 from typing import Any
 
 from rankscope.analyses.job.diff import (ALPHA, BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, Comparison, Diff, NameDiff)
+from rankscope.render.base import JsonRenderer
+from rankscope.render.format import rounded
+from rankscope.results import DiffResult
 
 SCHEMA = "rankscope.diff/1"
-
-
-def _r(x: float | None, nd: int = 4) -> float | None:
-    return None if x is None else round(x, nd)
 
 
 def _p(x: float | None) -> float | None:
@@ -23,10 +22,11 @@ def _p(x: float | None) -> float | None:
 
 
 def comparison_dict(c: Comparison) -> dict[str, Any]:
-    return {"before": _r(c.before), "after": _r(c.after), "delta": _r(c.delta), "delta_pct": _r(c.delta_pct, 2),
-            "p_value": _p(c.p_value), "ci": None if c.ci is None else [_r(c.ci[0]), _r(c.ci[1])],
+    return {"before": rounded(c.before, 4), "after": rounded(c.after, 4), "delta": rounded(c.delta, 4),
+            "delta_pct": rounded(c.delta_pct, 2),
+            "p_value": _p(c.p_value), "ci": None if c.ci is None else [rounded(c.ci[0], 4), rounded(c.ci[1], 4)],
             "significant": c.significant, "n_before": c.n_before, "n_after": c.n_after,
-            "t": _r(c.t), "df": _r(c.df, 2)}
+            "t": rounded(c.t, 4), "df": rounded(c.df, 2)}
 
 
 def metrics_dict(metrics: dict[str, Comparison]) -> dict[str, Any]:
@@ -45,7 +45,15 @@ def _names(d: NameDiff) -> dict[str, Any]:
     return {"counts": d.counts, "rows": [_rounded(r) for r in d.rows.to_dicts()]}
 
 
+class DiffJson(JsonRenderer):
+    """`diff --json`: the `rankscope.diff/1` object."""
+
+    def to_dict(self, result: DiffResult) -> dict[str, Any]:
+        return diff_to_dict(result.diff)
+
+
 def diff_to_dict(d: Diff) -> dict[str, Any]:
+    """The `rankscope.diff/1` object of a Diff (also what the HTML page lays out)."""
     c = d.compared
 
     def side(i: int) -> dict[str, Any]:
@@ -74,4 +82,4 @@ def diff_to_dict(d: Diff) -> dict[str, Any]:
 
 
 def _rounded(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: (_p(v) if k == "p_value" else _r(v)) if isinstance(v, float) else v for k, v in row.items()}
+    return {k: (_p(v) if k == "p_value" else rounded(v, 4)) if isinstance(v, float) else v for k, v in row.items()}

@@ -9,7 +9,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from rankscope.analyses.job.diff import ALPHA, Comparison, Diff, NameDiff, largest_moves
-from rankscope.render.terminal import _short
+from rankscope.render.base import TerminalRenderer
+from rankscope.render.format import number, p_value_text, shortened
+from rankscope.results import DiffResult
 
 #: Rows of the per-rank table and of each name table (all are in --json).
 MAX_RANK_ROWS = 16
@@ -27,21 +29,9 @@ def metric_label(metric: str) -> str:
     return f"  {part.replace('_', ' ')}" if part else LABELS.get(metric, metric)
 
 
-def _num(x: float | None, nd: int = 1) -> str:
-    return "-" if x is None else f"{x:,.{nd}f}"
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x:+.1f}%"
-
-
-def p_text(p: float | None) -> str:
-    return "n/a" if p is None else ("<0.001" if p < 0.001 else f"{p:.3f}")
-
-
 def _p(c: Comparison) -> str:
     """The p-value, starred when the change is significant."""
-    return p_text(c.p_value) + ("*" if c.significant else " " if c.p_value is not None else "")
+    return p_value_text(c.p_value) + ("*" if c.significant else " " if c.p_value is not None else "")
 
 
 def _ci(c: Comparison) -> str:
@@ -60,14 +50,34 @@ def _metrics_table(title: str, metrics: dict[str, Comparison], console: Console)
     for m, c in metrics.items():
         if m == "breakdown_ms.compute":
             t.add_row("step breakdown ms", style="dim")
-        t.add_row(metric_label(m), _num(c.before), _num(c.after), _num(c.delta), _pct(c.delta_pct), _p(c), _ci(c),
-                  style="bold" if c.significant else None)
+        t.add_row(metric_label(m), number(c.before), number(c.after), number(c.delta), number(c.delta_pct, "+.1f", "%"),
+                  _p(c), _ci(c), style="bold" if c.significant else None)
     console.print(t)
     console.print(f"  * significant: p < {ALPHA} (Welch's t-test) and the bootstrap CI of the delta excludes 0",
                   style="dim", highlight=False)
 
 
+class DiffTerminal(TerminalRenderer):
+    """`diff`: the conclusion, what was compared, the metrics with their tests, per rank, collectives,
+    stragglers, findings, and the kernels and ops by impact."""
+
+    def render(self, result: DiffResult, out: Console) -> None:
+        d = result.diff
+        _header(d, out)
+        _metrics_table("Job-wide, mean per step (samples: every compared step of every rank)", d.job, out)
+        _ranks(d, out)
+        _cross(d, out)
+        _findings(d, out)
+        _names("Kernels (device activity)", d.kernels, out)
+        _names("Ops (host)", d.ops, out)
+
+
 def render_diff(d: Diff, console: Console) -> None:
+    """cli.py's call until it uses render.base.render."""
+    DiffTerminal().render(DiffResult(d), console)
+
+
+def _header(d: Diff, console: Console) -> None:
     c = d.compared
     console.print(f"[bold]rankscope diff[/] {escape(c.labels[0])} -> {escape(c.labels[1])}", highlight=False)
     console.print(f"[bold]{escape(d.headline)}[/]", highlight=False)
@@ -78,12 +88,6 @@ def render_diff(d: Diff, console: Console) -> None:
                   f"{'/'.join(c.formats_after)}", highlight=False)
     for w in c.warnings:
         console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
-    _metrics_table("Job-wide, mean per step (samples: every compared step of every rank)", d.job, console)
-    _ranks(d, console)
-    _cross(d, console)
-    _findings(d, console)
-    _names("Kernels (device activity)", d.kernels, console)
-    _names("Ops (host)", d.ops, console)
 
 
 def _ranks(d: Diff, console: Console) -> None:
@@ -96,7 +100,7 @@ def _ranks(d: Diff, console: Console) -> None:
         st = r.metrics["step_time_ms"]
         moves = largest_moves(r.metrics, 1)
         rank = str(r.rank_after) if r.rank_before == r.rank_after else f"{r.rank_before}->{r.rank_after}"
-        t.add_row(rank, _num(st.before), _num(st.after), _pct(st.delta_pct), _p(st),
+        t.add_row(rank, number(st.before), number(st.after), number(st.delta_pct, "+.1f", "%"), _p(st),
                   f"{metric_label(moves[0].metric).strip()} {moves[0].delta:+.1f} ms" if moves else "")
     t.columns[-1].justify = "left"
     console.print(t)
@@ -113,7 +117,7 @@ def _cross(d: Diff, console: Console) -> None:
         console.print(f"stragglers before: {escape(before or 'n/a')}", highlight=False)
         console.print(f"stragglers after:  {escape(after or 'n/a')}", highlight=False)
     for s in d.stragglers:
-        costs = f"{_num(s.cost_ms_per_step_before)} -> {_num(s.cost_ms_per_step_after)} ms/step"
+        costs = f"{number(s.cost_ms_per_step_before)} -> {number(s.cost_ms_per_step_after)} ms/step"
         console.print(f"  rank {s.rank}: {s.status} (cause {s.cause_before or '-'} -> {s.cause_after or '-'}, "
                       f"cost {costs})", highlight=False)
 
@@ -139,12 +143,9 @@ def _names(title: str, d: NameDiff, console: Console) -> None:
     t = _table(f"{title} by impact: {counts}", ("name", "status", "calls", "µs per call", "ms/step"))
     t.columns[1].justify = "left"
     for r in d.rows.head(MAX_NAME_ROWS).iter_rows(named=True):
-        t.add_row(escape(_short(r["name"], NAME_WIDTH)), r["status"], f"{r['calls_before']}->{r['calls_after']}",
-                  f"{_us(r['per_call_us_before'])}->{_us(r['per_call_us_after'])}", f"{r['impact_ms_per_step']:+.2f}")
+        per_call = f"{number(r['per_call_us_before'], '.0f')}->{number(r['per_call_us_after'], '.0f')}"
+        t.add_row(escape(shortened(r["name"], NAME_WIDTH)), r["status"], f"{r['calls_before']}->{r['calls_after']}",
+                  per_call, f"{r['impact_ms_per_step']:+.2f}")
     console.print(t)
     console.print(f"  slower / faster: time per call, p < {ALPHA} (Welch's t-test over the calls); "
                   "ms/step: change of total time per step", style="dim", highlight=False)
-
-
-def _us(x: float | None) -> str:
-    return "-" if x is None else f"{x:.0f}"

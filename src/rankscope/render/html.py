@@ -1,14 +1,11 @@
 """`analyze --html`: one self-contained, offline HTML page from the `rankscope.analysis/1` dict.
 
-`render_html(report) -> str` lays out what `render.json.analysis_to_dict` holds and computes
-nothing: it picks values (findings sorted by severity, which ranks to draw when there are many)
-and formats them. plotly.js is embedded inline (no CDN, nothing fetched); the page's own script
-only hands each chart's spec to Plotly and switches the per-rank views.
-
-Every string from a trace (kernel, op, file, device names, evidence) is escaped: `html.escape`
-in the page and in chart labels (plotly reads `&lt;` back as `<` but never as a tag), and the
-chart specs sit in a `<script type="application/json">` block with `<`, `>`, `&`, U+2028 and
-U+2029 written as `\\uXXXX`, so no name can close the block.
+`AnalysisHtml` (the renderer) and `render_html(report) -> str` lay out what
+`render.json.analysis_to_dict` holds and compute nothing: they pick values (findings sorted by
+severity, which ranks to draw when there are many) and format them. The page, its escaping and
+its charts' machinery are render/html_parts.py's: plotly.js is embedded inline (no CDN, nothing
+fetched); the page's own script only hands each chart's spec to Plotly and switches the per-rank
+views.
 
 Many ranks: bars draw at most `MAX_BAR_RANKS` ranks, the heatmap `MAX_HEATMAP_RANKS`, the rank
 selector offers `MAX_DETAIL_RANKS`: the stragglers, then the slowest by mean step time (each
@@ -16,15 +13,13 @@ chart says so); `--json` has them all.
 """
 from __future__ import annotations
 
-import html
-import json
-import math
-
-import plotly.offline
-
-from rankscope.version import __version__
 from rankscope.analyses.rank.breakdown import CATEGORIES as BREAKDOWN_CATEGORIES
-from rankscope.render.terminal import _ranges, _short
+from rankscope.render.base import HtmlRenderer
+from rankscope.render.format import escaped, ranges, value_text
+from rankscope.render.html_parts import (CATEGORY_COLORS, CATEGORY_LABELS, chart, chart_label, chart_layout,
+                                         html_table, kv_table, name_cell, note, one_chart, page)
+from rankscope.render.json import analysis_to_dict
+from rankscope.results import Analysis
 
 MAX_BAR_RANKS = 64
 MAX_HEATMAP_RANKS = 256
@@ -33,71 +28,20 @@ MAX_LISTED_WARNINGS = 30
 MAX_LISTED_GAPS = 10
 SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2, "info": 3}
 
-CATEGORY_COLORS = {"compute": "#2e7d32", "comm_overlapped": "#00897b", "comm_exposed": "#d32f2f",
-                   "memcpy": "#7b1fa2", "dataloader": "#f57c00", "sync": "#6d4c41", "host": "#1976d2",
-                   "idle_other": "#9e9e9e"}
-CATEGORY_LABELS = {"compute": "compute", "comm_overlapped": "comm overlapped with compute",
-                   "comm_exposed": "comm exposed", "memcpy": "memcpy only", "dataloader": "DataLoader",
-                   "sync": "host synchronize", "host": "host (CPU ops, launches)", "idle_other": "idle, other"}
 IDLE_COLORS = {"host_wait": "#1976d2", "kernel_wait": "#7b1fa2", "other": "#9e9e9e"}
 CLASS_COLORS = {"COMP": "#2e7d32", "COMM": "#d32f2f", "MEM": "#7b1fa2"}
 GAP_COLORS = {"dataloader": "#f57c00", "sync": "#6d4c41", "host": "#1976d2", "idle_other": "#9e9e9e"}
 
-_JSON_IN_SCRIPT = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026",
-                   0x2028: "\\u2028", 0x2029: "\\u2029"}
 
-_BOOT = """
-(function () {
-  var figures = JSON.parse(document.getElementById("rankscope-figures").textContent);
-  var config = {displaylogo: false, responsive: true};
-  function draw(id, key) {
-    var v = figures[id].variants[key];
-    if (v) Plotly.react(id, v.data, v.layout, config);
-  }
-  Object.keys(figures).forEach(function (id) { draw(id, figures[id].initial); });
-  document.querySelectorAll("select[data-group]").forEach(function (sel) {
-    sel.addEventListener("change", function () {
-      sel.dataset.charts.split(" ").forEach(function (id) { if (figures[id]) draw(id, sel.value); });
-      document.querySelectorAll("[data-member-of='" + sel.dataset.group + "']").forEach(function (el) {
-        el.hidden = el.dataset.key !== sel.value;
-      });
-    });
-  });
-})();
-"""
+class AnalysisHtml(HtmlRenderer):
+    """`analyze --html`: the report page of an Analysis, laid out from its `rankscope.analysis/1` dict."""
 
-_CSS = """
-body { margin: 0; background: #f4f5f7; color: #1d2125; font: 14px/1.45 system-ui, -apple-system, "Segoe UI",
-       Roboto, sans-serif; }
-.page { max-width: 1100px; margin: 0 auto; padding: 16px 24px 48px; background: #fff; min-height: 100vh; }
-h1 { font-size: 24px; margin: 8px 0 4px; } h2 { font-size: 19px; margin: 32px 0 8px; padding-top: 12px;
-border-top: 1px solid #dfe1e6; } h3 { font-size: 15px; margin: 20px 0 6px; }
-.note { color: #5e6c84; font-size: 13px; margin: 4px 0; }
-table { border-collapse: collapse; margin: 6px 0; font-size: 13px; }
-th.num { white-space: nowrap; }
-th, td { border-bottom: 1px solid #ebecf0; padding: 3px 10px 3px 0; text-align: left; vertical-align: top; }
-td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
-table.kv th { color: #5e6c84; font-weight: 500; padding-right: 16px; white-space: nowrap; }
-.name { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 12px; overflow-wrap: anywhere; }
-.chart { width: 100%; min-height: 200px; }
-ul.warnings { color: #974f0c; margin: 4px 0; padding-left: 20px; }
-.finding { border: 1px solid #dfe1e6; border-left: 5px solid #9e9e9e; border-radius: 4px; padding: 8px 14px;
-           margin: 10px 0; }
-.finding.sev-high { border-left-color: #c62828; } .finding.sev-medium { border-left-color: #ef6c00; }
-.finding.sev-low { border-left-color: #f9a825; } .finding.sev-info { border-left-color: #1976d2; }
-.finding .head { font-size: 15px; } .finding code { font-size: 12px; color: #5e6c84; }
-.badge { display: inline-block; min-width: 52px; text-align: center; border-radius: 3px; padding: 0 6px;
-         margin-right: 6px; color: #fff; font-size: 12px; font-weight: 600; background: #9e9e9e; }
-.sev-high .badge { background: #c62828; } .sev-medium .badge { background: #ef6c00; }
-.sev-low .badge { background: #f9a825; color: #1d2125; } .sev-info .badge { background: #1976d2; }
-.fix { background: #e3fcef; padding: 4px 8px; border-radius: 3px; }
-select { font-size: 14px; padding: 2px 6px; }
-footer { margin-top: 40px; color: #8993a4; font-size: 12px; }
-"""
+    def text(self, result: Analysis) -> str:
+        return render_html(analysis_to_dict(result))
 
 
 def render_html(report: dict) -> str:
-    """The whole page for one `rankscope.analysis/1` dict."""
+    """The whole page for one `rankscope.analysis/1` dict (also one read back from --json)."""
     figures: dict[str, dict] = {}
     body = "".join([_header(report), _findings(report), _breakdown(report, figures), _heatmap(report, figures),
                     _collectives(report, figures), _overlap(report, figures), _idle(report, figures),
@@ -105,112 +49,10 @@ def render_html(report: dict) -> str:
     return page(f"rankscope report: {len(report['job']['ranks'])} ranks", body, figures, report.get("schema"))
 
 
-def page(title: str, body: str, figures: dict, schema: str | None) -> str:
-    """A self-contained page: the report CSS, plotly.js inline (no network), `body`, and the
-    chart specs `figures` drawn by the page's boot script."""
-    plotly_js = plotly.offline.get_plotlyjs().replace("</script", "<\\/script")
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{_e(title)}</title><style>{_CSS}</style>\n<script>{plotly_js}</script>\n</head>\n"
-            f'<body><main class="page">{body}'
-            f"<footer>rankscope {_e(__version__)} &middot; schema {_e(schema)} &middot; "
-            f"self-contained page (plotly.js inline, no network)</footer></main>\n"
-            f'<script type="application/json" id="rankscope-figures">{_script_json(figures)}</script>\n'
-            f"<script>{_BOOT}</script>\n</body></html>\n")
-
-
-# ---------------------------------------------------------------------------------------- formatting
-
-def _e(value) -> str:
-    return html.escape(str(value))
-
-
-def _label(value) -> str:
-    """A name inside a chart: plotly turns `<b>`, `<br>`, `<a>` into markup, so escape it."""
-    return html.escape(str(value), quote=False)
-
-
-def _fmt(value, digits: int = 2) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, dict):
-        return ", ".join(f"{k} {_fmt(v, digits)}" for k, v in value.items())
-    if isinstance(value, (list, tuple)):
-        return ", ".join(_fmt(v, digits) for v in value)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return str(value)
-    if isinstance(value, int):
-        return f"{value:,}"
-    if not math.isfinite(value):
-        return str(value)
-    return f"{value:,.{digits}f}" if value == 0 or abs(value) >= 0.01 else f"{value:.2g}"
-
-
-def _finite(obj):
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
-
-
-def _script_json(obj) -> str:
-    """JSON that cannot end its <script> block or break a JS parser (see module doc)."""
-    return json.dumps(_finite(obj), separators=(",", ":"), ensure_ascii=False).translate(_JSON_IN_SCRIPT)
-
-
-def _table(headers: list[str], rows: list[list], numeric: set[int] = frozenset(), attrs: str = "") -> str:
-    """An HTML table; cells are escaped text (None renders as a dash, numbers formatted)."""
-    def cell(tag: str, i: int, v) -> str:
-        cls = ' class="num"' if i in numeric else ""
-        return f"<{tag}{cls}>{v if isinstance(v, _Html) else _e(_fmt(v))}</{tag}>"
-    head = "".join(cell("th", i, h) for i, h in enumerate(headers))
-    body = "".join("<tr>" + "".join(cell("td", i, v) for i, v in enumerate(r)) + "</tr>" for r in rows)
-    return f"<table{attrs}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-class _Html(str):
-    """Markup already escaped (a cell that _table must not escape again)."""
-
-
-def _name(full: str, width: int = 110) -> _Html:
-    return _Html(f'<span class="name" title="{_e(full)}">{_e(_short(full, width))}</span>')
-
-
-def _kv(rows: list[tuple[str, str]]) -> str:
-    return '<table class="kv">' + "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows) + "</table>"
-
-
-def _note(text: str) -> str:
-    return f'<p class="note">{_e(text)}</p>' if text else ""
-
-
-# ---------------------------------------------------------------------------------------- charts
-
-def _layout(x_title: str, y_title: str, height: int = 380, slots: int = 0, **extra) -> dict:
-    """Axes, legend on top; bars stacked, and narrower when there are only a few x slots."""
-    return {"height": height, "margin": {"l": 70, "r": 20, "t": 30, "b": 60}, "barmode": "stack",
-            "bargap": 0.6 if 0 < slots <= 3 else 0.2,
-            "xaxis": {"title": {"text": x_title}, "type": "category"}, "yaxis": {"title": {"text": y_title}},
-            "legend": {"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0, "traceorder": "normal"},
-            "font": {"size": 12}, "paper_bgcolor": "#fff", "plot_bgcolor": "#fff", **extra}
-
-
 def _empty_layout(message: str, height: int = 300) -> dict:
     return {"height": height, "xaxis": {"visible": False}, "yaxis": {"visible": False},
-            "annotations": [{"text": _label(message), "showarrow": False, "xref": "paper", "yref": "paper",
+            "annotations": [{"text": chart_label(message), "showarrow": False, "xref": "paper", "yref": "paper",
                              "x": 0.5, "y": 0.5, "font": {"size": 14, "color": "#5e6c84"}}]}
-
-
-def _chart(figures: dict, chart_id: str, variants: dict[str, dict], initial: str) -> str:
-    figures[chart_id] = {"initial": initial, "variants": variants}
-    return f'<div class="chart" id="{chart_id}"></div>'
-
-
-def _one_chart(figures: dict, chart_id: str, data: list[dict], layout: dict) -> str:
-    return _chart(figures, chart_id, {"all": {"data": data, "layout": layout}}, "all")
 
 
 def _bars_by_rank(ranks: list[dict], field: str, parts: dict[str, str], labels: dict[str, str],
@@ -240,64 +82,66 @@ def _pick_ranks(report: dict, cap: int) -> tuple[list[dict], str]:
 def _header(report: dict) -> str:
     job = report["job"]
     inputs = report.get("inputs") or {}
-    rows = [("ranks", f"{len(job['ranks'])} ({_ranges(job['ranks'])})"),
-            ("world size", _fmt(job.get("world_size"))),
+    rows = [("ranks", f"{len(job['ranks'])} ({ranges(job['ranks'])})"),
+            ("world size", value_text(job.get("world_size"))),
             ("backend", job.get("backend") or "unknown"),
             ("devices", ", ".join(job.get("devices") or []) or "none (CPU only)"),
-            ("steps", f"{_ranges(job.get('steps') or [])} ({job.get('steps_source') or 'unknown'})"),
+            ("steps", f"{ranges(job.get('steps') or [])} ({job.get('steps_source') or 'unknown'})"),
             ("hosts", ", ".join(job.get("hosts") or []) or "unknown"),
-            ("time span", f"{_fmt(job.get('span_ms'))} ms")]
+            ("time span", f"{value_text(job.get('span_ms'))} ms")]
     if job.get("missing_ranks"):
-        rows.append(("missing ranks", _ranges(job["missing_ranks"])))
+        rows.append(("missing ranks", ranges(job["missing_ranks"])))
     warnings = list(job.get("warnings") or [])
     warnings += [f"skipped {p['file']}: {p['problem']}" for p in inputs.get("skipped") or []]
     warnings += [f"{p['file']}: {p['problem']}" for p in inputs.get("warnings") or []]
     more = len(warnings) - MAX_LISTED_WARNINGS
-    items = "".join(f"<li>{_e(w)}</li>" for w in warnings[:MAX_LISTED_WARNINGS])
+    items = "".join(f"<li>{escaped(w)}</li>" for w in warnings[:MAX_LISTED_WARNINGS])
     if more > 0:
         items += f"<li>… and {more} more (see --json)</li>"
     warn_html = (f'<h3>Input warnings</h3><ul class="warnings">{items}</ul>' if warnings
-                 else _note("No input warnings."))
-    return f'<header id="job"><h1>rankscope report</h1>{_kv(rows)}{warn_html}</header>'
+                 else note("No input warnings."))
+    return f'<header id="job"><h1>rankscope report</h1>{kv_table(rows)}{warn_html}</header>'
 
 
 def _findings(report: dict) -> str:
     findings = sorted(report.get("findings") or [], key=lambda f: SEVERITY_ORDER.get(f.get("severity"), 9))
     if not findings:
         return '<section id="findings"><h2>Findings</h2><p>No findings: no rule fired on this job.</p></section>'
-    return ('<section id="findings"><h2>Findings</h2>' + _note("Sorted by severity (high, medium, low, info).")
+    return ('<section id="findings"><h2>Findings</h2>' + note("Sorted by severity (high, medium, low, info).")
             + "".join(_finding(f) for f in findings) + "</section>")
 
 
 def _finding(f: dict) -> str:
     severity = str(f.get("severity") or "info")
-    where = [f"ranks {_ranges(sorted(f['ranks']))}" if f.get("ranks") else "",
-             f"steps {_ranges(sorted(f['steps']))}" if f.get("steps") else ""]
+    where = [f"ranks {ranges(sorted(f['ranks']))}" if f.get("ranks") else "",
+             f"steps {ranges(sorted(f['steps']))}" if f.get("steps") else ""]
     evidence = f.get("evidence") or {}
     threshold = f.get("threshold") or {}
-    parts = [(f'<div class="head"><span class="badge">{_e(severity)}</span>{_e(f.get("summary") or "")} '
-              f'<code>{_e(f.get("id"))}</code></div>'),
-             _note(" · ".join(w for w in where if w)),
-             _table(["evidence", "value"], [[k, v] for k, v in evidence.items()]) if evidence else "",
-             f"<p>{_e(f['explanation'])}</p>" if f.get("explanation") else "",
-             f'<p class="fix"><b>Fix:</b> {_e(f["fix"])}</p>' if f.get("fix") else "",
-             _note("threshold: " + ", ".join(f"{k} = {_fmt(v)}" for k, v in threshold.items())) if threshold else ""]
-    return f'<article class="finding sev-{_e(severity)}">{"".join(parts)}</article>'
+    parts = [(f'<div class="head"><span class="badge">{escaped(severity)}</span>{escaped(f.get("summary") or "")} '
+              f'<code>{escaped(f.get("id"))}</code></div>'),
+             note(" · ".join(w for w in where if w)),
+             html_table(["evidence", "value"], [[k, v] for k, v in evidence.items()]) if evidence else "",
+             f"<p>{escaped(f['explanation'])}</p>" if f.get("explanation") else "",
+             f'<p class="fix"><b>Fix:</b> {escaped(f["fix"])}</p>' if f.get("fix") else "",
+             note("threshold: " + ", ".join(f"{k} = {value_text(v)}" for k, v in threshold.items()))
+             if threshold else ""]
+    return f'<article class="finding sev-{escaped(severity)}">{"".join(parts)}</article>'
 
 
 def _breakdown(report: dict, figures: dict) -> str:
     ranks, capped = _pick_ranks(report, MAX_BAR_RANKS)
     head = '<section id="breakdown"><h2>Where step time went</h2>'
     if not any(r.get("breakdown_ms") for r in ranks):
-        return head + _note("No step breakdown (no rank has steps).") + "</section>"
+        return head + note("No step breakdown (no rank has steps).") + "</section>"
     cpu_only = any(r.get("breakdown_mode") == "cpu_only" for r in report["ranks"])
     colors = {c: CATEGORY_COLORS[c] for c in BREAKDOWN_CATEGORIES}
     data = _bars_by_rank(ranks, "breakdown_ms", colors, CATEGORY_LABELS, "ms per step")
-    return (head + _note("Mean ms per step on each rank; each instant goes to one category, the parts sum to "
-                         "the step (DESIGN.md \"Step breakdown\")."
-                         + (" CPU-only job: the training thread plays the device, gloo spans play "
-                            "communication." if cpu_only else ""))
-            + _note(capped) + _one_chart(figures, "chart-breakdown", data, _layout("rank", "ms per step", slots=len(ranks)))
+    return (head + note("Mean ms per step on each rank; each instant goes to one category, the parts sum to "
+                        "the step (DESIGN.md \"Step breakdown\")."
+                        + (" CPU-only job: the training thread plays the device, gloo spans play "
+                           "communication." if cpu_only else ""))
+            + note(capped)
+            + one_chart(figures, "chart-breakdown", data, chart_layout("rank", "ms per step", slots=len(ranks)))
             + "</section>")
 
 
@@ -307,17 +151,17 @@ def _heatmap(report: dict, figures: dict) -> str:
     durations = {(s["rank"], s["step"]): s["duration_ms"] for s in report.get("steps") or []}
     steps = sorted({step for _, step in durations})
     if not steps:
-        return head + _note("No steps.") + "</section>"
+        return head + note("No steps.") + "</section>"
     y = [str(r["rank"]) for r in ranks]
     z = [[durations.get((r["rank"], step)) for step in steps] for r in ranks]
     height = max(260, min(760, 110 + 16 * len(y)))
-    data = [{"type": "heatmap", "x": [str(s) for s in steps], "y": y, "z": z, "colorscale": "YlOrRd", "reversescale": True,
-             "colorbar": {"title": {"text": "ms"}}, "xgap": 1, "ygap": 1 if len(y) <= 64 else 0,
+    data = [{"type": "heatmap", "x": [str(s) for s in steps], "y": y, "z": z, "colorscale": "YlOrRd",
+             "reversescale": True, "colorbar": {"title": {"text": "ms"}}, "xgap": 1, "ygap": 1 if len(y) <= 64 else 0,
              "hovertemplate": "rank %{y}, step %{x}: %{z:.3f} ms<extra></extra>"}]
-    layout = _layout("step", "rank", height, yaxis={"title": {"text": "rank"}, "type": "category",
-                                                    "autorange": "reversed"})
-    return (head + _note("Duration of every step on every rank (ms); a slow rank is a row, a slow step a column.")
-            + _note(capped) + _one_chart(figures, "chart-step-heatmap", data, layout) + "</section>")
+    layout = chart_layout("step", "rank", height, yaxis={"title": {"text": "rank"}, "type": "category",
+                                                         "autorange": "reversed"})
+    return (head + note("Duration of every step on every rank (ms); a slow rank is a row, a slow step a column.")
+            + note(capped) + one_chart(figures, "chart-step-heatmap", data, layout) + "</section>")
 
 
 def _collectives(report: dict, figures: dict) -> str:
@@ -325,29 +169,30 @@ def _collectives(report: dict, figures: dict) -> str:
     by_type = coll.get("by_type") or []
     out = ['<section id="collectives"><h2>Stragglers and collectives</h2>']
     if report.get("straggler_verdict"):
-        out.append(f"<p><b>{_e(report['straggler_verdict'])}</b></p>")
+        out.append(f"<p><b>{escaped(report['straggler_verdict'])}</b></p>")
     stragglers = report.get("stragglers") or []
     if stragglers:
-        out.append(_table(["rank", "cause", "cost ms/step", "last arrival %", "step-time z", "evidence"],
-                          [[str(s["rank"]), s.get("cause"), s.get("cost_ms_per_step"), s.get("last_arrival_pct"),
-                            s.get("step_time_z"), s.get("evidence")] for s in stragglers], {0, 2, 3, 4}))
+        out.append(html_table(["rank", "cause", "cost ms/step", "last arrival %", "step-time z", "evidence"],
+                              [[str(s["rank"]), s.get("cause"), s.get("cost_ms_per_step"), s.get("last_arrival_pct"),
+                                s.get("step_time_z"), s.get("evidence")] for s in stragglers], {0, 2, 3, 4}))
     if not by_type:
-        return "".join(out) + _note("No collectives matched across ranks.") + "</section>"
-    x = [_label(f"{t['type']} ({t['group_size']} ranks)") for t in by_type]
+        return "".join(out) + note("No collectives matched across ranks.") + "</section>"
+    x = [chart_label(f"{t['type']} ({t['group_size']} ranks)") for t in by_type]
     data = [{"type": "bar", "name": name, "x": x, "y": [t.get(key) for t in by_type], "marker": {"color": color},
              "hovertemplate": "%{x}: %{y:.3f} ms"}
             for key, name, color in (("skew_mean_ms", "arrival skew, mean", "#ef6c00"),
                                      ("skew_max_ms", "arrival skew, max", "#c62828"),
                                      ("transfer_ms", "transfer (min duration across ranks), total", "#1976d2"))]
     out += ["<h3>Arrival skew by collective type</h3>",
-            _note(f"{_fmt(coll.get('count'))} collectives matched across ranks. Skew = last start − first start "
-                  f"of one collective; transfer = its shortest duration on any rank (DESIGN.md \"Collective\")."),
-            _one_chart(figures, "chart-collective-skew", data, _layout("collective", "ms", 340, len(x), barmode="group")),
-            _table(["type", "group size", "count", "bytes", "transfer ms", "skew mean ms", "skew max ms",
-                    "algbw GB/s", "busbw GB/s", "most often last"],
-                   [[t["type"], t.get("group_size"), t.get("count"), t.get("total_bytes"), t.get("transfer_ms"),
-                     t.get("skew_mean_ms"), t.get("skew_max_ms"), t.get("algbw_gbps"), t.get("busbw_mean_gbps"),
-                     t.get("most_often_last")] for t in by_type], set(range(1, 10)))]
+            note(f"{value_text(coll.get('count'))} collectives matched across ranks. Skew = last start − first start "
+                 f"of one collective; transfer = its shortest duration on any rank (DESIGN.md \"Collective\")."),
+            one_chart(figures, "chart-collective-skew", data,
+                      chart_layout("collective", "ms", 340, len(x), barmode="group")),
+            html_table(["type", "group size", "count", "bytes", "transfer ms", "skew mean ms", "skew max ms",
+                        "algbw GB/s", "busbw GB/s", "most often last"],
+                       [[t["type"], t.get("group_size"), t.get("count"), t.get("total_bytes"), t.get("transfer_ms"),
+                         t.get("skew_mean_ms"), t.get("skew_max_ms"), t.get("algbw_gbps"), t.get("busbw_mean_gbps"),
+                         t.get("most_often_last")] for t in by_type], set(range(1, 10)))]
     out.append(_rank_wait(report, figures))
     return "".join(out) + "</section>"
 
@@ -364,16 +209,17 @@ def _rank_wait(report: dict, figures: dict) -> str:
             for key, name, color in (("own_wait_ms_per_step", "waited for later ranks", "#9e9e9e"),
                                      ("wait_imposed_ms_per_step", "made the others wait", "#c62828"))]
     return ("<h3>Wait per rank</h3>"
-            + _note("Per step: how long each rank waited in collectives for the last arriver, and how long the "
-                    "others waited for it.") + _note(capped)
-            + _one_chart(figures, "chart-rank-wait", data, _layout("rank", "ms per step", 340, len(x), barmode="group")))
+            + note("Per step: how long each rank waited in collectives for the last arriver, and how long the "
+                   "others waited for it.") + note(capped)
+            + one_chart(figures, "chart-rank-wait", data,
+                        chart_layout("rank", "ms per step", 340, len(x), barmode="group")))
 
 
 def _overlap(report: dict, figures: dict) -> str:
     ranks, capped = _pick_ranks(report, MAX_BAR_RANKS)
     head = '<section id="overlap"><h2>Communication / computation overlap</h2>'
     if all(r.get("overlap_pct") is None and r.get("overlap_efficiency") is None for r in ranks):
-        return head + _note("No communication on any rank: nothing to overlap.") + "</section>"
+        return head + note("No communication on any rank: nothing to overlap.") + "</section>"
     x = [str(r["rank"]) for r in ranks]
     efficiency = [None if r.get("overlap_efficiency") is None else round(100 * r["overlap_efficiency"], 2)
                   for r in ranks]
@@ -382,33 +228,33 @@ def _overlap(report: dict, figures: dict) -> str:
              "hovertemplate": "rank %{x}: %{y:.1f}%"},
             {"type": "bar", "name": "overlap efficiency (seed 003), %", "x": x, "y": efficiency,
              "marker": {"color": "#5c6bc0"}, "hovertemplate": "rank %{x}: %{y:.1f}%"}]
-    layout = _layout("rank", "%", 340, len(x), barmode="group")
+    layout = chart_layout("rank", "%", 340, len(x), barmode="group")
     layout["yaxis"]["range"] = [0, 105]
-    return (head + _note("HTA overlap = |comm ∩ compute| / |comm| over the trace (device ranks only); overlap "
-                         "efficiency = (compute + comm − step) / min(compute, comm) per step, in [0, 100%].")
-            + _note(capped) + _one_chart(figures, "chart-overlap", data, layout) + "</section>")
+    return (head + note("HTA overlap = |comm ∩ compute| / |comm| over the trace (device ranks only); overlap "
+                        "efficiency = (compute + comm − step) / min(compute, comm) per step, in [0, 100%].")
+            + note(capped) + one_chart(figures, "chart-overlap", data, layout) + "</section>")
 
 
 def _idle(report: dict, figures: dict) -> str:
     ranks, capped = _pick_ranks(report, MAX_BAR_RANKS)
-    out = ['<section id="idle"><h2>Device idle time</h2>', _note(capped)]
+    out = ['<section id="idle"><h2>Device idle time</h2>', note(capped)]
     if any(r.get("idle_ms") for r in ranks):
         data = _bars_by_rank(ranks, "idle_ms", IDLE_COLORS,
                              {"host_wait": "host wait", "kernel_wait": "kernel wait", "other": "other"}, "ms")
         out += ["<h3>Idle categories (HTA)</h3>",
-                _note("Device idle time over the trace, per HTA: host wait (the device starved by the host), "
-                      "kernel wait (short gaps between kernels), other."),
-                _one_chart(figures, "chart-idle-hta", data, _layout("rank", "ms", 340, len(ranks)))]
+                note("Device idle time over the trace, per HTA: host wait (the device starved by the host), "
+                     "kernel wait (short gaps between kernels), other."),
+                one_chart(figures, "chart-idle-hta", data, chart_layout("rank", "ms", 340, len(ranks)))]
     if any((r.get("idle_gaps") or {}).get("gap_ms_by_host_activity") for r in ranks):
         gaps = [dict(r, gap_parts=(r.get("idle_gaps") or {}).get("gap_ms_by_host_activity")) for r in ranks]
         data = _bars_by_rank(gaps, "gap_parts", GAP_COLORS, CATEGORY_LABELS, "ms")
         gap_min = next(r["idle_gaps"]["gap_min_us"] for r in ranks if r.get("idle_gaps"))
         out += ["<h3>Idle gaps by what the host was doing</h3>",
-                _note(f"Device idle stretches of at least {_fmt(gap_min, 0)} µs inside steps, total ms, split by "
-                      f"the host's activity during the gap."),
-                _one_chart(figures, "chart-idle-gaps", data, _layout("rank", "ms", 340, len(ranks)))]
+                note(f"Device idle stretches of at least {value_text(gap_min, 0)} µs inside steps, total ms, split by "
+                     f"the host's activity during the gap."),
+                one_chart(figures, "chart-idle-gaps", data, chart_layout("rank", "ms", 340, len(ranks)))]
     if len(out) == 2:
-        out.append(_note("No device idle figures (no GPU events: CPU-only job)."))
+        out.append(note("No device idle figures (no GPU events: CPU-only job)."))
     return "".join(out) + "</section>"
 
 
@@ -428,20 +274,20 @@ def _rank_detail(report: dict, figures: dict) -> str:
     select = (f'<p><label>Rank: <select id="rank-select" data-group="rank" data-charts="{" ".join(charts)}">'
               f"{options}</select></label></p>")
     return ('<section id="rank-detail"><h2>One rank in detail</h2>'
-            + _note("Kernels, idle gaps and memory of the rank chosen here (first shown: "
-                    + ("a straggler" if slowest["rank"] in flagged else "the slowest rank by mean step time")
-                    + ").") + _note(capped) + select + kernels + gaps + memory + "</section>")
+            + note("Kernels, idle gaps and memory of the rank chosen here (first shown: "
+                   + ("a straggler" if slowest["rank"] in flagged else "the slowest rank by mean step time")
+                   + ").") + note(capped) + select + kernels + gaps + memory + "</section>")
 
 
 def _member(initial: str, key: str, inner: str) -> str:
     hidden = "" if key == initial else " hidden"
-    return f'<div data-member-of="rank" data-key="{_e(key)}"{hidden}>{inner}</div>'
+    return f'<div data-member-of="rank" data-key="{escaped(key)}"{hidden}>{inner}</div>'
 
 
 def _kernels(ranks: list[dict], initial: str, figures: dict, charts: list[str]) -> str:
     head = '<h3 id="kernels">Kernels by class</h3>'
     if not any(r.get("kernels") for r in ranks):
-        return head + _note("No device kernels (CPU-only job).")
+        return head + note("No device kernels (CPU-only job).")
     variants, tables = {}, []
     for r in ranks:
         key = str(r["rank"])
@@ -451,7 +297,7 @@ def _kernels(ranks: list[dict], initial: str, figures: dict, charts: list[str]) 
             variants[key] = {"data": [], "layout": _empty_layout(f"rank {key}: no device kernels")}
             tables.append(_member(initial, key, ""))
             continue
-        variants[key] = {"data": [{"type": "pie", "labels": [_label(c) for c in classes["kernel_class"]],
+        variants[key] = {"data": [{"type": "pie", "labels": [chart_label(c) for c in classes["kernel_class"]],
                                    "values": classes["sum_ms"], "sort": False, "hole": 0.35,
                                    "marker": {"colors": [CLASS_COLORS.get(c, "#9e9e9e")
                                                          for c in classes["kernel_class"]]},
@@ -460,16 +306,16 @@ def _kernels(ranks: list[dict], initial: str, figures: dict, charts: list[str]) 
                                     "title": {"text": f"rank {key}: kernel time by class (sum of durations, ms)",
                                               "font": {"size": 13}}}}
         top = breakdown.get("top_kernels") or {}
-        rows = [[cls, _name(name), count, sum_us / 1000, mean_us, share]
+        rows = [[cls, name_cell(name), count, sum_us / 1000, mean_us, share]
                 for cls, name, count, sum_us, mean_us, share in zip(
                     top.get("kernel_class", []), top.get("name", []), top.get("count", []), top.get("sum_us", []),
                     top.get("mean_us", []), top.get("share_of_class_pct", []))]
-        tables.append(_member(initial, key, _table(["class", "kernel", "count", "total ms", "mean µs",
-                                                    "% of class"], rows, {2, 3, 4, 5})))
+        tables.append(_member(initial, key, html_table(["class", "kernel", "count", "total ms", "mean µs",
+                                                        "% of class"], rows, {2, 3, 4, 5})))
     charts.append("chart-kernel-classes")
-    return (head + _note("COMP / COMM / MEM as in DESIGN.md \"Kernel classes\"; top kernels per class by total "
-                         "time, the rest of each class folded into \"others\".")
-            + _chart(figures, "chart-kernel-classes", variants, initial) + "".join(tables))
+    return (head + note("COMP / COMM / MEM as in DESIGN.md \"Kernel classes\"; top kernels per class by total "
+                        "time, the rest of each class folded into \"others\".")
+            + chart(figures, "chart-kernel-classes", variants, initial) + "".join(tables))
 
 
 def _top_gaps(ranks: list[dict], initial: str) -> str:
@@ -479,21 +325,21 @@ def _top_gaps(ranks: list[dict], initial: str) -> str:
     for r in ranks:
         top = ((r.get("idle_gaps") or {}).get("top") or [])[:MAX_LISTED_GAPS]
         rows = [[str(g.get("step")), g.get("start_in_step_ms"), g.get("duration_ms"), g.get("host_activity"),
-                 _name(g.get("next_device_op") or "–", 60), _name(g.get("launched_by") or "–", 40),
-                 _name(g.get("busy_host_op") or "–", 40)] for g in top]
-        members.append(_member(initial, str(r["rank"]), _table(
+                 name_cell(g.get("next_device_op") or "–", 60), name_cell(g.get("launched_by") or "–", 40),
+                 name_cell(g.get("busy_host_op") or "–", 40)] for g in top]
+        members.append(_member(initial, str(r["rank"]), html_table(
             ["step", "start in step ms", "duration ms", "host was in", "next device op", "launched by",
-             "busiest host op"], rows, {0, 1, 2}) if rows else _note("No idle gaps on this rank.")))
+             "busiest host op"], rows, {0, 1, 2}) if rows else note("No idle gaps on this rank.")))
     return ('<h3 id="idle-gaps">Longest device idle gaps</h3>'
-            + _note(f"The {MAX_LISTED_GAPS} longest gaps and what each was waiting for: the host's activity, and "
-                    f"the device op that ended it.")
+            + note(f"The {MAX_LISTED_GAPS} longest gaps and what each was waiting for: the host's activity, and "
+                   f"the device op that ended it.")
             + "".join(members))
 
 
 def _memory(ranks: list[dict], initial: str, figures: dict, charts: list[str]) -> str:
     head = '<h3 id="memory">Memory timeline</h3>'
     if not any((r.get("memory") or {}).get("timeline") for r in ranks):
-        return head + _note("No [memory] events (record them with torch.profiler(profile_memory=True)).")
+        return head + note("No [memory] events (record them with torch.profiler(profile_memory=True)).")
     variants, tables = {}, []
     for r in ranks:
         key = str(r["rank"])
@@ -512,18 +358,18 @@ def _memory(ranks: list[dict], initial: str, figures: dict, charts: list[str]) -
                 values = [timeline[series][i] for i in at]
                 if any(v is not None for v in values):
                     data.append({"type": "scatter", "mode": "lines", "line": {"shape": "hv", "dash": dash},
-                                 "name": _label(f"{device} {series.removesuffix('_mb')}"), "x": t_ms, "y": values,
+                                 "name": chart_label(f"{device} {series.removesuffix('_mb')}"), "x": t_ms, "y": values,
                                  "hovertemplate": "%{x:.1f} ms: %{y:.1f} MB"})
-        layout = _layout("time since the trace's first event (ms)", "MB", 360, showlegend=True,
-                         xaxis={"title": {"text": "time since the trace's first event (ms)"}})
+        layout = chart_layout("time since the trace's first event (ms)", "MB", 360, showlegend=True,
+                              xaxis={"title": {"text": "time since the trace's first event (ms)"}})
         variants[key] = {"data": data, "layout": layout}
-        tables.append(_member(initial, key, _table(
+        tables.append(_member(initial, key, html_table(
             ["device", "peak allocated MB", "peak reserved MB", "fragmentation MB", "capacity MB",
              "peak % of capacity", "peak at step", "notes"],
             [[d.get("device"), d.get("peak_allocated_mb"), d.get("peak_reserved_mb"), d.get("fragmentation_mb"),
               d.get("capacity_mb"), d.get("peak_allocated_pct_of_capacity"), d.get("peak_allocated_step"),
               "; ".join(d.get("notes") or [])] for d in memory.get("devices") or []], {1, 2, 3, 4, 5, 6})))
     charts.append("chart-memory")
-    return (head + _note("Allocator totals per device (solid: allocated, dashed: reserved), at most 200 samples "
-                         "per device that keep both peaks.")
-            + _chart(figures, "chart-memory", variants, initial) + "".join(tables))
+    return (head + note("Allocator totals per device (solid: allocated, dashed: reserved), at most 200 samples "
+                        "per device that keep both peaks.")
+            + chart(figures, "chart-memory", variants, initial) + "".join(tables))

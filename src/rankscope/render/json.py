@@ -7,17 +7,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
-
 from rankscope.analyses.rank.breakdown import CATEGORIES as BREAKDOWN_CATEGORIES
-from rankscope.analyses.rank.summary import as_plain, step_time_stats
-from rankscope.results import Analysis
+from rankscope.analyses.rank.dataloader import DataLoaderShare
+from rankscope.analyses.rank.memory import MemcpyReport
+from rankscope.analyses.rank.summary import HtaParity, step_time_stats
+from rankscope.render.base import JsonRenderer
+from rankscope.render.format import rounded
+from rankscope.results import Analysis, to_plain
 
 SCHEMA = "rankscope.analysis/1"
-
-
-def _r(x: float | None, nd: int = 3) -> float | None:
-    return None if x is None else round(x, nd)
 
 
 def _cross(a: Analysis) -> dict:
@@ -27,28 +25,49 @@ def _cross(a: Analysis) -> dict:
         return {"collectives": {"count": 0, "by_type": [], "alpha_beta": []}, "stragglers": [],
                 "straggler_verdict": "no collectives in the trace: nothing to compare across ranks",
                 "load_balance": None, "clock": None, "rank_stats": []}
-    d = as_plain(a.cross.as_dict())
+    d = to_plain(a.cross.as_dict())
     return {"collectives": d["collectives"], "stragglers": d["stragglers"],
             "straggler_verdict": d["straggler_verdict"], "load_balance": d["load_balance"],
             "clock": d["clock"], "rank_stats": d["ranks"], "straggler_thresholds": d["thresholds"]}
 
 
-def _temporal_pct(hta: dict | None) -> dict | None:
+def _temporal_pct(hta: HtaParity | None) -> dict | None:
     if not hta:
         return None
-    t = hta["temporal"]
-    return {"compute": t["compute_pct"], "non_compute": t["non_compute_pct"], "idle": t["idle_pct"]}
+    t = hta.temporal
+    return {"compute": t.compute_pct, "non_compute": t.non_compute_pct, "idle": t.idle_pct}
 
 
-def _pick(d: dict | None, *keys: str) -> dict | None:
-    return None if d is None else {k: d.get(k) for k in keys}
+def _dataloader(d: DataLoaderShare | None) -> dict | None:
+    if d is None:
+        return None
+    return {"share_pct": d.share_pct, "mean_step_share_pct": d.mean_step_share_pct,
+            "max_step_share_pct": d.max_step_share_pct, "dataloader_ms": d.dataloader_ms,
+            "num_workers": d.num_workers, "multiprocessing": d.multiprocessing, "iterators": d.iterators}
+
+
+def _memcpy(m: MemcpyReport | None) -> dict | None:
+    if m is None:
+        return None
+    return {"pageable": to_plain(m.pageable), "pageable_htod": to_plain(m.pageable_htod),
+            "pageable_dtoh": to_plain(m.pageable_dtoh), "pinned": to_plain(m.pinned),
+            "pinned_vs_pageable_bandwidth_ratio": m.pinned_vs_pageable_bandwidth_ratio,
+            "pageable_pct_of_host_copy_time": m.pageable_pct_of_host_copy_time}
 
 
 def _rounded(parts: dict[str, float]) -> dict[str, float]:
     return {c: round(parts[c], 3) for c in BREAKDOWN_CATEGORIES}
 
 
+class AnalysisJson(JsonRenderer):
+    """`analyze --json`: the `rankscope.analysis/1` object."""
+
+    def to_dict(self, result: Analysis) -> dict[str, Any]:
+        return analysis_to_dict(result)
+
+
 def analysis_to_dict(a: Analysis) -> dict[str, Any]:
+    """The `rankscope.analysis/1` object of an Analysis (also what the HTML report lays out)."""
     j = a.job
     ranks = []
     steps = []
@@ -61,36 +80,36 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
             "format": s.meta.format,
             "events": s.meta.events_total,
             "device_events": s.device_events,
-            "step_time_ms": {"mean": _r(st.mean_ms), "median": _r(st.median_ms), "max": _r(st.max_ms)},
-            "gpu_busy_pct": _r(st.device_busy_pct, 2),
+            "step_time_ms": {"mean": rounded(st.mean_ms, 3), "median": rounded(st.median_ms, 3),
+                             "max": rounded(st.max_ms, 3)},
+            "gpu_busy_pct": rounded(st.device_busy_pct, 2),
             "breakdown_ms": _rounded(s.breakdown_mean_ms) if s.steps else None,
             "breakdown_mode": s.breakdown_mode,
-            "overlap_efficiency": _r(s.overlap_efficiency, 4),
+            "overlap_efficiency": rounded(s.overlap_efficiency, 4),
             "temporal_pct": _temporal_pct(s.hta),
-            "overlap_pct": s.hta["overlap"]["overlap_pct"] if s.hta else None,
-            "idle_ms": s.hta["idle"]["idle_ms"] if s.hta else None,
-            "hta": s.hta,
-            "kernels": s.kernels,
-            "operators": s.operators,
-            "idle_gaps": msgspec.to_builtins(s.gaps) if s.gaps is not None else None,
-            "dataloader": _pick(s.dataloader, "share_pct", "mean_step_share_pct", "max_step_share_pct",
-                                "dataloader_ms", "num_workers", "multiprocessing", "iterators"),
-            "memory": {"devices": s.memory["devices"], "timeline": s.memory.get("timeline")} if s.memory else None,
-            "memcpy": _pick(s.memcpy, "pageable", "pageable_htod", "pageable_dtoh", "pinned",
-                            "pinned_vs_pageable_bandwidth_ratio", "pageable_pct_of_host_copy_time"),
+            "overlap_pct": s.hta.overlap.overlap_pct if s.hta else None,
+            "idle_ms": s.hta.idle.idle_ms if s.hta else None,
+            "hta": to_plain(s.hta),
+            "kernels": to_plain(s.kernels),
+            "operators": to_plain(s.operators),
+            "idle_gaps": to_plain(s.gaps),
+            "dataloader": _dataloader(s.dataloader),
+            "memory": ({"devices": to_plain(s.memory.devices), "timeline": to_plain(s.memory.timeline)}
+                       if s.memory else None),
+            "memcpy": _memcpy(s.memcpy),
             "salvaged": s.meta.salvaged,
             "from_cache": s.from_cache,
         })
         for step in s.steps:
-            steps.append({"rank": s.rank, "step": step["step"], "duration_ms": _r(step["duration_ms"]),
-                          "gpu_busy_ms": _r(step["device_busy_ms"]) if s.has_device else None,
-                          "breakdown_ms": _rounded(step["breakdown_ms"])})
+            steps.append({"rank": s.rank, "step": step.step, "duration_ms": rounded(step.duration_ms, 3),
+                          "gpu_busy_ms": rounded(step.device_busy_ms, 3) if s.has_device else None,
+                          "breakdown_ms": _rounded(step.breakdown_ms)})
     return {
         "schema": SCHEMA,
         "job": {
             "world_size": j.world_size, "ranks": j.ranks, "backend": j.backend, "steps": j.steps,
             "steps_source": j.steps_source, "devices": j.devices, "hosts": j.hosts,
-            "span_ms": _r(j.span_ms), "missing_ranks": j.missing_ranks, "warnings": j.warnings,
+            "span_ms": rounded(j.span_ms, 3), "missing_ranks": j.missing_ranks, "warnings": j.warnings,
         },
         "inputs": {
             "skipped": [{"file": p.file, "problem": p.problem} for p in a.problems if p.fatal],

@@ -1,5 +1,6 @@
 """CUDA memory snapshots: JSON (`rankscope.memory_snapshot/1`, docs/inputs.md) and the terminal
-view (rich, 80 columns). Nothing is computed here beyond units (bytes -> MB = MiB, as elsewhere)."""
+view (rich, 80 columns) of a MemoryResult. Nothing is computed here beyond units (bytes -> MB =
+MiB, as elsewhere)."""
 from __future__ import annotations
 
 from pathlib import PurePath
@@ -12,12 +13,16 @@ from rich.table import Table
 from rankscope.analyses.rank.memory import BYTES_PER_MB
 from rankscope.analyses.inputs.memory_snapshot import CATEGORIES, DeviceMemory, MemoryReport
 from rankscope.ingest.memory_snapshot import Frame
+from rankscope.model import InputProblem
+from rankscope.render.base import JsonRenderer, TerminalRenderer
+from rankscope.render.format import number, problem_list, rounded
+from rankscope.results import MemoryResult
 
 SCHEMA = "rankscope.memory_snapshot/1"
 
 
 def _mb(n: float | None) -> float | None:
-    return None if n is None else round(n / BYTES_PER_MB, 3)
+    return rounded(None if n is None else n / BYTES_PER_MB, 3)
 
 
 def _mb_dict(d: dict[str, int]) -> dict[str, float | None]:
@@ -43,7 +48,7 @@ def _device_dict(d: DeviceMemory) -> dict[str, Any]:
     }
 
 
-def memory_report_dict(report: MemoryReport) -> dict[str, Any]:
+def _report_dict(report: MemoryReport) -> dict[str, Any]:
     t = report.theoretical
     return {
         "file": report.file,
@@ -59,19 +64,29 @@ def memory_report_dict(report: MemoryReport) -> dict[str, Any]:
         "theoretical": None if t is None else {
             "params": t.params, "param_bytes": t.param_bytes, "static_mb": _mb(t.static),
             "measured_peak_mb": _mb(t.measured_peak),
-            "rows": [{"category": c, "theoretical_mb": _mb(t.by_category.get(c)), "measured_at_peak_mb": _mb(report.peak_by_category[c]),
+            "rows": [{"category": c, "theoretical_mb": _mb(t.by_category.get(c)),
+                      "measured_at_peak_mb": _mb(report.peak_by_category[c]),
                       "measured_at_snapshot_mb": _mb(report.live_by_category[c])} for c in CATEGORIES]},
         "allocator_settings": report.allocator_settings,
     }
 
 
+class MemoryJson(JsonRenderer):
+    """`memory --json`: the `rankscope.memory_snapshot/1` object."""
+
+    def to_dict(self, result: MemoryResult) -> dict[str, Any]:
+        return {"schema": SCHEMA, "snapshots": [_report_dict(r) for r in result.reports],
+                "inputs": {"skipped": problem_list(result.skipped)}}
+
+
 def memory_to_dict(reports: list[MemoryReport], skipped: list[dict]) -> dict[str, Any]:
-    return {"schema": SCHEMA, "snapshots": [memory_report_dict(r) for r in reports], "inputs": {"skipped": skipped}}
+    """cli.py's call until it uses render.base.render."""
+    return MemoryJson().to_dict(MemoryResult(reports, [InputProblem(s["file"], s["problem"]) for s in skipped]))
 
 
 # ---------------------------------------------------------------------------------------------
-def _f(n: float | None) -> str:
-    return "-" if n is None else f"{n / BYTES_PER_MB:,.1f}"
+def _mb_text(n: float | None) -> str:
+    return number(None if n is None else n / BYTES_PER_MB)
 
 
 def _where(f: Frame | None) -> str:
@@ -80,25 +95,33 @@ def _where(f: Frame | None) -> str:
     return f"{f[0]} {PurePath(f[1].replace(chr(92), '/')).name}:{f[2]}"
 
 
+class MemoryTerminal(TerminalRenderer):
+    """`memory`: per snapshot its devices, memory by category, the largest live blocks and the OOMs."""
+
+    def render(self, result: MemoryResult, out: Console) -> None:
+        for report in result.reports:
+            _report(report, out)
+
+
 def render_memory(reports: list[MemoryReport], console: Console) -> None:
-    for report in reports:
-        _report(report, console)
+    """cli.py's call until it uses render.base.render."""
+    MemoryTerminal().render(MemoryResult(reports), console)
 
 
 def _report(report: MemoryReport, console: Console) -> None:
     console.print(f"[bold]rankscope memory[/]: {escape(PurePath(report.file).name)}")
     for d in report.devices:
-        console.print(f"  cuda:{d.device} reserved [bold]{_f(d.reserved)} MB[/] in {d.segments} segments; "
-                      f"allocated [bold]{_f(d.allocated)} MB[/]")
-        console.print(f"    free cached {_f(d.free_cached)} MB in {d.free_blocks} blocks, largest "
-                      f"{_f(d.largest_free_block)} MB: fragmentation {d.fragmentation_pct:.1f}%")
+        console.print(f"  cuda:{d.device} reserved [bold]{_mb_text(d.reserved)} MB[/] in {d.segments} segments; "
+                      f"allocated [bold]{_mb_text(d.allocated)} MB[/]")
+        console.print(f"    free cached {_mb_text(d.free_cached)} MB in {d.free_blocks} blocks, largest "
+                      f"{_mb_text(d.largest_free_block)} MB: fragmentation {d.fragmentation_pct:.1f}%")
         r = d.replay
         if r:
             at = (f" at +{(r.peak_time_us - r.window_start_us) / 1e6:.3f} s"
                   if r.peak_time_us is not None and r.window_start_us is not None else "")
             console.print(f"    recorded: {r.events:,} events" + (f" over {r.window_s:.3f} s" if r.window_s else "")
-                          + f"; peak allocated [bold]{_f(r.peak_allocated)} MB[/]{at}")
-            console.print(f"    peak reserved {_f(r.peak_reserved)} MB; {_f(r.allocated_before_window)} MB "
+                          + f"; peak allocated [bold]{_mb_text(r.peak_allocated)} MB[/]{at}")
+            console.print(f"    peak reserved {_mb_text(r.peak_reserved)} MB; {_mb_text(r.allocated_before_window)} MB "
                           "allocated before the recording")
         else:
             console.print("    no allocation history (torch.cuda.memory._record_memory_history() was off)")
@@ -116,9 +139,9 @@ def _categories(report: MemoryReport, console: Console) -> None:
     if theo:
         table.add_column(f"theory ({theo.params:,} params)", justify="right")
     for c in CATEGORIES:
-        cells = [c, _f(report.peak_by_category[c]), _f(report.live_by_category[c])]
+        cells = [c, _mb_text(report.peak_by_category[c]), _mb_text(report.live_by_category[c])]
         if theo:
-            cells.append(_f(theo.by_category.get(c)))
+            cells.append(_mb_text(theo.by_category.get(c)))
         table.add_row(*cells)
     console.print(table)
     if theo:
@@ -134,7 +157,7 @@ def _blocks(report: MemoryReport, console: Console) -> None:
     table.add_column("category")
     table.add_column("allocated at (innermost user frame)", overflow="fold")
     for b in report.largest_blocks:
-        table.add_row(_f(b.size), b.category, escape(_where(b.user_frame)))
+        table.add_row(_mb_text(b.size), b.category, escape(_where(b.user_frame)))
     console.print(table)
 
 
@@ -143,13 +166,14 @@ def _ooms(report: MemoryReport, console: Console) -> None:
         console.print("  OOM: none recorded in the trace")
         return
     for o in report.ooms:
-        console.print(f"[bold red]OOM[/] on cuda:{o.device}: asked {_f(o.requested)} MB with {_f(o.allocated_at_oom)} MB "
-                      f"allocated, {_f(o.device_free)} MB free on the device; the events before it:")
+        console.print(f"[bold red]OOM[/] on cuda:{o.device}: asked {_mb_text(o.requested)} MB with "
+                      f"{_mb_text(o.allocated_at_oom)} MB allocated, {_mb_text(o.device_free)} MB free on the device; "
+                      "the events before it:")
         table = Table(header_style="bold")
         table.add_column("action")
         table.add_column("MB", justify="right")
         table.add_column("category")
         table.add_column("where", overflow="fold")
         for e in o.events_before:
-            table.add_row(e["action"], _f(e["size"]), e["category"] or "", escape(e["frame"] or ""))
+            table.add_row(e["action"], _mb_text(e["size"]), e["category"] or "", escape(e["frame"] or ""))
         console.print(table)

@@ -1,5 +1,6 @@
-"""NCCL logs: JSON (`rankscope.nccl/1`, docs/inputs.md) and the terminal view (rich, 80 columns).
-Nothing is computed here: the numbers come from analyses/inputs/nccl.py and findings.nccl_findings."""
+"""NCCL logs: JSON (`rankscope.nccl/1`, docs/inputs.md) and the terminal view (rich, 80 columns) of
+an NcclResult. Nothing is computed here: the numbers come from analyses/inputs/nccl.py and
+findings.nccl_findings."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,15 +13,14 @@ from rich.table import Table
 from rich.text import Text
 
 from rankscope.analyses.inputs.nccl import NcclReport, NcclRun
-from rankscope.results import Finding
+from rankscope.model import InputProblem
+from rankscope.render.base import JsonRenderer, TerminalRenderer
+from rankscope.render.format import number, problem_list, rounded
 from rankscope.render.terminal import SEVERITY_STYLE
+from rankscope.results import Finding, NcclResult
 
 SCHEMA = "rankscope.nccl/1"
 MAX_RUN_COLUMNS = 4              # runs side by side in the bus bandwidth table
-
-
-def _r(x: float | None, nd: int = 3) -> float | None:
-    return None if x is None else round(float(x), nd)
 
 
 def _run_dict(run: NcclRun) -> dict[str, Any]:
@@ -50,23 +50,33 @@ def _run_dict(run: NcclRun) -> dict[str, Any]:
                        for (c, b, a, p, ch), n in log.algorithms.items()],
         "perf": [{"test": t.name, "avg_busbw_gbps": t.avg_busbw_gbps,
                   "rows": [dataclasses.asdict(row) for row in t.rows]} for t in log.perf],
-        "busbw_gbps": _r(run.avg_busbw_gbps, 4), "peak_busbw_gbps": _r(run.peak_busbw_gbps, 4),
+        "busbw_gbps": rounded(run.avg_busbw_gbps, 4), "peak_busbw_gbps": rounded(run.peak_busbw_gbps, 4),
         "warnings": log.warnings, "warning_count": log.warning_count,
         "lines": log.lines, "nccl_lines": log.nccl_lines,
     }
 
 
+class NcclJson(JsonRenderer):
+    """`nccl --json`: the `rankscope.nccl/1` object."""
+
+    def to_dict(self, result: NcclResult) -> dict[str, Any]:
+        report = result.report
+        return {
+            "schema": SCHEMA,
+            "runs": [_run_dict(run) for run in report.runs],
+            "best_run": report.best_run,
+            "comparisons": [{"file": c.file, "kind": c.kind, "subject": c.subject, "ranks": c.ranks,
+                             "value": rounded(c.value, 3), "reference": rounded(c.reference, 3),
+                             "reference_from": c.reference_from, "pct": rounded(c.pct, 1), **c.detail}
+                            for c in report.comparisons],
+            "findings": [f.as_dict() for f in result.findings],
+            "inputs": {"skipped": problem_list(result.skipped)},
+        }
+
+
 def nccl_to_dict(report: NcclReport, findings: list[Finding], skipped: list[dict]) -> dict[str, Any]:
-    return {
-        "schema": SCHEMA,
-        "runs": [_run_dict(run) for run in report.runs],
-        "best_run": report.best_run,
-        "comparisons": [{"file": c.file, "kind": c.kind, "subject": c.subject, "ranks": c.ranks,
-                         "value": _r(c.value), "reference": _r(c.reference), "reference_from": c.reference_from,
-                         "pct": _r(c.pct, 1), **c.detail} for c in report.comparisons],
-        "findings": [f.as_dict() for f in findings],
-        "inputs": {"skipped": skipped},
-    }
+    """cli.py's call until it uses render.base.render."""
+    return NcclJson().to_dict(NcclResult(report, findings, [InputProblem(s["file"], s["problem"]) for s in skipped]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -74,13 +84,24 @@ def _name(file: str) -> str:
     return PurePath(file).name
 
 
+class NcclTerminal(TerminalRenderer):
+    """`nccl`: per log its version, env, devices, comms, transports and links; the nccl-tests bus
+    bandwidth side by side; the findings."""
+
+    def render(self, result: NcclResult, out: Console) -> None:
+        report = result.report
+        best = (f"; best bus bandwidth: {escape(_name(report.best_run))}" if report.best_run and len(report.runs) > 1
+                else "")
+        out.print(f"[bold]rankscope nccl[/]: {len(report.runs)} log{'s' if len(report.runs) != 1 else ''}{best}")
+        for run in report.runs:
+            _run(run, out)
+        _busbw_table(report, out)
+        _findings(result.findings, out)
+
+
 def render_nccl(report: NcclReport, findings: list[Finding], console: Console) -> None:
-    best = f"; best bus bandwidth: {escape(_name(report.best_run))}" if report.best_run and len(report.runs) > 1 else ""
-    console.print(f"[bold]rankscope nccl[/]: {len(report.runs)} log{'s' if len(report.runs) != 1 else ''}{best}")
-    for run in report.runs:
-        _run(run, console)
-    _busbw_table(report, console)
-    _findings(findings, console)
+    """cli.py's call until it uses render.base.render."""
+    NcclTerminal().render(NcclResult(report, findings), console)
 
 
 def _run(run: NcclRun, console: Console) -> None:
@@ -93,7 +114,8 @@ def _run(run: NcclRun, console: Console) -> None:
     for name, value in log.env.items():
         console.print(f"  env {escape(name)}={escape(value)}")
     if log.devices:
-        console.print(f"  devices: {escape(', '.join(f'{n} x{list(log.devices.values()).count(n)}' for n in run.devices))}")
+        counts = ", ".join(f"{n} x{list(log.devices.values()).count(n)}" for n in run.devices)
+        console.print(f"  devices: {escape(counts)}")
     for c in run.comms:
         extra = [f"{c.p2p_channels} p2p"] if c.p2p_channels is not None else []
         extra += [f"{c.nvls_channels} nvls"] if c.nvls_channels is not None else []
@@ -130,7 +152,7 @@ def _busbw_table(report: NcclReport, console: Console) -> None:
             for row in t.rows:
                 cells.setdefault((t.name, row.size_bytes), {})[run.file] = row.out_of_place.busbw_gbps
     for (test, size), by_run in cells.items():
-        table.add_row(escape(test), _size(size), *(_gbps(by_run.get(run.file)) for run in runs))
+        table.add_row(escape(test), _size(size), *(number(by_run.get(run.file), ".1f") for run in runs))
     console.print(table)
 
 
@@ -139,10 +161,6 @@ def _size(n: int) -> str:
         if n >= scale:
             return f"{n / scale:g} {unit}"
     return f"{n} B"
-
-
-def _gbps(x: float | None) -> str:
-    return "-" if x is None else f"{x:.1f}"
 
 
 def _findings(findings: list[Finding], console: Console) -> None:

@@ -10,35 +10,41 @@ from rich.text import Text
 from rich.table import Table
 
 from rankscope.analyses.rank.summary import step_time_stats
+from rankscope.render.base import TerminalRenderer
+from rankscope.render.format import number, percent, ranges, shortened
+from rankscope.render.thresholds import render_thresholds  # noqa: F401  cli.py imports it from here for now
 from rankscope.results import Analysis
 
 
-def _ms(x: float | None) -> str:
-    return "-" if x is None else f"{x:,.1f}"
+class AnalysisTerminal(TerminalRenderer):
+    """`analyze`: the job header, the tables, then the findings; `brief`: the header and the findings only."""
 
+    def __init__(self, brief: bool = False) -> None:
+        self.brief = brief
 
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.1f}%"
+    def render(self, result: Analysis, out: Console) -> None:
+        _header(result, out)
+        if not self.brief:
+            _tables(result, out)
+        _findings(result, out, self.brief)
+        for w in result.job.warnings:
+            out.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
 
 
 def render_analysis(a: Analysis, console: Console, brief: bool = False) -> None:
-    _header(a, console)
-    if not brief:
-        _tables(a, console)
-    _findings(a, console, brief)
-    for w in a.job.warnings:
-        console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
+    """cli.py's call until it uses render.base.render."""
+    AnalysisTerminal(brief).render(a, console)
 
 
 def _header(a: Analysis, console: Console) -> None:
     j = a.job
-    ranks_text = _ranges(j.ranks)
+    ranks_text = ranges(j.ranks)
     world = f"{len(j.ranks)} of {j.world_size}" if j.world_size and j.world_size != len(j.ranks) else f"{len(j.ranks)}"
-    steps_text = (_ranges(j.steps) if j.steps else "none (one step = whole trace)")
+    steps_text = (ranges(j.steps) if j.steps else "none (one step = whole trace)")
     noun = "rank" if len(j.ranks) == 1 and not (j.world_size or 0) > 1 else "ranks"
     console.print(f"[bold]rankscope[/] job: {world} {noun} ({ranks_text}), backend {j.backend or 'unknown'}")
     console.print(f"  devices: {', '.join(j.devices) or 'none (CPU only)'}")
-    console.print(f"  steps profiled: {steps_text}   time span: {_ms(j.span_ms)} ms"
+    console.print(f"  steps profiled: {steps_text}   time span: {number(j.span_ms)} ms"
                   + (f"   hosts: {', '.join(j.hosts)}" if j.hosts else ""))
     total_events = sum(s.meta.events_total for s in a.ranks)
     cached = sum(s.from_cache for s in a.ranks)
@@ -58,8 +64,8 @@ def _tables(a: Analysis, console: Console) -> None:
     shown = _shown(a)
     for s in shown:
         st = step_time_stats(s)
-        table.add_row(str(s.rank), f"{s.meta.events_total:,}", str(len(s.steps)), _ms(st.mean_ms),
-                      _ms(st.median_ms), _ms(st.max_ms), _pct(st.device_busy_pct))
+        table.add_row(str(s.rank), f"{s.meta.events_total:,}", str(len(s.steps)), number(st.mean_ms),
+                      number(st.median_ms), number(st.max_ms), percent(st.device_busy_pct))
     console.print(table)
     _more(a, shown, console)
     _breakdown_table(a, shown, console)
@@ -85,7 +91,7 @@ def _findings(a: Analysis, console: Console, brief: bool) -> None:
         text = Text()
         text.append(f.severity.upper(), style=SEVERITY_STYLE[f.severity])
         text.append(f" {f.id}", style="bold")
-        text.append(f" ({'rank' if len(f.ranks) == 1 else 'ranks'} {_ranges(f.ranks) if f.ranks else '-'}): {f.summary}")
+        text.append(f" ({'rank' if len(f.ranks) == 1 else 'ranks'} {ranges(f.ranks) if f.ranks else '-'}): {f.summary}")
         if not brief:
             text.append(f"\nwhy: {f.explanation}", style="dim")
         text.append("\nfix: ", style="green")
@@ -95,17 +101,6 @@ def _findings(a: Analysis, console: Console, brief: bool) -> None:
     if not brief:
         console.print("More: --json (evidence and thresholds per finding), --html report.html (charts), "
                       "`rankscope export perfetto DIR -o job.json.gz` (all ranks on one timeline)", style="dim")
-
-
-def render_thresholds(thresholds: dict, console: Console) -> None:
-    table = Table(title="Finding thresholds (override: analyze --threshold NAME=VALUE)", title_justify="left",
-                  header_style="bold", box=box.SIMPLE_HEAD)
-    table.add_column("name")
-    table.add_column("value", justify="right")
-    table.add_column("unit / source", overflow="fold")
-    for name, t in thresholds.items():
-        table.add_row(name, f"{t.value:g}", escape(f"{t.unit}; {t.source}"))
-    console.print(table)
 
 
 #: Ranks listed in the per-rank tables; with more, the slowest are shown (all are in --json).
@@ -138,17 +133,16 @@ def _details_table(shown: list, console: Console) -> None:
     for col in ("rank", "busy", "idle", "ovl", "wait host", "wait kern", "data", "fp32", "TC", "peak MB"):
         table.add_column(col, justify="right")
     for s in ranks:
-        h = s.hta or {}
-        t = h.get("temporal") or {}
-        idle = (h.get("idle") or {}).get("idle_ms") or {}
-        k = ((s.kernels or {}).get("stats")) or {}
-        peak = max((d["peak_allocated_mb"] for d in (s.memory or {}).get("devices", []) if d["device"] != "cpu"),
+        t, idle = s.hta.temporal, s.hta.idle.idle_ms
+        k = s.kernels.stats if s.kernels else None
+        peak = max((d.peak_allocated_mb for d in (s.memory.devices if s.memory else []) if d.device != "cpu"),
                    default=None)
-        busy = None if not t else t.get("compute_pct", 0) + t.get("non_compute_pct", 0)
-        table.add_row(str(s.rank), _pct(busy), _pct(t.get("idle_pct")), _pct((h.get("overlap") or {}).get("overlap_pct")),
-                      _ms(idle.get("host_wait")), _ms(idle.get("kernel_wait")),
-                      _pct((s.dataloader or {}).get("share_pct")), _pct(k.get("fp32_gemm_share_pct")),
-                      _pct(k.get("tensor_core_pct")), _ms(peak))
+        busy = None if t.compute_pct is None else t.compute_pct + t.non_compute_pct
+        table.add_row(str(s.rank), percent(busy), percent(t.idle_pct), percent(s.hta.overlap.overlap_pct),
+                      number(idle.get("host_wait")), number(idle.get("kernel_wait")),
+                      percent(s.dataloader.share_pct if s.dataloader else None),
+                      percent(k.fp32_gemm_share_pct if k else None), percent(k.tensor_core_pct if k else None),
+                      number(peak))
     console.print(table)
 
 
@@ -163,8 +157,8 @@ def _cross_section(a: Analysis, console: Console) -> None:
                           ("others wait ms/step", "right")):
             table.add_column(col, justify=just)
         for st in d["stragglers"]:
-            table.add_row(str(st["rank"]), st["cause"], _ms(st["cost_ms_per_step"]), _pct(st["last_arrival_pct"]),
-                          _ms(st["wait_imposed_ms_per_step"]))
+            table.add_row(str(st["rank"]), st["cause"], number(st["cost_ms_per_step"]), percent(st["last_arrival_pct"]),
+                          number(st["wait_imposed_ms_per_step"]))
         console.print(table)
         for st in d["stragglers"]:
             console.print(f"  rank {st['rank']}: {st['evidence']}", highlight=False)
@@ -191,29 +185,24 @@ def _highlights(a: Analysis, console: Console) -> None:
         for g in s.gaps.top[:3]:
             console.print(f"  step {g.step} +{g.start_in_step_ms:,.1f} ms: {g.duration_ms:,.2f} ms idle, host "
                           f"{_HOST_ACTIVITY[g.host_activity]}" + (f" ({g.busy_host_op})" if g.busy_host_op else "")
-                          + f"; ended by {_short(g.next_device_op)}"
+                          + f"; ended by {shortened(g.next_device_op)}"
                           + (f" launched from {g.launched_by}" if g.launched_by else ""), highlight=False)
-    ranked = [s for s in a.ranks if s.kernels and s.kernels["stats"]["kernels"]["name"]]
+    ranked = [s for s in a.ranks if s.kernels and s.kernels.stats.kernels.name]
     if ranked:
         s = ranked[0]
-        k = s.kernels["stats"]["kernels"]
-        top = ", ".join(f"{_short(n)} {ms:,.1f} ms" for n, ms in list(zip(k["name"], k["total_ms"]))[:3])
+        k = s.kernels.stats.kernels
+        top = ", ".join(f"{shortened(n)} {ms:,.1f} ms" for n, ms in list(zip(k.name, k.total_ms))[:3])
         console.print(f"[bold]Top kernels[/] (rank {s.rank}): {top}", highlight=False)
-    ops = [s for s in a.ranks if s.has_device and s.operators and s.operators["by_self_device"]["name"]]
+    ops = [s for s in a.ranks if s.has_device and s.operators and s.operators.by_self_device.name]
     if ops:
         s = ops[0]
-        o = s.operators["by_self_device"]
-        top = ", ".join(f"{_short(n)} {ms:,.1f} ms" for n, ms in list(zip(o["name"], o["self_device_ms"]))[:3])
+        o = s.operators.by_self_device
+        top = ", ".join(f"{shortened(n)} {ms:,.1f} ms" for n, ms in list(zip(o.name, o.self_device_ms))[:3])
         console.print(f"[bold]Top ops by self GPU time[/] (rank {s.rank}): {top}", highlight=False)
 
 
 _HOST_ACTIVITY = {"dataloader": "in the DataLoader", "sync": "blocked in a synchronize", "host": "busy in CPU ops",
                   "idle_other": "outside any op"}
-
-
-def _short(name: str, width: int = 48) -> str:
-    name = name.removeprefix("void ")
-    return name if len(name) <= width else name[:width - 1] + "…"
 
 
 _BREAKDOWN_HEADERS = (("compute", "comp"), ("comm_overlapped", "c.ovl"), ("comm_exposed", "c.exp"),
@@ -231,7 +220,8 @@ def _breakdown_table(a: Analysis, shown: list, console: Console) -> None:
     cpu_only = all(s.breakdown_mode == "cpu_only" for s in ranks)
     title = "Where step time went, mean ms per step (parts sum to the step)"
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
-                  caption=_BREAKDOWN_LEGEND + ("; CPU-only job: the training thread plays the device" if cpu_only else ""),
+                  caption=_BREAKDOWN_LEGEND
+                  + ("; CPU-only job: the training thread plays the device" if cpu_only else ""),
                   caption_justify="left")
     table.add_column("rank", justify="right")
     table.add_column("step", justify="right")
@@ -241,20 +231,6 @@ def _breakdown_table(a: Analysis, shown: list, console: Console) -> None:
     for s in ranks:
         st = step_time_stats(s)
         eff = "-" if s.overlap_efficiency is None else f"{s.overlap_efficiency:.2f}"
-        table.add_row(str(s.rank), _ms(st.mean_ms), *(_ms(s.breakdown_mean_ms[k]) for k, _ in _BREAKDOWN_HEADERS), eff)
+        table.add_row(str(s.rank), number(st.mean_ms), *(number(s.breakdown_mean_ms[k]) for k, _ in _BREAKDOWN_HEADERS),
+                      eff)
     console.print(table)
-
-
-def _ranges(values: list[int]) -> str:
-    """[0,1,2,5,7,8] -> '0-2, 5, 7-8'"""
-    if not values:
-        return "-"
-    out, start, prev = [], values[0], values[0]
-    for v in values[1:] + [None]:
-        if v is not None and v == prev + 1:
-            prev = v
-            continue
-        out.append(f"{start}-{prev}" if prev > start else f"{start}")
-        if v is not None:
-            start = prev = v
-    return ", ".join(out)

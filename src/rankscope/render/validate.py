@@ -1,4 +1,5 @@
-"""`rankscope validate`: one row per input file (what was found, what is wrong)."""
+"""`rankscope validate`: one row per input file (what was found, what is wrong). `validation_rows`
+builds the rows from an Ingest; the renderers print them as a table or one JSON object."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,10 +7,15 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from rankscope.render.base import JsonRenderer, TerminalRenderer
 from rankscope.results import Ingest
+
+SCHEMA = "rankscope.validate/1"
 
 
 def validation_rows(found: Ingest) -> list[dict]:
+    """Per file: rank, where the rank came from, format, events, steps, problems; `ok` is False for
+    a skipped file and None for an ignored one (not a trace)."""
     rows = []
     notes: dict[str, list[str]] = {}
     for p in found.problems:
@@ -29,26 +35,47 @@ def validation_rows(found: Ingest) -> list[dict]:
     return rows
 
 
-_SOURCE = {"distributedInfo": "trace", "filename": "name", "order": "order"}
+class ValidationJson(JsonRenderer):
+    """`validate --json`: the `rankscope.validate/1` object."""
+
+    def to_dict(self, result: Ingest) -> dict:
+        return {"schema": SCHEMA, "files": validation_rows(result), "job_warnings": result.warnings}
+
+
+class ValidationTerminal(TerminalRenderer):
+    """`validate`: a table of the files, then every problem and the job's warnings."""
+
+    def render(self, result: Ingest, out: Console) -> None:
+        _print_rows(validation_rows(result), result.warnings, out)
 
 
 def render_validation(rows: list[dict], job_warnings: list[str], console: Console) -> None:
+    """cli.py's call until it uses render.base.render."""
+    _print_rows(rows, job_warnings, console)
+
+
+_SOURCE = {"distributedInfo": "trace", "filename": "name", "order": "order"}
+
+
+def _status(row: dict) -> str:
+    if row["ok"] is None:
+        return "[dim]ignored[/]"
+    if not row["ok"]:
+        return "[red]skipped[/]"
+    if row["salvaged"]:
+        return "[yellow]salvaged[/]"
+    return "[yellow]warning[/]" if row["problems"] else "[green]ok[/]"
+
+
+def _print_rows(rows: list[dict], job_warnings: list[str], console: Console) -> None:
     table = Table(header_style="bold")
     for col, just in (("file", "left"), ("rank", "right"), ("from", "left"), ("format", "left"),
                       ("events", "right"), ("GPU ev.", "right"), ("steps", "right"), ("status", "left")):
         table.add_column(col, justify=just, overflow="fold")
     for r in rows:
-        if r["ok"] is None:
-            status = "[dim]ignored[/]"
-        elif not r["ok"]:
-            status = "[red]skipped[/]"
-        elif r["salvaged"]:
-            status = "[yellow]salvaged[/]"
-        else:
-            status = "[yellow]warning[/]" if r["problems"] else "[green]ok[/]"
         table.add_row(Path(r["file"]).name, "-" if r["rank"] is None else str(r["rank"]),
                       _SOURCE.get(r["rank_source"], "-"), r["format"] or "-", f"{r['events']:,}",
-                      f"{r['device_events']:,}", str(r["steps"]), status)
+                      f"{r['device_events']:,}", str(r["steps"]), _status(r))
     console.print(table)
     for r in rows:
         for p in r["problems"]:

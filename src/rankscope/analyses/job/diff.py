@@ -52,13 +52,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import polars as pl
 
 from rankscope.analyses.rank.breakdown import CATEGORIES
 from rankscope.units import NS_PER_US, NS_PER_MS
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rankscope.analyses.rank.summary import NameTotals
 
 #: Significance level: the conventional 5% (R. A. Fisher, Statistical Methods for Research
 #: Workers, 1925), which is also what "beyond noise" means in the seed study's A/B reading.
@@ -344,13 +347,15 @@ def diff_analyses(before, after, labels: tuple[str, str] = ("BEFORE", "AFTER")) 
         formats_before=sorted({s.meta.format for s in before.ranks}),
         formats_after=sorted({s.meta.format for s in after.ranks}), warnings=warnings)
     stragglers = _straggler_changes(before, after, rename)
+    totals_b = [b.name_totals for b, _ in pairs if b.name_totals]
+    totals_a = [a.name_totals for _, a in pairs if a.name_totals]
     return Diff(
         headline=headline(job, stragglers), compared=compared, job=job, ranks=ranks,
         collectives={m: result[("coll", m)] for m in COLLECTIVE_METRICS if ("coll", m) in result},
         straggler_verdicts=(_verdict(before), _verdict(after)), stragglers=stragglers,
         findings=_finding_changes(before, after, rename),
-        kernels=name_diff([b for b, _ in pairs], [a for _, a in pairs], "kernels", steps),
-        ops=name_diff([b for b, _ in pairs], [a for _, a in pairs], "ops", steps))
+        kernels=name_diff([t.kernels for t in totals_b], [t.kernels for t in totals_a], steps),
+        ops=name_diff([t.ops for t in totals_b], [t.ops for t in totals_a], steps))
 
 
 def _rank_list(ranks: Sequence[int]) -> str:
@@ -392,19 +397,19 @@ def _step_warnings(pairs: list, n_steps: list[int], labels: tuple[str, str]) -> 
 def _step_samples(s, n: int, device: bool) -> dict[str, np.ndarray]:
     """Per metric of STEP_METRICS, the first n steps' values of one rank."""
     steps = s.steps[:n]
-    dur = np.array([x["duration_ms"] for x in steps], dtype=np.float64)
-    loader = dict(zip(s.dataloader["steps"]["step"], s.dataloader["steps"]["dataloader_ms"])) if s.dataloader else {}
+    dur = np.array([x.duration_ms for x in steps], dtype=np.float64)
+    loader = dict(zip(s.dataloader.steps.step, s.dataloader.steps.dataloader_ms)) if s.dataloader else {}
 
     def share(part: np.ndarray) -> np.ndarray:
         return np.divide(100.0 * part, dur, out=np.zeros_like(dur), where=dur > 0)
 
     out = {"step_time_ms": dur}
     if device:
-        idle = np.maximum(dur - np.array([x["device_busy_ms"] for x in steps], dtype=np.float64), 0.0)
+        idle = np.maximum(dur - np.array([x.device_busy_ms for x in steps], dtype=np.float64), 0.0)
         out["gpu_idle_ms"], out["gpu_idle_pct"] = idle, share(idle)
-    out["dataloader_share_pct"] = share(np.array([loader.get(x["step"], 0.0) for x in steps], dtype=np.float64))
+    out["dataloader_share_pct"] = share(np.array([loader.get(x.step, 0.0) for x in steps], dtype=np.float64))
     for c in CATEGORIES:
-        out[f"breakdown_ms.{c}"] = np.array([x["breakdown_ms"][c] for x in steps], dtype=np.float64)
+        out[f"breakdown_ms.{c}"] = np.array([x.breakdown_ms[c] for x in steps], dtype=np.float64)
     return out
 
 
@@ -470,18 +475,19 @@ _STATUS_ORDER = ("introduced", "resolved", "persisting")
 _TOTALS_SCHEMA = {"name": pl.String, "count": pl.Int64, "total_ns": pl.Int64, "sumsq_ns2": pl.Float64}
 
 
-def _name_totals(summaries: list, table: str) -> pl.DataFrame:
-    """The ranks' per-name tables of `table`, summed over the ranks (one frame built from all)."""
-    tables = [s.name_totals[table] for s in summaries if s.name_totals]
-    columns = {c: [v for t in tables for v in t[c]] for c in _TOTALS_SCHEMA}
+def _name_totals(tables: list[NameTotals]) -> pl.DataFrame:
+    """The ranks' per-name tables, summed over the ranks (one frame built from all)."""
+    columns = {"name": [v for t in tables for v in t.name], "count": [v for t in tables for v in t.count],
+               "total_ns": [v for t in tables for v in t.total_ns],
+               "sumsq_ns2": [v for t in tables for v in t.sumsq_ns2]}
     return pl.DataFrame(columns, schema=_TOTALS_SCHEMA).group_by("name").agg(
         pl.col("count").sum(), pl.col("total_ns").sum(), pl.col("sumsq_ns2").sum())
 
 
-def name_diff(before: list, after: list, table: str, steps: tuple[int, int]) -> NameDiff:
-    """Per-name diff of `table` ("kernels" | "ops") of the compared ranks (module docstring)."""
-    j = _name_totals(before, table).join(_name_totals(after, table), on="name", how="full", coalesce=True,
-                                         suffix="_a").fill_null(0)
+def name_diff(before: list[NameTotals], after: list[NameTotals], steps: tuple[int, int]) -> NameDiff:
+    """Per-name diff of one table (kernels or ops) of the compared ranks, their tables given (module docstring)."""
+    j = _name_totals(before).join(_name_totals(after), on="name", how="full", coalesce=True,
+                                  suffix="_a").fill_null(0)
     n_b, n_a = j["count"].to_numpy().astype(np.float64), j["count_a"].to_numpy().astype(np.float64)
     tot_b, tot_a = j["total_ns"].to_numpy().astype(np.float64), j["total_ns_a"].to_numpy().astype(np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -22,14 +22,14 @@ Definitions:
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import msgspec
 import numpy as np
 
 from rankscope.analyses.rank.flops import RankFlops, rank_steps
 from rankscope.hardware import device_model, link_peak_gbps, peak_tflops
-from rankscope.units import NS_PER_MS
 
 if TYPE_CHECKING:  # pragma: no cover
     from rankscope.analyses.rank.summary import RankSummary
@@ -89,9 +89,9 @@ def from_summary(summary: RankSummary, traced: bool = False) -> RankFlops:
     """A rank's steps and device from its summary; with `traced`, also the FLOPs its trace
     recorded (`RankSummary.flops`, computed by `rank_flops` in the per-rank map)."""
     if traced and summary.flops:
-        return replace(RankFlops(**summary.flops), rank=summary.rank)
-    return rank_steps(summary.rank, summary.meta.devices, None, [s["step"] for s in summary.steps],
-                       [s["duration_ms"] for s in summary.steps])
+        return msgspec.structs.replace(summary.flops, rank=summary.rank)
+    return rank_steps(summary.rank, summary.meta.devices, None, [s.step for s in summary.steps],
+                       [s.duration_ms for s in summary.steps])
 
 
 @dataclass

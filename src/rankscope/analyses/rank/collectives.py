@@ -42,7 +42,6 @@ import polars as pl
 from rankscope.analyses.rank.breakdown import CATEGORIES, Timeline, classify_timeline
 from rankscope.analyses.rank.steps import step_windows
 from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, Kind, KernelClass, RankTrace, names_matching
-from rankscope.units import NS_PER_MS
 
 DEFAULT_PG = "default"
 

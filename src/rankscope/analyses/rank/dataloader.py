@@ -23,8 +23,8 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 import polars as pl
 
@@ -38,14 +38,19 @@ MULTI_PROCESS_ITER = "_MultiProcessingDataLoaderIter"
 _ITERATOR = re.compile(r"^enumerate\(DataLoader\)#([^.]+)\.__next__")
 PIN_MEMORY_OPS = ("aten::pin_memory", "aten::_pin_memory")
 
-_STEPS_SCHEMA = {"step": pl.Int64, "duration_ms": pl.Float64, "dataloader_ms": pl.Float64,
-                 "share_pct": pl.Float64, "spans": pl.Int64}
 
 
-@dataclass
-class DataLoaderShare:
-    #: step, duration_ms, dataloader_ms, share_pct, spans (DataLoader spans starting in the step)
-    steps: pl.DataFrame
+class DataLoaderSteps(msgspec.Struct):
+    """Columns, one entry per step window; `spans`: DataLoader spans starting in the step."""
+    step: list[int]
+    duration_ms: list[float]
+    dataloader_ms: list[float]
+    share_pct: list[float]
+    spans: list[int]
+
+
+class DataLoaderShare(msgspec.Struct):
+    steps: DataLoaderSteps
     steps_source: str                      # "profiler_step" | "whole_trace"
     spans: int                             # DataLoader __next__ spans in the trace
     dataloader_ms: float                   # DataLoader time inside the step windows
@@ -54,7 +59,7 @@ class DataLoaderShare:
     mean_step_share_pct: float | None      # mean of the per-step shares
     max_step_share_pct: float | None
     outside_steps_ms: float                # DataLoader time outside every step window
-    iterators: list[str] = field(default_factory=list)   # iterator classes seen in the span names
+    iterators: list[str] = []              # iterator classes seen in the span names
     multiprocessing: bool | None = None    # None: no DataLoader span
     num_workers: int | None = None         # 0 when single-process; None when unknown
     num_workers_source: str = "none"       # "iterator_class" | "unknown" | "none"
@@ -90,9 +95,9 @@ def dataloader_share(trace: RankTrace, windows: StepWindows | None = None) -> Da
     ok = (k >= 0) & (ts < ends[np.maximum(k, 0)]) if len(starts) else np.zeros(len(ts), bool)
     counts = np.bincount(k[ok], minlength=len(starts)) if len(starts) else np.zeros(0, np.int64)
     share = np.where(dur > 0, 100.0 * inside / np.maximum(dur, 1), 0.0)
-    steps = pl.DataFrame({"step": wf["step"].to_numpy(), "duration_ms": dur / NS_PER_MS,
-                          "dataloader_ms": inside / NS_PER_MS, "share_pct": share, "spans": counts},
-                         schema=_STEPS_SCHEMA)
+    steps = DataLoaderSteps(step=wf["step"].to_list(), duration_ms=(dur / NS_PER_MS).tolist(),
+                            dataloader_ms=(inside / NS_PER_MS).tolist(), share_pct=share.tolist(),
+                            spans=counts.tolist())
 
     total_dl = int(inside.sum())
     total_steps = int(dur.sum())

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass, field
+from typing import Any
 
+import msgspec
 import numpy as np
 import polars as pl
 
@@ -25,15 +26,14 @@ TORCH_DTYPES = {"c10::BFloat16": "bf16", "c10::Half": "fp16", "float": "fp32", "
                 "c10::Float8_e5m2": "fp8", "c10::Float8_e4m3fnuz": "fp8", "c10::Float8_e5m2fnuz": "fp8"}
 
 
-@dataclass
-class RankFlops:
+class RankFlops(msgspec.Struct):
     """One rank's steps, device and traced FLOPs (the per-rank map step; small)."""
     rank: int
     device: str | None                  # name of the device that ran the rank's kernels
-    device_props: dict | None
+    device_props: dict[str, Any] | None
     steps: list[int]
     step_ms: list[float]
-    flops: list[float] = field(default_factory=list)   # traced FLOPs per step ([] when none)
+    flops: list[float] = []             # traced FLOPs per step ([] when none)
     source: str = "none"                # "flops_args" | "gemm_shapes" | "none"
     dtype: str | None = None            # the GEMMs' dtype, FLOPs-weighted (None: not recorded)
     ops: int = 0                        # ops whose FLOPs were counted

@@ -11,8 +11,7 @@ Per rank the result keeps the total gap time per dominant category and the TOP_G
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
+import msgspec
 import numpy as np
 import polars as pl
 
@@ -28,8 +27,7 @@ _IDLE_CATEGORIES = ("dataloader", "sync", "host", "idle_other")
 _HOST_OPS = [int(Kind.CPU_OP), int(Kind.USER_ANNOTATION)]
 
 
-@dataclass
-class Gap:
+class Gap(msgspec.Struct):
     step: int
     start_in_step_ms: float
     duration_ms: float
@@ -40,13 +38,12 @@ class Gap:
     busy_host_op: str | None               # CPU op most present during the gap (launching thread)
 
 
-@dataclass
-class GapSummary:
+class GapSummary(msgspec.Struct):
     gap_min_us: float
     gaps: int
     gap_ms: float
     gap_ms_by_host_activity: dict[str, float]
-    top: list[Gap] = field(default_factory=list)
+    top: list[Gap] = []
 
 
 def idle_gaps(trace: RankTrace, windows: StepWindows | None = None, timeline: Timeline | None = None,

@@ -15,8 +15,7 @@ traces. A rank without a backward pass or without gradient collectives has no sc
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import msgspec
 import numpy as np
 import polars as pl
 
@@ -29,8 +28,7 @@ NCCL_GRAD_COLLECTIVE_PATTERN = r"^nccl:(all_reduce|reduce_scatter|_reduce_scatte
 HOST_KINDS = (int(Kind.CPU_OP), int(Kind.USER_ANNOTATION))
 
 
-@dataclass
-class GradSyncSchedule:
+class GradSyncSchedule(msgspec.Struct):
     collectives: int                    # gradient collectives launched by the host
     launched_during_backward: int
     launched_after_backward: int        # launched with no backward op running (after it ended)

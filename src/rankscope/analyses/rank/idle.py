@@ -23,8 +23,7 @@ one-GPU ranks); times are exact ns (HTA rounds fractional µs timestamps by defa
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-
+import msgspec
 import polars as pl
 
 from rankscope.analyses.rank.temporal import hta_scope
@@ -38,19 +37,33 @@ _DEVICE = [int(k) for k in DEVICE_KINDS]
 _LAUNCH = [int(Kind.RUNTIME), int(Kind.DRIVER)]
 
 
-@dataclass
-class IdleTimeBreakdown:
-    """`streams`: one dict per (device, stream): device, stream, idle_ms {category: ms}, idle_total_ms,
-    ratio {category: share of the stream's idle time, None when it has none}, intervals {category:
-    {count, mean_us, p50_us, p95_us, max_us}}. `idle_ms` / `ratio`: the rank's totals over all streams."""
+class IdleIntervals(msgspec.Struct):
+    """Statistics of one category's idle intervals on a stream (µs; None without intervals)."""
+    count: int
+    mean_us: float | None
+    p50_us: float | None
+    p95_us: float | None
+    max_us: float | None
+
+
+class StreamIdle(msgspec.Struct):
+    """One (device, stream): idle ms per category, their total, each category's share of it (None when
+    the stream has no idle time) and interval statistics per category."""
+    device: int
+    stream: int
+    idle_ms: dict[str, float]
+    idle_total_ms: float
+    ratio: dict[str, float | None]
+    intervals: dict[str, IdleIntervals]
+
+
+class IdleTimeBreakdown(msgspec.Struct):
+    """`streams`: one per (device, stream). `idle_ms` / `ratio`: the rank's totals over all streams."""
     consecutive_kernel_delay_us: float
     include_last_step: bool
-    idle_ms: dict[str, float] = field(default_factory=lambda: {c: 0.0 for c in CATEGORIES})
-    ratio: dict[str, float | None] = field(default_factory=lambda: {c: None for c in CATEGORIES})
-    streams: list[dict] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+    idle_ms: dict[str, float] = msgspec.field(default_factory=lambda: {c: 0.0 for c in CATEGORIES})
+    ratio: dict[str, float | None] = msgspec.field(default_factory=lambda: {c: None for c in CATEGORIES})
+    streams: list[StreamIdle] = []
 
 
 def _ratios(parts: dict[str, float]) -> dict[str, float | None]:
@@ -111,13 +124,12 @@ def idle_time_breakdown(trace: RankTrace, consecutive_kernel_delay_us: float = C
         idle_ms = {c: (cats[c]["sum_ns"] / NS_PER_MS if c in cats else 0.0) for c in CATEGORIES}
         for c in CATEGORIES:
             totals[c] += idle_ms[c]
-        result.streams.append({
-            "device": int(device), "stream": int(stream), "idle_ms": idle_ms,
-            "idle_total_ms": sum(idle_ms.values()), "ratio": _ratios(idle_ms),
-            "intervals": {c: ({k: cats[c][k] for k in ("count", "mean_us", "p50_us", "p95_us", "max_us")}
-                              if c in cats else {"count": 0, "mean_us": None, "p50_us": None, "p95_us": None,
-                                                 "max_us": None})
-                          for c in CATEGORIES}})
+        result.streams.append(StreamIdle(
+            device=int(device), stream=int(stream), idle_ms=idle_ms, idle_total_ms=sum(idle_ms.values()),
+            ratio=_ratios(idle_ms),
+            intervals={c: (IdleIntervals(cats[c]["count"], cats[c]["mean_us"], cats[c]["p50_us"], cats[c]["p95_us"],
+                                         cats[c]["max_us"]) if c in cats else IdleIntervals(0, None, None, None, None))
+                       for c in CATEGORIES}))
     result.idle_ms = totals
     result.ratio = _ratios(totals)
     return result

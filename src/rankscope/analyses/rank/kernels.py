@@ -79,14 +79,14 @@ AMD matrix cores (MFMA: Tensile `_MI16x16x..`, Composable Kernel `xdl`, MIOpen `
 Tensor Cores, also for FP32 MFMA (MI200/MI300 run FP32 on matrix cores); Tensile `Cijk_` kernels
 without an `_MI` tile do not.
 
-Pure functions: no printing, no file I/O. Results are small (top-N) frames.
+Pure functions: no printing, no file I/O. Results are small (top-N) tables.
 """
 from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 import polars as pl
 
@@ -161,20 +161,42 @@ def tensor_core_rule(name: str) -> tuple[bool | None, str | None, bool]:
 
 
 # ----------------------------------------------------------------------------------------------
-@dataclass
-class KernelBreakdown:
-    """Time by kernel class (HTA `get_gpu_kernel_breakdown` semantics, our classes).
+class KernelClasses(msgspec.Struct):
+    """Columns, one entry per kernel class ("COMP"|"COMM"|"MEM"): count, sum_ms (sum of durations),
+    share_pct (of the sum over classes), busy_ms (union of the class's intervals)."""
+    kernel_class: list[str]
+    count: list[int]
+    sum_ms: list[float]
+    share_pct: list[float]
+    busy_ms: list[float]
 
-    classes      kernel_class ("COMP"|"COMM"|"MEM"), count, sum_ms (sum of durations),
-                 share_pct (of the sum over classes), busy_ms (union of the class's intervals)
-    overlap      kernel_types ("COMP", "COMM", "MEM", "COMP+COMM", ...), time_ms, share_pct of
-                 busy_ms (HTA's kernel-type frame)
-    top_kernels  kernel_class, name, count, sum_us, mean_us, min_us, max_us, std_us,
-                 share_of_class_pct; `top_k` names per class then one "others" row per class
-    """
-    classes: pl.DataFrame
-    overlap: pl.DataFrame
-    top_kernels: pl.DataFrame
+
+class KernelOverlap(msgspec.Struct):
+    """Columns, one entry per set of classes running together ("COMP", "COMM", "MEM", "COMP+COMM", ...):
+    time_ms, share_pct of busy_ms (HTA's kernel-type frame)."""
+    kernel_types: list[str]
+    time_ms: list[float]
+    share_pct: list[float]
+
+
+class TopKernels(msgspec.Struct):
+    """Columns: per class its `top_k` names, then one "others" row per class."""
+    kernel_class: list[str]
+    name: list[str]
+    count: list[int]
+    sum_us: list[float]
+    mean_us: list[float]
+    min_us: list[float]
+    max_us: list[float]
+    std_us: list[float]
+    share_of_class_pct: list[float]
+
+
+class KernelBreakdown(msgspec.Struct):
+    """Time by kernel class (HTA `get_gpu_kernel_breakdown` semantics, our classes)."""
+    classes: KernelClasses
+    overlap: KernelOverlap
+    top_kernels: TopKernels
     sum_ms: float                 # sum of device event durations
     busy_ms: float                # union of all device activity
 
@@ -182,9 +204,6 @@ class KernelBreakdown:
 _CLASS_FRAME = {"kernel_class": pl.String, "count": pl.Int64, "sum_ms": pl.Float64,
                 "share_pct": pl.Float64, "busy_ms": pl.Float64}
 _OVERLAP_FRAME = {"kernel_types": pl.String, "time_ms": pl.Float64, "share_pct": pl.Float64}
-_TOP_FRAME = {"kernel_class": pl.String, "name": pl.String, "count": pl.Int64, "sum_us": pl.Float64,
-              "mean_us": pl.Float64, "min_us": pl.Float64, "max_us": pl.Float64, "std_us": pl.Float64,
-              "share_of_class_pct": pl.Float64}
 
 
 def _device_events(trace: RankTrace) -> pl.DataFrame:
@@ -198,8 +217,8 @@ def kernel_breakdown(trace: RankTrace, top_k: int = 10, hta_filter: bool = False
         dev = _hta_selection(trace, dev)
     dev = dev.select("kclass", "name", "ts_ns", "dur_ns")
     if dev.is_empty():
-        return KernelBreakdown(pl.DataFrame(schema=_CLASS_FRAME), pl.DataFrame(schema=_OVERLAP_FRAME),
-                               pl.DataFrame(schema=_TOP_FRAME), 0.0, 0.0)
+        return KernelBreakdown(KernelClasses([], [], [], [], []), KernelOverlap([], [], []),
+                               TopKernels(**{c: [] for c in TopKernels.__struct_fields__}), 0.0, 0.0)
     ts = dev["ts_ns"].to_numpy()
     end = ts + dev["dur_ns"].to_numpy()
     kc = dev["kclass"].to_numpy()
@@ -223,7 +242,9 @@ def kernel_breakdown(trace: RankTrace, top_k: int = 10, hta_filter: bool = False
     all_s, all_e = union(ts, end)
     busy = int((all_e - all_s).sum())
     top = _top_kernels(dev, top_k)
-    return KernelBreakdown(classes, overlap, top, total_sum / NS_PER_MS, busy / NS_PER_MS)
+    return KernelBreakdown(KernelClasses(**classes.to_dict(as_series=False)),
+                           KernelOverlap(**overlap.to_dict(as_series=False)),
+                           TopKernels(**top.to_dict(as_series=False)), total_sum / NS_PER_MS, busy / NS_PER_MS)
 
 
 def _hta_selection(trace: RankTrace, dev: pl.DataFrame) -> pl.DataFrame:
@@ -292,19 +313,34 @@ def _top_kernels(dev: pl.DataFrame, top_k: int) -> pl.DataFrame:
 
 
 # ----------------------------------------------------------------------------------------------
-@dataclass
-class KernelStats:
-    """Per kernel name (top `top_n` by total time) and job-level Tensor Core figures.
+class KernelNames(msgspec.Struct):
+    """Columns, one entry per kernel name: count, total_ms, mean_us, share_pct (of kernel_ms),
+    occupancy_pct (duration-weighted mean estimated achieved occupancy), occupancy_source ("trace" |
+    "computed" | "mixed" | None), theoretical_occupancy_pct (computed from launch config,
+    duration-weighted; None when not computable), grid_blocks, block_threads, registers_per_thread,
+    shared_memory_bytes (of the longest launch), gemm_like, tensor_core (None for a GEMM-like kernel
+    the table cannot decide), tc_rule (rule that matched)."""
+    name: list[str]
+    kernel_class: list[str]
+    count: list[int]
+    total_ms: list[float]
+    mean_us: list[float]
+    share_pct: list[float]
+    occupancy_pct: list[float | None]
+    occupancy_source: list[str | None]
+    theoretical_occupancy_pct: list[float | None]
+    grid_blocks: list[int | None]
+    block_threads: list[int | None]
+    registers_per_thread: list[int | None]
+    shared_memory_bytes: list[int | None]
+    gemm_like: list[bool]
+    tensor_core: list[bool | None]
+    tc_rule: list[str | None]
 
-    kernels  name, kernel_class, count, total_ms, mean_us, share_pct (of kernel_ms),
-             occupancy_pct (duration-weighted mean estimated achieved occupancy),
-             occupancy_source ("trace" | "computed" | "mixed" | null),
-             theoretical_occupancy_pct (computed from launch config, duration-weighted; null
-             when not computable), grid_blocks, block_threads, registers_per_thread,
-             shared_memory_bytes (of the longest launch), gemm_like, tensor_core (bool | null
-             for a GEMM-like kernel the table cannot decide), tc_rule (rule that matched)
-    """
-    kernels: pl.DataFrame
+
+class KernelStats(msgspec.Struct):
+    """Per kernel name (top `top_n` by total time) and job-level Tensor Core figures."""
+    kernels: KernelNames
     kernel_count: int
     kernel_ms: float                    # all kernel events (no memcpy/memset)
     gemm_ms: float                      # GEMM-like kernels
@@ -319,20 +355,12 @@ class KernelStats:
     occupancy_covered_pct: float | None  # share of kernel time with an occupancy value
 
 
-_STATS_FRAME = {"name": pl.String, "kernel_class": pl.String, "count": pl.Int64, "total_ms": pl.Float64,
-                "mean_us": pl.Float64, "share_pct": pl.Float64, "occupancy_pct": pl.Float64,
-                "occupancy_source": pl.String, "theoretical_occupancy_pct": pl.Float64,
-                "grid_blocks": pl.Int64, "block_threads": pl.Int64, "registers_per_thread": pl.Int64,
-                "shared_memory_bytes": pl.Int64, "gemm_like": pl.Boolean, "tensor_core": pl.Boolean,
-                "tc_rule": pl.String}
-
-
 def kernel_stats(trace: RankTrace, top_n: int = 20) -> KernelStats:
     k = (trace.events.with_row_index("row").filter(pl.col("kind") == int(Kind.KERNEL))
          .select(pl.col("row").cast(pl.Int64), "name", "kclass", "dur_ns", "device"))
     if k.is_empty():
-        return KernelStats(pl.DataFrame(schema=_STATS_FRAME), 0, 0.0, 0.0, 0.0, 0.0, 0.0, None, 0.0, None,
-                           None, None, None)
+        return KernelStats(KernelNames(**{c: [] for c in KernelNames.__struct_fields__}), 0, 0.0, 0.0, 0.0, 0.0, 0.0,
+                           None, 0.0, None, None, None, None)
     args = trace.gpu_args.select("row", "grid_blocks", "block_threads", "registers_per_thread",
                                  "shared_memory_bytes", "est_occupancy_pct")
     k = k.join(args, on="row", how="left")
@@ -402,7 +430,7 @@ def kernel_stats(trace: RankTrace, top_n: int = 20) -> KernelStats:
                                                 "shared_memory_bytes")],
         "gemm_like", "tensor_core", "tc_rule"))
     return KernelStats(
-        kernels=kernels, kernel_count=k.height, kernel_ms=kernel_ns / NS_PER_MS,
+        kernels=KernelNames(**kernels.to_dict(as_series=False)), kernel_count=k.height, kernel_ms=kernel_ns / NS_PER_MS,
         gemm_ms=_ms(gemm), gemm_tensor_core_ms=gemm_tc, gemm_fp32_ms=gemm_fp32,
         gemm_unknown_ms=_ms(gemm & pl.col("tensor_core").is_null()),
         fp32_gemm_share_pct=100.0 * gemm_fp32 / known if known > 0 else None,

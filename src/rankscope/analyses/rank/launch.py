@@ -40,8 +40,8 @@ stream) where HTA keys by the stream number alone; times are exact ns.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 
+import msgspec
 import numpy as np
 import polars as pl
 
@@ -78,25 +78,45 @@ _HOST_CALLS = [int(Kind.RUNTIME), int(Kind.DRIVER)]
 
 # ------------------------------------------------------------------------------------------------
 # helpers
-def _stats_us(x_ns: np.ndarray) -> dict:
-    """count, mean, p50, p95, max (µs) and sum (ms) of int64 ns values."""
+class DurationStats(msgspec.Struct):
+    """count, mean, p50, p95, max (µs; None without values) and sum (ms) of durations."""
+    count: int
+    mean_us: float | None
+    p50_us: float | None
+    p95_us: float | None
+    max_us: float | None
+    sum_ms: float
+
+
+class PointStats(msgspec.Struct):
+    """HTA's `describe()` of a counter's values at its change points (+ p95; None without values)."""
+    count: int
+    mean: float | None
+    min: float | None
+    p25: float | None
+    p50: float | None
+    p75: float | None
+    p95: float | None
+    max: float | None
+
+
+def _stats_us(x_ns: np.ndarray) -> DurationStats:
+    """Statistics of int64 ns values."""
     if len(x_ns) == 0:
-        return {"count": 0, "mean_us": None, "p50_us": None, "p95_us": None, "max_us": None, "sum_ms": 0.0}
+        return DurationStats(0, None, None, None, None, 0.0)
     x = x_ns.astype(np.float64) / NS_PER_US
     p50, p95 = np.percentile(x, [50, 95])
-    return {"count": int(len(x)), "mean_us": float(x.mean()), "p50_us": float(p50), "p95_us": float(p95),
-            "max_us": float(x.max()), "sum_ms": float(x_ns.sum()) / NS_PER_MS}
+    return DurationStats(count=int(len(x)), mean_us=float(x.mean()), p50_us=float(p50), p95_us=float(p95),
+                         max_us=float(x.max()), sum_ms=float(x_ns.sum()) / NS_PER_MS)
 
 
-def _point_stats(v: np.ndarray) -> dict:
-    """HTA's `describe()` of a counter's values at its change points (+ p95)."""
+def _point_stats(v: np.ndarray) -> PointStats:
     if len(v) == 0:
-        return {"count": 0, "mean": None, "min": None, "p25": None, "p50": None, "p75": None, "p95": None,
-                "max": None}
+        return PointStats(0, None, None, None, None, None, None, None)
     v = v.astype(np.float64)
     q = np.percentile(v, [25, 50, 75, 95])
-    return {"count": int(len(v)), "mean": float(v.mean()), "min": float(v.min()), "p25": float(q[0]),
-            "p50": float(q[1]), "p75": float(q[2]), "p95": float(q[3]), "max": float(v.max())}
+    return PointStats(count=int(len(v)), mean=float(v.mean()), min=float(v.min()), p25=float(q[0]),
+                      p50=float(q[1]), p75=float(q[2]), p95=float(q[3]), max=float(v.max()))
 
 
 def _time_weighted(t: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -162,26 +182,42 @@ def _origin(trace: RankTrace) -> int | None:
 
 # ------------------------------------------------------------------------------------------------
 # launch statistics
-@dataclass
-class KernelLaunchStats:
-    """Per rank. `cpu_duration`, `gpu_duration`, `launch_delay`: {count, mean_us, p50_us, p95_us, max_us,
-    sum_ms}. `streams`: per (device, stream) counts and means. `short_kernel_names`: the top names among
-    short kernels (count, gpu_us_total, cpu_us_total)."""
+class StreamLaunches(msgspec.Struct):
+    """One (device, stream): launches, mean / p95 figures and outlier counts."""
+    device: int
+    stream: int
+    launches: int
+    cpu_duration_mean_us: float
+    gpu_duration_sum_ms: float
+    launch_delay_mean_us: float
+    launch_delay_p95_us: float
+    short_kernels: int
+    runtime_outliers: int
+    launch_delay_outliers: int
+
+
+class ShortKernel(msgspec.Struct):
+    """A kernel name among the short kernels: calls and summed device / launch time (µs)."""
+    name: str
+    count: int
+    gpu_us_total: float
+    cpu_us_total: float
+
+
+class KernelLaunchStats(msgspec.Struct):
+    """Per rank. `streams`: per (device, stream). `short_kernel_names`: the top names among short kernels."""
     runtime_cutoff_us: float
     launch_delay_cutoff_us: float
     include_last_step: bool
     launches: int = 0
-    cpu_duration: dict = field(default_factory=lambda: _stats_us(np.zeros(0, np.int64)))
-    gpu_duration: dict = field(default_factory=lambda: _stats_us(np.zeros(0, np.int64)))
-    launch_delay: dict = field(default_factory=lambda: _stats_us(np.zeros(0, np.int64)))
+    cpu_duration: DurationStats = msgspec.field(default_factory=lambda: _stats_us(np.zeros(0, np.int64)))
+    gpu_duration: DurationStats = msgspec.field(default_factory=lambda: _stats_us(np.zeros(0, np.int64)))
+    launch_delay: DurationStats = msgspec.field(default_factory=lambda: _stats_us(np.zeros(0, np.int64)))
     short_kernels: int = 0
     runtime_outliers: int = 0
     launch_delay_outliers: int = 0
-    streams: list[dict] = field(default_factory=list)
-    short_kernel_names: list[dict] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+    streams: list[StreamLaunches] = []
+    short_kernel_names: list[ShortKernel] = []
 
 
 def kernel_launch_stats(trace: RankTrace, runtime_cutoff_us: float = RUNTIME_CUTOFF_US,
@@ -221,30 +257,45 @@ def kernel_launch_stats(trace: RankTrace, runtime_cutoff_us: float = RUNTIME_CUT
                 pl.col("runtime_outlier").sum().alias("runtime_outliers"),
                 pl.col("delay_outlier").sum().alias("launch_delay_outliers"))
            .sort("device", "stream"))
-    result.streams = per.to_dicts()
+    result.streams = [StreamLaunches(**r) for r in per.to_dicts()]
     short = (j.filter("short").group_by("kernel")
              .agg(pl.len().alias("count"), (pl.col("gpu_dur_ns").sum() / NS_PER_US).alias("gpu_us_total"),
                   (pl.col("cpu_dur_ns").sum() / NS_PER_US).alias("cpu_us_total"))
              .sort(["count", "kernel"], descending=[True, False]).head(TOP_N))
-    result.short_kernel_names = short.rename({"kernel": "name"}).to_dicts()
+    result.short_kernel_names = [ShortKernel(**r) for r in short.rename({"kernel": "name"}).to_dicts()]
     return result
 
 
 # ------------------------------------------------------------------------------------------------
 # queue length
-@dataclass
-class QueueLength:
-    """`streams`: per (device, stream): device, stream, points (HTA's summary over change points: count,
-    mean, min, p25, p50, p75, p95, max), time_weighted_mean, time_at_max_queue_ms. `series`: columns
-    device, stream, t_ms (bin start since `origin_ns`), max, mean."""
+class StreamQueue(msgspec.Struct):
+    """One (device, stream): HTA's summary over the change points, time-weighted mean, time at the maximum."""
+    device: int
+    stream: int
+    points: PointStats
+    time_weighted_mean: float | None
+    time_at_max_queue_ms: float
+
+
+class QueueSeries(msgspec.Struct):
+    """Columns, one entry per bin: device, stream, t_ms (bin start since `origin_ns`), max, mean."""
+    device: list[int] = []
+    stream: list[int] = []
+    t_ms: list[float] = []
+    max: list[int] = []
+    mean: list[float] = []
+
+
+class QueueLengthStats(msgspec.Struct):
+    """Queue length per (device, stream), without the time series."""
     include_last_step: bool
     origin_ns: int | None = None
-    streams: list[dict] = field(default_factory=list)
-    series: dict[str, list] = field(default_factory=lambda: {"device": [], "stream": [], "t_ms": [], "max": [],
-                                                             "mean": []})
+    streams: list[StreamQueue] = []
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+
+class QueueLength(QueueLengthStats):
+    """Queue length per (device, stream) and its time series."""
+    series: QueueSeries = msgspec.field(default_factory=QueueSeries)
 
 
 def queue_length_changes(trace: RankTrace, include_last_step: bool = False,
@@ -282,34 +333,51 @@ def queue_length(trace: RankTrace, include_last_step: bool = False,
         span = int(tu[-1] - tu[0])
         full = vu >= CUDA_MAX_LAUNCH_QUEUE_PER_STREAM
         at_max = float(np.diff(tu)[full[:-1]].sum()) if len(tu) > 1 else 0.0
-        result.streams.append({
-            "device": int(device), "stream": int(stream), "points": _point_stats(v),
-            "time_weighted_mean": float(prefix[-1] / span) if span > 0 else None,
-            "time_at_max_queue_ms": at_max / NS_PER_MS})
+        result.streams.append(StreamQueue(
+            device=int(device), stream=int(stream), points=_point_stats(v),
+            time_weighted_mean=float(prefix[-1] / span) if span > 0 else None,
+            time_at_max_queue_ms=at_max / NS_PER_MS))
         ds = _downsample(tu, vu, budget)
         n = len(ds["start"])
-        result.series["device"] += [int(device)] * n
-        result.series["stream"] += [int(stream)] * n
-        result.series["t_ms"] += _t_ms(ds["start"], result.origin_ns)
-        result.series["max"] += ds["max"].astype(np.int64).tolist()
-        result.series["mean"] += np.round(ds["mean"], 3).tolist()
+        result.series.device += [int(device)] * n
+        result.series.stream += [int(stream)] * n
+        result.series.t_ms += _t_ms(ds["start"], result.origin_ns)
+        result.series.max += ds["max"].astype(np.int64).tolist()
+        result.series.mean += np.round(ds["mean"], 3).tolist()
     return result
 
 
 # ------------------------------------------------------------------------------------------------
 # memory bandwidth
-@dataclass
-class MemoryBandwidth:
-    """`kinds`: per copy kind: kind, ops, bytes, busy_ms (union of its operations), effective_gbps
-    (bytes / busy time), points (HTA's summary of the bandwidth counter over its change points where it
-    is > 0: count, mean, min, p25, p50, p75, p95, max, GB/s). `series`: kind, t_ms, max, mean (GB/s)."""
+class CopyKindBandwidth(msgspec.Struct):
+    """One copy kind: ops, bytes, busy_ms (union of its operations), effective_gbps (bytes / busy time),
+    points (HTA's summary of the bandwidth counter over its change points where it is > 0, GB/s)."""
+    kind: str
+    ops: int
+    bytes: int
+    busy_ms: float
+    effective_gbps: float | None
+    points: PointStats
+
+
+class BandwidthSeries(msgspec.Struct):
+    """Columns, one entry per bin: kind, t_ms (bin start since `origin_ns`), max, mean (GB/s)."""
+    kind: list[str] = []
+    t_ms: list[float] = []
+    max: list[float] = []
+    mean: list[float] = []
+
+
+class MemoryBandwidthStats(msgspec.Struct):
+    """Memory bandwidth per copy kind, without the time series."""
     include_last_step: bool
     origin_ns: int | None = None
-    kinds: list[dict] = field(default_factory=list)
-    series: dict[str, list] = field(default_factory=lambda: {"kind": [], "t_ms": [], "max": [], "mean": []})
+    kinds: list[CopyKindBandwidth] = []
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+
+class MemoryBandwidth(MemoryBandwidthStats):
+    """Memory bandwidth per copy kind and its time series."""
+    series: BandwidthSeries = msgspec.field(default_factory=BandwidthSeries)
 
 
 def copy_kind(name: pl.Expr) -> pl.Expr:
@@ -354,13 +422,13 @@ def memory_bandwidth(trace: RankTrace, include_last_step: bool = False) -> Memor
         total_bytes = int(b[b > 0].sum())
         last = np.append(t[1:] != t[:-1], True)
         ds = _downsample(t[last], v[last], budget)
-        result.kinds.append({
-            "kind": kind, "ops": int(m.height), "bytes": total_bytes, "busy_ms": busy / NS_PER_MS,
-            "effective_gbps": (total_bytes / busy) if busy > 0 and total_bytes > 0 else None,   # bytes/ns = GB/s
-            "points": _point_stats(v[v > 0])})
+        result.kinds.append(CopyKindBandwidth(
+            kind=kind, ops=int(m.height), bytes=total_bytes, busy_ms=busy / NS_PER_MS,
+            effective_gbps=(total_bytes / busy) if busy > 0 and total_bytes > 0 else None,   # bytes/ns = GB/s
+            points=_point_stats(v[v > 0])))
         n = len(ds["start"])
-        result.series["kind"] += [kind] * n
-        result.series["t_ms"] += _t_ms(ds["start"], result.origin_ns)
-        result.series["max"] += np.round(ds["max"], 3).tolist()
-        result.series["mean"] += np.round(ds["mean"], 3).tolist()
+        result.series.kind += [kind] * n
+        result.series.t_ms += _t_ms(ds["start"], result.origin_ns)
+        result.series.max += np.round(ds["max"], 3).tolist()
+        result.series.mean += np.round(ds["mean"], 3).tolist()
     return result

@@ -50,9 +50,9 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from functools import lru_cache
 
+import msgspec
 import numpy as np
 import polars as pl
 
@@ -71,8 +71,7 @@ CPU_DEVICE_TYPE = 0
 
 # ----------------------------------------------------------------------------------------------
 # Memory timeline
-@dataclass
-class DeviceMemory:
+class DeviceMemory(msgspec.Struct):
     """One device's allocator summary (see module docstring for the definitions)."""
     device: str                          # "cpu", "cuda:0", ...
     device_type: int
@@ -94,16 +93,30 @@ class DeviceMemory:
     peak_allocated_pct_of_capacity: float | None = None
     peak_reserved_pct_of_capacity: float | None = None
     other_allocator_samples: int = 0             # CPU samples of another host allocator, left out
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = []
 
 
-@dataclass
-class MemoryTimeline:
+class MemorySamples(msgspec.Struct):
+    """Columns, one entry per kept sample (<= max_points per device); reserved_mb None where unknown."""
+    device: list[str]
+    ts_ns: list[int]
+    t_ms: list[float]
+    allocated_mb: list[float]
+    reserved_mb: list[float | None]
+
+
+class StepMemoryPeaks(msgspec.Struct):
+    """Columns, one entry per (device, step); peak_reserved_mb None where unknown."""
+    device: list[str]
+    step: list[int]
+    peak_allocated_mb: list[float]
+    peak_reserved_mb: list[float | None]
+
+
+class MemoryTimeline(msgspec.Struct):
     devices: list[DeviceMemory]
-    #: device, ts_ns, t_ms, allocated_mb, reserved_mb (null where unknown); <= max_points per device
-    timeline: pl.DataFrame
-    #: device, step, peak_allocated_mb, peak_reserved_mb (null where unknown)
-    per_step: pl.DataFrame
+    timeline: MemorySamples
+    per_step: StepMemoryPeaks
     max_points: int
 
     @property
@@ -128,8 +141,7 @@ def memory_timeline(trace: RankTrace, max_points: int = 2000,
         raise ValueError(f"max_points must be at least {MIN_POINTS}, got {max_points}")
     mem = trace.memory
     if mem.is_empty() or "ts_ns" not in mem.columns:
-        return MemoryTimeline([], pl.DataFrame(schema=_TIMELINE_SCHEMA), pl.DataFrame(schema=_PER_STEP_SCHEMA),
-                              max_points)
+        return MemoryTimeline([], MemorySamples([], [], [], [], []), StepMemoryPeaks([], [], [], []), max_points)
     if windows is None:
         windows = step_windows(trace)
     origin = _trace_origin(trace, int(mem["ts_ns"].min()))
@@ -149,7 +161,8 @@ def memory_timeline(trace: RankTrace, max_points: int = 2000,
     devices = [devices[i] for i in order]
     timeline = pl.concat([timelines[i] for i in order]) if devices else pl.DataFrame(schema=_TIMELINE_SCHEMA)
     per_step = pl.concat([per_steps[i] for i in order]) if devices else pl.DataFrame(schema=_PER_STEP_SCHEMA)
-    return MemoryTimeline(devices, timeline, per_step, max_points)
+    return MemoryTimeline(devices, MemorySamples(**timeline.to_dict(as_series=False)),
+                          StepMemoryPeaks(**per_step.to_dict(as_series=False)), max_points)
 
 
 def _trace_origin(trace: RankTrace, fallback: int) -> int:
@@ -324,8 +337,7 @@ def classify_memcpy(name: str) -> tuple[str, str]:
     return direction, "other"
 
 
-@dataclass
-class CopySummary:
+class CopySummary(msgspec.Struct):
     count: int = 0
     total_ms: float = 0.0
     bytes: int = 0
@@ -336,10 +348,28 @@ class CopySummary:
     bulk_bandwidth_gbps: float | None = None   # bytes / duration over those copies
 
 
-@dataclass
-class MemcpyReport:
-    #: direction, host_memory, count, total_ms, bytes, bytes_missing, mean_bandwidth_gbps, step_share_pct
-    by_kind: pl.DataFrame
+class CopyKinds(msgspec.Struct):
+    """Columns, one entry per (direction, host_memory), longest total time first."""
+    direction: list[str]
+    host_memory: list[str]
+    count: list[int]
+    total_ms: list[float]
+    bytes: list[int]
+    bytes_missing: list[int]
+    mean_bandwidth_gbps: list[float | None]
+    step_share_pct: list[float | None]
+
+
+class PageableSteps(msgspec.Struct):
+    """Columns, one entry per step window: pageable copy time and its share of the step."""
+    step: list[int]
+    duration_ms: list[float]
+    pageable_ms: list[float]
+    pageable_share_pct: list[float]
+
+
+class MemcpyReport(msgspec.Struct):
+    by_kind: CopyKinds
     pageable: CopySummary                  # HtoD + DtoH from/to pageable host memory
     pageable_htod: CopySummary
     pageable_dtoh: CopySummary
@@ -349,12 +379,11 @@ class MemcpyReport:
     pageable_pct_of_host_copy_time: float | None   # pageable / (pageable + pinned + host_unknown) time
     step_time_ms: float
     steps_source: str
-    #: step, duration_ms, pageable_ms, pageable_share_pct
-    per_step: pl.DataFrame
+    per_step: PageableSteps
 
     @property
     def empty(self) -> bool:
-        return self.by_kind.is_empty()
+        return not self.by_kind.count
 
 
 _BY_KIND_SCHEMA = {"direction": pl.String, "host_memory": pl.String, "count": pl.Int64, "total_ms": pl.Float64,
@@ -433,9 +462,10 @@ def pageable_memcpy(trace: RankTrace, windows: StepWindows | None = None) -> Mem
         per_step = pl.DataFrame(schema={"step": pl.Int64, "duration_ms": pl.Float64, "pageable_ms": pl.Float64,
                                         "pageable_share_pct": pl.Float64})
     return MemcpyReport(
-        by_kind=by_kind, pageable=pageable,
+        by_kind=CopyKinds(**by_kind.to_dict(as_series=False)), pageable=pageable,
         pageable_htod=summarise(pageable_rows.filter(pl.col("direction") == "HtoD")),
         pageable_dtoh=summarise(pageable_rows.filter(pl.col("direction") == "DtoH")),
         pinned=pinned, pinned_vs_pageable_bandwidth_ratio=ratio,
         pageable_pct_of_host_copy_time=100.0 * pageable.total_ms / host_total_ms if host_total_ms > 0 else None,
-        step_time_ms=step_total_ns / NS_PER_MS, steps_source=windows.source, per_step=per_step)
+        step_time_ms=step_total_ns / NS_PER_MS, steps_source=windows.source,
+        per_step=PageableSteps(**per_step.to_dict(as_series=False)))

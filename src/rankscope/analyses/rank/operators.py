@@ -50,8 +50,8 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 import polars as pl
 
@@ -95,19 +95,29 @@ def is_source_frame(frame: str) -> bool:
     return bool(m) and not m.group(1).startswith("<")
 
 
-@dataclass
-class OperatorStats:
-    """Top groups of host ops.
+class OperatorGroups(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Columns, one entry per group of host ops: the key columns of the grouping (name | name,
+    input_dims | location, top_op; the others are None and left out of the output), calls,
+    total_cpu_ms, self_cpu_ms, self_device_ms, total_device_ms, device_events (device events
+    attributed to the group's ops directly). `top_op` (stack grouping): the op name with the most
+    self CPU + self device time at that location; location None = ops without any stack."""
+    name: list[str] | None = None
+    input_dims: list[str | None] | None = None
+    location: list[str | None] | None = None
+    top_op: list[str | None] | None = None
+    calls: list[int]
+    total_cpu_ms: list[float]
+    self_cpu_ms: list[float]
+    self_device_ms: list[float]
+    total_device_ms: list[float]
+    device_events: list[int]
 
-    by_self_device, by_self_cpu: key columns (name | name, input_dims | location, top_op),
-        calls, total_cpu_ms, self_cpu_ms, self_device_ms, total_device_ms, device_events
-        (device events attributed to the group's ops directly); top `top_n` groups by
-        self_device_ms and by self_cpu_ms. `top_op` (stack grouping): the op name with the most
-        self CPU + self device time at that location; location null = ops without any stack.
-    """
+
+class OperatorStats(msgspec.Struct):
+    """Top groups of host ops: the top `top_n` groups by self_device_ms and by self_cpu_ms."""
     group_by: str
-    by_self_device: pl.DataFrame
-    by_self_cpu: pl.DataFrame
+    by_self_device: OperatorGroups
+    by_self_cpu: OperatorGroups
     ops: int                        # host op events (ProfilerStep spans excluded)
     groups: int
     self_cpu_ms: float              # self CPU time of all ops, ProfilerStep spans included (no double count)
@@ -216,7 +226,8 @@ def operator_stats(trace: RankTrace, top_n: int = 20, group_by: str = "name",
     by_cpu = grouped.sort(["self_cpu_ms", "self_device_ms", *keys], descending=[True, True] + [False] * len(keys),
                           nulls_last=True).head(top_n)
     return OperatorStats(
-        group_by=group_by, by_self_device=by_dev, by_self_cpu=by_cpu, ops=frame.height, groups=grouped.height,
+        group_by=group_by, by_self_device=OperatorGroups(**by_dev.to_dict(as_series=False)),
+        by_self_cpu=OperatorGroups(**by_cpu.to_dict(as_series=False)), ops=frame.height, groups=grouped.height,
         self_cpu_ms=float(self_cpu.sum()) / NS_PER_MS, device_ms=float(device["dur_ns"].sum()) / NS_PER_MS,
         device_attributed_ms=float(dev_dur[hit].sum()) / NS_PER_MS, stack_source=stack_source,
         nesting_conflicts=forest.conflicts)

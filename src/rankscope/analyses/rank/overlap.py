@@ -17,8 +17,7 @@ A rank without communication has no ratio (None; HTA gives NaN).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-
+import msgspec
 import numpy as np
 
 from rankscope.analyses.intervals import covered_between, union
@@ -28,20 +27,23 @@ from rankscope.model import KernelClass, RankTrace
 from rankscope.units import NS_PER_MS
 
 
-@dataclass
-class CommCompOverlap:
-    """`overlap_pct` is None when the rank runs no communication kernel. `steps`: one dict per step
-    window: step, comm_ms, overlapped_ms, overlap_pct (None without communication in the window)."""
+class StepOverlap(msgspec.Struct):
+    """One step window; `overlap_pct` is None without communication in the window."""
+    step: int
+    comm_ms: float
+    overlapped_ms: float
+    overlap_pct: float | None
+
+
+class CommCompOverlap(msgspec.Struct):
+    """`overlap_pct` is None when the rank runs no communication kernel. `steps`: one per step window."""
     overlap_pct: float | None
     comm_ms: float                  # |∪COMM|
     overlapped_ms: float            # |∪COMM ∩ ∪COMP|
     compute_ms: float               # |∪COMP|
     include_last_step: bool
-    steps: list[dict] = field(default_factory=list)
+    steps: list[StepOverlap] = []
     steps_source: str | None = None  # "profiler_step" | "whole_trace"
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def _overlap_in(comm: tuple[np.ndarray, np.ndarray], comp: tuple[np.ndarray, np.ndarray],
@@ -78,8 +80,8 @@ def comm_comp_overlap(trace: RankTrace, windows: StepWindows | None = None,
     b = f["end_ns"].to_numpy()
     wc, _, wo = _overlap_in(comm, comp, both, a, b)
     result.steps = [
-        {"step": int(s), "comm_ms": float(x) / NS_PER_MS, "overlapped_ms": float(y) / NS_PER_MS,
-         "overlap_pct": 100.0 * float(y) / float(x) if x > 0 else None}
+        StepOverlap(step=int(s), comm_ms=float(x) / NS_PER_MS, overlapped_ms=float(y) / NS_PER_MS,
+                    overlap_pct=100.0 * float(y) / float(x) if x > 0 else None)
         for s, x, y in zip(f["step"].to_list(), wc, wo)]
     result.steps_source = windows.source
     return result

@@ -29,8 +29,7 @@ With fewer than two step names nothing is dropped.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
+import msgspec
 import numpy as np
 import polars as pl
 
@@ -98,8 +97,7 @@ def union_length(starts: np.ndarray, ends: np.ndarray) -> int:
     return int((e - s).sum())
 
 
-@dataclass
-class TemporalBreakdown:
+class TemporalBreakdown(msgspec.Struct):
     """One rank. All None when the rank has no device activity (CPU-only trace)."""
     span_ms: float | None             # first device event start .. last device event end
     idle_ms: float | None
@@ -110,9 +108,6 @@ class TemporalBreakdown:
     non_compute_pct: float | None
     device_events: int                # device events in the scope
     include_last_step: bool
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def temporal_breakdown(trace: RankTrace, include_last_step: bool = False) -> TemporalBreakdown:

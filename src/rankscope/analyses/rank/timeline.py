@@ -321,9 +321,11 @@ def _bandwidth_counters(trace: RankTrace) -> list[pl.DataFrame]:
 
 
 def _memory_counters(trace: RankTrace) -> list[pl.DataFrame]:
-    tl = memory_timeline(trace, max_points=MEMORY_POINTS).timeline.filter(pl.col("allocated_mb").is_not_null())
+    tl = memory_timeline(trace, max_points=MEMORY_POINTS).timeline
+    samples = pl.DataFrame({"device": tl.device, "ts_ns": tl.ts_ns, "allocated_mb": tl.allocated_mb},
+                           schema={"device": pl.String, "ts_ns": pl.Int64, "allocated_mb": pl.Float64})
     return [_counter(f"memory {dev}", "allocated MB", part["ts_ns"].to_numpy(), part["allocated_mb"].to_numpy())
-            for (dev,), part in tl.group_by("device", maintain_order=True)]
+            for (dev,), part in samples.group_by("device", maintain_order=True)]
 
 
 # ----------------------------------------------------------------------------------------------

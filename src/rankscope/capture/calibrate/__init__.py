@@ -14,7 +14,6 @@ means the job did not get the fabric's bandwidth.
 from __future__ import annotations
 
 import os
-import sys
 
 import polars as pl
 
@@ -25,7 +24,6 @@ from rankscope.analyses.job.alphabeta import (
     fit_alpha_beta,
 )
 from rankscope.analyses.job.matching import CollectiveTable
-from rankscope.analyses.rank.summary import as_plain
 from rankscope.capture._torch import (
     CaptureError,
     comm_device,
@@ -34,6 +32,7 @@ from rankscope.capture._torch import (
     require_process_group,
     timed_calls_ns,
 )
+from rankscope.results import to_plain
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 DEFAULT_SIZES = tuple(1024 * 4 ** k for k in range(9))          # 1 KiB .. 64 MiB, x4
@@ -115,7 +114,7 @@ def calibrate_under_torchrun(sizes=DEFAULT_SIZES, iters: int = 10, ops=OPS, back
     try:
         fits = calibrate(sizes, iters, ops)
         doc = {"schema": SCHEMA, "backend": backend, "world_size": dist.get_world_size(), "iters": iters,
-               "dtype": "float32", "time": "max over ranks per call", "fits": as_plain(alpha_beta_rows(fits))}
+               "dtype": "float32", "time": "max over ranks per call", "fits": to_plain(alpha_beta_rows(fits))}
         rank = dist.get_rank()
     except BaseException:
         dist.destroy_process_group()
@@ -143,10 +142,10 @@ def format_table(doc: dict) -> list[str]:
               f"calls per size ({doc['dtype']}, {doc['time']})"),
              f"{'collective':<16}{'alpha us':>10}{'beta GB/s':>11}{'busbw GB/s':>12}{'R2':>7}"]
     for f in doc["fits"]:
-        lines.append(f"{f['type']:<16}{f['alpha_us']:>10.1f}{_num(f['beta_gbps'], 3):>11}{_num(f['busbw_gbps'], 3):>12}"
-                     f"{_num(f['r2'], 3):>7}")
-        lines += [f"  {_size(p['bytes']):>10}  {p['actual_us']:>12.1f} us measured  {p['predicted_us']:>12.1f} us fitted"
-                  for p in f["points"]]
+        lines.append(f"{f['type']:<16}{f['alpha_us']:>10.1f}{_num(f['beta_gbps'], 3):>11}"
+                     f"{_num(f['busbw_gbps'], 3):>12}{_num(f['r2'], 3):>7}")
+        lines += [f"  {_size(p['bytes']):>10}  {p['actual_us']:>12.1f} us measured  "
+                  f"{p['predicted_us']:>12.1f} us fitted" for p in f["points"]]
     return lines
 
 
@@ -159,9 +158,3 @@ def _size(nbytes: int) -> str:
         if nbytes >= scale:
             return f"{nbytes / scale:.4g} {unit}"
     return f"{nbytes} B"
-
-
-if __name__ == "__main__":
-    from rankscope.cli import main
-
-    main(["calibrate", *sys.argv[1:]], prog_name="rankscope calibrate")

@@ -1,0 +1,47 @@
+"""Command line: `rankscope COMMAND`. One module per subcommand, each a click command named
+`command` that parses its arguments, calls one pipeline (through `rankscope.api`), picks a renderer
+and sets the exit code; nothing is computed here. What they share (options, progress bar, exit
+codes: 0 ok, 1 inputs skipped, 2 nothing usable or bad arguments) is in common.py.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import sys
+
+import click
+
+from rankscope.version import __version__
+from rankscope.cli import analyze, calibrate, diff, export, memory, mfu, nccl, synth, thresholds, validate
+
+
+class _Main(click.Group):
+    """Ctrl-C in any command: one line `rankscope: interrupted`, exit code 130, no traceback. The
+    exit is immediate (os._exit): worker threads still parsing are not waited for."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            pass
+        gc.collect()       # what the interrupted command held, now out of the traceback (process pools' semaphores)
+        click.echo("rankscope: interrupted", err=True)
+        try:
+            sys.stdout.flush()
+        except OSError:
+            pass
+        os._exit(130)
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="rankscope")
+def main() -> None:
+    """rankscope: where every millisecond of every step went on every rank."""
+    # The objects of the imports (numpy, polars: ~10^5, loaded by the subcommands' module-level
+    # `rankscope.api` import) live as long as the process: out of the cyclic collector's sight,
+    # its full passes during a parse no longer walk them all.
+    gc.freeze()
+
+
+for _subcommand in (analyze, validate, synth, thresholds, export, diff, nccl, memory, mfu, calibrate):
+    main.add_command(_subcommand.command)

@@ -1,0 +1,4 @@
+"""`python -m rankscope.cli ...`: the `rankscope` command."""
+from rankscope.cli import main
+
+main()

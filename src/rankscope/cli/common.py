@@ -1,0 +1,120 @@
+"""What the subcommands share: their common options (each declared here once, composed per command),
+the progress bar, stderr lines, JSON on stdout and the exit code.
+
+Exit codes: 0 ok; 1 the command ran but some inputs were skipped (stderr says which);
+2 nothing usable, or bad arguments.
+"""
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Callable, TypeVar
+
+import click
+import msgspec
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from rankscope.engine import ENGINES, EngineError
+from rankscope.ingest.cache import default_cache_dir
+from rankscope.pipelines import ArgumentError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rankscope.results import Result
+
+R = TypeVar("R", bound="Result")
+
+EXIT_OK, EXIT_SKIPPED, EXIT_NOTHING = 0, 1, 2
+
+
+def options(*decorators: Callable) -> Callable:
+    """One decorator of several options, listed in `--help` in the order given."""
+    def apply(f):
+        for decorator in reversed(decorators):
+            f = decorator(f)
+        return f
+    return apply
+
+
+def cache_options(no_cache_help: str = "Parse every file; neither read nor write the cache.") -> Callable:
+    """--cache-dir and --no-cache (what no cache means differs by command)."""
+    return options(
+        click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
+                     help=f"Where parsed ranks are kept (default {default_cache_dir()}; env RANKSCOPE_CACHE_DIR)."),
+        click.option("--no-cache", is_flag=True, help=no_cache_help))
+
+
+engine_options = options(
+    click.option("--engine", type=click.Choice(ENGINES), default="auto", show_default=True,
+                 help="Per-rank work: local thread pool, worker processes, one by one in this process, "
+                      "Ray tasks (pip install 'rankscope[ray]'), or auto by input size."),
+    click.option("--address", default=None, metavar="ADDR",
+                 help="Ray cluster to run on (implies --engine ray): 'auto', 'HOST:6379' or 'ray://HOST:10001'. "
+                      "Without it, --engine ray starts a local Ray runtime of --workers CPUs."),
+    click.option("--workers", type=click.IntRange(min=1), default=None,
+                 help="Parallel ranks for the local/processes engines, CPUs of a local Ray runtime "
+                      "(default: usable CPU cores)."))
+
+quiet_option = click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+
+
+def json_option(schema: str | None = None, text: str | None = None) -> Callable:
+    """--json: print one JSON object of `schema` (or what `text` says)."""
+    return click.option("--json", "as_json", is_flag=True, help=text or f"Print one JSON object (schema {schema}).")
+
+
+def err(message: str) -> None:
+    click.echo(f"rankscope: {message}", err=True)
+
+
+def print_json(obj) -> None:
+    sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(obj), indent=1))
+    sys.stdout.write("\n")
+
+
+def with_progress(run: Callable[[Callable[[int, int, str], None]], R], quiet: bool, label: str) -> R:
+    """Call run(on_progress) with a progress bar on stderr (when it is a terminal), then print its
+    input problems. A wrong argument is a usage error; an engine that cannot run exits 2."""
+    stderr = Console(stderr=True)
+    show = not quiet and stderr.is_terminal
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=stderr, transient=True, disable=not show) as bar:
+        task = bar.add_task(label, total=None)
+
+        def progress(done: int, total: int, _file: str) -> None:
+            bar.update(task, completed=done, total=total)
+
+        try:
+            result = run(progress)
+        except ArgumentError as exc:
+            raise click.UsageError(str(exc)) from None
+        except EngineError as exc:
+            err(str(exc))
+            sys.exit(EXIT_NOTHING)
+    print_problems(result)
+    return result
+
+
+def print_problems(result: Result) -> None:
+    """Every input problem, one stderr line each (a warning when the file was still used)."""
+    for p in result.problems:
+        err(str(p) if p.fatal else f"warning: {p}")
+
+
+def no_trace(result: Result) -> str:
+    """What the trace commands say when no file was usable."""
+    return "no usable trace found" + ("" if result.problems else " (give a folder of *.pt.trace.json[.gz] files)")
+
+
+def exit_code(result: Result, nothing: str | None = None) -> int:
+    """EXIT_NOTHING when nothing was usable (`nothing` then says so on stderr), EXIT_SKIPPED when an
+    input was skipped, else EXIT_OK."""
+    if not result.usable:
+        if nothing:
+            err(nothing)
+        return EXIT_NOTHING
+    return EXIT_SKIPPED if result.skipped else EXIT_OK
+
+
+def skipped_files(result: Result) -> list[dict]:
+    """The skipped inputs as the JSON outputs list them: {"file", "problem"} each."""
+    return [{"file": p.file, "problem": p.problem} for p in result.skipped]

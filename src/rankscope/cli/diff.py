@@ -1,0 +1,53 @@
+"""`rankscope diff`: an A/B comparison of two runs (`api.diff_runs`)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from rankscope.api import diff_runs
+from rankscope.cli.common import (
+    EXIT_NOTHING,
+    cache_options,
+    err,
+    exit_code,
+    json_option,
+    print_json,
+    quiet_option,
+    with_progress,
+)
+
+
+@click.command("diff")
+@click.argument("before", type=click.Path(exists=True))
+@click.argument("after", type=click.Path(exists=True))
+@json_option("rankscope.diff/1")
+@cache_options()
+@quiet_option
+@click.option("--html", "html_path", type=click.Path(dir_okay=False), default=None, metavar="PATH",
+              help="Also write the comparison as a self-contained HTML page to PATH.")
+def command(before, after, as_json, cache_dir, no_cache, quiet, html_path) -> None:
+    """A/B comparison of two runs (trace folders or single traces): what changed, beyond noise."""
+    result = with_progress(lambda progress: diff_runs(before, after, cache_dir=cache_dir, use_cache=not no_cache,
+                                                      on_progress=progress),
+                           quiet, f"analysing {Path(before).name} and {Path(after).name}")
+    code = exit_code(result, f"{result.empty_run}: no usable trace found "
+                             "(give a folder of *.pt.trace.json[.gz] files, or one file)")
+    if not result.usable:
+        sys.exit(code)
+    from rankscope.render.diff_json import diff_to_dict
+    if html_path:
+        from rankscope.render.diff_html import render_diff_html
+        try:
+            Path(html_path).write_text(render_diff_html(diff_to_dict(result.diff)), encoding="utf-8")
+        except OSError as exc:
+            err(f"{html_path}: cannot write the HTML page: {exc.strerror or exc}")
+            sys.exit(EXIT_NOTHING)
+    if as_json:
+        print_json(diff_to_dict(result.diff))
+    else:
+        from rankscope.render.diff_terminal import render_diff
+        render_diff(result.diff, Console(highlight=False))
+    sys.exit(code)

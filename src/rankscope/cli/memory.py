@@ -1,0 +1,33 @@
+"""`rankscope memory`: CUDA memory snapshots (`api.analyze_memory_snapshots`)."""
+from __future__ import annotations
+
+import sys
+
+import click
+from rich.console import Console
+
+from rankscope.api import analyze_memory_snapshots
+from rankscope.cli.common import exit_code, json_option, print_json, print_problems, skipped_files
+
+
+@click.command("memory")
+@click.argument("snapshots", nargs=-1, required=True, type=click.Path())
+@json_option("rankscope.memory_snapshot/1")
+@click.option("--params", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Model parameters: adds the theoretical breakdown (params + grads + Adam states + activations).")
+@click.option("--param-bytes", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Bytes per parameter and gradient (2 for bf16/fp16: an fp32 master copy is then counted).")
+def command(snapshots, as_json, params, param_bytes) -> None:
+    """CUDA memory snapshots (torch.cuda.memory._dump_snapshot pickles, read without running any code):
+    peak, fragmentation, largest live blocks and their stacks, the events before an OOM, memory by category."""
+    result = analyze_memory_snapshots(list(snapshots), params=params, param_bytes=param_bytes)
+    print_problems(result)
+    if result.usable:
+        from rankscope.render.memory_snapshot import memory_to_dict, render_memory
+        if as_json:
+            doc = memory_to_dict(result.reports, [])
+            doc["inputs"]["skipped"] = skipped_files(result)    # until render/memory_snapshot.py lists them itself
+            print_json(doc)
+        else:
+            render_memory(result.reports, Console(highlight=False))
+    sys.exit(exit_code(result))

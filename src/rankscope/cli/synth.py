@@ -1,0 +1,27 @@
+"""`rankscope synth`: a synthetic Kineto job with injected faults (`rankscope.synth`)."""
+from __future__ import annotations
+
+import click
+
+
+@click.command("synth")
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option("--ranks", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--steps", type=click.IntRange(min=1), default=6, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--inject", "injections", multiple=True, metavar="KIND:key=value,...",
+              help="A fault to inject, e.g. straggler:rank=3,cause=dataloader,delay_ms=40 (repeatable).")
+@click.option("--scale", type=click.FloatRange(min=0.1), default=1.0, show_default=True,
+              help="Model size multiplier (events per step); 12 gives ~50 MB per rank.")
+@click.option("--no-gzip", is_flag=True, help="Write .pt.trace.json instead of .pt.trace.json.gz.")
+def command(out, ranks, steps, seed, injections, scale, no_gzip) -> None:
+    """Write a synthetic Kineto job (one trace per rank) and its ground_truth.json."""
+    from rankscope.synth import generate_job, parse_injection
+    try:
+        parsed = [parse_injection(text) for text in injections]
+        truth = generate_job(out, ranks=ranks, steps=steps, seed=seed, injections=parsed, gzip=not no_gzip,
+                             scale=scale)
+    except (ValueError, NotImplementedError) as exc:
+        raise click.UsageError(str(exc)) from None
+    click.echo(f"wrote {ranks} rank traces and ground_truth.json to {out} "
+               f"({len(truth.get('injections', []))} injection(s))")

@@ -1,0 +1,115 @@
+"""`export_perfetto`: a job's ranks merged into one Chrome-trace timeline (render/perfetto.py), written
+rank by rank so that memory holds a few ranks at a time."""
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import polars as pl
+
+from rankscope.ingest import Cache, load_rank
+from rankscope.model import InputProblem
+from rankscope.pipelines.job import analyze, one_line_errors
+from rankscope.results import ExportResult, to_plain
+
+
+@dataclass
+class _ExportTask:
+    path: str
+    rank: int
+    cache_dir: str | None
+    offset_ns: int
+    origin_ns: int
+    waits: pl.DataFrame | None
+
+
+@one_line_errors
+def _export_task(task: _ExportTask) -> tuple[dict, list[bytes], int]:
+    """Load one rank (from the cache when on), build its timeline and its JSON text: (what the
+    file's metadata says about the rank, chunks, events). Bad input -> InputProblem."""
+    from rankscope.analyses.rank.timeline import rank_timeline
+    from rankscope.render.perfetto import rank_json
+    trace, _ = load_rank(task.path, Cache(task.cache_dir))
+    trace.meta.rank = task.rank
+    tl = rank_timeline(trace, task.offset_ns, task.waits)
+    del trace
+    chunks, events = rank_json(tl, task.origin_ns)
+    return ({"rank": task.rank, "pid": task.rank, "file": task.path, "clock_offset_ns": task.offset_ns,
+             "events": events, "tracks": tl.tracks.height, "moved_to_overlap_tracks": tl.moved,
+             "clipped": tl.clipped, "notes": tl.notes}, chunks, events)
+
+
+def export_perfetto(inputs, out: str | Path, cache_dir: str | Path | None = None, use_cache: bool = True,
+                    on_progress: Callable[[int, int, str], None] | None = None,
+                    pipeline_ranks: int = 2) -> ExportResult:
+    """Analyse the job (for clock offsets and collective waits), then write its merged timeline to
+    `out` (render/perfetto.py) rank by rank, converting up to `pipeline_ranks` ranks at once (in
+    rank order). `on_progress(done, total, file)`: each file counts twice (analysis, export).
+    Without the cache, a scratch cache lives for the export only: each file is parsed once."""
+    from rankscope.render.perfetto import TraceWriter
+    writer = TraceWriter(out)                      # a file that cannot be written fails before any work
+    try:
+        with contextlib.ExitStack() as stack:
+            if not use_cache:
+                cache_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="rankscope-export-"))
+            result = _export(writer, inputs, cache_dir, on_progress, max(1, pipeline_ranks))
+    except BaseException:
+        writer.abort()
+        raise
+    if not result.ranks:
+        writer.abort()
+    return result
+
+
+def _export(writer, inputs, cache_dir, on_progress, pipeline_ranks: int) -> ExportResult:
+    from rankscope.analyses.job.matching import collective_waits
+    from rankscope.analyses.rank.timeline import job_origin_ns
+    from rankscope.render.perfetto import SCHEMA
+    files = 0
+
+    def analysing(done: int, total: int, file: str) -> None:
+        nonlocal files
+        files = total
+        if on_progress:
+            on_progress(done, 2 * total, file)
+
+    analysis = analyze(inputs, cache_dir=cache_dir, on_progress=analysing)
+    problems = list(analysis.problems)
+    cross = analysis.cross
+    offsets = cross.clock.applied_offsets() if cross is not None else {}
+    offset_of = [offsets.get(s.rank, 0) for s in analysis.ranks]
+    origin = job_origin_ns([s.meta.span_ns for s in analysis.ranks], offset_of)
+    cache_root = str(cache_dir) if cache_dir is not None else None
+    tasks = [_ExportTask(s.meta.file, s.rank, cache_root, offset, origin,
+                       collective_waits(cross.collectives, s.rank) if cross is not None else None)
+             for s, offset in zip(analysis.ranks, offset_of)]
+    written = []
+    with ThreadPoolExecutor(pipeline_ranks) as pool:
+        pending: deque = deque()
+        for i in range(len(tasks)):
+            while len(pending) < pipeline_ranks and i + len(pending) < len(tasks):
+                pending.append(pool.submit(_export_task, tasks[i + len(pending)]))
+            done = pending.popleft().result()
+            if isinstance(done, InputProblem):
+                problems.append(done)
+            else:
+                written.append(done[0])
+                writer.write(done[1], done[2])
+            del done
+            if on_progress:
+                on_progress(files + i + 1, files + len(tasks), tasks[i].path)
+    if not written:
+        return ExportResult(str(writer.out), [], 0, 0, problems)
+    size = writer.close({
+        "schema": SCHEMA, "origin_ns": origin,
+        "time": ("ts/dur in µs since origin_ns on the aligned clock: "
+                 "(own timestamp - clock_offset_ns - origin_ns) / 1000"),
+        "clock": to_plain(cross.clock.as_dict()) if cross is not None else None,
+        "ranks": written, "skipped": [str(p) for p in problems if p.fatal], "warnings": analysis.job.warnings,
+    })
+    return ExportResult(str(writer.out), [w["rank"] for w in written], writer.events, size, problems)

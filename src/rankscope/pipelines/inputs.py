@@ -1,0 +1,47 @@
+"""The inputs beside the traces: NCCL_DEBUG=INFO logs and CUDA memory snapshots. Each file is read
+on its own: one that cannot be used is an InputProblem, and the others go on."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from rankscope.ingest import TraceError
+from rankscope.model import InputProblem
+from rankscope.results import MemoryResult, NcclResult
+
+# The readers and analyses are imported where they are used, as in job.py.
+
+
+def analyze_nccl_logs(logs: list[str | Path], thresholds: dict[str, float] | None = None) -> NcclResult:
+    """NCCL_DEBUG=INFO logs, each one run (e.g. healthy vs slow), compared and judged against
+    `thresholds`: the values in force (`findings.resolve_thresholds`), by default the defaults."""
+    from rankscope.analyses.inputs.nccl import compare_nccl_logs
+    from rankscope.findings import nccl_findings
+    from rankscope.ingest.nccl_log import read_nccl_log
+    parsed, problems = _read(logs, read_nccl_log)
+    if not parsed:
+        return NcclResult(None, [], problems)
+    report = compare_nccl_logs(parsed)
+    return NcclResult(report, nccl_findings(report, thresholds), problems)
+
+
+def analyze_memory_snapshots(snapshots: list[str | Path], params: int | None = None,
+                             param_bytes: int = 4) -> MemoryResult:
+    """CUDA memory snapshots (torch.cuda.memory._dump_snapshot pickles, read without running any
+    code), each analysed; `params` (model parameters of `param_bytes` each) adds the theoretical
+    breakdown."""
+    from rankscope.analyses.inputs.memory_snapshot import analyze_snapshot
+    from rankscope.ingest.memory_snapshot import read_memory_snapshot
+    parsed, problems = _read(snapshots, read_memory_snapshot)
+    return MemoryResult([analyze_snapshot(s, params=params, param_bytes=param_bytes) for s in parsed], problems)
+
+
+def _read(paths: list[str | Path], reader: Callable) -> tuple[list, list[InputProblem]]:
+    """Each path through `reader`: what it read, and a problem for each file it could not use."""
+    parsed, problems = [], []
+    for path in paths:
+        try:
+            parsed.append(reader(path))
+        except TraceError as exc:
+            problems.append(InputProblem(str(path), str(exc)))
+    return parsed, problems

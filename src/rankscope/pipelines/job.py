@@ -1,0 +1,315 @@
+"""`analyze` a job into per-rank summaries and findings, `ingest` it (what `validate` shows), `load`
+it for notebooks.
+
+Per-rank work (parse or cache read, then `summarize_rank`) runs through `engine.map_ranks`;
+the cross-rank part works on the small summaries only.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import gc
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterator
+
+import msgspec
+import numpy as np
+
+from rankscope import engine as engines
+from rankscope.ingest import Cache, TraceError, load_rank, read_trace
+from rankscope.ingest.cache import content_key
+from rankscope.ingest.discover import assign_ranks, discover
+from rankscope.model import InputProblem, RankMeta, RankTrace
+from rankscope.pipelines import checking_arguments
+from rankscope.results import Analysis, Ingest, JobInfo
+
+if TYPE_CHECKING:
+    from rankscope.analyses.rank.summary import RankSummary
+    from rankscope.analyses.job.stragglers import CrossRank
+
+# The analyses are imported where they are used: `validate` and `load` only parse, and the
+# analysis modules would add ~0.15 s to their start.
+
+
+@dataclass(frozen=True)
+class _Task:
+    path: str
+    cache_dir: str | None
+    use_cache: bool
+
+
+def one_line_errors(task_fn):
+    """A per-rank task never raises: bad input, and even a bug, becomes one InputProblem line, so
+    one rank never takes the others down."""
+    @functools.wraps(task_fn)
+    def run(task: _Task):
+        try:
+            return task_fn(task)
+        except TraceError as exc:
+            return InputProblem(task.path, str(exc))
+        except OSError as exc:
+            return InputProblem(task.path, f"cannot read: {exc.strerror or exc}")
+        except MemoryError:
+            return InputProblem(task.path, "out of memory while reading this file")
+        except Exception as exc:
+            return InputProblem(task.path, f"internal error while reading: {type(exc).__name__}: {exc}")
+    return run
+
+
+@one_line_errors
+def _rank_task(task: _Task) -> RankSummary | InputProblem:
+    """The per-rank map step (runs in a worker). With a cache, the summary itself is cached too
+    (keyed by file content and analysis code). What travels to the driver is compacted."""
+    summary = _summary(task)
+    if summary.collectives is not None:
+        summary.collectives.compact()
+    return summary
+
+
+def _arrived(result: RankSummary | InputProblem, strings: dict[str, str]) -> None:
+    """Runs in the driver on each rank's summary as it arrives, so that what the driver holds per
+    rank stays small while the others are mapped: the strings every rank repeats are shared
+    (`share_strings`), and the collectives' arrays are copied out of the buffer the engine
+    delivered them in (Ray unpickles numpy arrays as views into the task's whole reply, which
+    they would keep alive)."""
+    from rankscope.analyses.rank.summary import share_strings
+    if isinstance(result, InputProblem):
+        return
+    rc = result.collectives
+    if rc is not None:
+        for name, value in vars(rc).items():
+            if isinstance(value, np.ndarray) and value.base is not None:
+                setattr(rc, name, value.copy())
+    share_strings(result, strings)
+
+
+def _trim_heap() -> None:
+    """Hand the C heap's free pages back to the OS (glibc's malloc_trim) once the map is done.
+    Receiving the summaries frees most of what it allocates (Ray's replies, the strings and
+    arrays `_arrived` replaces), but glibc keeps the pages, between the objects that stay, where
+    neither the reduce (polars has its own allocator) nor anything else would reuse them: 20 MB
+    of 124 MB at 256 ranks on Ray. Nothing happens where the C library has no malloc_trim."""
+    gc.collect()                      # Ray's replies leave reference cycles
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (AttributeError, OSError, TypeError):
+        pass
+
+
+def _summary(task: _Task) -> RankSummary:
+    from rankscope.analyses import code_fingerprint
+    from rankscope.analyses.rank.summary import RankSummary, summarize_rank
+    if not task.use_cache:
+        return summarize_rank(read_trace(task.path)[0])
+    cache = Cache(task.cache_dir)
+    key = content_key(task.path)
+    blob_name = f"summary-{code_fingerprint()}.msgpack"
+    blob = cache.get_blob(key, blob_name)
+    if blob is not None:
+        try:
+            summary = msgspec.msgpack.decode(blob, type=RankSummary)
+            summary.meta.file = task.path
+            summary.from_cache = True
+            return summary
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            pass                      # damaged, or from an older layout: recompute and rewrite
+    trace, cached = load_rank(task.path, cache, key=key)
+    summary = summarize_rank(trace)
+    cache.put_blob(key, blob_name, msgspec.msgpack.encode(summary))
+    summary.from_cache = cached
+    return summary
+
+
+@one_line_errors
+def _load_task(task: _Task) -> RankMeta | InputProblem:
+    """Ingest only (parse, or find in the cache): the rank's metadata."""
+    if not task.use_cache:
+        return read_trace(task.path)[0].meta
+    cache = Cache(task.cache_dir)
+    key = content_key(task.path)
+    meta = cache.get_meta(key, task.path)
+    if meta is None:
+        meta = load_rank(task.path, cache, key=key)[0].meta
+    return meta
+
+
+def ingest(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True,
+           engine: str = "auto", workers: int | None = None,
+           on_progress: Callable[[int, int, str], None] | None = None, address: str | None = None) -> Ingest:
+    """Read (or find in the cache) every rank of a job without analysing it."""
+    metas, problems, chosen = _map_files(inputs, _load_task, cache_dir, use_cache, engine, workers, on_progress,
+                                         address)
+    kept, warnings, rank_problems = _assign(metas)
+    return Ingest(kept, problems + rank_problems, warnings + _coverage(kept)[2], chosen)
+
+
+def _assign(metas: list[RankMeta]) -> tuple[list[RankMeta], list[str], list[InputProblem]]:
+    """Ranks for the files read: sets rank/rank_source on the kept ones (sorted by rank); returns
+    them, warnings, and the problems (duplicates skipped, per-file warnings of the kept)."""
+    metas = sorted(metas, key=lambda m: m.file)
+    assignments, warnings, duplicates = assign_ranks([m.file for m in metas], [m.dist_rank for m in metas],
+                                                     [not m.salvaged for m in metas])
+    by_file = {m.file: m for m in metas}
+    kept = []
+    for a in assignments:
+        m = by_file[a.file]
+        m.rank, m.rank_source = a.rank, a.source
+        kept.append(m)
+    problems = [InputProblem(f, why) for f, why in duplicates]
+    problems += [InputProblem(m.file, p, fatal=False) for m in kept for p in m.problems]
+    return kept, warnings, problems
+
+
+def _map_files(inputs, task_fn, cache_dir, use_cache, engine, workers, on_progress,
+               address=None, on_arrival: Callable[[object], None] | None = None) -> tuple[list, list, str]:
+    """Discover the files and map `task_fn` over them: (results, problems, engine used).
+    `on_arrival(result)` runs in the driver on each result as it comes in."""
+    items = inputs if isinstance(inputs, list) else [inputs]
+    found = discover(items)
+    problems = [InputProblem(str(f), why, fatal=False) for f, why in found.ignored]
+    files = sorted(found.traces, key=lambda p: -_size(p))     # largest first: better balance
+    workers = workers or engines.default_workers()
+    chosen = engines.choose_engine(engine, sum(_size(p) for p in files), len(files), workers, address)
+    cache_root = str(cache_dir) if cache_dir is not None else None
+    tasks = [_Task(str(p), cache_root, use_cache) for p in files]
+    done = 0
+
+    def progress(i: int, result) -> None:
+        nonlocal done
+        if on_arrival:
+            on_arrival(result)
+        done += 1
+        if on_progress:
+            on_progress(done, len(tasks), tasks[i].path)
+
+    results = engines.map_ranks(task_fn, tasks, engine=chosen, workers=workers, on_done=progress, address=address,
+                                on_lost=lambda task, why: InputProblem(task.path, why))
+    problems += [r for r in results if isinstance(r, InputProblem)]
+    return [r for r in results if not isinstance(r, InputProblem)], problems, chosen
+
+
+def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True,
+            engine: str = "auto", workers: int | None = None,
+            on_progress: Callable[[int, int, str], None] | None = None, address: str | None = None,
+            thresholds: dict[str, float] | None = None, nccl_logs: list | None = None) -> Analysis:
+    """Analyse a job: a folder of per-rank traces, one file, or a list of either.
+    `on_progress(done, total, file)` is called as ranks finish. `engine="ray"` maps the ranks on
+    Ray: the cluster at `address` (e.g. "auto", "ray://head:10001"), else a local runtime.
+    `thresholds` overrides the findings' thresholds by name (`findings.THRESHOLDS`); unknown
+    names raise ArgumentError (a ValueError) before any file is read. `nccl_logs`: NCCL_DEBUG=INFO
+    logs of the job (several = runs to compare); their findings join the job's, an unusable log is a
+    problem."""
+    from rankscope.findings import evaluate as evaluate_findings, ordered, resolve_thresholds
+    with checking_arguments():
+        values = resolve_thresholds(thresholds)
+    summaries, problems, chosen = _map_files(inputs, _rank_task, cache_dir, use_cache, engine, workers,
+                                             on_progress, address, functools.partial(_arrived, strings={}))
+    _trim_heap()
+    kept_metas, rank_warnings, rank_problems = _assign([s.meta for s in summaries])
+    by_file = {s.meta.file: s for s in summaries}
+    kept = [by_file[m.file] for m in kept_metas]
+    problems += rank_problems
+    cross = _cross_rank(kept)
+    result = Analysis(job=_job_info(kept, rank_warnings), ranks=kept, problems=problems, engine=chosen,
+                      cross=cross)
+    result.findings = evaluate_findings(result, values)
+    if nccl_logs:
+        from rankscope.pipelines.inputs import analyze_nccl_logs
+        logs = analyze_nccl_logs(nccl_logs, values)
+        result.findings = ordered(result.findings + logs.findings)
+        result.problems += logs.problems
+    return result
+
+
+def _cross_rank(summaries: list[RankSummary]) -> CrossRank | None:
+    """The cross-rank reduce over the ranks' collectives, which it uses up: each summary's
+    `collectives` (per-instance data, the bulk of what the driver holds per rank) is released, and
+    `Analysis.cross` keeps what the reduce made of them."""
+    from rankscope.analyses.job.stragglers import cross_rank
+    ranks = []
+    for s in summaries:
+        if s.collectives is not None:
+            s.collectives.rank = s.rank
+            ranks.append(s.collectives)
+            s.collectives = None
+    return cross_rank(ranks) if ranks else None
+
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except OSError:
+        return 0
+
+
+def _coverage(metas: list[RankMeta]) -> tuple[int | None, list[int], list[str]]:
+    """World size, missing ranks and the warnings about them."""
+    warnings = []
+    world_sizes = {m.world_size for m in metas if m.world_size}
+    world = max(world_sizes) if world_sizes else (len(metas) or None)
+    if len(world_sizes) > 1:
+        warnings.append(f"ranks disagree on world size: {sorted(world_sizes)}")
+    present = {m.rank for m in metas}
+    missing = sorted(set(range(world or 0)) - present) if world else []
+    if missing and metas:
+        shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
+        warnings.append(f"{len(present)} of {world} ranks present; missing: {shown}")
+    return world, missing, warnings
+
+
+def _job_info(ranks: list[RankSummary], warnings: list[str]) -> JobInfo:
+    world, missing, coverage = _coverage([r.meta for r in ranks])
+    warnings = list(warnings) + coverage
+    rank_ids = [r.rank for r in ranks]
+    backends = sorted({r.meta.backend for r in ranks if r.meta.backend})
+    steps = sorted({s.step for r in ranks for s in r.steps if r.steps_source == "profiler_step"})
+    sources = {r.steps_source for r in ranks}
+    if "whole_trace" in sources:
+        n = sum(r.steps_source == "whole_trace" for r in ranks)
+        warnings.append(f"{n} rank(s) have no ProfilerStep marks: each is analysed as one step spanning its trace")
+    devices = sorted({d.get("name") for r in ranks for d in r.meta.devices if isinstance(d.get("name"), str)})
+    spans = [r.meta.span_ns for r in ranks if r.meta.span_ns]
+    span_ms = max((b - a) for a, b in spans) / 1e6 if spans else None
+    no_device = [r.rank for r in ranks if not r.has_device]
+    if no_device and len(no_device) < len(ranks):
+        warnings.append(f"no GPU events on rank(s) {', '.join(map(str, no_device))}")
+    elif ranks and not any(r.has_device for r in ranks):
+        warnings.append("no GPU events in any rank: CPU-only job (host ops play the device's role)")
+    return JobInfo(
+        world_size=world, ranks=rank_ids, backend=backends[0] if len(backends) == 1 else (", ".join(backends) or None),
+        steps=steps, devices=devices, warnings=warnings, missing_ranks=missing,
+        steps_source=sources.pop() if len(sources) == 1 else ("mixed" if sources else "none"),
+        span_ms=span_ms, hosts=sorted({r.meta.hostname for r in ranks if r.meta.hostname}),
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class Job:
+    """Lazy access to a job's ranks for notebooks: frames are parsed (or read from the cache)
+    one rank at a time, on demand."""
+    files: dict[int, str]
+    cache: Cache | None
+    warnings: list[str]
+
+    def rank(self, rank: int) -> RankTrace:
+        trace, _ = load_rank(self.files[rank], self.cache)
+        trace.meta.rank = rank
+        return trace
+
+    def __iter__(self) -> Iterator[RankTrace]:
+        return (self.rank(r) for r in sorted(self.files))
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+
+def load(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True,
+         engine: str = "auto") -> Job:
+    """Read a job's trace files (in parallel, into the cache) and assign ranks, without analysing
+    them; `job.rank(r)` then returns a rank's frames (from the cache when it is on)."""
+    found = ingest(inputs, cache_dir=cache_dir, use_cache=use_cache, engine=engine)
+    cache = Cache(cache_dir) if use_cache else None
+    return Job(files={m.rank: m.file for m in found.ranks}, cache=cache,
+               warnings=found.warnings + [str(p) for p in found.problems])
