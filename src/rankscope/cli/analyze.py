@@ -5,7 +5,6 @@ import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
 
 from rankscope.api import analyze
 from rankscope.cli.common import (
@@ -14,13 +13,15 @@ from rankscope.cli.common import (
     engine_options,
     err,
     exit_code,
+    html_page,
     json_option,
     no_trace,
-    print_json,
     quiet_option,
+    show,
     with_progress,
 )
 from rankscope.ingest.cache import default_cache_dir
+from rankscope.results import Analysis
 
 
 @click.command("analyze")
@@ -56,22 +57,15 @@ def command(paths, demo, thresholds, cache_dir, no_cache, engine, address, worke
                            quiet, "analysing ranks")
     code = exit_code(result, no_trace(result))
     if result.usable:
-        from rankscope.render.json import analysis_to_dict
-        report = analysis_to_dict(result) if as_json or html_path else None     # one dict for both
-        if as_json:
-            print_json(report)
-        else:
-            from rankscope.render.terminal import render_analysis
-            render_analysis(result, Console(highlight=False), brief=quiet)
+        show(result, as_json, brief=quiet)
         if html_path:
-            _write_html(report, html_path)
+            _write_html(result, html_path)
     sys.exit(code)
 
 
-def _write_html(report: dict, path: str) -> None:
-    from rankscope.render.html import render_html
+def _write_html(result: Analysis, path: str) -> None:
     try:
-        Path(path).write_text(render_html(report), encoding="utf-8")
+        Path(path).write_text(html_page(result), encoding="utf-8")
     except OSError as exc:
         err(f"cannot write the HTML report {path}: {exc.strerror or exc}")
         sys.exit(EXIT_NOTHING)

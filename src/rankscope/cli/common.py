@@ -17,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rankscope.engine import ENGINES, EngineError
 from rankscope.ingest.cache import default_cache_dir
 from rankscope.pipelines import ArgumentError
+from rankscope.render.base import render, renderer
 
 if TYPE_CHECKING:  # pragma: no cover
     from rankscope.results import Result
@@ -67,8 +68,23 @@ def err(message: str) -> None:
 
 
 def print_json(obj) -> None:
+    """A plain JSON object on stdout (UTF-8), indented by one space."""
     sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(obj), indent=1))
     sys.stdout.write("\n")
+
+
+def show(result: Result, as_json: bool, **terminal_options) -> None:
+    """The result on stdout: one JSON object (UTF-8 whatever the locale), or the terminal report."""
+    if as_json:
+        sys.stdout.reconfigure(encoding="utf-8")
+        render(result, "json", sys.stdout)
+    else:
+        render(result, "terminal", Console(highlight=False), **terminal_options)
+
+
+def html_page(result: Result) -> str:
+    """The result's self-contained HTML page."""
+    return renderer(type(result), "html").text(result)
 
 
 def with_progress(run: Callable[[Callable[[int, int, str], None]], R], quiet: bool, label: str) -> R:
@@ -114,7 +130,3 @@ def exit_code(result: Result, nothing: str | None = None) -> int:
         return EXIT_NOTHING
     return EXIT_SKIPPED if result.skipped else EXIT_OK
 
-
-def skipped_files(result: Result) -> list[dict]:
-    """The skipped inputs as the JSON outputs list them: {"file", "problem"} each."""
-    return [{"file": p.file, "problem": p.problem} for p in result.skipped]

@@ -5,7 +5,6 @@ import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
 
 from rankscope.api import diff_runs
 from rankscope.cli.common import (
@@ -13,9 +12,10 @@ from rankscope.cli.common import (
     cache_options,
     err,
     exit_code,
+    html_page,
     json_option,
-    print_json,
     quiet_option,
+    show,
     with_progress,
 )
 
@@ -37,17 +37,11 @@ def command(before, after, as_json, cache_dir, no_cache, quiet, html_path) -> No
                              "(give a folder of *.pt.trace.json[.gz] files, or one file)")
     if not result.usable:
         sys.exit(code)
-    from rankscope.render.diff_json import diff_to_dict
     if html_path:
-        from rankscope.render.diff_html import render_diff_html
         try:
-            Path(html_path).write_text(render_diff_html(diff_to_dict(result.diff)), encoding="utf-8")
+            Path(html_path).write_text(html_page(result), encoding="utf-8")
         except OSError as exc:
             err(f"{html_path}: cannot write the HTML page: {exc.strerror or exc}")
             sys.exit(EXIT_NOTHING)
-    if as_json:
-        print_json(diff_to_dict(result.diff))
-    else:
-        from rankscope.render.diff_terminal import render_diff
-        render_diff(result.diff, Console(highlight=False))
+    show(result, as_json)
     sys.exit(code)

@@ -4,10 +4,9 @@ from __future__ import annotations
 import sys
 
 import click
-from rich.console import Console
 
 from rankscope.api import analyze_memory_snapshots
-from rankscope.cli.common import exit_code, json_option, print_json, print_problems, skipped_files
+from rankscope.cli.common import exit_code, json_option, print_problems, show
 
 
 @click.command("memory")
@@ -23,11 +22,5 @@ def command(snapshots, as_json, params, param_bytes) -> None:
     result = analyze_memory_snapshots(list(snapshots), params=params, param_bytes=param_bytes)
     print_problems(result)
     if result.usable:
-        from rankscope.render.memory_snapshot import memory_to_dict, render_memory
-        if as_json:
-            doc = memory_to_dict(result.reports, [])
-            doc["inputs"]["skipped"] = skipped_files(result)    # until render/memory_snapshot.py lists them itself
-            print_json(doc)
-        else:
-            render_memory(result.reports, Console(highlight=False))
+        show(result, as_json)
     sys.exit(exit_code(result))

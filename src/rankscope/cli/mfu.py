@@ -4,7 +4,6 @@ from __future__ import annotations
 import sys
 
 import click
-from rich.console import Console
 
 from rankscope.api import mfu
 from rankscope.cli.common import (
@@ -12,8 +11,8 @@ from rankscope.cli.common import (
     exit_code,
     json_option,
     no_trace,
-    print_json,
     quiet_option,
+    show,
     with_progress,
 )
 
@@ -46,9 +45,5 @@ def command(paths, model_flops_per_step, recompute, dtype, cache_dir, no_cache, 
                            quiet, "analysing ranks")
     code = exit_code(result, no_trace(result))
     if result.usable:
-        from rankscope.render.mfu import mfu_to_dict, render_mfu
-        if as_json:
-            print_json(mfu_to_dict(result.report))
-        else:
-            render_mfu(result.report, Console(highlight=False))
+        show(result, as_json)
     sys.exit(code)

@@ -4,10 +4,9 @@ from __future__ import annotations
 import sys
 
 import click
-from rich.console import Console
 
 from rankscope.api import analyze_nccl_logs
-from rankscope.cli.common import exit_code, json_option, print_json, print_problems, skipped_files
+from rankscope.cli.common import exit_code, json_option, print_problems, show
 
 
 @click.command("nccl")
@@ -19,11 +18,5 @@ def command(logs, as_json) -> None:
     result = analyze_nccl_logs(list(logs))
     print_problems(result)
     if result.usable:
-        from rankscope.render.nccl import nccl_to_dict, render_nccl
-        if as_json:
-            doc = nccl_to_dict(result.report, result.findings, [])
-            doc["inputs"]["skipped"] = skipped_files(result)    # until render/nccl.py lists result.skipped itself
-            print_json(doc)
-        else:
-            render_nccl(result.report, result.findings, Console(highlight=False))
+        show(result, as_json)
     sys.exit(exit_code(result))

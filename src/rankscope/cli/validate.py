@@ -4,7 +4,6 @@ from __future__ import annotations
 import sys
 
 import click
-from rich.console import Console
 
 from rankscope.api import ingest
 from rankscope.cli.common import (
@@ -13,8 +12,8 @@ from rankscope.cli.common import (
     exit_code,
     json_option,
     no_trace,
-    print_json,
     quiet_option,
+    show,
     with_progress,
 )
 
@@ -27,14 +26,9 @@ from rankscope.cli.common import (
 @quiet_option
 def command(paths, cache_dir, no_cache, engine, address, workers, as_json, quiet) -> None:
     """Check trace files before sharing them: rank, format, events, steps, problems per file."""
-    from rankscope.render.validate import render_validation, validation_rows
     result = with_progress(lambda progress: ingest(list(paths), cache_dir=cache_dir, use_cache=not no_cache,
                                                    engine=engine, workers=workers, on_progress=progress,
                                                    address=address),
                            quiet, "reading ranks")
-    rows = validation_rows(result)
-    if as_json:
-        print_json({"schema": "rankscope.validate/1", "files": rows, "job_warnings": result.warnings})
-    else:
-        render_validation(rows, result.warnings, Console(highlight=False))
+    show(result, as_json)
     sys.exit(exit_code(result, no_trace(result)))

@@ -72,11 +72,6 @@ class DiffTerminal(TerminalRenderer):
         _names("Ops (host)", d.ops, out)
 
 
-def render_diff(d: Diff, console: Console) -> None:
-    """cli.py's call until it uses render.base.render."""
-    DiffTerminal().render(DiffResult(d), console)
-
-
 def _header(d: Diff, console: Console) -> None:
     c = d.compared
     console.print(f"[bold]rankscope diff[/] {escape(c.labels[0])} -> {escape(c.labels[1])}", highlight=False)

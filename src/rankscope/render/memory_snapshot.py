@@ -13,7 +13,6 @@ from rich.table import Table
 from rankscope.analyses.rank.memory import BYTES_PER_MB
 from rankscope.analyses.inputs.memory_snapshot import CATEGORIES, DeviceMemory, MemoryReport
 from rankscope.ingest.memory_snapshot import Frame
-from rankscope.model import InputProblem
 from rankscope.render.base import JsonRenderer, TerminalRenderer
 from rankscope.render.format import number, problem_list, rounded
 from rankscope.results import MemoryResult
@@ -79,11 +78,6 @@ class MemoryJson(JsonRenderer):
                 "inputs": {"skipped": problem_list(result.skipped)}}
 
 
-def memory_to_dict(reports: list[MemoryReport], skipped: list[dict]) -> dict[str, Any]:
-    """cli.py's call until it uses render.base.render."""
-    return MemoryJson().to_dict(MemoryResult(reports, [InputProblem(s["file"], s["problem"]) for s in skipped]))
-
-
 # ---------------------------------------------------------------------------------------------
 def _mb_text(n: float | None) -> str:
     return number(None if n is None else n / BYTES_PER_MB)
@@ -101,11 +95,6 @@ class MemoryTerminal(TerminalRenderer):
     def render(self, result: MemoryResult, out: Console) -> None:
         for report in result.reports:
             _report(report, out)
-
-
-def render_memory(reports: list[MemoryReport], console: Console) -> None:
-    """cli.py's call until it uses render.base.render."""
-    MemoryTerminal().render(MemoryResult(reports), console)
 
 
 def _report(report: MemoryReport, console: Console) -> None:

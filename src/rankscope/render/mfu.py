@@ -9,7 +9,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rankscope.analyses.job.mfu import MfuReport
 from rankscope.render.base import JsonRenderer, TerminalRenderer
 from rankscope.render.format import number, percent
 from rankscope.results import MfuResult
@@ -26,11 +25,6 @@ class MfuJson(JsonRenderer):
         d = dataclasses.asdict(result.report)
         d["comm_efficiency"] = d.pop("comm")
         return {"schema": SCHEMA, **d}
-
-
-def mfu_to_dict(report: MfuReport) -> dict:
-    """cli.py's call until it uses render.base.render."""
-    return MfuJson().to_dict(MfuResult(report))
 
 
 def _small(x: float | None, unit: str = "") -> str:
@@ -80,6 +74,3 @@ class MfuTerminal(TerminalRenderer):
             out.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
 
 
-def render_mfu(report: MfuReport, console: Console) -> None:
-    """cli.py's call until it uses render.base.render."""
-    MfuTerminal().render(MfuResult(report), console)

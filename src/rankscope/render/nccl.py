@@ -13,7 +13,6 @@ from rich.table import Table
 from rich.text import Text
 
 from rankscope.analyses.inputs.nccl import NcclReport, NcclRun
-from rankscope.model import InputProblem
 from rankscope.render.base import JsonRenderer, TerminalRenderer
 from rankscope.render.format import number, problem_list, rounded
 from rankscope.render.terminal import SEVERITY_STYLE
@@ -74,11 +73,6 @@ class NcclJson(JsonRenderer):
         }
 
 
-def nccl_to_dict(report: NcclReport, findings: list[Finding], skipped: list[dict]) -> dict[str, Any]:
-    """cli.py's call until it uses render.base.render."""
-    return NcclJson().to_dict(NcclResult(report, findings, [InputProblem(s["file"], s["problem"]) for s in skipped]))
-
-
 # ---------------------------------------------------------------------------------------------
 def _name(file: str) -> str:
     return PurePath(file).name
@@ -97,11 +91,6 @@ class NcclTerminal(TerminalRenderer):
             _run(run, out)
         _busbw_table(report, out)
         _findings(result.findings, out)
-
-
-def render_nccl(report: NcclReport, findings: list[Finding], console: Console) -> None:
-    """cli.py's call until it uses render.base.render."""
-    NcclTerminal().render(NcclResult(report, findings), console)
 
 
 def _run(run: NcclRun, console: Console) -> None:

@@ -31,11 +31,6 @@ class AnalysisTerminal(TerminalRenderer):
             out.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
 
 
-def render_analysis(a: Analysis, console: Console, brief: bool = False) -> None:
-    """cli.py's call until it uses render.base.render."""
-    AnalysisTerminal(brief).render(a, console)
-
-
 def _header(a: Analysis, console: Console) -> None:
     j = a.job
     ranks_text = ranges(j.ranks)

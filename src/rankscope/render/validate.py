@@ -49,11 +49,6 @@ class ValidationTerminal(TerminalRenderer):
         _print_rows(validation_rows(result), result.warnings, out)
 
 
-def render_validation(rows: list[dict], job_warnings: list[str], console: Console) -> None:
-    """cli.py's call until it uses render.base.render."""
-    _print_rows(rows, job_warnings, console)
-
-
 _SOURCE = {"distributedInfo": "trace", "filename": "name", "order": "order"}
 
 
