@@ -22,7 +22,7 @@ from rankscope.cli.common import (
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @cache_options()
 @engine_options
-@json_option("rankscope.analysis/1")
+@json_option("rankscope.validate/1")
 @quiet_option
 def command(paths, cache_dir, no_cache, engine, address, workers, as_json, quiet) -> None:
     """Check trace files before sharing them: rank, format, events, steps, problems per file."""

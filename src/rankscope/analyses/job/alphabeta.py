@@ -137,8 +137,9 @@ def predict_us(ctype: str, nbytes: float, n: int, hop_latency_us: float, bus_ban
         raise ValueError(f"algorithm must be 'ring' or 'tree', got {algorithm!r}")
     if n < 2:
         return 0.0
-    bw_term_us = _bandwidth_factor(ctype, n) * nbytes / (bus_bandwidth_gbps * 1e3)   # GB/s = 1e3 bytes/µs
-    return _hops(ctype, algorithm, n) * hop_latency_us + bw_term_us
+    hops = _hops(ctype, algorithm, n)                 # raises for a type the model does not cover
+    bw_term_us = busbw_factor(ctype, n) * nbytes / (bus_bandwidth_gbps * 1e3)   # GB/s = 1e3 bytes/µs
+    return hops * hop_latency_us + bw_term_us
 
 
 def alpha_beta_rows(fits: list[AlphaBetaFit]) -> list[dict]:
