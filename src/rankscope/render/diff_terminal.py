@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rankscope.analyses.job.diff import ALPHA, Comparison, Diff, NameDiff, largest_moves
+from rankscope.analyses.job.diff import ALPHA, Comparison, Diff, NameDiff
 from rankscope.render.base import TerminalRenderer
 from rankscope.render.format import number, p_value_text, shortened
 from rankscope.results import DiffResult
@@ -93,10 +93,10 @@ def _ranks(d: Diff, console: Console) -> None:
     rows = sorted(d.ranks, key=lambda r: -abs(r.metrics["step_time_ms"].delta or 0.0))[:MAX_RANK_ROWS]
     for r in sorted(rows, key=lambda r: r.rank_after):
         st = r.metrics["step_time_ms"]
-        moves = largest_moves(r.metrics, 1)
+        move = r.largest_move
         rank = str(r.rank_after) if r.rank_before == r.rank_after else f"{r.rank_before}->{r.rank_after}"
         t.add_row(rank, number(st.before), number(st.after), number(st.delta_pct, "+.1f", "%"), _p(st),
-                  f"{metric_label(moves[0].metric).strip()} {moves[0].delta:+.1f} ms" if moves else "")
+                  f"{metric_label(move.metric).strip()} {move.delta:+.1f} ms" if move else "")
     t.columns[-1].justify = "left"
     console.print(t)
     if len(rows) < len(d.ranks):

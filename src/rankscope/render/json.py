@@ -10,7 +10,7 @@ from typing import Any
 from rankscope.analyses.rank.breakdown import CATEGORIES as BREAKDOWN_CATEGORIES
 from rankscope.analyses.rank.dataloader import DataLoaderShare
 from rankscope.analyses.rank.memory import MemcpyReport
-from rankscope.analyses.rank.summary import HtaParity, step_time_stats
+from rankscope.analyses.rank.summary import HtaParity
 from rankscope.render.base import JsonRenderer
 from rankscope.render.format import rounded
 from rankscope.results import Analysis, to_plain
@@ -72,7 +72,7 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
     ranks = []
     steps = []
     for s in a.ranks:
-        st = step_time_stats(s)
+        st = s.step_time
         ranks.append({
             "rank": s.rank,
             "file": s.meta.file,

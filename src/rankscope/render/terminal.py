@@ -9,7 +9,6 @@ from rich.markup import escape
 from rich.text import Text
 from rich.table import Table
 
-from rankscope.analyses.rank.summary import step_time_stats
 from rankscope.render.base import TerminalRenderer
 from rankscope.render.format import number, percent, ranges, shortened
 from rankscope.render.thresholds import render_thresholds  # noqa: F401  cli.py imports it from here for now
@@ -58,7 +57,7 @@ def _tables(a: Analysis, console: Console) -> None:
     table.add_column("GPU busy", justify="right")
     shown = _shown(a)
     for s in shown:
-        st = step_time_stats(s)
+        st = s.step_time
         table.add_row(str(s.rank), f"{s.meta.events_total:,}", str(len(s.steps)), number(st.mean_ms),
                       number(st.median_ms), number(st.max_ms), percent(st.device_busy_pct))
     console.print(table)
@@ -105,7 +104,7 @@ MAX_RANK_ROWS = 16
 def _shown(a: Analysis) -> list:
     if len(a.ranks) <= MAX_RANK_ROWS:
         return a.ranks
-    slowest = sorted(a.ranks, key=lambda s: -(step_time_stats(s).mean_ms or 0.0))[:MAX_RANK_ROWS]
+    slowest = sorted(a.ranks, key=lambda s: -(s.step_time.mean_ms or 0.0))[:MAX_RANK_ROWS]
     return sorted(slowest, key=lambda s: s.rank)
 
 
@@ -224,7 +223,7 @@ def _breakdown_table(a: Analysis, shown: list, console: Console) -> None:
         table.add_column(header, justify="right")
     table.add_column("eff", justify="right")
     for s in ranks:
-        st = step_time_stats(s)
+        st = s.step_time
         eff = "-" if s.overlap_efficiency is None else f"{s.overlap_efficiency:.2f}"
         table.add_row(str(s.rank), number(st.mean_ms), *(number(s.breakdown_mean_ms[k]) for k, _ in _BREAKDOWN_HEADERS),
                       eff)

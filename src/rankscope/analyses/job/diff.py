@@ -271,6 +271,11 @@ class RankDiff:
     steps_compared: int
     metrics: dict[str, Comparison]
 
+    @property
+    def largest_move(self) -> Comparison | None:
+        """The step-breakdown category of this rank pair with the largest significant change."""
+        return next(iter(largest_moves(self.metrics, 1)), None)
+
 
 @dataclass
 class StragglerChange:

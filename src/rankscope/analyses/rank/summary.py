@@ -8,7 +8,6 @@ ranks.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -112,6 +111,23 @@ class RankNameTotals(msgspec.Struct):
     ops: NameTotals
 
 
+class StepTimeStats(msgspec.Struct):
+    """A rank's step times over its profiled steps."""
+    mean_ms: float | None
+    median_ms: float | None
+    max_ms: float | None
+    device_busy_pct: float | None     # device busy / step time; None for ranks without device activity
+
+
+def step_time_stats(steps: list[StepSummary], has_device: bool) -> StepTimeStats:
+    if not steps:
+        return StepTimeStats(None, None, None, None)
+    d = np.array([s.duration_ms for s in steps])
+    busy = np.array([s.device_busy_ms for s in steps])
+    pct = float(100.0 * busy.sum() / d.sum()) if has_device and d.sum() > 0 else None
+    return StepTimeStats(float(d.mean()), float(np.median(d)), float(d.max()), pct)
+
+
 class RankSummary(msgspec.Struct):
     meta: RankMeta
     steps: list[StepSummary]
@@ -120,6 +136,7 @@ class RankSummary(msgspec.Struct):
     device_events: int                # kernels + memcpy + memset
     comm_kernels: int                 # device events of class COMM
     streams: int                      # distinct (device, stream) with device activity
+    step_time: StepTimeStats
     breakdown_mode: str = "device"    # "device" | "cpu_only" (the training thread plays the device)
     breakdown_mean_ms: dict[str, float] = {}   # per category, mean per step
     overlap_efficiency: float | None = None
@@ -163,7 +180,7 @@ def summarize_rank(trace: RankTrace) -> RankSummary:
     dev = ev.filter(pl.col("kind").is_in([int(k) for k in DEVICE_KINDS]))
     return RankSummary(
         meta=trace.meta, steps=steps, steps_source=windows.source, kind_counts=kind_counts,
-        device_events=len(dev),
+        device_events=len(dev), step_time=step_time_stats(steps, has_device=len(dev) > 0),
         comm_kernels=int((dev["kclass"] == int(KernelClass.COMM)).sum()),
         streams=dev.select("device", "stream").unique().height,
         breakdown_mode=breakdown.mode, breakdown_mean_ms=breakdown.mean_ms(),
@@ -205,18 +222,3 @@ def _hta_parity(trace: RankTrace) -> HtaParity:
         temporal=temporal_breakdown(trace), overlap=comm_comp_overlap(trace), idle=idle_time_breakdown(trace),
         launch=kernel_launch_stats(trace), queue=QueueLengthStats(q.include_last_step, q.origin_ns, q.streams),
         memory_bw=MemoryBandwidthStats(m.include_last_step, m.origin_ns, m.kinds))
-@dataclass
-class StepTimeStats:
-    mean_ms: float | None
-    median_ms: float | None
-    max_ms: float | None
-    device_busy_pct: float | None     # None for ranks without device activity
-
-
-def step_time_stats(summary: RankSummary) -> StepTimeStats:
-    if not summary.steps:
-        return StepTimeStats(None, None, None, None)
-    d = np.array([s.duration_ms for s in summary.steps])
-    busy = np.array([s.device_busy_ms for s in summary.steps])
-    pct = float(100.0 * busy.sum() / d.sum()) if summary.has_device and d.sum() > 0 else None
-    return StepTimeStats(float(d.mean()), float(np.median(d)), float(d.max()), pct)
