@@ -13,12 +13,18 @@
 
 The mapped function takes one item (a file) and returns a small picklable result; the driver
 never receives event frames.
+
+Ctrl-C: worker processes ignore SIGINT (the terminal sends it to all of them), so only the driver
+sees it: it cancels what has not started, stops the pool (terminating worker processes, cancelling
+Ray tasks) and lets the KeyboardInterrupt go on, without a traceback from any worker. Threads
+cannot be stopped: those already running finish in the background (the CLI exits without them).
 """
 from __future__ import annotations
 
 import logging
 import multiprocessing as mp
 import os
+import signal
 import socket
 import sys
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
@@ -85,17 +91,34 @@ def map_ranks(fn: Callable[[T], R], items: Iterable[T], engine: str = "local", w
     pool: Executor
     if engine == "processes":
         ctx = mp.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
-        pool = ProcessPoolExecutor(max_workers=n, mp_context=ctx)
+        pool = ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_ignore_sigint)
     else:
         pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="rankscope")
-    with pool:
+    try:
         futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
         for fut in as_completed(futures):
             i = futures[fut]
             results[i] = fut.result()
             if on_done:
                 on_done(i, results[i])
+    except BaseException:         # Ctrl-C, or `fn` raised: nothing more is started
+        _stop(pool)
+        raise
+    pool.shutdown()
     return results
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _stop(pool: Executor) -> None:
+    """Cancel the pool's pending work; terminate its worker processes and wait for them (threads
+    cannot be stopped: they are not waited for)."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())    # ProcessPoolExecutor's, by pid
+    for p in processes:
+        p.terminate()
+    pool.shutdown(wait=bool(processes), cancel_futures=True)
 
 
 def _map_ray(fn, items: list, workers: int | None, on_done, address: str | None, on_lost) -> list:
@@ -126,24 +149,29 @@ def _map_ray(fn, items: list, workers: int | None, on_done, address: str | None,
         index = {task.remote(item): i for i, item in enumerate(items)}
         results: list = [None] * len(items)
         pending = list(index)
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)           # block for one,
-            if pending:                                                # then take all that are done
-                more, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
-                ready += more
-            for ref in ready:
-                i = index[ref]
-                try:
-                    results[i] = ray.get(ref)
-                except ray.exceptions.RayTaskError:
-                    raise                      # `fn` itself raised: as with the other engines
-                except ray.exceptions.RayError as exc:   # its worker or node died, after the retries
-                    why = f"lost on Ray: {_first_line(exc)}"
-                    if on_lost is None:
-                        raise EngineError(why) from None
-                    results[i] = on_lost(items[i], why)
-                if on_done:
-                    on_done(i, results[i])
+        try:
+            while pending:
+                ready, pending = ray.wait(pending, num_returns=1)           # block for one,
+                if pending:                                                # then take all that are done
+                    more, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
+                    ready += more
+                for ref in ready:
+                    i = index[ref]
+                    try:
+                        results[i] = ray.get(ref)
+                    except ray.exceptions.RayTaskError:
+                        raise                      # `fn` itself raised: as with the other engines
+                    except ray.exceptions.RayError as exc:   # its worker or node died, after the retries
+                        why = f"lost on Ray: {_first_line(exc)}"
+                        if on_lost is None:
+                            raise EngineError(why) from None
+                        results[i] = on_lost(items[i], why)
+                    if on_done:
+                        on_done(i, results[i])
+        except BaseException:     # Ctrl-C, or `fn` raised: a cluster would still run the others
+            for ref in pending:
+                ray.cancel(ref, force=True)
+            raise
         return results
     finally:
         if started:

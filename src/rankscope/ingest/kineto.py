@@ -32,10 +32,12 @@ from rankscope.model import (CATEGORY_KINDS, DEVICE_KINDS, PROFILER_STEP_PATTERN
 
 CHUNK_BYTES = 2 << 20          # decompressed bytes decoded at once (transient memory ~6x this)
 HEADER_LIMIT = 64 << 20        # give up looking for "traceEvents" after this many bytes
-_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+_JSON_WS = b" \t\n\r"
+_NON_WS = re.compile(rb"[^ \t\n\r]")
+_BOUNDARY = re.compile(rb"\}[ \t\n\r]*,[ \t\n\r]*\{")
 #: Flow categories that link a launch to its device activity; resolved into `correlation`.
 LAUNCH_FLOW_CATEGORIES = ("ac2g", "async", "async_cpu_to_gpu")
-_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_EVENTS_KEY = b'"traceEvents"'
 
 
 # ----------------------------------------------------------------------------------------------
@@ -622,26 +624,65 @@ def _decode_leniently(data: bytes, acc: _Accumulator) -> list:
     return events
 
 
-def _last_boundary(buf: bytes | bytearray, before: int) -> int:
-    """Position just after the last '}' of a `}, {` event boundary that starts before `before`;
-    -1 if none."""
+def _last_boundary(buf: bytes | bytearray, before: int, lo: int = 0) -> int:
+    """Position just after the '}' of the last `}, {` event boundary whose '{' lies in
+    buf[lo:before]; -1 if none. Reads buf[lo:before] in windows from its end (each 4x the last:
+    about once in all), and the whitespace before `lo` only when a boundary may straddle it."""
     window = 1 << 12
     while True:
-        lo = max(0, before - window)
+        start = max(lo, before - window)
         last = -1
-        for m in _BOUNDARY.finditer(buf, lo, before):
+        for m in _BOUNDARY.finditer(buf, start, before):
             last = m.start() + 1
-        if last >= 0 or lo == 0:
+        if last >= 0:
             return last
+        if start == lo:
+            return _boundary_at(buf, lo, before) if lo else -1
         window *= 4
 
 
-def _decode_whole_events(buf: bytearray, acc: _Accumulator) -> int | _JSONError | None:
-    """Decode the events of buf up to its last event boundary; return where that is. A boundary
-    can be a false one (`}, {` inside a string): the decode then fails at the cut, and the
-    boundary before it is tried. A failure before the cut is a real error: returned, not raised.
+def _boundary_at(buf: bytes | bytearray, lo: int, before: int) -> int:
+    """The boundary whose '}' lies before `lo` and whose '{' is the first '{' in buf[lo:before]
+    (only whitespace and the ',' between them); -1 if none."""
+    first = _NON_WS.search(buf, lo, before)
+    if first is None:
+        return -1
+    brace = first.start()
+    comma_seen = buf[brace] == 0x2C
+    if comma_seen:
+        nxt = _NON_WS.search(buf, brace + 1, before)
+        if nxt is None:
+            return -1
+        brace = nxt.start()
+    if buf[brace] != 0x7B:
+        return -1
+    end = _ws_start(buf, lo)
+    if not comma_seen:
+        if end == 0 or buf[end - 1] != 0x2C:
+            return -1
+        end = _ws_start(buf, end - 1)
+    return end if end > 0 and buf[end - 1] == 0x7D else -1
+
+
+def _ws_start(buf: bytes | bytearray, end: int) -> int:
+    """Where the run of JSON whitespace that ends at `end` starts."""
+    step = 64
+    while end > 0:
+        lo = max(0, end - step)
+        kept = len(buf[lo:end].rstrip(_JSON_WS))
+        if kept:
+            return lo + kept
+        end, step = lo, min(step * 4, 1 << 20)
+    return 0
+
+
+def _decode_whole_events(buf: bytearray, acc: _Accumulator, lo: int) -> int | _JSONError | None:
+    """Decode the events of buf up to its last event boundary (one whose '{' lies at or after `lo`:
+    the ones before were tried by an earlier call); return where that is. A boundary can be a
+    false one (`}, {` inside a string): the decode then fails at the cut, and the boundary before
+    it is tried. A failure before the cut is a real error: returned, not raised.
     None: no usable boundary yet (the caller reads more)."""
-    end = _last_boundary(buf, len(buf))
+    end = _last_boundary(buf, len(buf), lo)
     for _ in range(_MAX_BOUNDARY_TRIES):
         if end < 0:
             return None
@@ -651,7 +692,7 @@ def _decode_whole_events(buf: bytearray, acc: _Accumulator) -> int | _JSONError 
         except _JSONError as exc:
             if exc.offset is not None and exc.offset < end - 1:
                 return exc
-        end = _last_boundary(buf, end - 1)
+        end = _last_boundary(buf, end - 1, lo)
     return None
 
 
@@ -676,22 +717,33 @@ def _parse_stream(path: Path, use_scanner: bool) -> _Parsed:
     read_error = None
     fmt = "kineto"
 
-    # 1. header: everything up to `"traceEvents": [` (or a bare top-level array)
+    # 1. header: everything up to `"traceEvents": [` (or a bare top-level array); whitespace
+    # before the document is dropped as it is read
     start = None          # position of the '[' that opens the event list
+    skipped = 0           # bytes of leading whitespace dropped
+    opened = False
+    key = _KeySearch()
     try:
         for block in chunks:
             buf += block
-            first = re.search(rb"\S", buf)
-            if first and buf[first.start()] == 0x5B:
-                start = first.start()
-                fmt = "chrome-array"
-                break
-            if first and buf[first.start()] != 0x7B:
-                raise TraceError("not JSON (does not start with '{' or '[')")
-            m = _EVENTS_KEY.search(buf)
-            if m:
-                header_bytes = bytes(buf[:m.start()])
-                start = m.end() - 1
+            if not opened:
+                first = _NON_WS.search(buf)
+                lead = first.start() if first else len(buf)
+                skipped += lead
+                del buf[:lead]
+                if not buf:
+                    continue
+                opened = True
+                if buf[0] == 0x5B:
+                    start = 0
+                    fmt = "chrome-array"
+                    break
+                if buf[0] != 0x7B:
+                    raise TraceError("not JSON (does not start with '{' or '[')")
+            found = key.search(buf)
+            if found:
+                header_bytes = bytes(buf[:found[0]])
+                start = found[1]
                 break
             if len(buf) > HEADER_LIMIT:
                 break
@@ -709,7 +761,8 @@ def _parse_stream(path: Path, use_scanner: bool) -> _Parsed:
         raise TraceError("JSON without a 'traceEvents' array: not a profiler trace")
     header = _parse_header(header_bytes)
     del buf[:start]
-    consumed = start      # bytes of decompressed text before buf[0]
+    consumed = skipped + start      # bytes of decompressed text before buf[0]
+    searched = 0          # event boundaries whose '{' lies before this were looked for already
 
     # 2. events, chunk by chunk; buf[0] is always the '[' or ',' before the next event
     eof = read_error is not None
@@ -740,8 +793,9 @@ def _parse_stream(path: Path, use_scanner: bool) -> _Parsed:
             else:
                 cut_reason = "file ends mid-event (truncated)"
             break
-        end = _decode_whole_events(buf, acc)
+        end = _decode_whole_events(buf, acc, searched)
         if end is None:
+            searched = len(buf)
             continue                      # no safe cut in what was read yet: read more
         if isinstance(end, _JSONError):
             cut_at = consumed + _salvage(buf, acc, end.offset)
@@ -750,8 +804,40 @@ def _parse_stream(path: Path, use_scanner: bool) -> _Parsed:
         comma = buf.index(b",", end)
         del buf[:comma]
         consumed += comma
+        searched = len(buf)
     acc.scan_state = None             # the scanner's buffers and caches, before the frames are built
     return _Parsed(header, trailer, acc, cut_at, cut_reason, fmt)
+
+
+class _KeySearch:
+    """Finds `"traceEvents": [` in a buffer that grows between calls. Each call goes on where the
+    last one stopped, also inside the whitespace after a key, so each byte is read about twice."""
+
+    def __init__(self) -> None:
+        self.pos = 0                    # where to look for the next key
+        self.key: int | None = None     # a key whose ': [' is not all read yet
+        self.after = 0                  # what follows that key was read up to here
+        self.colon = False
+
+    def search(self, buf: bytearray) -> tuple[int, int] | None:
+        """(position of the key, position of its '['); None: not in `buf` yet."""
+        while True:
+            if self.key is None:
+                k = buf.find(_EVENTS_KEY, self.pos)
+                if k < 0:
+                    self.pos = max(self.pos, len(buf) - len(_EVENTS_KEY) + 1)
+                    return None
+                self.key, self.after, self.colon = k, k + len(_EVENTS_KEY), False
+            m = _NON_WS.search(buf, self.after)
+            if m is None:
+                self.after = len(buf)
+                return None
+            if buf[m.start()] == 0x3A and not self.colon:
+                self.after, self.colon = m.start() + 1, True
+            elif buf[m.start()] == 0x5B and self.colon:
+                return self.key, m.start()
+            else:
+                self.pos, self.key = self.key + 1, None
 
 
 def _parse_header(header_bytes: bytes) -> dict:

@@ -13,10 +13,17 @@ active_allocated | active_pending_free | inactive, `frames` of the allocation]);
 (per device, the recorded events: action alloc | free_requested | free_completed | segment_alloc |
 segment_free | segment_map | segment_unmap | snapshot | oom, addr, size, stream, time_us, frames;
 oom also device_free). Older snapshots keep a block's frames in `history[-1].frames`.
+
+Bounded: a pickle can make one object appear in many places by reference (its memo), so a few
+hundred bytes can describe lists nested a billion times over. Each distinct list is converted
+once (shared again where it reappears), values of the wrong type are not turned into text, and the
+walk over segments, blocks, events and frames, which the analysis repeats, is counted at every
+appearance: past `MAX_WALK_PER_BYTE` per byte of the file the snapshot is refused.
 """
 from __future__ import annotations
 
 import io
+import math
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +32,10 @@ from rankscope.ingest.errors import TraceError
 
 #: A frame as (function name, file name, line).
 Frame = tuple[str, str, int]
+#: Segments, blocks, trace events and frames walked (each appearance counted), per byte of the
+#: file, at most; real snapshots walk about 1 (the corpus: 0.4), a deep shared stack per event a few.
+MAX_WALK_PER_BYTE = 64
+MIN_WALK_LIMIT = 1 << 20
 
 
 @dataclass
@@ -100,42 +111,111 @@ def read_memory_snapshot(path: str | Path) -> MemorySnapshot:
         raw = load_plain_pickle(data)
     except UnsafePickle as exc:
         raise TraceError(f"unsafe pickle, not loaded: {exc}") from None
-    except (pickle.UnpicklingError, EOFError, ValueError, IndexError, KeyError, TypeError, MemoryError, OverflowError) as exc:
+    except (pickle.UnpicklingError, EOFError, ValueError, IndexError, KeyError, TypeError, MemoryError,
+            OverflowError) as exc:
         raise TraceError(f"truncated or damaged pickle ({type(exc).__name__}: {exc or 'ran out of input'})") from None
     if isinstance(raw, list) and raw and all(isinstance(s, dict) for s in raw):   # memory_snapshot(): segments
         raw = {"segments": raw}
     if not isinstance(raw, dict) or not isinstance(raw.get("segments"), list):
         raise TraceError(f"a {type(raw).__name__} without 'segments': not a torch.cuda.memory._snapshot()")
     try:
-        return _snapshot(str(path), raw)
-    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        return _Reader(max(MIN_WALK_LIMIT, MAX_WALK_PER_BYTE * len(data))).snapshot(str(path), raw)
+    except (AttributeError, KeyError, TypeError, ValueError, OverflowError) as exc:
         raise TraceError(f"unexpected snapshot layout ({type(exc).__name__}: {exc})") from None
 
 
-def _frames(raw) -> list[Frame]:
-    return [(str(f.get("name", "?")), str(f.get("filename", "?")), int(f.get("line") or 0))
-            for f in raw or () if isinstance(f, dict)]
+class _TooShared(Exception):
+    pass
 
 
-def _block_frames(b: dict) -> list[Frame]:
-    if b.get("frames"):
-        return _frames(b["frames"])
-    history = b.get("history") or []
-    return _frames(history[-1].get("frames")) if history else []
+_EMPTY: list = []
 
 
-def _snapshot(file: str, raw: dict) -> MemorySnapshot:
-    segments = [Segment(device=int(s.get("device", 0)), address=int(s.get("address", 0)),
+def _text(value, default: str = "") -> str:
+    return value if isinstance(value, str) else default
+
+
+def _time(value) -> int | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return int(value) if ok else None
+
+
+def _plain_settings(raw) -> dict:
+    """allocator_settings as flat values (a dict of them one level down, as roundup_power2_divisions)."""
+    def plain(v):
+        return v is None or isinstance(v, (str, int, float))
+    if not isinstance(raw, dict):
+        return {}
+    return {str(k): v if plain(v) else {str(k2): v2 for k2, v2 in v.items() if plain(v2)}
+            for k, v in raw.items() if isinstance(k, str) and (plain(v) or isinstance(v, dict))}
+
+
+class _Reader:
+    """Plain snapshot -> MemorySnapshot. Each distinct list is converted once per use (segments,
+    blocks, events, frames); `walked` counts what the conversion and the analysis go through: a
+    list's whole content again at each place it appears."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.walked = 0
+        self.converted: dict[tuple, tuple[list, int]] = {}    # (id of a raw list, use) -> (conversion, walk)
+
+    def _walk(self, n: int) -> None:
+        self.walked += n
+        if self.walked > self.limit:
+            raise _TooShared
+
+    def _list(self, raw, convert) -> list:
+        items = raw if isinstance(raw, list) else _EMPTY
+        known = self.converted.get((id(items), convert))
+        if known is not None:
+            self._walk(known[1])
+            return known[0]
+        before = self.walked
+        self._walk(len(items))
+        done = convert(items)
+        self.converted[(id(items), convert)] = (done, self.walked - before)
+        return done
+
+    def snapshot(self, file: str, raw: dict) -> MemorySnapshot:
+        try:
+            segments = self._list(raw["segments"], self._segments)
+            traces = {device: self._list(events, self._events)
+                      for device, events in enumerate(raw.get("device_traces") or [])}
+        except _TooShared:
+            raise TraceError(f"memory snapshot: its shared references repeat segments, blocks, events and frames "
+                             f"beyond {self.limit:,} entries ({MAX_WALK_PER_BYTE} per byte of the file): refused, "
+                             f"not expanded") from None
+        return MemorySnapshot(file=file, segments=segments, device_traces=traces,
+                              allocator_settings=_plain_settings(raw.get("allocator_settings")))
+
+    def _segments(self, items: list) -> list[Segment]:
+        return [Segment(device=int(s.get("device", 0)), address=int(s.get("address", 0)),
                         total_size=int(s["total_size"]), allocated_size=int(s.get("allocated_size", 0)),
-                        segment_type=str(s.get("segment_type", "")), stream=int(s.get("stream", 0)),
-                        blocks=[Block(int(b.get("address", 0)), int(b["size"]), int(b.get("requested_size", b["size"])),
-                                      str(b.get("state", "")), _block_frames(b)) for b in s.get("blocks", ())])
-                for s in raw["segments"]]
-    traces = {}
-    for device, events in enumerate(raw.get("device_traces") or []):
-        traces[device] = [TraceEvent(str(e["action"]), int(e.get("addr", 0)), int(e.get("size", 0)),
-                                     int(e.get("stream", 0)), e.get("time_us"), _frames(e.get("frames")),
-                                     e.get("device_free")) for e in events]
-    settings = raw.get("allocator_settings")
-    return MemorySnapshot(file=file, segments=segments, device_traces=traces,
-                          allocator_settings=settings if isinstance(settings, dict) else {})
+                        segment_type=_text(s.get("segment_type")), stream=int(s.get("stream", 0)),
+                        blocks=self._list(s.get("blocks"), self._blocks)) for s in items]
+
+    def _blocks(self, items: list) -> list[Block]:
+        return [Block(int(b.get("address", 0)), int(b["size"]), int(b.get("requested_size", b["size"])),
+                      _text(b.get("state")), self._list(_block_frames(b), _frames)) for b in items]
+
+    def _events(self, items: list) -> list[TraceEvent]:
+        return [TraceEvent(_text(e["action"]), int(e.get("addr", 0)), int(e.get("size", 0)), int(e.get("stream", 0)),
+                           _time(e.get("time_us")), self._list(e.get("frames"), _frames), _time(e.get("device_free")))
+                for e in items]
+
+
+def _block_frames(b: dict):
+    if b.get("frames"):
+        return b["frames"]
+    history = b.get("history") or []
+    return history[-1].get("frames") if history else []
+
+
+def _frames(items: list) -> list[Frame]:
+    return [(_text(f.get("name"), "?"), _text(f.get("filename"), "?"), _line(f.get("line")))
+            for f in items if isinstance(f, dict)]
+
+
+def _line(value) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0

@@ -38,28 +38,33 @@ NCCL_REDOPS = {0: "sum", 1: "prod", 2: "max", 3: "min", 4: "avg"}
 #: NCCL graph search patterns (graph.h NCCL_TOPO_PATTERN_*).
 GRAPH_PATTERNS = {1: "balanced_tree", 2: "split_tree", 3: "tree", 4: "ring", 5: "nvls", 6: "collnet_direct"}
 MAX_WARNINGS = 20
+#: A header line of more columns is not nccl-tests' (it has ~13): bounds the work per table cell.
+MAX_TABLE_COLUMNS = 64
 SNIFF_BYTES = 8192
 
-_PREFIX = re.compile(r"(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] NCCL "
+# Every pattern runs in time linear in the line: a run of a character class starts where the run
+# does (lookbehind), and no two quantifiers can share the same characters.
+_PREFIX = re.compile(r"(?<![^\s:\[\]])(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] NCCL "
                      r"(?P<level>INFO|WARN|TRACE|ABORT)\b ?(?P<msg>.*)$")
 _VERSION = re.compile(r"NCCL version (\S+)")
 _DRIVER = re.compile(r"cudaDriverVersion (\d+)")
-_ENV = re.compile(r"^(NCCL_\w+) set by environment to (.*?)\s*$")
+_ENV = re.compile(r"^(NCCL_\w+) set by environment to (.*)$")
 _INIT = re.compile(r"(?:ncclCommInit\w*|comm) (?P<ptr>0x[0-9a-f]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) "
                    r"cudaDev (?P<cuda_dev>\d+)(?: nvmlDev (?P<nvml_dev>\d+))? busId (?P<bus_id>[0-9a-fA-F]+)"
-                   r"(?: commId (?P<comm_id>0x[0-9a-f]+))?.* - Init (?:START|COMPLETE)")
+                   r"(?: commId (?P<comm_id>0x[0-9a-f]+))?")
+_INIT_DONE = re.compile(r" - Init (?:START|COMPLETE)")
 _COMM_SIZE = re.compile(r"comm (?P<ptr>0x[0-9a-f]+) rank (?P<rank>\d+) nRanks (?P<nranks>\d+) nNodes (?P<nnodes>\d+)")
 _COMM_PTR = re.compile(r"\bcomm (0x[0-9a-f]+)")
-_CHANNEL_COUNTS = re.compile(r"(?P<coll>\d+) coll channels, (?:(?P<collnet>\d+) collnet channels, )?"
+_CHANNEL_COUNTS = re.compile(r"(?<!\d)(?P<coll>\d+) coll channels, (?:(?P<collnet>\d+) collnet channels, )?"
                              r"(?:(?P<nvls>\d+) nvls channels, )?(?P<p2p>\d+) p2p channels")
 _RING = re.compile(r"^Channel (?P<channel>\d+)/(?P<of>\d+) :(?P<ranks>(?: +\d+)+)\s*$")
 _TRANSPORT = re.compile(r"^Channel (?P<channel>\d+)(?:/\d+)? : (?P<src>\d+)\[[0-9a-fx]+\] -> (?P<dst>\d+)\[[0-9a-fx]+\]"
-                        r"(?: \[(?P<direction>send|receive)\])? via (?P<via>.+?)\s*$")
+                        r"(?: \[(?P<direction>send|receive)\])? via (?P<via>.*\S)\s*$")
 _TREES = re.compile(r"\[(\d+)\] (-?\d+)/(-?\d+)/(-?\d+)->(-?\d+)->(-?\d+)")
 _PATTERN = re.compile(r"^Pattern (?P<pattern>\d+), crossNic \d+, nChannels (?P<nch>\d+), "
                       r"bw (?P<intra>[\d.]+)/(?P<inter>[\d.]+), type (?P<type>[^\s,]+)")
 _PATHS = re.compile(r"^(?P<src>GPU/[\w-]+) :(?P<rest>.*)$")
-_PATH_ENTRY = re.compile(r"(?P<dst>[A-Z]+/[\w-]+) \((?P<hops>\d+)/(?P<bw>[\d.]+)/(?P<type>\w+)\)")
+_PATH_ENTRY = re.compile(r"(?<![A-Z])(?P<dst>[A-Z]+/[\w-]+) \((?P<hops>\d+)/(?P<bw>[\d.]+)/(?P<type>\w+)\)")
 _OP = re.compile(r"^(?P<coll>\w+): opCount (?P<opcount>[0-9a-f]+) sendbuff \S+ recvbuff \S+ count (?P<count>\d+) "
                  r"datatype (?P<dtype>\d+) op (?P<op>\d+) root (?P<root>-?\d+) comm (?P<ptr>0x[0-9a-f]+)")
 _ALGO = re.compile(r"^(?P<coll>\w+): (?P<bytes>\d+) Bytes -> Algo (?P<algo>\S+) proto (?P<proto>\S+)"
@@ -67,7 +72,7 @@ _ALGO = re.compile(r"^(?P<coll>\w+): (?P<bytes>\d+) Bytes -> Algo (?P<algo>\S+) 
 # nccl-tests (stdout)
 _TEST_START = re.compile(r"^# Collective test starting: (\S+)")
 _TEST_DEVICE = re.compile(r"^#\s+Rank\s+(?P<rank>\d+) Group\s+\d+ Pid\s+(?P<pid>\d+) on\s+(?P<host>\S+) "
-                          r"device\s+(?P<dev>\d+) \[(?P<bus>[0-9a-fA-Fx:.]+)\] (?P<name>.+?)\s*$")
+                          r"device\s+(?P<dev>\d+) \[(?P<bus>[0-9a-fA-Fx:.]+)\] (?P<name>.*\S)\s*$")
 _AVG_BUSBW = re.compile(r"^# Avg bus bandwidth\s*:\s*([\d.]+)")
 _LEADING_NUMBER = re.compile(r"^-?\d+(?:\.\d+)?(?=[A-Za-z])")
 
@@ -211,6 +216,7 @@ class _Parser:
     def __init__(self, file: str) -> None:
         self.log = NcclLog(file=file)
         self.hosts: dict[str, None] = {}
+        self.host_lengths: set[int] = set()
         self.thread_comm: dict[tuple, str] = {}       # (host, pid, tid) -> comm pointer
         self.device_comm: dict[tuple, str] = {}       # (host, pid, dev) -> comm pointer last initialised there
         self.ptr_comm: dict[str, str] = {}            # comm pointer -> comm key
@@ -239,16 +245,20 @@ class _Parser:
         """(host, stdout text glued before it). A line that starts with the prefix names a host
         as is; mid-line, the host is a known host's suffix, else the text after a leading number."""
         if at_line_start:
-            self.hosts.setdefault(host)
+            self._add_host(host)
             return host, ""
-        for known in self.hosts:
-            if host.endswith(known):
-                return known, host[:len(host) - len(known)]
+        for n in sorted(self.host_lengths, reverse=True):      # the longest known host first
+            if n <= len(host) and host[len(host) - n:] in self.hosts:
+                return host[len(host) - n:], host[:len(host) - n]
         glued = _LEADING_NUMBER.match(host)
         if glued:
             host = host[glued.end():]
-        self.hosts.setdefault(host)
+        self._add_host(host)
         return host, glued.group() if glued else ""
+
+    def _add_host(self, host: str) -> None:
+        self.hosts.setdefault(host)
+        self.host_lengths.add(len(host))
 
     # ---- NCCL lines
     def _nccl(self, thread: tuple, dev: int, level: str, msg: str) -> None:
@@ -281,7 +291,7 @@ class _Parser:
                 for ch, c1, c2, c3, rank, parent in _TREES.findall(msg):
                     comm.trees.setdefault(int(ch), {})[int(rank)] = {
                         "parent": int(parent), "children": [int(c) for c in (c1, c2, c3) if int(c) >= 0]}
-        elif m := _INIT.search(msg):
+        elif (m := _INIT.search(msg)) and _INIT_DONE.search(msg, m.end()):
             self._init(m, thread, where)
         elif m := _COMM_SIZE.match(msg):
             if comm := self._by_ptr(m["ptr"]):
@@ -307,7 +317,7 @@ class _Parser:
             if g not in log.graphs:
                 log.graphs.append(g)
         elif m := _ENV.match(msg):
-            log.env.setdefault(m[1], m[2])
+            log.env.setdefault(m[1], m[2].rstrip())
         elif m := _VERSION.search(msg):
             log.nccl_version = log.nccl_version or m[1]
         elif m := _DRIVER.search(msg):
@@ -339,11 +349,13 @@ class _Parser:
                 log.perf.append(PerfTest(m[1]))
             elif m := _TEST_DEVICE.match(text):
                 log.devices[int(m["rank"])] = m["name"]
-                self.hosts.setdefault(m["host"])
+                self._add_host(m["host"])
             elif "size" in text and "busbw" in text:
-                self.table, self.cells = text.lstrip("#").split(), []
-                if not log.perf:
-                    log.perf.append(PerfTest("nccl-tests"))
+                columns = text.lstrip("#").split()
+                if "size" in columns and len(columns) <= MAX_TABLE_COLUMNS:
+                    self.table, self.cells = columns, []
+                    if not log.perf:
+                        log.perf.append(PerfTest("nccl-tests"))
             elif m := _AVG_BUSBW.match(text):
                 if log.perf:
                     log.perf[-1].avg_busbw_gbps = float(m[1])
@@ -354,14 +366,16 @@ class _Parser:
         if self.table is None:
             return
         self.cells.extend(text.split())
-        width = len(self.table)
-        while len(self.cells) >= width:
-            row = _perf_row(self.table, self.cells[:width])
+        width, size = len(self.table), self.table.index("size")
+        at = 0
+        while len(self.cells) - at >= width:
+            row = _perf_row(self.table, self.cells[at:at + width]) if self.cells[at + size].isdigit() else None
             if row is None:
-                self.cells.pop(0)        # not a row (another program's output): resynchronise
+                at += 1                  # not a row (another program's output): resynchronise
                 continue
             log.perf[-1].rows.append(row)
-            del self.cells[:width]
+            at += width
+        del self.cells[:at]
 
 
 def _num(text: str, kind=float):

@@ -24,12 +24,18 @@ is read as absent, never an error):
   world_size; without them the rank comes from the file name like any trace)
 Host events: pid/tid decoded from globalTid (bits 24-47 pid, 0-23 tid); device events: pid =
 device, tid = stream, as in Kineto traces.
+
+Bounded: the file is untrusted, and a table read above may be a view that never ends (WITH
+RECURSIVE). Each query has a time limit (`query_time_limit_s`: 30 s + 1 s per 10 MB of file, or
+$RANKSCOPE_SQLITE_TIME_LIMIT_S) and may return at most one row per 8 bytes of the file (a stored row
+takes more); past either, the file is refused with one line. Ctrl-C stops a query at once.
 """
 from __future__ import annotations
 
 import os
 import re
 import sqlite3
+import time
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +55,12 @@ NVTX_RANGE_TYPES = (59, 60, 70, 71)
 #: NVTX names read as steps when the trace has no ProfilerStep#N: step_12, step 12, iteration 12, train_step 12.
 NVTX_STEP_PATTERN = r"^(?:train[_ ]?)?(?:step|iteration|iter)[ _#:=-]*(\d+)$"
 _API_SUFFIX = re.compile(r"_v\d+$")
+#: Time limit of one query: this, plus 1 s per QUERY_BYTES_PER_S of file; env RANKSCOPE_SQLITE_TIME_LIMIT_S sets it.
+QUERY_TIME_LIMIT_S = 30.0
+QUERY_BYTES_PER_S = 10 << 20
+#: A query may return at most one row per this many bytes of the file (a stored row takes more).
+MIN_ROW_BYTES = 8
+_PROGRESS_STEPS = 10_000       # SQLite VM steps between two looks at the clock (and at Ctrl-C)
 
 #: ENUM_CUDA_MEMCPY_OPER / ENUM_CUDA_MEM_KIND / ENUM_CUPTI_SYNC_TYPE, spelled as Kineto names them.
 COPY_KINDS = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA", 8: "DtoD", 9: "HtoH",
@@ -93,9 +105,19 @@ def is_sqlite(path: str | Path) -> bool:
         return False
 
 
-def read_nsys_sqlite(path: str | Path) -> tuple[RankTrace, dict]:
+def query_time_limit_s(size: int) -> float:
+    """Seconds one query of a file of `size` bytes may run."""
+    env = os.environ.get("RANKSCOPE_SQLITE_TIME_LIMIT_S", "")
+    try:
+        return float(env)
+    except ValueError:
+        return QUERY_TIME_LIMIT_S + size / QUERY_BYTES_PER_S
+
+
+def read_nsys_sqlite(path: str | Path, time_limit_s: float | None = None) -> tuple[RankTrace, dict]:
     """Parse one nsys SQLite export. Returns the RankTrace (rank not yet assigned, like
-    read_kineto) and a header dict (`env`: RANK etc. when captured). Raises TraceError."""
+    read_kineto) and a header dict (`env`: RANK etc. when captured). Raises TraceError.
+    `time_limit_s`: of each query (default `query_time_limit_s`)."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
@@ -110,7 +132,8 @@ def read_nsys_sqlite(path: str | Path) -> tuple[RankTrace, dict]:
     except sqlite3.Error as exc:
         raise TraceError(f"cannot open the SQLite database ({exc})") from None
     try:
-        return _read(con, path, size)
+        limit = time_limit_s if time_limit_s is not None else query_time_limit_s(size)
+        return _read(_Db(con, limit, size // MIN_ROW_BYTES + 1), path, size)
     except sqlite3.DatabaseError as exc:
         raise TraceError(f"corrupt or unreadable SQLite database ({exc})") from None
     finally:
@@ -119,16 +142,26 @@ def read_nsys_sqlite(path: str | Path) -> tuple[RankTrace, dict]:
 
 # ----------------------------------------------------------------------------------------------
 class _Db:
-    """Column-tolerant queries: a wanted column the table lacks reads as NULL."""
+    """Column-tolerant queries: a wanted column the table lacks reads as NULL. Each query runs
+    under `time_limit_s` and returns at most `max_rows` rows (TraceError past either)."""
 
-    def __init__(self, con: sqlite3.Connection):
-        self.con = con
-        self.tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
+    def __init__(self, con: sqlite3.Connection, time_limit_s: float, max_rows: int):
+        self.con, self.time_limit_s, self.max_rows = con, time_limit_s, max_rows
+        self.deadline = 0.0
+        self.timed_out = False
+        con.set_progress_handler(self._progress, _PROGRESS_STEPS)
+        self.tables = {r[0] for r in self.rows("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
         self._cols: dict[str, set[str]] = {}
+
+    def _progress(self) -> bool:
+        """Called by SQLite every _PROGRESS_STEPS steps: True stops the query. A KeyboardInterrupt
+        raised in here stops it too (SQLite then reports `interrupted`; rows() raises it again)."""
+        self.timed_out = time.monotonic() > self.deadline
+        return self.timed_out
 
     def columns(self, table: str) -> set[str]:
         if table not in self._cols:
-            self._cols[table] = ({r[1] for r in self.con.execute(f'PRAGMA table_info("{table}")')}
+            self._cols[table] = ({r[1] for r in self.rows(f'PRAGMA table_info("{table}")')}
                                  if table in self.tables else set())
         return self._cols[table]
 
@@ -146,11 +179,32 @@ class _Db:
         return parts[0] if len(parts) == 1 else f"COALESCE({', '.join(parts)})"
 
     def rows(self, sql: str) -> list[tuple]:
-        return self.con.execute(sql).fetchall()
+        self.deadline, self.timed_out = time.monotonic() + self.time_limit_s, False
+        out: list[tuple] = []
+        try:
+            cursor = self.con.execute(sql)
+            while batch := cursor.fetchmany(4096):
+                out += batch
+                if len(out) > self.max_rows:
+                    raise TraceError(f"a query returned more rows than the file can hold ({self.max_rows:,}; "
+                                     f"{_table(sql)}: a view that does not end?)")
+        except sqlite3.OperationalError as exc:
+            if self.timed_out:
+                raise TraceError(f"a query ran past its time limit of {self.time_limit_s:g} s ({_table(sql)}; a "
+                                 f"recursive view?); set RANKSCOPE_SQLITE_TIME_LIMIT_S for a longer one") from None
+            if str(exc) == "interrupted":       # the progress handler raised: Ctrl-C
+                raise KeyboardInterrupt from None
+            raise
+        return out
 
 
-def _read(con: sqlite3.Connection, path: Path, size: int) -> tuple[RankTrace, dict]:
-    db = _Db(con)
+def _table(sql: str) -> str:
+    """What a query reads, for a message: its main table (the last FROM; subqueries come first)."""
+    tables = re.findall(r'\bFROM\s+(\w+)|PRAGMA table_info\("(\w+)', sql)
+    return f"reading {''.join(tables[-1])}" if tables else "reading the schema"
+
+
+def _read(db: _Db, path: Path, size: int) -> tuple[RankTrace, dict]:
     if not any(t in db.tables for t in NSYS_MARK_TABLES):
         raise TraceError("SQLite database without Nsight Systems tables (CUPTI_ACTIVITY_KIND_*, NVTX_EVENTS, "
                          "StringIds): not an nsys export")

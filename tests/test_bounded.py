@@ -1,0 +1,296 @@
+"""Bounded time and memory on hostile inputs (issue 16, class D).
+
+Each input is built here; the expected values come from the input itself (the events written, the
+log lines written) or from the same input without its hostile part. Times are measured in
+benchmarks/bench_bounded.py, not asserted; a test only bounds the wall time where the thing under
+test is a time limit (SQLite) or an interruption (Ctrl-C).
+"""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import random
+import signal
+import sqlite3
+import subprocess
+import time
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from conftest import assert_no_traceback, rankscope_cmd, run_cli
+from rankscope.analyses.inputs.memory_snapshot import analyze_snapshot
+from rankscope.ingest import TraceError, read_trace
+from rankscope.ingest.kineto import CHUNK_BYTES, read_kineto
+from rankscope.ingest.memory_snapshot import read_memory_snapshot
+from rankscope.ingest.nccl_log import read_nccl_log
+from rankscope.ingest.nsys_sqlite import read_nsys_sqlite
+from rankscope.synth import generate_job
+
+MB = 1 << 20
+
+
+def _event(i: int) -> bytes:
+    return json.dumps({"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": 10 * i,
+                       "dur": 5}).encode()
+
+
+# ---------------------------------------------------------------------------------------------
+# Kineto JSON: a long whitespace run anywhere between tokens
+WS = b" \n\t\r" * (4 * MB)           # 16 MB: spans several read chunks
+PLACES = {
+    "before-comma": [b'{"traceEvents": [', _event(0), WS, b", ", _event(1), b", ", _event(2), b"]}"],
+    "after-comma": [b'{"traceEvents": [', _event(0), b",", WS, _event(1), b", ", _event(2), b"]}"],
+    "before-close": [b'{"traceEvents": [', _event(0), b", ", _event(1), b", ", _event(2), WS, b"]", WS, b"}"],
+    "inside-event": [b'{"traceEvents": [', _event(0), b", ", _event(1)[:-1], WS, b"}, ", _event(2), b"]}"],
+    "leading": [WS, b'{"traceEvents": [', _event(0), b", ", _event(1), b", ", _event(2), b"]}"],
+    "in-key": [b'{"schemaVersion": 1, "traceEvents"', WS, b":", WS, b"[", _event(0), b", ", _event(1), b", ",
+               _event(2), b"]}"],
+    "array": [b"[", _event(0), b",", WS, _event(1), b", ", _event(2), b"]"],
+}
+
+
+@pytest.mark.parametrize("place", list(PLACES))
+def test_whitespace_run_keeps_every_event(tmp_path: Path, place: str):
+    assert len(WS) > 4 * CHUNK_BYTES
+    path = tmp_path / "ws.json"
+    path.write_bytes(b"".join(PLACES[place]))
+    trace, _ = read_kineto(path)
+    assert sorted(trace.events["name"].cast(str).to_list()) == ["op0", "op1", "op2"]
+    assert not trace.meta.salvaged and trace.meta.problems == []
+
+
+def test_whitespace_runs_across_chunk_ends_match_json(tmp_path: Path):
+    """Many events with whitespace runs of random length around every ',' between them, so that
+    event boundaries fall across read chunks in every way: each event is read once, as json reads it."""
+    rng = random.Random(16)
+    n = 3000
+    parts = [b'{"traceEvents": [']
+    for i in range(n):
+        if i:
+            parts += [b" " * rng.choice([0, 1, 700, 5000]), b",", b"\n" * rng.choice([0, 1, 900, 4000])]
+        parts.append(_event(i))
+    parts.append(b"]}")
+    path = tmp_path / "many.json"
+    path.write_bytes(b"".join(parts))
+    assert path.stat().st_size > 2 * CHUNK_BYTES
+    expected = [e["name"] for e in json.loads(path.read_bytes())["traceEvents"]]
+    trace, _ = read_kineto(path)
+    assert sorted(trace.events["name"].cast(str).to_list()) == sorted(expected)
+
+
+# ---------------------------------------------------------------------------------------------
+# NCCL logs: one very long line
+NCCL_HEAD = ("mew0:64904:64904 [0] NCCL INFO NCCL version 2.27.7+cuda13.0\n"
+             "mew0:64904:64904 [0] NCCL INFO cudaDriverVersion 13000\n")
+TABLE = "#  size  count  type  redop  root  time  algbw  busbw  #wrong  time  algbw  busbw  #wrong\n"
+ROW = "    8388608    2097152    float    sum    -1    83.33  100.66  100.66    0    83.10  100.95  100.95    0\n"
+LONG = 2_000_000
+LINES = {
+    "letters": "a" * LONG,
+    "digits": "1" * LONG,
+    "host-like": "h:" * (LONG // 2),
+    "nccl-prefixed": "mew0:64904:64904 [0] NCCL INFO " + "x" * LONG,
+    "env": "mew0:64904:64904 [0] NCCL INFO NCCL_X set by environment to " + "a " * (LONG // 2),
+    "via": "mew0:64904:64904 [0] NCCL INFO Channel 00 : 0[0] -> 1[1] via " + "P " * (LONG // 2) + "x",
+    "glued-host": " " + "9" * LONG + "mew0:64904:64904 [0] NCCL INFO Connected all rings",
+    "table-junk": "a " * (LONG // 2),
+}
+
+
+@pytest.mark.parametrize("kind", list(LINES))
+def test_nccl_log_with_a_2mb_line(tmp_path: Path, kind: str):
+    """The log's other lines are read as without the long line (inside an nccl-tests table, which
+    must still give its row)."""
+    log = tmp_path / "nccl.log"
+    log.write_text(NCCL_HEAD + TABLE + LINES[kind] + "\n" + ROW)
+    parsed = read_nccl_log(log)
+    assert parsed.nccl_version == "2.27.7+cuda13.0" and parsed.cuda_driver_version == 13000
+    assert parsed.lines == 5
+    assert [r.size_bytes for r in parsed.perf[0].rows] == [8388608]
+    assert parsed.perf[0].rows[0].out_of_place.busbw_gbps == 100.66
+    assert parsed.hosts == ["mew0"]
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA memory snapshots: shared references (pickle memo)
+def _doubling(depth: int):
+    """A list holding the one below it twice, `depth` times: 2**depth leaves, each list pickled once."""
+    obj = "x"
+    for _ in range(depth):
+        obj = [obj, obj]
+    return obj
+
+
+def _snapshot(blocks: list, events: list, settings) -> dict:
+    return {"segments": [{"device": 0, "address": 0, "total_size": 2 * MB, "allocated_size": MB, "blocks": blocks}],
+            "device_traces": [events], "allocator_settings": settings}
+
+
+def test_shared_values_are_not_expanded(tmp_path: Path):
+    """A 2**40-leaf list where text and numbers belong (frame names, time, allocator settings): a
+    pickle of a few hundred bytes, read and analysed in bounded memory, the bad values dropped."""
+    bomb = _doubling(40)
+    frame = {"name": bomb, "filename": bomb, "line": bomb}
+    block = {"address": 0, "size": MB, "requested_size": MB, "state": "active_allocated", "frames": [frame]}
+    event = {"action": "alloc", "addr": 0, "size": MB, "stream": 0, "time_us": bomb, "frames": [frame]}
+    path = tmp_path / "bomb.pickle"
+    path.write_bytes(pickle.dumps(_snapshot([block], [event], {"expandable_segments": False, "bomb": bomb}), 4))
+    assert path.stat().st_size < 1000
+    tracemalloc.start()
+    try:
+        report = analyze_snapshot(read_memory_snapshot(path))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 * MB
+    assert report.allocator_settings == {"expandable_segments": False}
+    assert report.largest_blocks[0].frames == [("?", "?", 0)] and report.largest_blocks[0].size == MB
+    proc = run_cli(["memory", path, "--json"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert len(proc.stdout) < 100_000 and json.loads(proc.stdout)["snapshots"]
+
+
+def test_shared_lists_repeated_past_the_limit_are_refused(tmp_path: Path):
+    """One block listed 200 times, its segment 200 times and a frame list of 200 (each list pickled
+    once, ~2 KB): 8 million frames for the analysis to walk. Refused in one line, nothing expanded."""
+    block = {"address": 0, "size": 512, "state": "active_allocated",
+             "frames": [{"name": "forward", "filename": "model.py", "line": 1}] * 200}
+    segment = {"device": 0, "total_size": 1024, "blocks": [block] * 200}
+    path = tmp_path / "shared.pickle"
+    path.write_bytes(pickle.dumps({"segments": [segment] * 200}, 4))
+    assert path.stat().st_size < 4000
+    with pytest.raises(TraceError, match=r"^memory snapshot: its shared references .* beyond 1,048,576 entries"):
+        read_memory_snapshot(path)
+    proc = run_cli(["memory", path], tmp_path)
+    assert proc.returncode == 2
+    assert_no_traceback(proc)
+    assert "shared references" in proc.stderr and len(proc.stderr.strip().splitlines()) <= 2
+
+
+def test_few_shared_lists_are_read_once(tmp_path: Path):
+    """Sharing within the limit (a stack list shared by 300 blocks): read, each list converted once."""
+    frames = [{"name": "forward", "filename": "model.py", "line": i} for i in range(30)]
+    blocks = [{"address": i, "size": 512, "state": "active_allocated", "frames": frames} for i in range(300)]
+    path = tmp_path / "ok.pickle"
+    path.write_bytes(pickle.dumps(_snapshot(blocks, [], {}), 4))
+    snap = read_memory_snapshot(path)
+    got = snap.segments[0].blocks
+    assert len(got) == 300 and all(b.frames is got[0].frames for b in got) and len(got[0].frames) == 30
+    assert analyze_snapshot(snap).devices[0].live_by_category["activations"] == 300 * 512
+
+
+# ---------------------------------------------------------------------------------------------
+# Nsight SQLite: a table that is a view that never ends
+def _nsys_with_view(path: Path, rows: bool) -> Path:
+    """A minimal export whose kernel table (read by the reader) is a recursive view: with `rows`,
+    one that returns rows forever; without, one that never returns any."""
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT)")
+    con.execute("INSERT INTO StringIds VALUES (0, 'kernel')")
+    where = "" if rows else "WHERE n < 0"
+    con.execute('CREATE VIEW CUPTI_ACTIVITY_KIND_KERNEL AS WITH RECURSIVE r(n) AS (SELECT 0 UNION ALL '
+                'SELECT n + 1 FROM r) SELECT n AS start, n + 1 AS "end", 0 AS deviceId, 7 AS streamId, '
+                f'n AS correlationId, 0 AS shortName FROM r {where}')
+    con.commit()
+    con.close()
+    return path
+
+
+def test_sqlite_view_that_never_returns_hits_the_time_limit(tmp_path: Path):
+    path = _nsys_with_view(tmp_path / "hang.sqlite", rows=False)
+    start = time.monotonic()
+    with pytest.raises(TraceError, match=r"ran past its time limit of 1 s \(reading CUPTI_ACTIVITY_KIND_KERNEL"):
+        read_nsys_sqlite(path, time_limit_s=1)
+    assert time.monotonic() - start < 10
+    proc = run_cli(["analyze", path, "--no-cache"], tmp_path, env={"RANKSCOPE_SQLITE_TIME_LIMIT_S": "1"}, timeout=60)
+    assert proc.returncode == 2
+    assert_no_traceback(proc)
+    assert "time limit of 1 s" in proc.stderr
+
+
+def test_sqlite_view_with_endless_rows_is_refused(tmp_path: Path):
+    path = _nsys_with_view(tmp_path / "rows.sqlite", rows=True)
+    with pytest.raises(TraceError, match="more rows than the file can hold"):
+        read_trace(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Ctrl-C
+@pytest.fixture(scope="module")
+def busy_job(tmp_path_factory) -> Path:
+    """12 plain-JSON ranks of ~8 MB (4 generated, each copied 3 times): seconds of work."""
+    out = tmp_path_factory.mktemp("busy")
+    generate_job(out / "gen", ranks=4, steps=6, gzip=False, scale=2)
+    job = out / "job"
+    job.mkdir()
+    for i, src in enumerate(sorted((out / "gen").glob("*.pt.trace.json")) * 3):
+        os.link(src, job / f"rank{i}.pt.trace.json")
+    return job
+
+
+def _process_tree(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo += children.get(tree[-1], [])
+    return tree
+
+
+def _reading(pids: list[int], folder: Path) -> bool:
+    for pid in pids:
+        try:
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(fd).startswith(str(folder)):
+                    return True
+            except OSError:
+                pass
+    return False
+
+
+def _interrupt(args: list, folder: Path, after_s: float = 0.3) -> subprocess.CompletedProcess:
+    """Run the CLI in its own process group; once it (or a worker) has a file of `folder` open,
+    wait `after_s` and send SIGINT to the whole group, as a terminal's Ctrl-C does."""
+    proc = subprocess.Popen(rankscope_cmd() + [str(a) for a in args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not _reading(_process_tree(proc.pid), folder) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, f"finished before it could be interrupted:\n{proc.stderr.read()}"
+    time.sleep(after_s)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="finds the reading process through /proc")
+@pytest.mark.parametrize("engine", ["processes", "local", "inprocess", "ray"])
+def test_ctrl_c_is_one_line_and_exit_130(busy_job: Path, engine: str):
+    proc = _interrupt(["analyze", busy_job, "--engine", engine, "--workers", "2", "--no-cache", "-q"], busy_job)
+    assert_no_traceback(proc)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.strip() == "rankscope: interrupted"
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="finds the reading process through /proc")
+def test_ctrl_c_stops_an_sqlite_query(tmp_path: Path):
+    folder = tmp_path / "job"
+    folder.mkdir()
+    _nsys_with_view(folder / "hang.sqlite", rows=False)     # 30 s time limit: the query is running
+    proc = _interrupt(["analyze", folder, "--engine", "inprocess", "--no-cache", "-q"], folder, after_s=1.0)
+    assert_no_traceback(proc)
+    assert proc.returncode == 130 and proc.stderr.strip() == "rankscope: interrupted"
