@@ -248,3 +248,19 @@ def test_atomic_write_replaces_keeps_the_mode_and_follows_a_link(tmp_path: Path)
     atomic_write_text(fresh, "{}")
     assert fresh.read_text() == "{}" and sorted(p.name for p in tmp_path.iterdir()) == ["latest.html", "new.json",
                                                                                       "out.html"]
+
+
+@pytest.mark.parametrize("command", ["analyze", "diff"])
+def test_html_page_onto_a_full_disk_keeps_the_previous_page(job: Path, tmp_path: Path, command: str):
+    """`--html` where the disk fills up: one line, exit 2, the earlier page byte for byte as it was,
+    no temporary file left (the page is ~4 MB: far past the limit)."""
+    page = tmp_path / "report.html"
+    page.write_text("<!DOCTYPE html><p>the previous report</p>", encoding="utf-8")
+    before = page.read_bytes()
+    inputs = [job] if command == "analyze" else [job, job]
+    proc = _cli([command, *inputs, "--html", page, "-q", "--no-cache"], tmp_path, limit=256 << 10)
+    assert_no_traceback(proc)
+    assert proc.returncode == 2, proc.stderr
+    assert [line for line in proc.stderr.splitlines() if "cannot write" in line and str(page) in line]
+    assert page.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(TEMP_PREFIX)) == []

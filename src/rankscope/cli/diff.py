@@ -18,6 +18,7 @@ from rankscope.cli.common import (
     show,
     with_progress,
 )
+from rankscope.files import atomic_write_text
 
 
 @click.command("diff")
@@ -39,7 +40,7 @@ def command(before, after, as_json, cache_dir, no_cache, quiet, html_path) -> No
         sys.exit(code)
     if html_path:
         try:
-            Path(html_path).write_text(html_page(result), encoding="utf-8")
+            atomic_write_text(html_path, html_page(result))
         except OSError as exc:
             err(f"{html_path}: cannot write the HTML page: {exc.strerror or exc}")
             sys.exit(EXIT_NOTHING)

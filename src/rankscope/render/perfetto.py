@@ -22,6 +22,7 @@ import msgspec
 import polars as pl
 
 from rankscope.analyses.rank.timeline import RankTimeline
+from rankscope.files import temp_name
 
 SCHEMA = "rankscope.perfetto/1"
 #: Rows converted to JSON text at once (bounds the text held in memory: ~40 MB).
@@ -123,12 +124,13 @@ def rank_json(tl: RankTimeline, origin_ns: int) -> tuple[list[bytes], int]:
 # ----------------------------------------------------------------------------------------------
 class TraceWriter:
     """A Chrome-trace JSON object written incrementally: `{"displayTimeUnit": "ms", "traceEvents":
-    [...], "rankscope": {...}}`. Written to `<out>.partial` and renamed by `close` (a failed export
-    leaves no half file under the name asked for)."""
+    [...], "rankscope": {...}}`. Written to a hidden temporary file beside `out` (its own name per
+    writer: two exports to one name do not collide) and renamed by `close`: a failed export leaves
+    no half file under the name asked for, and an earlier file of that name untouched."""
 
     def __init__(self, out: str | Path):
         self.out = Path(out)
-        self.partial = self.out.with_name(self.out.name + ".partial")
+        self.partial = self.out.with_name(temp_name(self.out.name))
         if self.out.name.endswith(".gz"):
             from isal import igzip
             self._file = igzip.open(self.partial, "wb", compresslevel=GZIP_LEVEL)
@@ -153,5 +155,10 @@ class TraceWriter:
         return self.out.stat().st_size
 
     def abort(self) -> None:
-        self._file.close()
-        self.partial.unlink(missing_ok=True)
+        """Drop the temporary file (also after a `close` that failed, e.g. on a full disk)."""
+        try:
+            self._file.close()
+        except OSError:
+            pass
+        finally:
+            self.partial.unlink(missing_ok=True)
