@@ -22,7 +22,7 @@ Reported (stdout table; JSON with every scenario in benchmarks/results/findings-
   per injection      scenarios whose findings include all that this injection is expected to cause
                      (straggler_rank must name its rank); "detectable" leaves out straggler-making
                      injections whose true cost (ground truth: the other ranks' step-time increase vs
-                     the job without it) is < stragglers.MIN_COST_PCT_OF_STEP % of the median step,
+                     the job without it) is < straggler_min_cost_pct_of_step % of the median step,
                      and no_overlap whose cost (step-time increase vs the same job generated with
                      overlap) is < findings exposed_comm_medium_pct % of the median step
   localization       a straggler_rank finding names the injected rank / and its cause
@@ -59,9 +59,8 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 import rankscope  # noqa: E402
-from rankscope.analyses.job.stragglers import MIN_COST_PCT_OF_STEP  # noqa: E402
-from rankscope.findings import THRESHOLDS  # noqa: E402
 from rankscope.synth import Injection, expected_findings, generate_job  # noqa: E402
+from rankscope.thresholds import THRESHOLDS  # noqa: E402
 
 RESULTS_DIR = HERE / "results"
 STRAGGLER_MAKERS = ("straggler:dataloader", "straggler:host_idle", "straggler:gpu_compute", "uneven_shards",
@@ -211,7 +210,7 @@ def run_scenario(sc: dict, injections: list[dict], tmp: Path, args) -> dict:
         hit = next((f for f in strag if f["ranks"] == [s["rank"]]), None)
         cost = float(np.mean(s["cost_ms_per_step"]))
         return {"rank": s["rank"], "cause": s["cause"], "true_cost_ms": round(cost, 3),
-                "detectable": cost >= MIN_COST_PCT_OF_STEP / 100 * median_step,
+                "detectable": cost >= THRESHOLDS["straggler_min_cost_pct_of_step"].value / 100 * median_step,
                 "localized": hit is not None, "cause_ok": hit is not None and hit["cause"] == s["cause"],
                 "found_cause": hit and hit["cause"]}
 

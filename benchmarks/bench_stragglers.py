@@ -18,8 +18,8 @@ Reported (stdout table + JSON in benchmarks/results/):
   cost error       |reported cost - true cost| / true cost (true: the generator's counterfactual,
                    the median over the other ranks of their step-time increase vs the same job
                    without the fault, per step)
-  detectable       scenarios whose true cost is >= the detection threshold (stragglers.py
-                   MIN_COST_PCT_OF_STEP of the step): a smaller real cost is, by definition, not a
+  detectable       scenarios whose true cost is >= the detection threshold (threshold
+                   straggler_min_cost_pct_of_step of the step): a smaller real cost is, by definition, not a
                    straggler worth reporting, so misses there are listed apart.
 
 Run from the repository root with the project venv:
@@ -49,9 +49,10 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from rankscope.analyses.rank.collectives import rank_collectives  # noqa: E402
-from rankscope.analyses.job.stragglers import MIN_COST_PCT_OF_STEP, cross_rank  # noqa: E402
+from rankscope.analyses.job.stragglers import cross_rank  # noqa: E402
 from rankscope.ingest.kineto import read_kineto  # noqa: E402
 from rankscope.synth import STRAGGLER_CAUSES, Injection, generate_job  # noqa: E402
+from rankscope.thresholds import THRESHOLDS  # noqa: E402
 
 RESULTS_DIR = HERE / "results"
 
@@ -118,7 +119,8 @@ def run_scenario(sc: dict, tmp: Path, args) -> dict:
     row["extra"] = max(0, len(found) - (1 if row["localized"] else 0))
     row["cost_rel_err"] = (abs(top.cost_ms_per_step - row["true_cost_ms"]) / row["true_cost_ms"]
                            if row["localized"] and row["true_cost_ms"] > 0 else None)
-    row["detectable"] = bool(exp) and row["true_cost_ms"] >= MIN_COST_PCT_OF_STEP / 100 * row["median_step_ms"]
+    min_cost_pct = THRESHOLDS["straggler_min_cost_pct_of_step"].value
+    row["detectable"] = bool(exp) and row["true_cost_ms"] >= min_cost_pct / 100 * row["median_step_ms"]
     return row
 
 

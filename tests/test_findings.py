@@ -10,6 +10,7 @@ Independent sources of the expected answers:
 """
 from __future__ import annotations
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -19,10 +20,12 @@ from rich.console import Console
 
 import rankscope
 from rankscope.analyses.rank.grad_sync import gradient_sync_schedule
-from rankscope.findings import THRESHOLDS, evaluate, parse_threshold, resolve_thresholds
+from rankscope.findings import evaluate
+from rankscope.findings.registry import FINDING_IDS, RULES
 from rankscope.render.json import analysis_to_dict
 from rankscope.render.base import render
 from rankscope.synth import Injection, generate_job
+from rankscope.thresholds import THRESHOLDS, parse_override, resolve
 
 from conftest import corpus_files, load_json, run_cli, x_events
 
@@ -144,24 +147,27 @@ def test_every_id_is_stable_and_findings_are_ordered(analyses):
         assert keys == sorted(keys)
         for f in a.findings:
             assert f.summary and f.fix and f.explanation and f.threshold
-            # load balance is judged in analyses/job/stragglers.py with its own ALL_IDLE_PCT
+            # load balance is judged in analyses/job/stragglers.py: its bar as straggler_thresholds names it
             assert set(f.threshold) <= set(THRESHOLDS) | {"all_idle_pct"}
 
 
 def test_threshold_overrides(analyses):
     a = analyses["cpu-gloo-4rank-loader0"]
     assert by_id(a, "dataloader_stall").severity == "high"
-    raised = evaluate(a, resolve_thresholds({"dataloader_high_pct": 90.0}))
+    raised = evaluate(a, resolve({"dataloader_high_pct": 90.0}))
     assert next(f for f in raised if f.id == "dataloader_stall").severity == "medium"
-    quiet = resolve_thresholds({"dataloader_low_pct": 95, "dataloader_medium_pct": 96, "dataloader_high_pct": 97})
+    quiet = resolve({"dataloader_low_pct": 95, "dataloader_medium_pct": 96, "dataloader_high_pct": 97})
     assert "dataloader_stall" not in [f.id for f in evaluate(a, quiet)]
-    with pytest.raises(ValueError, match="unknown threshold 'nope'"):
-        resolve_thresholds({"nope": 1.0})
-    assert parse_threshold("sync_high_pct=12.5") == ("sync_high_pct", 12.5)
+    assert resolve(quiet) is quiet and quiet["dataloader_high_pct"] == 97.0 and quiet["sync_high_pct"] == 15.0
+    with pytest.raises(TypeError):
+        quiet["sync_high_pct"] = 1.0                       # read-only
+    with pytest.raises(ValueError, match="unknown threshold 'nope'; known: .*sync_high_pct"):
+        resolve({"nope": 1.0})
+    assert parse_override("sync_high_pct=12.5") == ("sync_high_pct", 12.5)
     with pytest.raises(ValueError, match="NAME=NUMBER"):
-        parse_threshold("sync_high_pct")
+        parse_override("sync_high_pct")
     for name, t in THRESHOLDS.items():
-        assert t.unit and t.source, name
+        assert t.unit and t.source and t.decides in FINDING_IDS, name
 
 
 def test_json_findings(analyses):
@@ -184,16 +190,65 @@ def test_terminal_findings_fit_80_columns(analyses):
     assert "fix:" in short and "Step time per rank" not in short and "why:" not in short
 
 
-def test_cli_threshold_option(corpus, tmp_path):
-    bad = run_cli(["analyze", str(corpus / "cpu-gloo-4rank-loader0"), "--threshold", "nope=3"], tmp_path)
-    assert bad.returncode == 2 and "unknown threshold 'nope'" in bad.stderr
-    ok = run_cli(["analyze", str(corpus / "cpu-gloo-4rank-loader0"), "--json", "--threshold",
-                  "dataloader_high_pct=90"], tmp_path)
+def test_cli_threshold_option(corpus, tmp_path, analyses):
+    # checked before any file is read: the folder does not exist, the name is what fails
+    bad = run_cli(["analyze", str(tmp_path / "no-such-job"), "--threshold", "straggler_min_cost_pct=3"], tmp_path)
+    assert bad.returncode == 2 and "unknown threshold 'straggler_min_cost_pct'" in bad.stderr
+    # loader0: rank 2 is last at 7 of 8 all-reduces but costs 2.1% of the step, under the 5% bar;
+    # at 2% it is a straggler, and the same values reach the findings and the JSON
+    assert "straggler_rank" not in ids(analyses["cpu-gloo-4rank-loader0"])
+    ok = run_cli(["analyze", str(corpus / "cpu-gloo-4rank-loader0"), "--json", "--no-cache", "--threshold",
+                  "dataloader_high_pct=90", "--threshold", "straggler_min_cost_pct_of_step=2"], tmp_path)
     assert ok.returncode == 0, ok.stderr
-    f = json.loads(ok.stdout)["findings"]
-    assert next(x for x in f if x["id"] == "dataloader_stall")["severity"] == "medium"
-    listing = run_cli(["thresholds", "--json"], tmp_path)
-    assert set(json.loads(listing.stdout)) == set(THRESHOLDS)
+    d = json.loads(ok.stdout)
+    assert next(x for x in d["findings"] if x["id"] == "dataloader_stall")["severity"] == "medium"
+    assert [(x["id"], x["ranks"]) for x in d["findings"] if x["id"] == "straggler_rank"] == [("straggler_rank", [2])]
+    assert d["straggler_verdict"].startswith("rank 2 is a straggler")
+    assert d["straggler_thresholds"]["min_cost_pct_of_step"] == 2.0
+    listing = json.loads(run_cli(["thresholds", "--json"], tmp_path).stdout)
+    assert set(listing) == set(THRESHOLDS)
+    assert listing["straggler_min_cost_pct_of_step"] == {
+        k: getattr(THRESHOLDS["straggler_min_cost_pct_of_step"], k) for k in ("value", "unit", "source", "decides")}
+
+
+# ----------------------------------------------------------------------------------------------
+# The rule registry, the threshold registry and docs/findings.md agree
+def test_every_rule_id_is_documented_and_every_id_has_a_rule():
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "findings.md").read_text(encoding="utf-8")
+    rows = {line.split("|")[1].strip().strip("`") for line in docs.splitlines() if line.startswith("| `")}
+    assert {r.id for r in RULES} == set(FINDING_IDS) == STABLE_IDS | {"degraded_nccl_link"}
+    assert set(FINDING_IDS) <= rows
+
+
+def test_rules_declare_what_they_read():
+    for r in RULES:
+        assert set(r.reads) <= set(THRESHOLDS), r.id
+        assert r.fn.__doc__ and all(f"`{name}`" in r.fn.__doc__ for name in r.reads), r.id
+    # a rule sees only what it declares
+    with pytest.raises(KeyError, match="'sync_medium_pct' is not among"):
+        resolve().only(["sync_high_pct"])["sync_medium_pct"]
+
+
+def test_no_dead_thresholds():
+    """Every threshold is read by a rule (its declaration) or by an analysis (by name in its source)."""
+    analyses = Path(rankscope.__file__).parent / "analyses"
+    named = {node.value for path in analyses.rglob("*.py") for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+    read_by_rules = {name for r in RULES for name in r.reads}
+    assert set(THRESHOLDS) - read_by_rules - named == set()
+    # and what a threshold decides is the finding of a rule that reads it, or a verdict of an analysis
+    for name, t in THRESHOLDS.items():
+        assert name in named or any(r.id == t.decides and name in r.reads for r in RULES), name
+
+
+def test_docs_list_every_threshold_with_its_default():
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "findings.md").read_text(encoding="utf-8")
+    table = {}
+    for line in docs.split("## Thresholds", 1)[1].splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if len(cells) == 4 and cells[0].startswith("`"):
+            table[cells[0].strip("`")] = (float(cells[1]), cells[2], cells[3].strip("`"))
+    assert table == {n: (float(t.value), t.unit, t.decides) for n, t in THRESHOLDS.items()}
 
 
 def _schema_validator():

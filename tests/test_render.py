@@ -6,11 +6,11 @@ import io
 
 import pytest
 
-from rankscope.findings import THRESHOLDS
 from rankscope.numbers import rounded
 from rankscope.render.base import RENDERERS, Renderer, render, renderer
 from rankscope.render.format import number, p_value_text, percent, ranges, shortened, value_text
 from rankscope.results import Thresholds
+from rankscope.thresholds import THRESHOLDS
 
 from conftest import run_cli
 

@@ -18,10 +18,10 @@ from conftest import GLOO_HEALTHY, corpus_root, load_json, x_events
 from rankscope.analyses.rank.breakdown import CATEGORIES
 from rankscope.api import analyze
 from rankscope.analyses.rank.collectives import RankCollectives, rank_collectives
-from rankscope.analyses.job.stragglers import (CAUSES, MIN_COST_PCT_OF_STEP, cross_rank, find_stragglers,
-                                           last_share_min)
+from rankscope.analyses.job.stragglers import CAUSES, cross_rank, find_stragglers, last_share_min
 from rankscope.ingest.kineto import read_kineto
 from rankscope.synth import STRAGGLER_CAUSES, generate_job, parse_injection
+from rankscope.thresholds import THRESHOLDS, resolve
 
 GLOO_STRAGGLER = "cpu-gloo-4rank-straggler"
 GLOO_LOADER0 = "cpu-gloo-4rank-loader0"
@@ -59,6 +59,10 @@ def test_gloo_straggler_rank2_host_idle_costs_its_sleep(corpus):
     assert report.load_balance.verdict == "one_rank_late"
     plain = json.loads(json.dumps(cross_rank(_collectives(GLOO_STRAGGLER)).as_dict()))
     assert plain["stragglers"][0]["rank"] == 2 and plain["collectives"]["count"] == 8
+    # the values that decided (the JSON's straggler_thresholds), from the threshold registry
+    assert plain["thresholds"] == {"step_z_flag": 2.0, "step_pct_flag": 10.0, "last_share_min": 0.5,
+                                   "min_cost_pct_of_step": 5.0, "min_cost_ms": 0.05, "cause_min_share": 0.5,
+                                   "all_idle_pct": 20.0, "wait_imbalance_pct": 10.0}
 
 
 def test_gloo_healthy_reports_no_straggler(corpus):
@@ -78,6 +82,18 @@ def test_gloo_loader0_cause_is_dataloader_if_any(corpus):
     assert report.load_balance.common_idle_pct > 40            # ~35 ms of DataLoader per 65 ms step
 
 
+def test_thresholds_decide_the_verdicts(corpus):
+    """The verdicts read the resolved thresholds: loader0's rank 2 (2.1% of the step) passes a 2%
+    cost bar, and then the load balance blames it; a common-idle bar above loader0's ~55% leaves
+    every rank idle at once unflagged (the wait spread, ~6%, stays under its 10% bar)."""
+    ranks = _collectives(GLOO_LOADER0)
+    low_bar = cross_rank(ranks, thresholds=resolve({"straggler_min_cost_pct_of_step": 2})).stragglers
+    assert [s.rank for s in low_bar.stragglers] == [2] and low_bar.load_balance.verdict == "one_rank_late"
+    assert low_bar.thresholds["min_cost_pct_of_step"] == 2.0
+    idle_bar = cross_rank(ranks, thresholds=resolve({"load_all_idle_pct": 80})).stragglers
+    assert idle_bar.stragglers == [] and idle_bar.load_balance.verdict == "balanced"
+
+
 def test_cross_rank_needs_only_the_small_summaries(corpus):
     """The reduce runs on RankCollectives decoded from msgpack (what a worker or the cache hands
     the driver): same verdict as on the in-memory objects."""
@@ -90,7 +106,9 @@ def test_cross_rank_needs_only_the_small_summaries(corpus):
 
 
 def test_last_share_bar():
-    assert last_share_min(2) == 0.75 and last_share_min(4) == 0.5 and last_share_min(64) == 0.5
+    t = resolve()
+    assert last_share_min(2, t) == 0.75 and last_share_min(4, t) == 0.5 and last_share_min(64, t) == 0.5
+    assert last_share_min(4, resolve({"straggler_last_share_chance_factor": 3})) == 0.75
 
 
 # ----------------------------------------------------------------------------------------------
@@ -176,7 +194,8 @@ def test_synthetic_stragglers_are_localized(tmp_path):
     faulty = [r for r in rows if r["truth"]]
     clean = [r for r in rows if not r["truth"]]
     # every injected delay in this range has a real cost above the detection bar
-    assert all(r["true_cost"] >= MIN_COST_PCT_OF_STEP / 100 * r["step_ms"] for r in faulty)
+    min_cost_pct = THRESHOLDS["straggler_min_cost_pct_of_step"].value
+    assert all(r["true_cost"] >= min_cost_pct / 100 * r["step_ms"] for r in faulty)
     localized = [r for r in faulty if r["found"] and r["found"][0].rank == r["truth"]["rank"]]
     cause_ok = [r for r in localized if r["found"][0].cause == r["truth"]["cause"]]
     print(f"\nsynthetic: rank localized {len(localized)}/{len(faulty)}, cause correct {len(cause_ok)}/{len(faulty)}")

@@ -179,5 +179,5 @@ class MfuResult(Result):
 
 @dataclass
 class Thresholds:
-    """The findings' thresholds by name (findings.THRESHOLDS: value, unit, source of each)."""
+    """The thresholds by name (rankscope.thresholds.THRESHOLDS: value, unit, source, decides of each)."""
     by_name: dict[str, Any]

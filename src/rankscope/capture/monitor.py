@@ -10,10 +10,11 @@
 
 Every `every` steps each rank's mean step time over those steps is all-gathered (one tensor of one
 float64; works on gloo and NCCL) and every rank gets the same `StragglerReport`; rank 0 logs one
-line naming the slow rank(s). Rule (DESIGN.md "Straggler", seed 003, the thresholds of
-`analyses.stragglers`): a rank is slow when its mean is > `z` standard deviations (population,
-across ranks) or > `pct` % over the mean of all ranks. With fewer than 6 ranks a single outlier
-cannot reach z > 2 (the largest z is sqrt(n - 1)), so there the % rule decides.
+line naming the slow rank(s). Rule (DESIGN.md "Straggler", seed 003): a rank is slow when its mean
+is > `z` standard deviations (population, across ranks) or > `pct` % over the mean of all ranks; by
+default the cross-rank analysis' `straggler_step_z` and `straggler_step_pct` (rankscope.thresholds).
+With fewer than 6 ranks a single outlier cannot reach z > 2 (the largest z is sqrt(n - 1)), so
+there the % rule decides.
 
 What to time: in synchronous training every rank's full step lasts the same (the fast ranks wait in
 the gradient all-reduce for the slow one), so a full-step time hides the straggler. Time the part a
@@ -28,7 +29,6 @@ import logging
 import time
 from dataclasses import dataclass
 
-from rankscope.analyses.job.stragglers import STEP_PCT_FLAG, STEP_Z_FLAG
 from rankscope.capture._torch import (
     CaptureError,
     all_gather_float,
@@ -36,8 +36,12 @@ from rankscope.capture._torch import (
     require_process_group,
     synchronize,
 )
+from rankscope.thresholds import THRESHOLDS
 
 LOG = logging.getLogger("rankscope.capture")
+#: The registry's defaults of the rule's two bars.
+STEP_Z = THRESHOLDS["straggler_step_z"].value
+STEP_PCT = THRESHOLDS["straggler_step_pct"].value
 
 
 @dataclass
@@ -60,8 +64,8 @@ class StragglerReport:
             f"(+{self.pct_over_mean[r]:.1f}%, z = {self.z[r]:.2f})" for r in self.slow_ranks)
 
 
-def straggler_report(times_s: list[float], step: int, window_steps: int, z: float = STEP_Z_FLAG,
-                     pct: float = STEP_PCT_FLAG) -> StragglerReport:
+def straggler_report(times_s: list[float], step: int, window_steps: int, z: float = STEP_Z,
+                     pct: float = STEP_PCT) -> StragglerReport:
     """The report for one mean step time per rank (module docstring's rule)."""
     n = len(times_s)
     mean = sum(times_s) / n
@@ -77,7 +81,7 @@ class StragglerMonitor:
     """Collective: every rank of the default process group must call `step()` the same number of
     times. `step()` returns the report on every rank each `every` steps, None in between."""
 
-    def __init__(self, every: int = 50, z: float = STEP_Z_FLAG, pct: float = STEP_PCT_FLAG,
+    def __init__(self, every: int = 50, z: float = STEP_Z, pct: float = STEP_PCT,
                  logger: logging.Logger | None = None):
         if every < 1:
             raise ValueError(f"every must be >= 1, got {every}")

@@ -20,6 +20,7 @@ from rankscope.cli.common import (
     show,
     with_progress,
 )
+from rankscope.files import atomic_write_text
 from rankscope.ingest.cache import default_cache_dir
 from rankscope.results import Analysis
 
@@ -28,7 +29,7 @@ from rankscope.results import Analysis
 @click.argument("paths", nargs=-1, type=click.Path())
 @click.option("--demo", is_flag=True, help="Analyse a generated demo job (8 ranks, one straggler).")
 @click.option("--threshold", "thresholds", multiple=True, metavar="NAME=VALUE",
-              help="Override a finding threshold (repeatable); `rankscope thresholds` lists them.")
+              help="Override a threshold (repeatable); `rankscope thresholds` lists them.")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), default=None, metavar="PATH",
               help="Also write a self-contained HTML report (findings and charts, works offline) to PATH.")
 @click.option("--nccl-log", "nccl_logs", multiple=True, type=click.Path(), metavar="LOG",
@@ -40,14 +41,14 @@ from rankscope.results import Analysis
 def command(paths, demo, thresholds, cache_dir, no_cache, engine, address, workers, as_json, quiet,
             html_path, nccl_logs) -> None:
     """Analyse a job: a folder of per-rank traces (or files)."""
-    from rankscope.findings import parse_threshold
+    from rankscope.thresholds import parse_override
     if demo:
         from rankscope.synth import demo_job_dir
         paths = (str(demo_job_dir(Path(cache_dir) if cache_dir else default_cache_dir())),) + tuple(paths)
     if not paths:
         raise click.UsageError("give a folder of traces (or files), or --demo")
     try:
-        overrides = dict(parse_threshold(t) for t in thresholds)
+        overrides = dict(parse_override(t) for t in thresholds)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     result = with_progress(lambda progress: analyze(list(paths), cache_dir=cache_dir, use_cache=not no_cache,
@@ -65,7 +66,7 @@ def command(paths, demo, thresholds, cache_dir, no_cache, engine, address, worke
 
 def _write_html(result: Analysis, path: str) -> None:
     try:
-        Path(path).write_text(html_page(result), encoding="utf-8")
+        atomic_write_text(path, html_page(result))
     except OSError as exc:
         err(f"cannot write the HTML report {path}: {exc.strerror or exc}")
         sys.exit(EXIT_NOTHING)

@@ -1,20 +1,16 @@
-"""`rankscope thresholds`: the findings' thresholds (`findings.THRESHOLDS`)."""
+"""`rankscope thresholds`: every value that decides a verdict (`rankscope.thresholds.THRESHOLDS`)."""
 from __future__ import annotations
 
 import click
-from rich.console import Console
 
-from rankscope.cli.common import json_option, print_json
+from rankscope.cli.common import json_option, show
 
 
 @click.command("thresholds")
 @json_option(text="Print them as one JSON object.")
 def command(as_json) -> None:
-    """List the findings' thresholds: name, default value, unit and source (override with
-    `analyze --threshold NAME=VALUE`)."""
-    from rankscope.findings import THRESHOLDS
-    if as_json:
-        print_json({name: {"value": t.value, "unit": t.unit, "source": t.source} for name, t in THRESHOLDS.items()})
-        return
-    from rankscope.render.terminal import render_thresholds
-    render_thresholds(THRESHOLDS, Console(highlight=False))
+    """List the thresholds that decide the findings and the straggler / load-balance verdicts: name,
+    default value, unit, source and what it decides (override with `analyze --threshold NAME=VALUE`)."""
+    from rankscope.results import Thresholds
+    from rankscope.thresholds import THRESHOLDS
+    show(Thresholds(THRESHOLDS), as_json)

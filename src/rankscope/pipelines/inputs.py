@@ -2,27 +2,33 @@
 on its own: one that cannot be used is an InputProblem, and the others go on."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Callable
 
 from rankscope.ingest import TraceError
 from rankscope.model import InputProblem
+from rankscope.pipelines import checking_arguments
 from rankscope.results import MemoryResult, NcclResult
 
 # The readers and analyses are imported where they are used, as in job.py.
 
 
-def analyze_nccl_logs(logs: list[str | Path], thresholds: dict[str, float] | None = None) -> NcclResult:
+def analyze_nccl_logs(logs: list[str | Path], thresholds: Mapping[str, float] | None = None) -> NcclResult:
     """NCCL_DEBUG=INFO logs, each one run (e.g. healthy vs slow), compared and judged against
-    `thresholds`: the values in force (`findings.resolve_thresholds`), by default the defaults."""
+    `thresholds`: overrides by name or the resolved values in force (`rankscope.thresholds.resolve`),
+    by default the defaults; unknown names raise ArgumentError before any file is read."""
     from rankscope.analyses.inputs.nccl import compare_nccl_logs
     from rankscope.findings import nccl_findings
     from rankscope.ingest.nccl_log import read_nccl_log
+    from rankscope.thresholds import resolve
+    with checking_arguments():
+        values = resolve(thresholds)
     parsed, problems = _read(logs, read_nccl_log)
     if not parsed:
         return NcclResult(None, [], problems)
     report = compare_nccl_logs(parsed)
-    return NcclResult(report, nccl_findings(report, thresholds), problems)
+    return NcclResult(report, nccl_findings(report, values), problems)
 
 
 def analyze_memory_snapshots(snapshots: list[str | Path], params: int | None = None,

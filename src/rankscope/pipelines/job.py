@@ -27,6 +27,7 @@ from rankscope.results import Analysis, Ingest, JobInfo
 if TYPE_CHECKING:
     from rankscope.analyses.rank.summary import RankSummary
     from rankscope.analyses.job.stragglers import CrossRank
+    from rankscope.thresholds import Thresholds
 
 # The analyses are imported where they are used: `validate` and `load` only parse, and the
 # analysis modules would add ~0.15 s to their start.
@@ -196,13 +197,15 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
     """Analyse a job: a folder of per-rank traces, one file, or a list of either.
     `on_progress(done, total, file)` is called as ranks finish. `engine="ray"` maps the ranks on
     Ray: the cluster at `address` (e.g. "auto", "ray://head:10001"), else a local runtime.
-    `thresholds` overrides the findings' thresholds by name (`findings.THRESHOLDS`); unknown
-    names raise ArgumentError (a ValueError) before any file is read. `nccl_logs`: NCCL_DEBUG=INFO
+    `thresholds` overrides thresholds by name (`rankscope.thresholds.THRESHOLDS`): resolved once, the
+    same values decide the cross-rank verdicts and the findings; unknown names raise ArgumentError
+    (a ValueError) before any file is read. `nccl_logs`: NCCL_DEBUG=INFO
     logs of the job (several = runs to compare); their findings join the job's, an unusable log is a
     problem."""
-    from rankscope.findings import evaluate as evaluate_findings, ordered, resolve_thresholds
+    from rankscope.findings import evaluate as evaluate_findings, ordered
+    from rankscope.thresholds import resolve
     with checking_arguments():
-        values = resolve_thresholds(thresholds)
+        values = resolve(thresholds)
     summaries, problems, chosen = _map_files(inputs, _rank_task, cache_dir, use_cache, engine, workers,
                                              on_progress, address, functools.partial(_arrived, strings={}))
     _trim_heap()
@@ -210,7 +213,7 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
     by_file = {s.meta.file: s for s in summaries}
     kept = [by_file[m.file] for m in kept_metas]
     problems += rank_problems
-    cross = _cross_rank(kept)
+    cross = _cross_rank(kept, values)
     result = Analysis(job=_job_info(kept, rank_warnings), ranks=kept, problems=problems, engine=chosen,
                       cross=cross)
     result.findings = evaluate_findings(result, values)
@@ -222,10 +225,10 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
     return result
 
 
-def _cross_rank(summaries: list[RankSummary]) -> CrossRank | None:
+def _cross_rank(summaries: list[RankSummary], thresholds: Thresholds) -> CrossRank | None:
     """The cross-rank reduce over the ranks' collectives, which it uses up: each summary's
     `collectives` (per-instance data, the bulk of what the driver holds per rank) is released, and
-    `Analysis.cross` keeps what the reduce made of them."""
+    `Analysis.cross` keeps what the reduce made of them; `thresholds` decide its verdicts."""
     from rankscope.analyses.job.stragglers import cross_rank
     ranks = []
     for s in summaries:
@@ -233,7 +236,7 @@ def _cross_rank(summaries: list[RankSummary]) -> CrossRank | None:
             s.collectives.rank = s.rank
             ranks.append(s.collectives)
             s.collectives = None
-    return cross_rank(ranks) if ranks else None
+    return cross_rank(ranks, thresholds=thresholds) if ranks else None
 
 
 def _size(p: Path) -> int:

@@ -11,7 +11,6 @@ from rich.table import Table
 
 from rankscope.render.base import TerminalRenderer
 from rankscope.render.format import number, percent, ranges, shortened
-from rankscope.render.thresholds import render_thresholds  # noqa: F401  cli.py imports it from here for now
 from rankscope.results import Analysis
 
 

@@ -1,4 +1,4 @@
-"""`rankscope thresholds`: the findings' thresholds, as a table (terminal) or one JSON object."""
+"""`rankscope thresholds`: every threshold, as a table (terminal) or one JSON object."""
 from __future__ import annotations
 
 from rich import box
@@ -11,26 +11,23 @@ from rankscope.results import Thresholds
 
 
 class ThresholdsTerminal(TerminalRenderer):
-    """Name, default value, unit and source of each threshold."""
+    """Name, default value, what it decides, unit and source of each threshold."""
 
     def render(self, result: Thresholds, out: Console) -> None:
-        table = Table(title="Finding thresholds (override: analyze --threshold NAME=VALUE)", title_justify="left",
+        table = Table(title="Thresholds (override: analyze --threshold NAME=VALUE)", title_justify="left",
                       header_style="bold", box=box.SIMPLE_HEAD)
         table.add_column("name")
         table.add_column("value", justify="right")
+        table.add_column("decides")
         table.add_column("unit / source", overflow="fold")
         for name, t in result.by_name.items():
-            table.add_row(name, f"{t.value:g}", escape(f"{t.unit}; {t.source}"))
+            table.add_row(name, f"{t.value:g}", t.decides, escape(f"{t.unit}; {t.source}"))
         out.print(table)
 
 
 class ThresholdsJson(JsonRenderer):
-    """{name: {value, unit, source}}."""
+    """{name: {value, unit, source, decides}}."""
 
     def to_dict(self, result: Thresholds) -> dict:
-        return {name: {"value": t.value, "unit": t.unit, "source": t.source} for name, t in result.by_name.items()}
-
-
-def render_thresholds(thresholds: dict, console: Console) -> None:
-    """cli.py's call until it uses render.base.render."""
-    ThresholdsTerminal().render(Thresholds(thresholds), console)
+        return {name: {"value": t.value, "unit": t.unit, "source": t.source, "decides": t.decides}
+                for name, t in result.by_name.items()}

@@ -6,20 +6,25 @@ Per rank:
   - step time: mean, std and coefficient of variation across its steps; z-score of its mean against
     the ranks' means (population std), % over the mean, and the share of steps in which it is the
     slowest rank ("a rank with consistently higher step time"). Seed 003 flags z > 2 or > 10 % over
-    the mean (`step_time_outlier`). In synchronous data-parallel jobs every rank's step lasts as long
-    as the slowest rank's, so this is weak evidence there: the collectives carry the signal.
+    the mean (`step_time_outlier`: `straggler_step_z`, `straggler_step_pct`). In synchronous
+    data-parallel jobs every rank's step lasts as long as the slowest rank's, so this is weak
+    evidence there: the collectives carry the signal.
   - collectives (after clock alignment, clock.py): how often it arrived last, the wait it imposed
     (median over the other ranks of the time they waited in collectives where it was last; one
     rank's waits in concurrent collectives count once), its own wait, and the what-if below.
 
+Every value that decides a verdict is a `rankscope.thresholds` entry (`straggler_*`, `load_*`),
+read from the `Thresholds` the caller resolved (`cross_rank(..., thresholds=)`).
+
 A rank is a **straggler** when it arrived last at >= `last_share_min(n)` of its collectives, or
 holds that share of the job's last-arrival lateness (the sum over collectives of last arrival -
 next-latest arrival: when collectives queue on one stream, a late rank is last at the first of a
-burst only, and the rest of the burst starts together), AND its cost is >= `MIN_COST_PCT_OF_STEP` %
-of the median step time (and >= `MIN_COST_MS`). The search runs in rounds (`MAX_ROUNDS`): stragglers
-found are taken out and the collectives re-matched among the other ranks, so a smaller straggler
-hidden behind a bigger one is found too (its cost is then "once the first one is fixed"). Without
-matched collectives (ranks that do not communicate), a step-time outlier is the only evidence.
+burst only, and the rest of the burst starts together), AND its cost is >=
+`straggler_min_cost_pct_of_step` % of the median step time (and >= `straggler_min_cost_ms`). The
+search runs in rounds (`straggler_max_rounds`): stragglers found are taken out and the collectives
+re-matched among the other ranks, so a smaller straggler hidden behind a bigger one is found too
+(its cost is then "once the first one is fixed"). Without matched collectives (ranks that do not
+communicate), a step-time outlier is the only evidence.
 
 **Cause and cost** (the what-if "if it ran like the median rank"): in each step where the rank was
 last, take the last collective K of that step where it was last, and compare what the rank did from
@@ -58,9 +63,9 @@ had work: with two stragglers, each one's cost is what fixing it alone would gai
 counterfactual 14.4). In later rounds the rank's end is the collective's real start (the stragglers
 of earlier rounds included): without them the others would have waited for this rank's work.
 cause = the group with the largest summed excess over those steps, if it explains at least
-`CAUSE_MIN_SHARE` of the positive excess; else `unknown`. Also `unknown` when the rank started those
-steps late (its step start minus the other members' median, aligned clocks) by at least
-`CAUSE_MIN_SHARE` of its lateness L: then the delay lies before the step (in synchronous training
+`straggler_cause_min_share` of the positive excess; else `unknown`. Also `unknown` when the rank started
+those steps late (its step start minus the other members' median, aligned clocks) by at least
+`straggler_cause_min_share` of its lateness L: then the delay lies before the step (in synchronous training
 steps start together; param-dlrm-8rank's single profiled step starts 1.2-8.7 ms apart).
 
 **Load balance** (seed table: "all ranks idle at the same time" vs "one rank late"), from the ranks'
@@ -69,8 +74,8 @@ device idle = dataloader + sync + host + idle_other) and the wait spread: how mu
 rank sits in exposed communication than the rank that sits there least, over the median step. Ranks
 that wait for a late one sit in exposed communication while it works; a job that is slow everywhere
 (no overlap, slow network) has exposed communication on every rank alike, and no spread. Verdict:
-"one_rank_late" (stragglers found), "all_ranks_idle" (common idle >= `ALL_IDLE_PCT`),
-"rotating_lateness" (wait spread >= `WAIT_IMBALANCE_PCT` without a single rank to blame), else
+"one_rank_late" (stragglers found), "all_ranks_idle" (common idle >= `load_all_idle_pct`),
+"rotating_lateness" (wait spread >= `load_wait_imbalance_pct` without a single rank to blame), else
 "balanced".
 """
 from __future__ import annotations
@@ -87,39 +92,9 @@ from rankscope.analyses.job.clock import ClockAlignment, estimate_clock_offsets
 from rankscope.analyses.job.matching import CollectiveTable, match_collectives, member_frame, since_step_windows
 from rankscope.analyses.rank.collectives import RankCollectives
 from rankscope.analyses.intervals import union, union_length_per_group
-from rankscope.units import NS_PER_MS
+from rankscope.thresholds import Thresholds, resolve
+from rankscope.units import NS_PER_MS, NS_PER_US
 
-
-#: Seed 003 ("straggler z-score"): a rank's mean step time > 2 sigma or > 10 % over the mean.
-STEP_Z_FLAG = 2.0
-STEP_PCT_FLAG = 10.0
-#: Last arrivals: at least half of the rank's collectives, and at least 1.5x the share chance gives
-#: (1/n): with 2 ranks that is 75 %.
-LAST_SHARE_MIN = 0.5
-LAST_SHARE_CHANCE_FACTOR = 1.5
-#: Cost threshold, relative to the median step time: the same order as seed 003's "10 % over the
-#: mean", halved because cost is measured directly (not through noisy step times). Measured here:
-#: the closest candidate of a healthy or launch-bound synthetic job (rank speed spread 1-2 %,
-#: rankscope.synth) costs <= 1.4 %, cpu-gloo-4rank-loader0's 2.1 %, param-dlrm-8rank's rank 7 5.0 %
-#: (0.80 ms: it starts the one profiled step late), cpu-gloo-4rank-straggler's 40 ms sleep 57 %.
-MIN_COST_PCT_OF_STEP = 5.0
-MIN_COST_MS = 0.05
-#: The what-if (cost, cause) is evaluated for the ranks above the last-share bar and for this many
-#: ranks that were last most often (so a healthy job's report still shows its closest candidate).
-CANDIDATES_ALWAYS = 3
-#: Rounds of the search: after each, the stragglers found are taken out and the rest re-matched,
-#: while at least MIN_RANKS_NEXT_ROUND ranks remain (below that "the median of the others" is one
-#: or two ranks: cpu-gloo-4rank-loader2 would name a second rank out of its three left on 2 ms).
-MAX_ROUNDS = 3
-MIN_RANKS_NEXT_ROUND = 4
-#: An arrival within this of the end of the rank's previous collective (or while it still ran) was
-#: queued behind it: kernels of one stream start back to back (param-dlrm-8rank: 1-2 us apart).
-QUEUED_GAP_NS = 10_000
-#: A cause must explain at least this share of the rank's positive excess, else "unknown".
-CAUSE_MIN_SHARE = 0.5
-#: Load balance: common idle share (every rank idle at once) and the wait spread, in % of a step.
-ALL_IDLE_PCT = 20.0
-WAIT_IMBALANCE_PCT = 10.0
 
 CAUSES = ("dataloader", "host_idle", "cpu_ops", "gpu_compute", "memcpy", "communication", "unknown")
 #: Breakdown categories (breakdown.CATEGORIES) summed into each cause.
@@ -136,8 +111,9 @@ _GROUPS = list(CAUSE_GROUPS)
 _GROUP_MATRIX = np.array([[1 if c in CAUSE_GROUPS[g] else 0 for g in _GROUPS] for c in CATEGORIES], dtype=np.int64)
 
 
-def last_share_min(n_ranks: int) -> float:
-    return max(LAST_SHARE_MIN, min(1.0, LAST_SHARE_CHANCE_FACTOR / max(n_ranks, 1)))
+def last_share_min(n_ranks: int, t: Thresholds) -> float:
+    """The last-arrival share (0-1) that makes a straggler among `n_ranks`."""
+    return max(t["straggler_last_share_min"], min(1.0, t["straggler_last_share_chance_factor"] / max(n_ranks, 1)))
 
 
 @dataclass
@@ -207,11 +183,12 @@ class StragglerReport:
     thresholds: dict = field(default_factory=dict)
 
 
-def _thresholds(n: int) -> dict:
-    return {"step_z_flag": STEP_Z_FLAG, "step_pct_flag": STEP_PCT_FLAG, "last_share_min": last_share_min(n),
-            "min_cost_pct_of_step": MIN_COST_PCT_OF_STEP, "min_cost_ms": MIN_COST_MS,
-            "cause_min_share": CAUSE_MIN_SHARE, "all_idle_pct": ALL_IDLE_PCT,
-            "wait_imbalance_pct": WAIT_IMBALANCE_PCT}
+def _thresholds(n: int, t: Thresholds) -> dict:
+    """The values that decided, as the JSON shows them (`straggler_thresholds`)."""
+    return {"step_z_flag": t["straggler_step_z"], "step_pct_flag": t["straggler_step_pct"],
+            "last_share_min": last_share_min(n, t), "min_cost_pct_of_step": t["straggler_min_cost_pct_of_step"],
+            "min_cost_ms": t["straggler_min_cost_ms"], "cause_min_share": t["straggler_cause_min_share"],
+            "all_idle_pct": t["load_all_idle_pct"], "wait_imbalance_pct": t["load_wait_imbalance_pct"]}
 
 
 def _step_table(ranks: Sequence[RankCollectives]) -> pl.DataFrame:
@@ -232,9 +209,12 @@ def _step_table(ranks: Sequence[RankCollectives]) -> pl.DataFrame:
 
 
 def find_stragglers(ranks: Sequence[RankCollectives], table: CollectiveTable | None = None,
-                    clock: ClockAlignment | None = None, members: pl.DataFrame | None = None) -> StragglerReport:
+                    clock: ClockAlignment | None = None, members: pl.DataFrame | None = None,
+                    thresholds: Thresholds | None = None) -> StragglerReport:
     """Straggler verdict, per-rank figures and load balance (module docstring). `members`:
-    `member_frame(ranks)` when the caller has it and no `table` (the collectives are matched here)."""
+    `member_frame(ranks)` when the caller has it and no `table` (the collectives are matched here);
+    `thresholds`: the values in force, by default `resolve()`."""
+    t = resolve(thresholds)
     ranks = sorted(ranks, key=lambda r: r.rank)
     n = len(ranks)
     if table is None:
@@ -259,22 +239,25 @@ def find_stragglers(ranks: Sequence[RankCollectives], table: CollectiveTable | N
     for r, cnt, mean, std in per_rank.iter_rows():
         z = (mean - job_mean) / job_std if job_std and job_std > 0 and n >= 2 else (0.0 if n >= 2 else None)
         pct = 100.0 * (mean - job_mean) / job_mean if job_mean else None
-        outlier = n >= 3 and ((z is not None and z > STEP_Z_FLAG) or (pct is not None and pct > STEP_PCT_FLAG))
+        outlier = n >= 3 and ((z is not None and z > t["straggler_step_z"])
+                              or (pct is not None and pct > t["straggler_step_pct"]))
         step_stats[r] = (cnt, mean, std, (std / mean if mean else None), z, pct,
                          (slowest_count.get(r, 0) / n_common_steps if n_common_steps else None), bool(outlier))
 
     # ---- collective figures and verdict, in rounds: a straggler found is taken out and the
     # collectives re-matched among the others, so a second, smaller one hidden behind it shows
-    min_cost = max(MIN_COST_MS, (MIN_COST_PCT_OF_STEP / 100.0) * (median_step or 0.0))
-    progress = _progress(table.members)     # stragglers of later rounds are judged against the real job
-    stats, found = _evaluate(ranks, table, progress, step_stats, median_step, min_cost)
+    min_cost = max(t["straggler_min_cost_ms"], t["straggler_min_cost_pct_of_step"] / 100.0 * (median_step or 0.0))
+    # stragglers of later rounds are judged against the real job
+    progress = _progress(table.members, int(t["straggler_queued_gap_us"] * NS_PER_US))
+    stats, found = _evaluate(ranks, table, progress, step_stats, median_step, min_cost, t)
     by_rank = {s.rank: s for s in stats}
     remaining = [rc for rc in ranks if not by_rank[rc.rank].straggler]
     rounds = 1
-    while found and table.count and rounds < MAX_ROUNDS and len(remaining) >= MIN_RANKS_NEXT_ROUND:
+    while (found and table.count and rounds < t["straggler_max_rounds"]
+           and len(remaining) >= t["straggler_min_ranks_next_round"]):
         fixed = sorted(set(by_rank) - {rc.rank for rc in remaining})
         sub = _without(table, fixed)
-        more_stats, more = _evaluate(remaining, sub, progress, step_stats, median_step, min_cost)
+        more_stats, more = _evaluate(remaining, sub, progress, step_stats, median_step, min_cost, t)
         if not more:
             break
         for st in more_stats:
@@ -288,14 +271,14 @@ def find_stragglers(ranks: Sequence[RankCollectives], table: CollectiveTable | N
         rounds += 1
     stats = [by_rank[rc.rank] for rc in ranks]
     if not table.count:
-        _step_only(stats, ranks, found)
+        _step_only(stats, ranks, found, t["straggler_cause_min_share"])
     # round by round (a later round's cost holds once the earlier ones are fixed), by cost within one
     found.sort(key=lambda s: (by_rank[s.rank].found_in_round, -s.cost_ms_per_step))
-    balance = load_balance(ranks, bool(found))
-    share_min = 100.0 * last_share_min(n)
+    balance = load_balance(ranks, bool(found), t)
+    share_min = 100.0 * last_share_min(n, t)
     verdict = _verdict(found, stats, table.count, n, min_cost, share_min)
     return StragglerReport(stragglers=found, verdict=verdict, ranks=stats, load_balance=balance,
-                           median_step_ms=median_step, thresholds=_thresholds(n))
+                           median_step_ms=median_step, thresholds=_thresholds(n, t))
 
 
 def _without(table: CollectiveTable, fixed: Sequence[int]) -> CollectiveTable:
@@ -340,7 +323,8 @@ def _without(table: CollectiveTable, fixed: Sequence[int]) -> CollectiveTable:
                                               "last_lead_ns")})
     per = per.join(table.collectives.select(pl.col("cid").alias("old_cid"), "pg", "seq", "occ"), on="old_cid",
                    how="left")
-    per = per.sort(["start_min_ns", "pg", "seq", "occ"]).with_row_index("cid").with_columns(pl.col("cid").cast(pl.Int64))
+    per = per.sort(["start_min_ns", "pg", "seq", "occ"]).with_row_index("cid").with_columns(
+        pl.col("cid").cast(pl.Int64))
     renumber = np.zeros(table.collectives.height, dtype=np.int64)
     renumber[per["old_cid"].to_numpy()] = per["cid"].to_numpy()
     members = sub.select(pl.Series("cid", renumber[cid]), "rank", "idx", "start_ns",
@@ -354,15 +338,16 @@ def _without(table: CollectiveTable, fixed: Sequence[int]) -> CollectiveTable:
     return CollectiveTable(coll, members, dict(table.offsets_ns), unmatched=0)
 
 
-def _progress(mem: pl.DataFrame) -> pl.DataFrame:
+def _progress(mem: pl.DataFrame, queued_gap_ns: int) -> pl.DataFrame:
     """Per member instance (rank, idx): when its collective really started (`started_ns`: its last
     arrival) and how far the rank's own work had got by its end, within its step (`busy_ns`; null
     before any evidence): the running maximum of the ends of its own work during its collectives and
     of its arrivals that were not queued behind its previous collective (an arrival shows the rank
-    was not ready earlier; a queued one only shows the queue)."""
+    was not ready earlier; a queued one only shows the queue: it came within `queued_gap_ns` of the
+    end of the rank's previous collective)."""
     m = mem.sort(["rank", "start_ns"]).with_columns(
         pl.col("end_ns").cum_max().shift(1).over("rank").alias("prev_end_ns"))
-    queued = (pl.col("start_ns") <= pl.col("prev_end_ns") + QUEUED_GAP_NS).fill_null(False)
+    queued = (pl.col("start_ns") <= pl.col("prev_end_ns") + queued_gap_ns).fill_null(False)
     busy = (pl.when(pl.col("last_work_ns") > pl.col("start_ns")).then(pl.col("last_work_ns"))
             .when(~queued).then(pl.col("start_ns")))
     return m.select("rank", "idx", (pl.col("start_ns") + pl.col("wait_ns")).alias("started_ns"),
@@ -370,7 +355,7 @@ def _progress(mem: pl.DataFrame) -> pl.DataFrame:
 
 
 def _evaluate(ranks: Sequence[RankCollectives], table: CollectiveTable, progress: pl.DataFrame, step_stats: dict,
-              median_step: float | None, min_cost: float) -> tuple[list[RankStats], list[Straggler]]:
+              median_step: float | None, min_cost: float, t: Thresholds) -> tuple[list[RankStats], list[Straggler]]:
     """One round: per-rank collective figures (vectorized; the what-if only for candidates) and the
     ranks that pass the straggler bars."""
     coll, mem = table.collectives, table.members
@@ -378,7 +363,7 @@ def _evaluate(ranks: Sequence[RankCollectives], table: CollectiveTable, progress
     # per-step figures are averaged over the steps that have collectives (collectives outside every
     # step window are matched and listed, but the what-if is per step)
     n_steps_with_coll = max(1, coll.filter(pl.col("step") >= 0)["step"].n_unique()) if coll.height else 1
-    share_min = 100.0 * last_share_min(n)
+    share_min = 100.0 * last_share_min(n, t)
     per, imposed, lead_share = {}, {}, {}
     if mem.height:
         for r, n_coll, n_last, own in mem.group_by("rank").agg(
@@ -395,8 +380,9 @@ def _evaluate(ranks: Sequence[RankCollectives], table: CollectiveTable, progress
         return max(100.0 * nl / nc if nc else 0.0, lead_share.get(r, 0.0))
 
     # ties broken by rank: group_by order is arbitrary, and the result must not depend on it
-    candidates = sorted(per, key=lambda r: (-per[r][1], r))[:CANDIDATES_ALWAYS] + \
-        sorted(lead_share, key=lambda r: (-lead_share[r], r))[:CANDIDATES_ALWAYS] + \
+    always = int(t["straggler_candidates"])
+    candidates = sorted(per, key=lambda r: (-per[r][1], r))[:always] + \
+        sorted(lead_share, key=lambda r: (-lead_share[r], r))[:always] + \
         [r for r in per if share(r) >= share_min]
     candidates = set(r for r in candidates if per.get(r, (0, 0, 0))[1] > 0)
     step_starts = {rc.rank: {s: a - int(table.offsets_ns.get(rc.rank, 0)) for s, a in zip(rc.steps, rc.step_start_ns)}
@@ -408,13 +394,15 @@ def _evaluate(ranks: Sequence[RankCollectives], table: CollectiveTable, progress
     found: list[Straggler] = []
     for rc in ranks:
         r = rc.rank
-        cnt, mean, std, cv, z, pct, slow_share, outlier = step_stats.get(r, (0, None, None, None, None, None, None, False))
+        cnt, mean, std, cv, z, pct, slow_share, outlier = step_stats.get(
+            r, (0, None, None, None, None, None, None, False))
         n_coll, n_last, own_wait = per.get(r, (0, 0, 0.0))
         L = I = A = B = cost = lag = None
         excess, cause = {}, None
         if r in candidates:
             last_cids = coll.filter(pl.col("last_rank") == r)["cid"]
-            L, I, A, B, cost, excess, cause, lag = _what_if(rc, ranks, coll, mf, last_cids, step_starts)
+            L, I, A, B, cost, excess, cause, lag = _what_if(rc, ranks, coll, mf, last_cids, step_starts,
+                                                            t["straggler_cause_min_share"])
             L, I, A, B, cost, lag = (x / n_steps_with_coll for x in (L, I, A, B, cost, lag))
             excess = {g: v / n_steps_with_coll for g, v in excess.items()}
         s = RankStats(
@@ -431,11 +419,11 @@ def _evaluate(ranks: Sequence[RankCollectives], table: CollectiveTable, progress
         stats.append(s)
         if coll.height and share(r) >= share_min and cost is not None and cost >= min_cost:
             s.straggler = True
-            found.append(_straggler(s, coll, median_step))
+            found.append(_straggler(s, coll, median_step, t["straggler_cause_min_share"]))
     return stats, found
 
 
-def _straggler(s: RankStats, coll: pl.DataFrame, median_step: float | None) -> Straggler:
+def _straggler(s: RankStats, coll: pl.DataFrame, median_step: float | None, cause_min_share: float) -> Straggler:
     last_steps = sorted({int(x) for x in coll.filter(pl.col("last_rank") == s.rank)["step"].to_list() if x >= 0})
     evidence = (f"last to arrive at {s.last_arrivals} of {s.collectives} collectives ({s.last_arrival_pct:.0f}%, "
                 f"{s.lateness_share_pct:.0f}% of all last-arrival lateness); each other rank waited "
@@ -445,7 +433,7 @@ def _straggler(s: RankStats, coll: pl.DataFrame, median_step: float | None) -> S
     if median_step:
         evidence += f" ({100 * s.cost_ms_per_step / median_step:.1f}% of the median step)"
     if s.cause == "unknown" and s.lateness_ms_per_step and \
-            s.step_start_lag_ms_per_step >= CAUSE_MIN_SHARE * s.lateness_ms_per_step:
+            s.step_start_lag_ms_per_step >= cause_min_share * s.lateness_ms_per_step:
         evidence += (f"; it started those steps {s.step_start_lag_ms_per_step:.2f} ms/step after the median rank: "
                      f"the delay lies before the step's start (previous step, or before the profiled window), so "
                      f"its cause is not in this trace")
@@ -484,7 +472,7 @@ def _imposed_wait(mem: pl.DataFrame, coll: pl.DataFrame) -> dict[int, float]:
 
 
 def _what_if(rc: RankCollectives, ranks: Sequence[RankCollectives], coll: pl.DataFrame, mf: pl.DataFrame,
-             last_cids: pl.Series, step_starts: dict[int, dict[int, int]]):
+             last_cids: pl.Series, step_starts: dict[int, dict[int, int]], cause_min_share: float):
     """(L, I, A, B, cost, excess per group, cause, step-start lag), summed over the steps in which
     `rc` was last (ns converted to ms). Windows (read for the members of each step's K only): from
     each rank's step start to the straggler's arrival at K; the other members' part after their own
@@ -533,9 +521,9 @@ def _what_if(rc: RankCollectives, ranks: Sequence[RankCollectives], coll: pl.Dat
         excess["cpu_ops"] = excess.get("cpu_ops", 0.0) + excess.pop("gpu_compute")
     positive = {g: v for g, v in excess.items() if v > 0}
     cause = "unknown"
-    if positive and lag < CAUSE_MIN_SHARE * L:
+    if positive and lag < cause_min_share * L:
         best = max(positive, key=positive.get)
-        if positive[best] >= CAUSE_MIN_SHARE * sum(positive.values()):
+        if positive[best] >= cause_min_share * sum(positive.values()):
             cause = best
     return L / NS_PER_MS, I / NS_PER_MS, A / NS_PER_MS, B / NS_PER_MS, cost / NS_PER_MS, excess, cause, lag / NS_PER_MS
 
@@ -563,7 +551,8 @@ def _top_excess(excess: dict[str, float]) -> str:
     return ", ".join(f"{v:.2f} ms/step of {g}" for v, g in pos) if pos else "nothing"
 
 
-def _step_only(stats: list[RankStats], ranks: Sequence[RankCollectives], found: list[Straggler]) -> None:
+def _step_only(stats: list[RankStats], ranks: Sequence[RankCollectives], found: list[Straggler],
+               cause_min_share: float) -> None:
     """No matched collectives: a step-time outlier is the only evidence; its cause is the group in
     which its mean step breakdown exceeds the median of the other ranks most."""
     groups = {}
@@ -581,7 +570,7 @@ def _step_only(stats: list[RankStats], ranks: Sequence[RankCollectives], found: 
         cause = "unknown"
         if positive:
             best = max(positive, key=positive.get)
-            cause = best if positive[best] >= CAUSE_MIN_SHARE * sum(positive.values()) else "unknown"
+            cause = best if positive[best] >= cause_min_share * sum(positive.values()) else "unknown"
         cost = max(0.0, (s.step_time_mean_ms or 0.0) - float(np.median([x.step_time_mean_ms for x in stats
                                                                          if x.step_time_mean_ms is not None])))
         s.straggler, s.cause, s.cost_ms_per_step, s.excess_ms_per_step = True, cause, cost, excess
@@ -609,7 +598,7 @@ def _verdict(found: list[Straggler], stats: list[RankStats], n_coll: int, n: int
             f"{top.cost_ms_per_step or 0.0:.2f} ms/step)")
 
 
-def load_balance(ranks: Sequence[RankCollectives], has_straggler: bool) -> LoadBalance:
+def load_balance(ranks: Sequence[RankCollectives], has_straggler: bool, t: Thresholds) -> LoadBalance:
     """All ranks idle at once vs one rank late (module docstring)."""
     steps = _step_table(ranks)
     if steps.is_empty() or len(ranks) < 2:
@@ -630,10 +619,10 @@ def load_balance(ranks: Sequence[RankCollectives], has_straggler: bool) -> LoadB
                f"{spread:.1f}% of a step longer than the rank that waits least")
     if has_straggler:
         verdict, summary = "one_rank_late", f"one rank late (see stragglers): {figures}"
-    elif idle >= ALL_IDLE_PCT:
+    elif idle >= t["load_all_idle_pct"]:
         verdict, summary = "all_ranks_idle", (f"all ranks idle at the same time (input pipeline / host bound "
                                              f"everywhere, not one rank): {figures}")
-    elif spread >= WAIT_IMBALANCE_PCT:
+    elif spread >= t["load_wait_imbalance_pct"]:
         verdict, summary = "rotating_lateness", (f"ranks wait for a late one, but no single rank is late "
                                                 f"consistently (imbalance that moves): {figures}")
     else:
@@ -667,8 +656,10 @@ class CrossRank:
         }
 
 
-def cross_rank(ranks: Sequence[RankCollectives], align_clocks: bool = True) -> CrossRank:
-    """Clock alignment -> collective matching -> stragglers and load balance -> alpha-beta fits."""
+def cross_rank(ranks: Sequence[RankCollectives], align_clocks: bool = True,
+               thresholds: Thresholds | None = None) -> CrossRank:
+    """Clock alignment -> collective matching -> stragglers and load balance -> alpha-beta fits;
+    `thresholds`: the values in force, by default `resolve()`."""
     from rankscope.analyses.job.alphabeta import fit_alpha_beta
     ranks = sorted(ranks, key=lambda r: r.rank)
     members = member_frame(ranks)                  # built once, shared by every stage below
@@ -677,5 +668,5 @@ def cross_rank(ranks: Sequence[RankCollectives], align_clocks: bool = True) -> C
         collectives_used=[0] * len(ranks), applied=[False] * len(ranks), note="clock alignment off: raw timestamps")
     table = match_collectives(ranks, clock.applied_offsets(), members)
     del members                                    # the straggler rounds derive theirs from `table`
-    report = find_stragglers(ranks, table, clock)
+    report = find_stragglers(ranks, table, clock, thresholds=thresholds)
     return CrossRank(clock, table, report, fit_alpha_beta(table))

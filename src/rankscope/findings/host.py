@@ -1,0 +1,137 @@
+"""Findings where the host holds the device back: DataLoader stalls, host-bound steps, launch
+overhead, device synchronization."""
+from __future__ import annotations
+
+from statistics import median
+from typing import Iterable
+
+from rankscope.findings.registry import JobView, job_or_rank_tier, rank_shares, rule, tier
+from rankscope.numbers import rounded
+from rankscope.results import Finding
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return "rank " + str(ranks[0]) if len(ranks) == 1 else f"{len(ranks)} ranks"
+
+
+@rule("dataloader_stall", reads=("dataloader_low_pct", "dataloader_medium_pct", "dataloader_high_pct"))
+def dataloader_stall(job: JobView) -> Iterable[Finding]:
+    """Time the device (or training thread) waits inside DataLoader.__next__, as a share of the step:
+    the median rank's share tiered by `dataloader_low_pct` / `dataloader_medium_pct` /
+    `dataloader_high_pct`, or single ranks over the high tier (one tier lower)."""
+    shares = rank_shares(job, lambda s: job.share(s, job.part(s, "dataloader")))
+    if not shares:
+        return
+    t = job.thresholds
+    severity, ranks = job_or_rank_tier(shares, t, ("dataloader_low_pct", "dataloader_medium_pct",
+                                                   "dataloader_high_pct"))
+    if severity is None:
+        return
+    by_rank = {s.rank: s for s in job.ranks}
+    loaders = [by_rank[r].dataloader for r in ranks]
+    workers = sorted({d.num_workers for d in loaders if d} - {None})
+    ms = median(job.part(by_rank[r], "dataloader") for r in ranks)
+    workers_text = ("" if not workers else f" (num_workers={'/'.join(map(str, workers))})")
+    more = ("set num_workers to 4-8 per GPU (it is 0: data is loaded on the training thread)"
+            if workers == [0] else "raise num_workers")
+    yield Finding(
+        id="dataloader_stall", severity=severity, ranks=ranks, steps=job.steps(),
+        summary=(f"the {'device' if any(s.has_device for s in job.ranks) else 'training thread'} waits for the "
+                 f"DataLoader {median(shares[r] for r in ranks):.1f}% of each step on {_ranks_text(ranks)} "
+                 f"({ms:.1f} ms per step){workers_text}"),
+        evidence={"dataloader_pct_of_step": {r: rounded(v, 1) for r, v in sorted(shares.items())},
+                  "median_pct_of_step": rounded(median(shares.values()), 1), "dataloader_ms_per_step": rounded(ms, 3),
+                  "num_workers": workers,
+                  "dataloader_span_share_pct": {r: rounded(d.share_pct, 1) if d else None
+                                                for r, d in zip(ranks, loaders)}},
+        explanation=("Time inside enumerate(DataLoader).__next__ with nothing else running: the next batch was "
+                     "not ready when the step wanted it, so compute stalls on input."),
+        fix=(f"{more}; pin_memory=True; persistent_workers=True and prefetch_factor=2-4; move decoding and "
+             "augmentation offline or to the GPU (e.g. DALI) when workers are not enough"),
+        threshold=dict(t), cost_ms_per_step=ms)
+
+
+def _device_category(job: JobView, category: str, finding_id: str, medium: str, high: str, summary: str,
+                     explanation: str, fix: str) -> Iterable[Finding]:
+    """A breakdown category in which the device idles (host, sync) tiered on its median share of
+    the step; `summary` is formatted with pct (median share) and ms (median per step)."""
+    t = job.thresholds
+    shares = rank_shares(job, lambda s: job.share(s, job.part(s, category))
+                         if s.has_device and s.breakdown_mode == "device" else None)
+    if not shares:
+        return
+    pct = median(shares.values())
+    severity = tier(pct, t, None, medium, high)
+    if severity is None:
+        return
+    ranks = sorted(r for r, v in shares.items() if v >= t[medium])
+    ms = median(job.part(s, category) for s in job.ranks if s.rank in shares)
+    yield Finding(
+        id=finding_id, severity=severity, ranks=ranks, steps=job.steps(), summary=summary.format(pct=pct, ms=ms),
+        evidence={f"{category}_pct_of_step": {r: rounded(v, 1) for r, v in sorted(shares.items())},
+                  f"{category}_ms_per_step": rounded(ms, 3)},
+        explanation=explanation, fix=fix, threshold=dict(t), cost_ms_per_step=ms)
+
+
+@rule("gpu_idle_host_bound", reads=("host_bound_medium_pct", "host_bound_high_pct"))
+def gpu_idle_host_bound(job: JobView) -> Iterable[Finding]:
+    """The device idles while the host runs CPU ops and launches (breakdown category `host`), as a
+    share of the step (median device rank), tiered by `host_bound_medium_pct` / `host_bound_high_pct`."""
+    yield from _device_category(
+        job, "host", "gpu_idle_host_bound", "host_bound_medium_pct", "host_bound_high_pct",
+        "the GPU idles {pct:.1f}% of each step ({ms:.1f} ms) while the host runs CPU ops and launches: the job is "
+        "host-bound",
+        "The device has nothing queued while the CPU is still busy with Python, operator dispatch and kernel "
+        "launches: the GPU runs faster than the host can feed it.",
+        "cut host work per step: torch.compile (fuses ops, fewer launches), CUDA graphs "
+        "(torch.compile(mode='reduce-overhead')), a larger batch per step, and move Python-side work "
+        "(metrics, logging, tensor.tolist()) out of the step")
+
+
+@rule("launch_overhead", reads=("short_kernel_share_pct", "launch_idle_pct"))
+def launch_overhead(job: JobView) -> Iterable[Finding]:
+    """Ranks where >= `short_kernel_share_pct` of kernel launches are shorter than HTA's runtime
+    cutoff and the device idles (host + other) >= `launch_idle_pct` of the step."""
+    t = job.thresholds
+    ranks, short_pcts, kernel_p50_us = [], [], []
+    for s in job.ranks:
+        launch = s.hta.launch if s.hta else None
+        n = launch.launches if launch else 0
+        if not n or s.breakdown_mode != "device":
+            continue
+        short_pct = 100.0 * launch.short_kernels / n
+        idle_pct = job.share(s, job.part(s, "host") + job.part(s, "idle_other"))
+        if short_pct >= t["short_kernel_share_pct"] and idle_pct >= t["launch_idle_pct"]:
+            ranks.append(s.rank)
+            short_pcts.append(short_pct)
+            p50 = launch.gpu_duration.p50_us
+            if p50 is not None:
+                kernel_p50_us.append(p50)
+    if not ranks:
+        return
+    median_kernel = f" (median kernel {median(kernel_p50_us):.0f} us)" if kernel_p50_us else ""
+    yield Finding(
+        id="launch_overhead", severity="medium", ranks=ranks, steps=job.steps(),
+        summary=(f"{median(short_pcts):.0f}% of kernels are tiny{median_kernel} and the device idles between them: "
+                 "launch overhead dominates"),
+        evidence={"short_kernel_pct": rounded(median(short_pcts), 1),
+                  "median_kernel_us": rounded(median(kernel_p50_us), 1) if kernel_p50_us else None},
+        explanation=("Each kernel costs several microseconds of CPU launch time; when kernels run for less than "
+                     "that, the GPU waits for launches instead of computing."),
+        fix=("fuse and batch: torch.compile, CUDA graphs (torch.compile(mode='reduce-overhead') or "
+             "torch.cuda.graphs), foreach/fused optimizers (fused=True), a larger batch"),
+        threshold=dict(t), cost_ms_per_step=None)
+
+
+@rule("sync_stall", reads=("sync_medium_pct", "sync_high_pct"))
+def sync_stall(job: JobView) -> Iterable[Finding]:
+    """The host blocks on device synchronization while the GPU idles (breakdown category `sync`), as
+    a share of the step (median device rank), tiered by `sync_medium_pct` / `sync_high_pct`."""
+    yield from _device_category(
+        job, "sync", "sync_stall", "sync_medium_pct", "sync_high_pct",
+        "the host blocks on device synchronization {pct:.1f}% of each step ({ms:.1f} ms) while the GPU idles",
+        "cudaDeviceSynchronize / cudaStreamSynchronize / event waits (from .item(), .cpu(), print(tensor), "
+        "torch.cuda.synchronize) stop the host until the device drains, so nothing is queued behind.",
+        "remove host syncs from the step: keep losses/metrics on the GPU and read them every N steps, use "
+        "non_blocking=True copies, avoid .item()/.tolist()/print of tensors and data-dependent Python control "
+        "flow; torch.cuda.set_sync_debug_mode('warn') finds them")

@@ -1,0 +1,113 @@
+"""Findings of NCCL debug logs compared as runs (`rankscope nccl LOG...`, `analyze --nccl-log LOG`;
+analyses/inputs/nccl.py, each log one run): `low_bus_bandwidth` and `degraded_nccl_link`. Their
+rules read an `NcclView`: the report and the run judged."""
+from __future__ import annotations
+
+from pathlib import PurePath
+from typing import TYPE_CHECKING, Any, Iterable
+
+from rankscope.findings.registry import NcclView, rule
+from rankscope.hardware import devices_link_peak_gbps
+from rankscope.numbers import rounded
+from rankscope.results import Finding
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rankscope.analyses.inputs.nccl import NcclRun
+
+
+def _log_name(file: str) -> str:
+    return PurePath(file).name
+
+
+def _channels_and_transports(run: NcclRun) -> dict[str, Any]:
+    return {"channels": {c.comm_id: c.coll_channels for c in run.comms},
+            "transport": {f"{p.src}->{p.dst}": f"{p.via} ({p.channels} channels)" for p in run.peers},
+            "nccl_env": run.log.env}
+
+
+@rule("low_bus_bandwidth", reads=("nccl_busbw_pct_of_best", "busbw_low_pct_of_peak", "nccl_busbw_high_pct_of_best"),
+      view=NcclView)
+def low_bus_bandwidth(view: NcclView) -> Iterable[Finding]:
+    """A run whose nccl-tests bus bandwidth is < `nccl_busbw_pct_of_best` of the best run's at the same
+    sizes (high below `nccl_busbw_high_pct_of_best`), or whose best row is < `busbw_low_pct_of_peak` of
+    the device's link peak (one host)."""
+    report, run, t = view.report, view.run, view.thresholds
+    vs_best = next((c for c in report.of("busbw") if c.file == run.file), None)
+    peak = devices_link_peak_gbps(run.devices)
+    of_peak = (100.0 * run.peak_busbw_gbps / peak if peak and run.peak_busbw_gbps is not None and len(run.hosts) <= 1
+               else None)
+    low_vs_best = vs_best is not None and vs_best.pct < t["nccl_busbw_pct_of_best"]
+    low_vs_peak = of_peak is not None and of_peak < t["busbw_low_pct_of_peak"]
+    if not (low_vs_best or low_vs_peak):
+        return
+    best = next((r for r in report.runs if r.file == report.best_run), None)
+    parts = []
+    if low_vs_best:
+        parts.append(f"{vs_best.pct:.0f}% of {_log_name(best.file)} ({vs_best.reference:.1f} GB/s) at the same sizes")
+    if low_vs_peak:
+        parts.append(f"best row {run.peak_busbw_gbps:.1f} GB/s = {of_peak:.0f}% of the {peak:.0f} GB/s link peak")
+    yield Finding(
+        id="low_bus_bandwidth",
+        severity="high" if low_vs_best and vs_best.pct < t["nccl_busbw_high_pct_of_best"] else "medium",
+        ranks=vs_best.ranks if vs_best else [], steps=[],
+        summary=f"{_log_name(run.file)}: bus bandwidth {run.avg_busbw_gbps:.1f} GB/s, " + "; ".join(parts),
+        evidence={"file": run.file, "busbw_gbps": rounded(run.avg_busbw_gbps, 2),
+                  "peak_busbw_gbps": rounded(run.peak_busbw_gbps, 2),
+                  "best_run": report.best_run, "best_busbw_gbps": rounded(best.avg_busbw_gbps, 2) if best else None,
+                  "pct_of_best": rounded(vs_best.pct, 1) if vs_best else None,
+                  "device": run.devices[0] if run.devices else None,
+                  "link_peak_gbps": peak, "pct_of_link_peak": rounded(of_peak, 1),
+                  **_channels_and_transports(run),
+                  "best_run_channels": _channels_and_transports(best)["channels"] if best else None},
+        explanation=("Bus bandwidth (nccl-tests) normalizes a collective's speed to the links; a run far below "
+                     "another on the same machines, or far below the link peak, has lost links, channels or "
+                     "its transport."),
+        fix=("compare the transports and channel counts of the two logs (`rankscope nccl HEALTHY.log SLOW.log`); "
+             "check `nvidia-smi nvlink --status` / `nvidia-smi topo -m` for down NVLinks, a NCCL_TOPO_FILE or "
+             "NCCL_P2P_DISABLE / NCCL_MAX_NCHANNELS left in the environment"),
+        threshold={k: t[k] for k in ("nccl_busbw_pct_of_best", "busbw_low_pct_of_peak")})
+
+
+@rule("degraded_nccl_link", reads=("nccl_degraded_pct_of_peers", "nccl_degraded_high_pct_of_peers"), view=NcclView)
+def degraded_nccl_link(view: NcclView) -> Iterable[Finding]:
+    """A communicator with fewer collective channels, or a GPU->GPU link NCCL sees slower, than
+    `nccl_degraded_pct_of_peers` of its best peer (high below `nccl_degraded_high_pct_of_peers`), or a
+    rank pair on a slower transport than its peers."""
+    report, run, t = view.report, view.run, view.thresholds
+    limit = t["nccl_degraded_pct_of_peers"]
+    mine = [c for c in report.comparisons if c.file == run.file]
+    issues = ([c for c in mine if c.kind in ("channels", "link") and c.pct < limit]
+              + [c for c in mine if c.kind == "transport" and c.value < c.reference])
+    if not issues:
+        return
+    texts = []
+    for c in issues:
+        if c.kind == "channels":
+            texts.append(f"{c.subject} has {c.value:.0f} collective channels, {c.pct:.0f}% of the "
+                         f"{c.reference:.0f} in {_log_name(c.reference_from)}")
+        elif c.kind == "link":
+            where = ("its reverse direction" if c.reference_from == "this run"
+                     else f"the same pair in {_log_name(c.reference_from)}")
+            texts.append(f"NCCL sees {c.subject} ({c.detail['type']}) at {c.value:g} GB/s, {c.pct:.0f}% of "
+                         f"the {c.reference:g} GB/s of {where}")
+        else:
+            texts.append(f"{c.subject} ({c.detail['kind']}) where peers in {_log_name(c.reference_from)} use "
+                         f"{c.detail['best_kind']}")
+    ranks = sorted({r for c in issues for r in c.ranks})
+    comm_ranks = sorted({r for comm in run.log.comms.values() for r in comm.ranks})
+    yield Finding(
+        id="degraded_nccl_link",
+        severity="high" if min(c.pct for c in issues) < t["nccl_degraded_high_pct_of_peers"] else "medium",
+        ranks=ranks or comm_ranks, steps=[],
+        summary=f"{_log_name(run.file)}: " + "; ".join(texts),
+        evidence={"file": run.file, **_channels_and_transports(run),
+                  "issues": [{"kind": c.kind, "subject": c.subject, "value": rounded(c.value, 2),
+                              "reference": rounded(c.reference, 2), "reference_from": c.reference_from,
+                              "pct": rounded(c.pct, 1), **c.detail} for c in issues]},
+        explanation=("NCCL sizes its channels to the link bandwidth it detects: a link it sees slower (a down "
+                     "NVLink, a PCIe fallback) or a slower transport (SHM or the network instead of P2P) than its "
+                     "peers caps every collective that crosses it."),
+        fix=("`nvidia-smi nvlink --status` and `nvidia-smi topo -m` on that host (reseat / replace the bridge, "
+             "reset the GPU); unset NCCL_TOPO_FILE, NCCL_P2P_DISABLE, NCCL_SHM_DISABLE, NCCL_MIN/MAX_NCHANNELS "
+             "unless meant; check ACS / IOMMU settings that block P2P"),
+        threshold={"nccl_degraded_pct_of_peers": limit})

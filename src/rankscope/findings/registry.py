@@ -1,0 +1,158 @@
+"""The rule registry: every rule has one signature, `(view) -> Iterable[Finding]`, and registers the
+finding id it produces, the view it reads and the thresholds it compares against:
+
+    @rule("dataloader_stall", reads=("dataloader_low_pct", "dataloader_medium_pct", "dataloader_high_pct"))
+    def dataloader_stall(job: JobView) -> Iterable[Finding]: ...
+
+A view is what one kind of input gives the rules: `JobView` (a job's analysis) or `NcclView` (one
+run of compared NCCL logs). `run(view)` calls the rules of the view's kind in `FINDING_IDS` order
+(findings tied in severity and cost keep it), each with the thresholds cut to those it declares,
+so reading an undeclared one fails.
+
+Also the helpers the rules share: severity tiers, per-rank shares of the step, `ordered`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from statistics import median
+from typing import TYPE_CHECKING, Callable, Iterable
+
+from rankscope.analyses.rank.summary import RankSummary
+from rankscope.results import Finding
+from rankscope.thresholds import THRESHOLDS, Thresholds
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rankscope.analyses.inputs.nccl import NcclReport, NcclRun
+    from rankscope.analyses.job.stragglers import CrossRank
+    from rankscope.results import Analysis
+
+SEVERITIES = ("high", "medium", "low")
+
+#: The stable finding ids, in the order their rules run.
+FINDING_IDS = ("straggler_rank", "dataloader_stall", "exposed_communication", "low_overlap", "comm_bound",
+               "gpu_idle_host_bound", "launch_overhead", "sync_stall", "unpinned_memcpy", "memory_fragmentation",
+               "memory_pressure", "load_imbalance", "tensor_cores_unused", "low_bus_bandwidth", "degraded_nccl_link")
+
+
+@dataclass
+class JobView:
+    """What the job's rules read: the ranks with steps, the typed cross-rank result, the thresholds
+    in force; per rank its mean step and its waits for late ranks at collectives (ms per step); the
+    job's devices and hosts."""
+    ranks: list[RankSummary]
+    cross: CrossRank | None
+    thresholds: Thresholds
+    step_ms: dict[int, float]
+    wait_ms: dict[int, float]
+    devices: list[str]
+    hosts: list[str]
+
+    @classmethod
+    def of(cls, analysis: Analysis, thresholds: Thresholds) -> JobView:
+        """The view of a job's analysis judged against `thresholds`."""
+        ranks = [s for s in analysis.ranks if s.steps]
+        cross = analysis.cross
+        return cls(ranks=ranks, cross=cross, thresholds=thresholds,
+                   step_ms={s.rank: sum(s.breakdown_mean_ms.values()) for s in ranks},
+                   wait_ms={r.rank: r.own_wait_ms_per_step or 0.0 for r in cross.stragglers.ranks} if cross else {},
+                   devices=analysis.job.devices, hosts=analysis.job.hosts)
+
+    def share(self, s: RankSummary, ms: float, minus_ms: float = 0.0) -> float:
+        """`ms` as a share of the rank's mean step (shortened by `minus_ms`)."""
+        step = (self.step_ms.get(s.rank) or 0.0) - minus_ms
+        return 100.0 * ms / step if step > 0 else 0.0
+
+    def part(self, s: RankSummary, category: str) -> float:
+        """The rank's mean ms per step in a breakdown category."""
+        return s.breakdown_mean_ms.get(category, 0.0)
+
+    def steps(self) -> list[int]:
+        return sorted({st.step for s in self.ranks for st in s.steps})
+
+
+@dataclass
+class NcclView:
+    """What the NCCL-log rules read: the logs compared as runs, the run judged, the thresholds."""
+    report: NcclReport
+    run: NcclRun
+    thresholds: Thresholds
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    view: type
+    reads: tuple[str, ...]
+    fn: Callable[..., Iterable[Finding]]
+
+
+RULES: list[Rule] = []
+
+
+def rule(finding_id: str, reads: tuple[str, ...] = (), view: type = JobView) -> Callable:
+    """Register the decorated function as the rule of `finding_id` for inputs of kind `view`,
+    comparing against the thresholds `reads`."""
+    if finding_id not in FINDING_IDS:
+        raise ValueError(f"rule of an unknown finding id {finding_id!r}")
+    unknown = [name for name in reads if name not in THRESHOLDS]
+    if unknown:
+        raise ValueError(f"rule {finding_id!r} reads unknown thresholds {unknown}")
+
+    def register(fn: Callable[..., Iterable[Finding]]) -> Callable[..., Iterable[Finding]]:
+        if any(r.id == finding_id and r.view is view for r in RULES):
+            raise ValueError(f"two rules of {finding_id!r} for {view.__name__}")
+        RULES.append(Rule(finding_id, view, tuple(reads), fn))
+        return fn
+    return register
+
+
+def rules(view: type) -> list[Rule]:
+    """The rules of inputs of kind `view`, in FINDING_IDS order."""
+    return sorted((r for r in RULES if r.view is view), key=lambda r: FINDING_IDS.index(r.id))
+
+
+def run(view: JobView | NcclView) -> list[Finding]:
+    """Every rule of the view's kind on it, each seeing only the thresholds it declares."""
+    return [f for r in rules(type(view))
+            for f in r.fn(dataclasses.replace(view, thresholds=view.thresholds.only(r.reads)))]
+
+
+def ordered(findings: list[Finding]) -> list[Finding]:
+    """Most urgent first: by severity, then by what the finding costs per step."""
+    return sorted(findings, key=lambda f: (SEVERITIES.index(f.severity), -(f.cost_ms_per_step or 0.0)))
+
+
+# ------------------------------------------------------------------------------ shared helpers
+def tier(value: float, t: Mapping[str, float], low: str | None, medium: str | None, high: str | None) -> str | None:
+    """The severity whose threshold (by name; None: no such tier) `value` reaches, highest first."""
+    for name, severity in ((high, "high"), (medium, "medium"), (low, "low")):
+        if name is not None and value >= t[name]:
+            return severity
+    return None
+
+
+def job_or_rank_tier(shares: dict[int, float], t: Mapping[str, float],
+                     tiers: tuple[str | None, str | None, str | None]) -> tuple[str | None, list[int]]:
+    """Severity from the median rank's share (tiers: low, medium, high threshold names), and the
+    ranks over the lowest tier. When the job as a whole is fine, ranks over the top tier still
+    make a finding one tier lower: a fault of one rank (often a straggler's cause)."""
+    named = [(name, severity) for name, severity in zip(tiers, ("low", "medium", "high")) if name is not None]
+    severity = tier(median(shares.values()), t, *tiers)
+    if severity is not None:
+        return severity, sorted(r for r, v in shares.items() if v >= t[named[0][0]])
+    top, top_severity = named[-1]
+    ranks = sorted(r for r, v in shares.items() if v >= t[top])
+    one_down = SEVERITIES[min(SEVERITIES.index(top_severity) + 1, len(SEVERITIES) - 1)]
+    return (one_down if ranks else None), ranks
+
+
+def rank_shares(job: JobView, fn: Callable[[RankSummary], float | None]) -> dict[int, float]:
+    """Per rank, a share of the step (ranks where `fn` gives None are left out)."""
+    out = {}
+    for s in job.ranks:
+        v = fn(s)
+        if v is not None:
+            out[s.rank] = v
+    return out

@@ -1,0 +1,173 @@
+"""Every value that decides a verdict, in one registry: the findings' tiers and the straggler and
+load-balance verdicts of the cross-rank analysis. Each has a unit, the source it comes from and
+what it decides; `rankscope thresholds` lists them and `analyze --threshold NAME=VALUE` overrides
+any of them.
+
+`resolve(overrides)` checks the overrides once and returns the `Thresholds` in force; analyses and
+findings receive that object and read values by name.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Threshold:
+    value: float
+    unit: str
+    source: str
+    decides: str          # the finding id whose verdict it decides
+
+
+_TB = "TensorBoard profiler plugin (torch-tb-profiler) recommendation"
+_SEED = "seed 003 performance-analysis notes"
+_OURS = "rankscope default, checked on the corpus cpu-gloo-4rank sets (healthy: no high finding)"
+_SEED_Z = f"{_SEED}: straggler z-score, a rank's mean step time > 2 sigma or > 10% over the mean"
+
+THRESHOLDS: dict[str, Threshold] = {
+    # DataLoader: share of the step the device (or training thread) waits inside DataLoader.__next__
+    "dataloader_low_pct": Threshold(5.0, "% of step", f"{_TB}: DataLoader > 5% of step", "dataloader_stall"),
+    "dataloader_medium_pct": Threshold(10.0, "% of step", f"{_SEED}: DataLoader > 5-20% of step",
+                                       "dataloader_stall"),
+    "dataloader_high_pct": Threshold(20.0, "% of step", f"{_SEED}: DataLoader > 5-20% of step", "dataloader_stall"),
+    # communication that no computation hides (waits for late ranks excluded)
+    "exposed_comm_low_pct": Threshold(5.0, "% of step", _OURS, "exposed_communication"),
+    "exposed_comm_medium_pct": Threshold(10.0, "% of step", _OURS, "exposed_communication"),
+    "exposed_comm_high_pct": Threshold(60.0, "% of step", _OURS, "exposed_communication"),
+    # gradient collectives launched after backward ended (analyses/rank/grad_sync.py)
+    "after_backward_pct": Threshold(50.0, "% of gradient collectives", "PyTorch DDP design: buckets all-reduce "
+                                    "during backward; most launched after it means no overlap", "low_overlap"),
+    "low_overlap_pct": Threshold(30.0, "% of comm time overlapped (HTA)", _OURS, "low_overlap"),
+    "comm_significant_pct": Threshold(10.0, "% of step", _OURS, "low_overlap"),
+    "comm_bound_ratio": Threshold(1.2, "comm time / compute time", f"{_SEED}: bottleneck analyzer, 1.2x rule",
+                                  "comm_bound"),
+    # device idle while the host runs CPU ops / launches
+    "host_bound_medium_pct": Threshold(15.0, "% of step", _OURS, "gpu_idle_host_bound"),
+    "host_bound_high_pct": Threshold(30.0, "% of step", _OURS, "gpu_idle_host_bound"),
+    "short_kernel_share_pct": Threshold(60.0, "% of launches shorter than the runtime cutoff",
+                                        "HTA kernel launch statistics (runtime_cutoff 50 us)", "launch_overhead"),
+    "launch_idle_pct": Threshold(20.0, "% of step device idle (host + other)", _OURS, "launch_overhead"),
+    "sync_medium_pct": Threshold(5.0, "% of step", _OURS, "sync_stall"),
+    "sync_high_pct": Threshold(15.0, "% of step", _OURS, "sync_stall"),
+    "pageable_memcpy_low_pct": Threshold(1.0, "% of step", _OURS, "unpinned_memcpy"),
+    "pageable_memcpy_medium_pct": Threshold(5.0, "% of step", _OURS, "unpinned_memcpy"),
+    "gemm_share_pct": Threshold(10.0, "% of kernel time in GEMMs", _OURS, "tensor_cores_unused"),
+    "fp32_gemm_pct": Threshold(50.0, "% of GEMM time without Tensor Cores", _OURS, "tensor_cores_unused"),
+    "gemm_share_high_pct": Threshold(30.0, "% of kernel time in GEMMs (FP32 GEMMs high from here)",
+                                     "rankscope default: 3x gemm_share_pct", "tensor_cores_unused"),
+    "fragmentation_pct": Threshold(30.0, "% of reserved not allocated at peak", _OURS, "memory_fragmentation"),
+    "fragmentation_min_mb": Threshold(512.0, "MB", _OURS, "memory_fragmentation"),
+    "memory_pressure_medium_pct": Threshold(80.0, "% of device capacity", _OURS, "memory_pressure"),
+    "memory_pressure_high_pct": Threshold(90.0, "% of device capacity", _OURS, "memory_pressure"),
+    "busbw_low_pct_of_peak": Threshold(25.0, "% of the device's link peak", "nccl-tests bus bandwidth",
+                                       "low_bus_bandwidth"),
+    "busbw_min_bytes": Threshold(1 << 20, "bytes per collective (below: latency bound)", "nccl-tests",
+                                 "low_bus_bandwidth"),
+    "straggler_high_cost_pct": Threshold(10.0, "% of median step", _OURS, "straggler_rank"),
+    # NCCL debug logs compared as runs (analyses/inputs/nccl.py)
+    "nccl_busbw_pct_of_best": Threshold(70.0, "% of the best run's nccl-tests bus bandwidth at the same sizes",
+                                        "rankscope default; nccl-tests run-to-run spread is a few %",
+                                        "low_bus_bandwidth"),
+    "nccl_busbw_high_pct_of_best": Threshold(50.0, "% of the best run's nccl-tests bus bandwidth (below: high)",
+                                             "rankscope default: half the best run's bandwidth",
+                                             "low_bus_bandwidth"),
+    "nccl_degraded_pct_of_peers": Threshold(75.0, "% of the best peer's channel count / NCCL link bandwidth",
+                                            "rankscope default; checked on the corpus nccl-logs-2xA100 (healthy: none)",
+                                            "degraded_nccl_link"),
+    "nccl_degraded_high_pct_of_peers": Threshold(50.0, "% of the best peer's channel count / NCCL link bandwidth "
+                                                 "(below: high)", "rankscope default: half of what its peers have",
+                                                 "degraded_nccl_link"),
+    # the straggler verdict of the cross-rank analysis (analyses/job/stragglers.py)
+    "straggler_step_z": Threshold(2.0, "standard deviations of the ranks' mean step times", _SEED_Z,
+                                  "straggler_rank"),
+    "straggler_step_pct": Threshold(10.0, "% over the ranks' mean step time", _SEED_Z, "straggler_rank"),
+    "straggler_last_share_min": Threshold(0.5, "share of its collectives (or of the job's last-arrival lateness)",
+                                          "rankscope default: last at least half of the time", "straggler_rank"),
+    "straggler_last_share_chance_factor": Threshold(
+        1.5, "x the share chance gives (1 / ranks)",
+        "rankscope default: at least 1.5x the share chance gives; with 2 ranks that is 75%", "straggler_rank"),
+    "straggler_min_cost_pct_of_step": Threshold(
+        5.0, "% of the median step",
+        "seed 003's '10% over the mean', halved because cost is measured directly (not through noisy step "
+        "times). Measured: the closest candidate of a healthy or launch-bound synthetic job (rank speed spread "
+        "1-2%, rankscope.synth) costs <= 1.4%, cpu-gloo-4rank-loader0's 2.1%, param-dlrm-8rank's rank 7 5.0% "
+        "(0.80 ms: it starts the one profiled step late), cpu-gloo-4rank-straggler's 40 ms sleep 57%",
+        "straggler_rank"),
+    "straggler_min_cost_ms": Threshold(0.05, "ms per step",
+                                       "rankscope default: a floor under straggler_min_cost_pct_of_step",
+                                       "straggler_rank"),
+    "straggler_candidates": Threshold(
+        3, "ranks", "rankscope default: the what-if (cost, cause) runs for the ranks over the last-share bar and "
+        "for this many ranks that were last most often, so a healthy job's report still shows its closest "
+        "candidate", "straggler_rank"),
+    "straggler_max_rounds": Threshold(
+        3, "rounds", "rankscope default: after each round the stragglers found are taken out and the rest "
+        "re-matched, so a smaller straggler hidden behind a bigger one is found too", "straggler_rank"),
+    "straggler_min_ranks_next_round": Threshold(
+        4, "ranks", "rankscope default: with fewer, 'the median of the others' is one or two ranks "
+        "(cpu-gloo-4rank-loader2 would name a second rank out of its three left on 2 ms)", "straggler_rank"),
+    "straggler_queued_gap_us": Threshold(
+        10.0, "us after the end of the rank's previous collective (arrival queued behind it)",
+        "kernels of one stream start back to back (param-dlrm-8rank: 1-2 us apart)", "straggler_rank"),
+    "straggler_cause_min_share": Threshold(
+        0.5, "share of the rank's positive excess (or of its lateness, for a late step start)",
+        "rankscope default: a cause must explain at least half, else the cause is 'unknown'", "straggler_rank"),
+    # the load-balance verdict (analyses/job/stragglers.py)
+    "load_all_idle_pct": Threshold(20.0, "% of a step every rank idles at once",
+                                   "rankscope default; corpus: cpu-gloo-4rank-loader0 (num_workers=0 everywhere) "
+                                   "55%, cpu-gloo-4rank-healthy 8.6%", "load_imbalance"),
+    "load_wait_imbalance_pct": Threshold(10.0, "% of the median step (median minus least exposed communication)",
+                                         "rankscope default", "load_imbalance"),
+}
+
+
+class Thresholds(Mapping[str, float]):
+    """The values in force (defaults with the overrides applied), read by name; read-only."""
+
+    def __init__(self, values: Mapping[str, float]):
+        self._values = dict(values)
+
+    def __getitem__(self, name: str) -> float:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise KeyError(f"threshold {name!r} is not among {sorted(self._values)}") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        changed = {k: v for k, v in self._values.items() if k in THRESHOLDS and v != THRESHOLDS[k].value}
+        return f"Thresholds(overridden={changed})"
+
+    def only(self, names: Iterable[str]) -> Thresholds:
+        """These values alone, in the order of `names` (what one rule may read)."""
+        return Thresholds({name: self[name] for name in names})
+
+
+def resolve(overrides: Mapping[str, float] | None = None) -> Thresholds:
+    """The thresholds in force; an unknown name raises ValueError listing the known ones. An already
+    resolved `Thresholds` is returned as it is."""
+    if isinstance(overrides, Thresholds):
+        return overrides
+    values = {name: t.value for name, t in THRESHOLDS.items()}
+    for name, value in (overrides or {}).items():
+        if name not in values:
+            raise ValueError(f"unknown threshold {name!r}; known: {', '.join(sorted(values))}")
+        values[name] = float(value)
+    return Thresholds(values)
+
+
+def parse_override(text: str) -> tuple[str, float]:
+    """`NAME=VALUE` from the command line."""
+    name, sep, value = text.partition("=")
+    try:
+        if not sep:
+            raise ValueError
+        return name.strip(), float(value)
+    except ValueError:
+        raise ValueError(f"threshold {text!r}: write NAME=NUMBER, e.g. dataloader_high_pct=30") from None
