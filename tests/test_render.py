@@ -9,7 +9,7 @@ import pytest
 from rankscope.numbers import rounded
 from rankscope.render.base import RENDERERS, Renderer, render, renderer
 from rankscope.render.format import number, p_value_text, percent, ranges, shortened, value_text
-from rankscope.results import Thresholds
+from rankscope.results import ThresholdList
 from rankscope.thresholds import THRESHOLDS
 
 from conftest import run_cli
@@ -26,13 +26,13 @@ def test_every_registered_renderer_exists_for_its_result_type_and_format(key):
 
 
 def test_a_format_without_renderer_is_refused():
-    with pytest.raises(ValueError, match="no html output for Thresholds"):
-        renderer(Thresholds, "html")
+    with pytest.raises(ValueError, match="no html output for ThresholdList"):
+        renderer(ThresholdList, "html")
 
 
 def test_json_renderer_writes_what_the_cli_prints(tmp_path):
     out = io.StringIO()
-    render(Thresholds(THRESHOLDS), "json", out)
+    render(ThresholdList(THRESHOLDS), "json", out)
     assert out.getvalue() == run_cli(["thresholds", "--json"], tmp_path).stdout
 
 

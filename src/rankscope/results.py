@@ -2,7 +2,7 @@
 
 `Analysis` (what `analyze` returns), `JobInfo`, `Ingest` (what `validate` / `load` find),
 `ExportResult`, `Finding`, and what `diff`, `nccl`, `memory`, `mfu` and `thresholds` show
-(`DiffResult`, `NcclResult`, `MemoryResult`, `MfuResult`, `Thresholds`). Every pipeline's result is
+(`DiffResult`, `NcclResult`, `MemoryResult`, `MfuResult`, `ThresholdList`). Every pipeline's result is
 a `Result`: its input problems, and whether anything was usable. Renderers and findings import
 these types from here, never the API.
 `to_plain` is the one serialiser of results into plain JSON data.
@@ -178,6 +178,6 @@ class MfuResult(Result):
 
 
 @dataclass
-class Thresholds:
+class ThresholdList:
     """The thresholds by name (rankscope.thresholds.THRESHOLDS: value, unit, source, decides of each)."""
     by_name: dict[str, Any]

@@ -11,6 +11,6 @@ from rankscope.cli.common import json_option, show
 def command(as_json) -> None:
     """List the thresholds that decide the findings and the straggler / load-balance verdicts: name,
     default value, unit, source and what it decides (override with `analyze --threshold NAME=VALUE`)."""
-    from rankscope.results import Thresholds
+    from rankscope.results import ThresholdList
     from rankscope.thresholds import THRESHOLDS
-    show(Thresholds(THRESHOLDS), as_json)
+    show(ThresholdList(THRESHOLDS), as_json)

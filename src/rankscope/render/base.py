@@ -102,8 +102,8 @@ RENDERERS: dict[tuple[str, str], str] = {
     ("rankscope.results.MemoryResult", "json"): "rankscope.render.memory_snapshot:MemoryJson",
     ("rankscope.results.MfuResult", "terminal"): "rankscope.render.mfu:MfuTerminal",
     ("rankscope.results.MfuResult", "json"): "rankscope.render.mfu:MfuJson",
-    ("rankscope.results.Thresholds", "terminal"): "rankscope.render.thresholds:ThresholdsTerminal",
-    ("rankscope.results.Thresholds", "json"): "rankscope.render.thresholds:ThresholdsJson",
+    ("rankscope.results.ThresholdList", "terminal"): "rankscope.render.thresholds:ThresholdsTerminal",
+    ("rankscope.results.ThresholdList", "json"): "rankscope.render.thresholds:ThresholdsJson",
 }
 
 

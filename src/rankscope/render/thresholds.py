@@ -7,13 +7,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from rankscope.render.base import JsonRenderer, TerminalRenderer
-from rankscope.results import Thresholds
+from rankscope.results import ThresholdList
 
 
 class ThresholdsTerminal(TerminalRenderer):
     """Name, default value, what it decides, unit and source of each threshold."""
 
-    def render(self, result: Thresholds, out: Console) -> None:
+    def render(self, result: ThresholdList, out: Console) -> None:
         table = Table(title="Thresholds (override: analyze --threshold NAME=VALUE)", title_justify="left",
                       header_style="bold", box=box.SIMPLE_HEAD)
         table.add_column("name")
@@ -28,6 +28,6 @@ class ThresholdsTerminal(TerminalRenderer):
 class ThresholdsJson(JsonRenderer):
     """{name: {value, unit, source, decides}}."""
 
-    def to_dict(self, result: Thresholds) -> dict:
+    def to_dict(self, result: ThresholdList) -> dict:
         return {name: {"value": t.value, "unit": t.unit, "source": t.source, "decides": t.decides}
                 for name, t in result.by_name.items()}
