@@ -99,11 +99,17 @@ def reference(job: Path, tmp_path_factory) -> dict:
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("engine", ["processes", "inprocess"])
 def test_full_cache_disk_changes_nothing(job: Path, reference: dict, tmp_path: Path, engine: str):
-    """Every cache write past 64 KB fails (EFBIG): all 8 ranks are analysed from the parse and the
-    JSON is the --no-cache one; a later run with room equals it too, and no temporary is left."""
+    """Every cache write past 64 KB fails (EFBIG): all 8 ranks are analysed from the parse, one
+    warning says so (stderr and the report's input warnings), and otherwise the JSON is the
+    --no-cache one; a later run with room equals it too, and no temporary is left."""
     cache = tmp_path / "cache"
     full = _cli(["analyze", job, "--json", "--cache-dir", cache, "--engine", engine], tmp_path, limit=CACHE_LIMIT)
-    _same(_analysis(full), reference)
+    doc = _analysis(full)
+    said = [line for line in full.stderr.splitlines() if "cannot write the cache" in line]
+    assert len(said) == 1 and "File too large" in said[0] and "the results are not affected" in said[0], full.stderr
+    warning = doc["inputs"]["warnings"].pop()              # the same line, once, in the report
+    assert warning["file"] == "cache" and warning["problem"] in said[0]
+    _same(doc, reference)
     assert len(reference["ranks"]) == 8
     again = _cli(["analyze", job, "--json", "--cache-dir", cache, "--engine", engine], tmp_path)
     _same(_analysis(again), reference)

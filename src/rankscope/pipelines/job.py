@@ -119,6 +119,7 @@ def _summary(task: _Task) -> RankSummary:
     summary = summarize_rank(trace)
     cache.put_blob(key, blob_name, msgspec.msgpack.encode(summary))
     summary.from_cache = cached
+    summary.meta.cache_error = cache.write_error
     return summary
 
 
@@ -132,6 +133,7 @@ def _load_task(task: _Task) -> RankMeta | InputProblem:
     meta = cache.get_meta(key, task.path)
     if meta is None:
         meta = load_rank(task.path, cache, key=key)[0].meta
+        meta.cache_error = cache.write_error
     return meta
 
 
@@ -147,7 +149,8 @@ def ingest(inputs: str | Path | list, cache_dir: str | Path | None = None, use_c
 
 def _assign(metas: list[RankMeta]) -> tuple[list[RankMeta], list[str], list[InputProblem]]:
     """Ranks for the files read: sets rank/rank_source on the kept ones (sorted by rank); returns
-    them, warnings, and the problems (duplicates skipped, per-file warnings of the kept)."""
+    them, warnings, and the problems (duplicates skipped, per-file warnings of the kept, one line
+    when the cache could not be written)."""
     metas = sorted(metas, key=lambda m: m.file)
     assignments, warnings, duplicates = assign_ranks([m.file for m in metas], [m.dist_rank for m in metas],
                                                      [not m.salvaged for m in metas])
@@ -159,6 +162,9 @@ def _assign(metas: list[RankMeta]) -> tuple[list[RankMeta], list[str], list[Inpu
         kept.append(m)
     problems = [InputProblem(f, why) for f, why in duplicates]
     problems += [InputProblem(m.file, p, fatal=False) for m in kept for p in m.problems]
+    cache_errors = sorted({m.cache_error for m in metas if m.cache_error})
+    if cache_errors:                  # once per run, whatever the number of ranks that met it
+        problems.append(InputProblem("cache", f"{cache_errors[0]}; the results are not affected", fatal=False))
     return kept, warnings, problems
 
 
