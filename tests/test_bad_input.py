@@ -323,9 +323,9 @@ def test_missing_ranks(dlrm_dir: Path, corpus: Path):
     assert any("missing" in w and "6" in w and "7" in w for w in result.job.warnings), result.job.warnings
 
 
-def test_negative_durations_are_reported_and_clipped(dlrm_dir: Path):
-    """Three X events of rank 7 get dur -5: one problem line says 3, their dur_ns is 0, every
-    other event is unchanged."""
+def test_negative_durations_are_dropped_and_reported(dlrm_dir: Path):
+    """Three X events of rank 7 get dur -5: those three are dropped (hand count), one problem line
+    says so, every other event is there with its own dur (from json)."""
     doc = fresh_json(dlrm_dir / RANK7)
     xs = x_events(doc)
     targets = [10, 500, len(xs) - 1]
@@ -333,12 +333,11 @@ def test_negative_durations_are_reported_and_clipped(dlrm_dir: Path):
         xs[i]["dur"] = -5
     bad = write_trace(dlrm_dir / RANK7, doc)
     trace, _ = read_kineto(bad)
-    assert len(trace.events) == len(xs)
-    dur = trace.events["dur_ns"].to_list()
-    assert [dur[i] for i in targets] == [0, 0, 0]
-    assert all(dur[i] == xs[i]["dur"] * 1000 for i in range(len(xs)) if i not in targets)
+    kept = [e for i, e in enumerate(xs) if i not in targets]
+    assert trace.events["dur_ns"].to_list() == [round(e["dur"] * 1000) for e in kept]
+    assert trace.meta.dropped == {"dur negative": 3}
     (line,) = [p for p in trace.meta.problems if "negative" in p]
-    assert one_line(line) and "3" in line
+    assert one_line(line) and line == "3 events dropped: 3 with dur negative"
     result = analyze_dir(dlrm_dir)
     assert_other_ranks_loaded(result, list(range(8)))
     assert any("negative" in p.problem and not p.fatal for p in problems_for(result, bad))
@@ -380,7 +379,8 @@ def test_wrong_types_do_not_lose_the_other_events(dlrm_dir: Path, case: str):
     else:
         assert len(names) == len(xs) - 1, f"{len(xs) - len(names)} events lost"
         assert names == expected[:k] + expected[k + 1:]
-        assert any("malformed" in p or "skipped" in p for p in trace.meta.problems), trace.meta.problems
+        assert any(w in p for p in trace.meta.problems for w in ("malformed", "skipped", "dropped")), \
+            trace.meta.problems
     assert all(one_line(p) for p in trace.meta.problems)
     result = analyze_dir(dlrm_dir)
     assert_other_ranks_loaded(result, list(range(8)))

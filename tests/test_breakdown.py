@@ -63,10 +63,11 @@ def test_breakdown_hand_counted(tmp_path):
     expected_us["idle_other"] = 1100 - sum(expected_us.values())
     assert {c: round(row[c] * 1000, 6) for c in CATEGORIES} == expected_us
     assert sum(row[c] for c in CATEGORIES) == pytest.approx(row["duration_ms"], abs=1e-9)
-    # overlap efficiency (seed 003): (compute + comm - step) / min(compute, comm), clipped to [0, 1]
+    # overlap efficiency: |COMP ∩ COMM| / min(|COMP|, |COMM|)
     assert b.compute_ms == pytest.approx(0.36)      # 100-300, 600-650, 990-1100 = 200+50+110
-    assert b.comm_ms == pytest.approx(0.15)
-    assert b.overlap_efficiency == 0.0              # (0.36 + 0.15 - 1.1) < 0 -> clipped
+    assert b.comm_ms == pytest.approx(0.15)         # 250-400
+    assert b.overlapped_ms == pytest.approx(0.05)   # 250-300
+    assert b.overlap_efficiency == pytest.approx(0.05 / 0.15)
 
 
 def test_gap_attribution_hand_counted(tmp_path):

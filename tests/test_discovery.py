@@ -6,12 +6,15 @@ or from the names the test gives the files.
 """
 from __future__ import annotations
 
+import json
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 
-from conftest import GLOO_HEALTHY, corpus_files, fresh_json, load_json, shared_cache_dir, write_trace
+from conftest import (GLOO_HEALTHY, assert_no_traceback, copy_files, corpus_files, fresh_json, load_json, run_cli,
+                      shared_cache_dir, write_trace)
 from rankscope import api
 from rankscope.ingest.discover import assign_ranks, discover, rank_from_filename
 
@@ -184,3 +187,75 @@ def test_assign_ranks_duplicates_keep_the_first():
     assert warnings == []
     ((file, why),) = skipped
     assert file == "/j/b.json" and "rank 0" in why and "a.json" in why and "\n" not in why
+
+
+# ----------------------------------------------------------------------------------------------
+# What is named like a trace but is no regular file: one line each, exit 1, never a hang
+def _hostile(job: Path) -> dict[str, str]:
+    """Beside the traces in `job`: a symlink to itself, a FIFO, a folder and a broken symlink, each
+    named like a trace. Returns name -> the reason expected for it."""
+    loop = job / "rank4.pt.trace.json"
+    loop.symlink_to(loop.name)
+    os.mkfifo(job / "rank5.pt.trace.json")
+    (job / "rank0.pt.trace.json").mkdir()
+    (job / "rank6.pt.trace.json").symlink_to("gone.pt.trace.json")
+    return {"rank0.pt.trace.json": "not a trace file but a folder: skipped",
+            "rank4.pt.trace.json": "symlink loop: skipped",
+            "rank5.pt.trace.json": "not a trace file but a FIFO: skipped",
+            "rank6.pt.trace.json": "broken symlink: skipped"}
+
+
+def test_discover_names_what_is_not_a_regular_file(corpus: Path, tmp_path: Path):
+    good = copy_files(corpus_files(corpus, GLOO_HEALTHY), tmp_path / "job")
+    expected = _hostile(tmp_path / "job")
+    d = discover([tmp_path / "job"])
+    assert d.traces == [g.resolve() for g in good]
+    assert {p.name: why for p, why in d.skipped} == expected
+    fifo = tmp_path / "job" / "rank5.pt.trace.json"
+    assert discover([fifo]).skipped == [(fifo, "not a trace file but a FIFO: skipped")]
+
+
+def test_cli_skips_them_with_a_line_each_and_exit_1(corpus: Path, tmp_path: Path):
+    """The 4 real ranks are analysed; each hostile entry gets one stderr line naming it and why,
+    the exit code is 1 (input skipped), and the run ends (the FIFO is never opened: a read would
+    wait for a writer forever; the subprocess has a timeout)."""
+    job = tmp_path / "job"
+    copy_files(corpus_files(corpus, GLOO_HEALTHY), job)
+    expected = _hostile(job)
+    proc = run_cli(["analyze", job, "--no-cache", "-q", "--json", "--engine", "inprocess"], tmp_path, timeout=120)
+    assert_no_traceback(proc)
+    assert proc.returncode == 1, proc.stderr
+    assert json.loads(proc.stdout)["job"]["ranks"] == [0, 1, 2, 3]
+    lines = proc.stderr.splitlines()
+    for name, why in expected.items():
+        assert f"rankscope: {job / name}: {why}" in lines, proc.stderr
+
+
+def test_unreadable_subfolder_is_named(corpus: Path, tmp_path: Path):
+    """No trace at the top, so subfolders are searched: traces in a/ are found, the folder that
+    cannot be listed is skipped with a line (its traces may be missing)."""
+    top = tmp_path / "top"
+    copy_files(corpus_files(corpus, GLOO_HEALTHY)[:2], top / "a")
+    locked = top / "locked"
+    copy_files(corpus_files(corpus, GLOO_HEALTHY)[2:], locked)
+    locked.chmod(0)
+    try:
+        try:
+            os.listdir(locked)
+        except PermissionError:
+            pass
+        else:
+            pytest.skip("a folder with mode 000 is still readable here (running as root): no unreadable folder")
+        d = discover([top])
+        assert [p.parent.name for p in d.traces] == ["a", "a"]
+        assert d.skipped == [(locked, "cannot read this folder: Permission denied; traces in it are not analysed")]
+        result = api.analyze(top, use_cache=False, engine="inprocess")
+        assert [s.rank for s in result.ranks] == [0, 1] and [p.file for p in result.skipped] == [str(locked)]
+    finally:
+        locked.chmod(0o755)
+
+
+@pytest.mark.parametrize("name, rank", [("rank99999999999.pt.trace.json", None), ("rank2147483647.json", 2**31 - 1),
+                                        ("worker2147483648.json", None)])
+def test_rank_from_filename_out_of_range(name: str, rank):
+    assert rank_from_filename(name) == rank

@@ -3,7 +3,8 @@ one-line TraceError / InputProblem.
 
 Bases: small real traces of the corpus (hta-cpu-only, hta-triton, hta-amd-mi250, a param-dlrm
 rank). Mutations: truncation, deleted / inserted / replaced bytes, badly typed fields in random
-events (JSON level), damaged gzip. Bounded (about 100 examples in all, deadline off) and
+events (JSON level), ts / dur values that cannot be times (NaN, Infinity, text, negative, over a
+day, far from the other events), damaged gzip. Bounded (about 100 examples in all, deadline off) and
 derandomized so the suite is reproducible; RANKSCOPE_FUZZ_EXAMPLES=N multiplies the examples and
 RANKSCOPE_FUZZ_RANDOM=1 explores new ones.
 
@@ -18,6 +19,7 @@ import gzip
 import json
 import os
 import tempfile
+from collections import Counter
 from contextlib import nullcontext
 from functools import lru_cache
 from unittest import mock
@@ -83,11 +85,12 @@ def check_read(path: Path):
     n = len(trace.events)
     assert n <= meta.events_total
     assert sum(meta.phase_counts.values()) <= meta.events_total
-    assert meta.phase_counts.get("X", 0) == n
+    assert n <= meta.phase_counts.get("X", 0) <= n + sum(meta.dropped.values())
     assert all(p.strip() and "\n" not in p for p in meta.problems), meta.problems
     if meta.salvaged:
         assert any("salvaged" in p for p in meta.problems)
-    assert (trace.events["dur_ns"].to_numpy() >= 0).all()
+    dur = trace.events["dur_ns"].to_numpy()
+    assert ((dur >= 0) & (dur <= kineto.MAX_DUR_NS)).all()
     for frame in ("gpu_args", "comm_args", "op_args"):
         rows = getattr(trace, frame)["row"].to_numpy()
         assert ((rows >= 0) & (rows < n)).all(), frame
@@ -218,6 +221,49 @@ def test_badly_typed_fields(folder, edits, gz, header, header_value):
     if header:
         doc[header] = header_value
     write_and_check(json.dumps(doc).encode(), gz, cache=True)
+
+
+# ts / dur values: (JSON value or a function of the event's own ts, the reason it is dropped or None)
+_TS = [(None, None), ("abc", "ts not a number"), (float("nan"), "ts not a number"), (float("-inf"), "ts not a number"),
+       (True, "ts not a number"), ([1], "ts not a number"), (1e300, "ts out of range"), (-5e15, "ts out of range"),
+       (lambda ts: ts + 10**12, "ts over 1 day away from the other events")]     # 11.6 days later
+_DUR = [(None, None), (0, None), (2.5, None), ("7", None), (float("nan"), "dur not a number"),
+        (float("inf"), "dur not a number"), ("abc", "dur not a number"), ({}, "dur not a number"),
+        (-1, "dur negative"), (-1e30, "dur negative"), (1e13, "dur over 1 day"), (86_400_000_001, "dur over 1 day")]
+_time_edit = st.tuples(st.integers(0, 10**6), st.sampled_from(_TS), st.sampled_from(_DUR))
+
+
+@_settings(20)
+@given(folder=st.sampled_from(BASES), edits=st.lists(_time_edit, min_size=1, max_size=3), gz=st.booleans(),
+       chunk=_chunk)
+def test_unusable_times(folder, edits, gz, chunk):
+    """X events given ts / dur values that are no usable times: exactly those events are dropped,
+    each under its first reason (ts value, dur value, then ts far away; from the edits), both reading
+    paths agree, and every other X event is kept in order. At most 3 of the >= 8 X events of a base
+    are moved 11.6 days away, so the others stay the largest group in time."""
+    doc = copy.deepcopy(base_doc(folder))
+    xs = [e for e in doc["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"]
+    reasons: dict[int, list] = {}      # X event -> [ts reason, dur reason, far-away reason]
+    for idx, (ts, ts_reason), (dur, dur_reason) in edits:
+        i = idx % len(xs)
+        why = reasons.setdefault(i, [None, None, None])
+        if ts is not None:
+            xs[i]["ts"] = ts(xs[i]["ts"]) if callable(ts) else ts
+            why[0], why[2] = (None, ts_reason) if callable(ts) else (ts_reason, None)
+        if dur is not None:
+            xs[i]["dur"] = dur
+            why[1] = dur_reason
+    expected = Counter(next(r for r in why if r) for why in reasons.values() if any(why))
+    trace = write_and_check(json.dumps(doc).encode(), gz, analyze=False, chunk=chunk)
+    kept = [e["name"] for i, e in enumerate(xs) if not any(reasons.get(i, ()))]
+    assert trace.events["name"].cast(str).to_list() == kept
+    assert trace.meta.dropped == dict(expected), (trace.meta.dropped, expected)
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "rank0.pt.trace.json"
+        path.write_text(json.dumps(doc))
+        ref, _ = read_kineto(path, use_scanner=False)
+    assert all(f.equals(ref.frames()[name]) for name, f in trace.frames().items())
+    assert trace.meta.dropped == ref.meta.dropped and trace.meta.problems == ref.meta.problems
 
 
 @_settings(15)

@@ -44,6 +44,6 @@ def test_shared_formatting():
     assert percent(None) == "n/a" and percent(12.345) == "12.3%"
     assert p_value_text(None) == "n/a" and p_value_text(0.0001) == "<0.001" and p_value_text(0.04) == "0.040"
     assert ranges([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8" and ranges([]) == "-"
-    assert shortened("void " + "k" * 60, 10) == "k" * 9 + "…" and shortened("gemm") == "gemm"
+    assert shortened("void " + "k" * 60, 10) == "k" * 6 + "…" + "k" * 3 and shortened("gemm") == "gemm"
     assert value_text(None) == "–" and value_text(1234) == "1,234" and value_text(0.001) == "0.001"
     assert value_text({"a": 1.5, "b": [1, 2]}) == "a 1.50, b 1, 2"

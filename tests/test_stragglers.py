@@ -60,6 +60,8 @@ def test_gloo_straggler_rank2_host_idle_costs_its_sleep(corpus):
     plain = json.loads(json.dumps(cross_rank(_collectives(GLOO_STRAGGLER)).as_dict()))
     assert plain["stragglers"][0]["rank"] == 2 and plain["collectives"]["count"] == 8
     # the values that decided (the JSON's straggler_thresholds), from the threshold registry
+    bar = plain["thresholds"].pop("min_cost_ms_per_step")     # the cost bar in force: 5% of the median step
+    assert bar == pytest.approx(0.05 * report.median_step_ms)
     assert plain["thresholds"] == {"step_z_flag": 2.0, "step_pct_flag": 10.0, "last_share_min": 0.5,
                                    "min_cost_pct_of_step": 5.0, "min_cost_ms": 0.05, "cause_min_share": 0.5,
                                    "all_idle_pct": 20.0, "wait_imbalance_pct": 10.0}

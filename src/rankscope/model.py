@@ -62,7 +62,7 @@ HOST_OP_KINDS = (Kind.CPU_OP, Kind.USER_ANNOTATION)
 
 
 class KernelClass(IntEnum):
-    """DESIGN.md kernel classes. NONE for host events that play no device role."""
+    """Kernel classes (docs/concepts.md). NONE for host events that play no device role."""
     NONE = 0
     COMP = 1
     COMM = 2
@@ -147,6 +147,9 @@ class RankMeta:
     process_names: dict[str, str] = field(default_factory=dict)  # "pid" -> name
     span_ns: tuple[int, int] | None = None
     salvaged: bool = False                # the file was cut or corrupt; events before the cut kept
+    cut_at_byte: int | None = None        # where a salvaged file breaks (bytes of its JSON text) ...
+    cut_reason: str | None = None         # ... and why ("file ends mid-event (truncated)", ...)
+    dropped: dict[str, int] = field(default_factory=dict)   # events dropped for unusable ts/dur, per reason
     problems: list[str] = field(default_factory=list)
     size_bytes: int = 0
     device_events: int = 0                # kernels + memcpy + memset

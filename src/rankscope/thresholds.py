@@ -21,16 +21,16 @@ class Threshold:
 
 
 _TB = "TensorBoard profiler plugin (torch-tb-profiler) recommendation"
-_SEED = "seed 003 performance-analysis notes"
 _OURS = "rankscope default, checked on the corpus cpu-gloo-4rank sets (healthy: no high finding)"
-_SEED_Z = f"{_SEED}: straggler z-score, a rank's mean step time > 2 sigma or > 10% over the mean"
+_TIERS = f"rankscope default: tiers above the {_TB}, DataLoader > 5-20% of step"
+_OUTLIER = ("rankscope default: the usual outlier rule, a rank's mean step time > 2 sigma or > 10% over the mean "
+            "(docs/concepts.md, Straggler)")
 
 THRESHOLDS: dict[str, Threshold] = {
     # DataLoader: share of the step the device (or training thread) waits inside DataLoader.__next__
     "dataloader_low_pct": Threshold(5.0, "% of step", f"{_TB}: DataLoader > 5% of step", "dataloader_stall"),
-    "dataloader_medium_pct": Threshold(10.0, "% of step", f"{_SEED}: DataLoader > 5-20% of step",
-                                       "dataloader_stall"),
-    "dataloader_high_pct": Threshold(20.0, "% of step", f"{_SEED}: DataLoader > 5-20% of step", "dataloader_stall"),
+    "dataloader_medium_pct": Threshold(10.0, "% of step", _TIERS, "dataloader_stall"),
+    "dataloader_high_pct": Threshold(20.0, "% of step", _TIERS, "dataloader_stall"),
     # communication that no computation hides (waits for late ranks excluded)
     "exposed_comm_low_pct": Threshold(5.0, "% of step", _OURS, "exposed_communication"),
     "exposed_comm_medium_pct": Threshold(10.0, "% of step", _OURS, "exposed_communication"),
@@ -40,7 +40,8 @@ THRESHOLDS: dict[str, Threshold] = {
                                     "during backward; most launched after it means no overlap", "low_overlap"),
     "low_overlap_pct": Threshold(30.0, "% of comm time overlapped (HTA)", _OURS, "low_overlap"),
     "comm_significant_pct": Threshold(10.0, "% of step", _OURS, "low_overlap"),
-    "comm_bound_ratio": Threshold(1.2, "comm time / compute time", f"{_SEED}: bottleneck analyzer, 1.2x rule",
+    "comm_bound_ratio": Threshold(1.2, "comm time / compute time", "rankscope default: with more communication than "
+                                  "compute, no overlap hides it all; 1.2x leaves room for measurement noise",
                                   "comm_bound"),
     # device idle while the host runs CPU ops / launches
     "host_bound_medium_pct": Threshold(15.0, "% of step", _OURS, "gpu_idle_host_bound"),
@@ -79,9 +80,9 @@ THRESHOLDS: dict[str, Threshold] = {
                                                  "(below: high)", "rankscope default: half of what its peers have",
                                                  "degraded_nccl_link"),
     # the straggler verdict of the cross-rank analysis (analyses/job/stragglers.py)
-    "straggler_step_z": Threshold(2.0, "standard deviations of the ranks' mean step times", _SEED_Z,
+    "straggler_step_z": Threshold(2.0, "standard deviations of the ranks' mean step times", _OUTLIER,
                                   "straggler_rank"),
-    "straggler_step_pct": Threshold(10.0, "% over the ranks' mean step time", _SEED_Z, "straggler_rank"),
+    "straggler_step_pct": Threshold(10.0, "% over the ranks' mean step time", _OUTLIER, "straggler_rank"),
     "straggler_last_share_min": Threshold(0.5, "share of its collectives (or of the job's last-arrival lateness)",
                                           "rankscope default: last at least half of the time", "straggler_rank"),
     "straggler_last_share_chance_factor": Threshold(
@@ -89,7 +90,7 @@ THRESHOLDS: dict[str, Threshold] = {
         "rankscope default: at least 1.5x the share chance gives; with 2 ranks that is 75%", "straggler_rank"),
     "straggler_min_cost_pct_of_step": Threshold(
         5.0, "% of the median step",
-        "seed 003's '10% over the mean', halved because cost is measured directly (not through noisy step "
+        "straggler_step_pct's '10% over the mean', halved because cost is measured directly (not through noisy step "
         "times). Measured: the closest candidate of a healthy or launch-bound synthetic job (rank speed spread "
         "1-2%, rankscope.synth) costs <= 1.4%, cpu-gloo-4rank-loader0's 2.1%, param-dlrm-8rank's rank 7 5.0% "
         "(0.80 ms: it starts the one profiled step late), cpu-gloo-4rank-straggler's 40 ms sleep 57%",

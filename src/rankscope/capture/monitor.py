@@ -10,7 +10,7 @@
 
 Every `every` steps each rank's mean step time over those steps is all-gathered (one tensor of one
 float64; works on gloo and NCCL) and every rank gets the same `StragglerReport`; rank 0 logs one
-line naming the slow rank(s). Rule (DESIGN.md "Straggler", seed 003): a rank is slow when its mean
+line naming the slow rank(s). Rule (docs/concepts.md, Straggler): a rank is slow when its mean
 is > `z` standard deviations (population, across ranks) or > `pct` % over the mean of all ranks; by
 default the cross-rank analysis' `straggler_step_z` and `straggler_step_pct` (rankscope.thresholds).
 With fewer than 6 ranks a single outlier cannot reach z > 2 (the largest z is sqrt(n - 1)), so

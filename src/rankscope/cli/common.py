@@ -6,6 +6,7 @@ Exit codes: 0 ok; 1 the command ran but some inputs were skipped (stderr says wh
 """
 from __future__ import annotations
 
+import re
 import sys
 from typing import TYPE_CHECKING, Callable, TypeVar
 
@@ -18,6 +19,7 @@ from rankscope.engine import ENGINES, EngineError
 from rankscope.ingest.cache import default_cache_dir
 from rankscope.pipelines import ArgumentError
 from rankscope.render.base import render, renderer
+from rankscope.render.format import printable
 
 if TYPE_CHECKING:  # pragma: no cover
     from rankscope.results import Result
@@ -64,7 +66,8 @@ def json_option(schema: str | None = None, text: str | None = None) -> Callable:
 
 
 def err(message: str) -> None:
-    click.echo(f"rankscope: {message}", err=True)
+    """One line on stderr, control characters of names written as escapes."""
+    click.echo(f"rankscope: {printable(message)}", err=True)
 
 
 def print_json(obj) -> None:
@@ -73,13 +76,25 @@ def print_json(obj) -> None:
     sys.stdout.write("\n")
 
 
+#: A control character, or (group 1) a style sequence of rich's own.
+_CONTROL_OR_STYLE = re.compile(r"(\x1b\[[0-9;]*m)|[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+
+
 def show(result: Result, as_json: bool, **terminal_options) -> None:
-    """The result on stdout: one JSON object (UTF-8 whatever the locale), or the terminal report."""
+    """The result on stdout: one JSON object (UTF-8 whatever the locale), or the terminal report. The
+    report keeps no control character but rich's styles (a name missed by `printable` still cannot
+    drive the terminal), and when stdout is no terminal (a pipe, a file) no line ends in spaces."""
     if as_json:
         sys.stdout.reconfigure(encoding="utf-8")
         render(result, "json", sys.stdout)
-    else:
-        render(result, "terminal", Console(highlight=False), **terminal_options)
+        return
+    console = Console(highlight=False)
+    with console.capture() as captured:
+        render(result, "terminal", console, **terminal_options)
+    text = _CONTROL_OR_STYLE.sub(lambda m: m.group(1) or printable(m.group()), captured.get())
+    if not console.is_terminal:
+        text = "".join(line.rstrip() + "\n" for line in text.splitlines())
+    sys.stdout.write(text)
 
 
 def html_page(result: Result) -> str:

@@ -1,4 +1,4 @@
-"""Findings: analysis results -> diagnoses with evidence and a concrete fix (DESIGN.md "Output").
+"""Findings: analysis results -> diagnoses with evidence and a concrete fix (docs/findings.md).
 
 Each rule (registry.py: one signature, registered by finding id) reads the per-rank summaries and
 the typed cross-rank result of an `Analysis`, or one run of compared NCCL logs (nothing is
@@ -8,8 +8,8 @@ override any of them (`rankscope analyze --threshold dataloader_high_pct=30`, or
 `evaluate(..., resolve(overrides))`). Families: stragglers.py, communication.py, host.py,
 memory.py, compute.py, inputs.py (NCCL logs); docs/findings.md lists every id.
 
-Job-level shares are the median over ranks of a per-rank share of the mean step (DESIGN.md "Step
-breakdown"), so one odd rank does not decide for the job; the ranks a finding names are those
+Job-level shares are the median over ranks of a per-rank share of the mean step (docs/concepts.md,
+Step breakdown), so one odd rank does not decide for the job; the ranks a finding names are those
 over the lowest tier. Severity tiers: high (fix first: costs a large share of every step),
 medium, low. Findings are ordered by severity, then by what they cost per step.
 

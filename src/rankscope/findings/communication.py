@@ -113,7 +113,8 @@ def low_overlap(job: JobView) -> Iterable[Finding]:
                   "exposed_comm_pct_of_step": rounded(c.median_pct, 1)},
         explanation=("DDP hides gradient all-reduce behind backward by launching each bucket as soon as its "
                      "gradients are ready. Collectives launched after backward, or a single large bucket, "
-                     "leave the device idle while the network works (seed: 'GPU idle after backward')."),
+                     "leave the device idle while the network works (PyTorch DDP design notes: overlap "
+                     "computation with communication)."),
         fix=("use DDP/FSDP's bucketed overlap instead of all-reducing gradients after backward; lower "
              "bucket_cap_mb (e.g. 25 -> 5-10) so buckets start earlier; remove find_unused_parameters=True "
              "(it delays every bucket to the end of backward) or set static_graph=True"),
@@ -140,7 +141,7 @@ def comm_bound(job: JobView) -> Iterable[Finding]:
         evidence={"comm_ms_per_step": rounded(comm_ms, 3), "compute_ms_per_step": rounded(compute_ms, 3),
                   "comm_to_compute_ratio": rounded(ratio, 2), "classification": "comm-bound"},
         explanation=("With more communication than compute per step, no overlap can hide it all: the job scales "
-                     "with the network, not the GPUs (seed 003: comm > 1.2x compute = comm-bound)."),
+                     "with the network, not the GPUs (docs/concepts.md, Bottleneck: comm > 1.2x compute)."),
         fix=("move fewer bytes per unit of compute: larger batch per rank or gradient accumulation, bf16 "
              "gradient compression, hybrid sharding (FSDP HYBRID_SHARD) to keep traffic inside a node, fewer "
              "ranks for this model size"),

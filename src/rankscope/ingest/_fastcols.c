@@ -11,7 +11,8 @@
  *   specs    sequence of (outer, inner, kind, default, table)
  *              outer   member descriptor of the event Struct (e.g. Event.ts)
  *              inner   member descriptor of the nested Struct (e.g. Args.stream) or None
- *              kind    't' JSON microseconds (int|float) -> int64 nanoseconds
+ *              kind    't' JSON microseconds (int, float, Decimal) -> int64 nanoseconds, saturated at
+ *                      +-T_MAX; NaN or another type -> T_NOT_A_NUMBER (absent: default)
  *                      'f' number -> float64 (default when absent / not a number)
  *                      'i' number -> int64 (floats truncated; digit strings parsed)
  *                      's' str -> int32 code in `table` (dict str -> int, grown here); -1 if not a str
@@ -123,6 +124,69 @@ static int as_int64(PyObject *v, long long *out) {
     return 0;
 }
 
+#define T_NOT_A_NUMBER LLONG_MIN     /* kind 't': a value that is not a number (columns.py) */
+#define T_MAX LLONG_MAX               /* kind 't': magnitudes beyond int64 nanoseconds saturate here */
+
+static inline long long saturated(int negative) { return negative ? -T_MAX : T_MAX; }
+
+/* True/false from a no-argument method of v; -1 with an exception set. */
+static int call_bool(PyObject *v, const char *method) {
+    PyObject *r = PyObject_CallMethod(v, method, NULL);
+    if (r == NULL) return -1;
+    int out = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    return out;
+}
+
+/* Kind 't' (see columns.py): absent -> `dflt`; an int, float or decimal.Decimal (the exact text of
+   a JSON number) of microseconds -> round(v * 1000) ns, half to even, saturated at +-T_MAX; NaN or
+   any other type -> T_NOT_A_NUMBER. */
+static long long time_ns(PyObject *v, long long dflt) {
+    static PyObject *decimal_type = NULL;
+    if (v == NULL || v == Py_None) return dflt;
+    if (PyLong_CheckExact(v)) {
+        int overflow = 0;
+        long long us = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (overflow) return saturated(overflow < 0);
+        if (us > T_MAX / 1000 || us < -(T_MAX / 1000)) return saturated(us < 0);
+        return us * 1000;
+    }
+    if (PyFloat_CheckExact(v)) {
+        double d = PyFloat_AS_DOUBLE(v);
+        if (isnan(d)) return T_NOT_A_NUMBER;
+        d *= 1000.0;
+        return fabs(d) < 9.2e18 ? (long long)nearbyint(d) : saturated(d < 0);   /* half to even */
+    }
+    if (decimal_type == NULL) {
+        PyObject *mod = PyImport_ImportModule("decimal");
+        decimal_type = mod ? PyObject_GetAttrString(mod, "Decimal") : NULL;
+        Py_XDECREF(mod);
+        if (decimal_type == NULL) { PyErr_Clear(); return T_NOT_A_NUMBER; }
+    }
+    if (PyObject_IsInstance(v, decimal_type) != 1) { PyErr_Clear(); return T_NOT_A_NUMBER; }
+    long long ns = T_NOT_A_NUMBER;
+    int nan = call_bool(v, "is_nan"), negative = call_bool(v, "is_signed"), infinite = call_bool(v, "is_infinite");
+    PyObject *adjusted = (nan == 0 && infinite == 0) ? PyObject_CallMethod(v, "adjusted", NULL) : NULL;
+    long exponent = adjusted ? PyLong_AsLong(adjusted) : 0;
+    Py_XDECREF(adjusted);
+    if (nan != 0 || negative < 0 || infinite < 0 || PyErr_Occurred()) {
+        ns = T_NOT_A_NUMBER;
+    } else if (infinite || exponent >= 19) {       /* |v| >= 1e19 us: far beyond int64 ns */
+        ns = saturated(negative);
+    } else {
+        PyObject *thousand = PyLong_FromLong(1000);
+        PyObject *scaled = thousand ? PyNumber_Multiply(v, thousand) : NULL;
+        PyObject *rounded = scaled ? PyObject_CallMethod(scaled, "__round__", NULL) : NULL;
+        int overflow = 0;
+        long long x = rounded ? PyLong_AsLongLongAndOverflow(rounded, &overflow) : 0;
+        if (rounded != NULL && !PyErr_Occurred())
+            ns = (overflow || x < -T_MAX) ? saturated(negative) : x;
+        Py_XDECREF(thousand); Py_XDECREF(scaled); Py_XDECREF(rounded);
+    }
+    PyErr_Clear();
+    return ns;
+}
+
 static PyObject *columnize(PyObject *self, PyObject *args) {
     PyObject *objs, *specs, *indices;
     if (!PyArg_ParseTuple(args, "O!OO", &PyList_Type, &objs, &specs, &indices)) return NULL;
@@ -188,30 +252,9 @@ static PyObject *columnize(PyObject *self, PyObject *args) {
             PyObject *v = member_get(obj, &outer);
             if (nested) v = member_get(v, &inner);
             switch (k) {
-            case 't': {
-                long long ns = dflt_i;
-                if (v != NULL && PyLong_CheckExact(v)) {
-                    int overflow = 0;
-                    long long us = PyLong_AsLongLongAndOverflow(v, &overflow);
-                    if (!overflow && !(us == -1 && PyErr_Occurred()) && llabs(us) < 9000000000000000LL)
-                        ns = us * 1000;
-                    PyErr_Clear();
-                } else if (v != NULL && PyFloat_CheckExact(v)) {
-                    double d = PyFloat_AS_DOUBLE(v) * 1000.0;
-                    if (isfinite(d) && fabs(d) < 9.2e18) ns = (long long)nearbyint(d);   /* half to even */
-                } else if (v != NULL && v != Py_None && !PyBool_Check(v) && PyNumber_Check(v)) {
-                    /* decimal.Decimal (exact text of the number): round(v * 1000), half to even */
-                    PyObject *thousand = PyLong_FromLong(1000);
-                    PyObject *scaled = thousand ? PyNumber_Multiply(v, thousand) : NULL;
-                    PyObject *rounded = scaled ? PyObject_CallMethod(scaled, "__round__", NULL) : NULL;
-                    long long x;
-                    if (rounded != NULL && as_int64(rounded, &x)) ns = x;
-                    Py_XDECREF(thousand); Py_XDECREF(scaled); Py_XDECREF(rounded);
-                    PyErr_Clear();
-                }
-                ((int64_t *)buf)[j] = ns;
+            case 't':
+                ((int64_t *)buf)[j] = time_ns(v, dflt_i);
                 break;
-            }
             case 'f': {
                 double d;
                 ((double *)buf)[j] = as_double(v, &d) ? d : dflt_f;

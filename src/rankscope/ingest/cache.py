@@ -30,10 +30,11 @@ import platformdirs
 import polars as pl
 
 from rankscope.files import TEMP_PREFIX, atomic_write_bytes, temp_name
+from rankscope.ingest.discover import open_regular
 from rankscope.model import FRAME_NAMES, RankMeta, RankTrace
 
 #: Bump when the parser's output changes: old entries are then ignored.
-PARSER_VERSION = "4"
+PARSER_VERSION = "5"
 _EDGE_BYTES = 1 << 20
 #: A temporary file or folder this old (seconds since its last change) belongs to a dead writer.
 STALE_TEMP_S = 600
@@ -46,8 +47,7 @@ def default_cache_dir() -> Path:
 
 
 def content_key(path: str | Path, full_hash: bool = False) -> str:
-    p = Path(path)
-    with open(p, "rb") as f:
+    with open_regular(path) as f:
         st = os.fstat(f.fileno())
         h = hashlib.sha256()
         h.update(f"rankscope-parser-{PARSER_VERSION}|{st.st_size}|{st.st_mtime_ns}|".encode())

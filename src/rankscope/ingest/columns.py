@@ -8,6 +8,8 @@ could not be built.
 A spec is `Col(outer, inner, kind, default, table)`; see `_fastcols.c` for the kinds:
 't' JSON microseconds -> int64 ns, 'f' float64, 'i' int64, 's' str -> int32 code,
 'k' int or str key -> int64, 'r' raw JSON text -> int32 code, 'p' list product -> int64.
+A 't' value that is present but not a number (NaN, text, a list...) becomes T_NOT_A_NUMBER, one
+beyond int64 nanoseconds (Infinity, 1e30) saturates at +-T_MAX: the reader drops those events.
 """
 from __future__ import annotations
 
@@ -20,6 +22,10 @@ try:  # pragma: no cover - exercised implicitly when the build succeeded
     from rankscope.ingest import _fastcols
 except ImportError:  # pragma: no cover - fallback when no C compiler was available
     _fastcols = None
+
+#: 't' columns: a value that is not a number; magnitudes beyond int64 nanoseconds saturate at +-T_MAX
+T_NOT_A_NUMBER = -2**63
+T_MAX = 2**63 - 1
 
 #: numpy dtype of the column each kind produces
 DTYPES = {"t": np.int64, "f": np.float64, "i": np.int64, "s": np.int32, "k": np.int64,
@@ -47,20 +53,33 @@ def _code(table: dict, key: str) -> int:
     return code
 
 
+def _saturated(negative: bool) -> int:
+    return -T_MAX if negative else T_MAX
+
+
+def _time_ns(v: Any, default: int) -> int:
+    """Kind 't': microseconds -> round(v * 1000) ns, half to even, saturated; absent -> default."""
+    if v is None:
+        return default
+    if type(v) is int:
+        return max(-T_MAX, min(T_MAX, v * 1000))
+    if type(v) is float:
+        if v != v:
+            return T_NOT_A_NUMBER
+        ns = v * 1000.0
+        return int(np.rint(ns)) if abs(ns) < 9.2e18 else _saturated(ns < 0)
+    if not isinstance(v, Decimal) or v.is_nan():       # the exact text of a JSON number, or not a number
+        return T_NOT_A_NUMBER
+    if v.is_infinite() or v.adjusted() >= 19:        # |v| >= 1e19 us: far beyond int64 ns
+        return _saturated(v.is_signed())
+    ns = round(v * 1000)
+    return ns if -T_MAX <= ns <= T_MAX else _saturated(v.is_signed())
+
+
 def _convert(v: Any, spec: Col) -> float | int:
     kind, default = spec.kind, spec.default
     if kind == "t":
-        if type(v) is int and abs(v) < 9_000_000_000_000_000:
-            return v * 1000
-        if type(v) is float and np.isfinite(v) and abs(v * 1000.0) < 9.2e18:
-            return int(np.rint(v * 1000.0))
-        if isinstance(v, Decimal):     # exact text of the JSON number: round half to even
-            try:
-                ns = round(v * 1000)
-            except (ValueError, ArithmeticError):
-                return int(default)
-            return ns if abs(ns) < 2**63 else int(default)
-        return int(default)
+        return _time_ns(v, int(default))
     if kind == "f":
         try:
             return float(v) if type(v) in (int, float) else float(default)

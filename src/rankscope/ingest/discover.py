@@ -2,23 +2,33 @@
 
 Rank, in order of trust: `distributedInfo.rank` in the trace, then the file name (`rank-3`,
 `rank3`, `worker3`, `_rank_3`), else the position in the sorted file list (with a warning).
+A rank or world size out of range is ignored with a line (`checked_rank`).
 """
 from __future__ import annotations
 
+import errno
+import math
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", ".sqlite3")    # Kineto JSON; nsys SQLite export
 #: JSON files that sit beside traces and are known not to be traces (not reported).
 NOT_TRACES = {"ground_truth.json"}
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z0-9])(?:rank|worker)[-_]?(\d+)(?![0-9])", re.IGNORECASE)
+#: Largest rank and world size taken from a trace or a file name.
+MAX_RANK = 2**31 - 1
+MAX_WORLD_SIZE = 2**20
 
 
 @dataclass(frozen=True)
 class Discovered:
     traces: list[Path]
     ignored: list[tuple[Path, str]]     # (file, why) for files in the folder that are not traces
+    skipped: list[tuple[Path, str]]     # (path, why) named like a trace or given, but not readable as one
 
 
 def is_trace_name(path: Path) -> bool:
@@ -28,31 +38,155 @@ def is_trace_name(path: Path) -> bool:
 
 def discover(inputs: list[str | Path]) -> Discovered:
     """Expand files and folders into trace files. A folder is searched at its top level first;
-    if it holds no trace there, recursively (tensorboard_trace_handler writes one folder)."""
+    if it holds no trace there, recursively (tensorboard_trace_handler writes one folder).
+    What is named like a trace but is no regular file (a folder, a FIFO, a symlink loop), and a
+    folder that cannot be listed, is skipped with why; nothing but a regular file is ever opened."""
     traces: list[Path] = []
     ignored: list[tuple[Path, str]] = []
+    skipped: list[tuple[Path, str]] = []
     for item in inputs:
         p = Path(item)
-        if p.is_dir():
-            files = sorted(f for f in p.iterdir() if f.is_file())
+        mode, why = _mode(p)
+        if mode is not None and stat.S_ISDIR(mode):
+            files, others = _listing(p, skipped)
             found = [f for f in files if is_trace_name(f)]
-            if not found:
-                files = sorted(f for f in p.rglob("*") if f.is_file())
+            if found:
+                skipped.extend((f, why) for f, why in others if is_trace_name(f))
+            else:
+                files = _walk(p, skipped, {_identity(p)})
                 found = [f for f in files if is_trace_name(f)]
             traces.extend(found)
             ignored.extend((f, "not a trace file (expected *.json, *.json.gz or *.sqlite)") for f in files
                            if not is_trace_name(f) and not f.name.startswith(".") and f.name not in NOT_TRACES)
-        elif p.is_file():
+        elif mode is not None and stat.S_ISREG(mode):
             traces.append(p)
+        elif mode is None and why == _MISSING:
+            ignored.append((p, _MISSING))
         else:
-            ignored.append((p, "no such file or folder"))
+            skipped.append((p, why or _not_regular(mode)))
     unique = list(dict.fromkeys(t.resolve() for t in traces))
-    return Discovered(traces=unique, ignored=ignored)
+    return Discovered(traces=unique, ignored=ignored, skipped=skipped)
+
+
+_MISSING = "no such file or folder"
+
+
+def _mode(p: Path) -> tuple[int | None, str | None]:
+    """The file type bits of `p` (symlinks followed), or None and why it has none."""
+    try:
+        return p.stat().st_mode, None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None, "symlink loop: skipped"
+        if exc.errno == errno.ENOENT:
+            return None, "broken symlink: skipped" if p.is_symlink() else _MISSING
+        return None, f"cannot read: {exc.strerror or exc}"
+
+
+def _not_regular(mode: int) -> str:
+    what = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
+            "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "not a regular file")
+    return f"not a trace file but {what}: skipped"
+
+
+def _listing(folder: Path, skipped: list[tuple[Path, str]]) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """Regular files in `folder` (sorted), and (entry, why) for the others (folders included);
+    a folder that cannot be listed goes to `skipped`."""
+    try:
+        with os.scandir(folder) as it:
+            entries = sorted(Path(e.path) for e in it)
+    except OSError as exc:
+        skipped.append((folder, f"cannot read this folder: {exc.strerror or exc}; traces in it are not analysed"))
+        return [], []
+    files, others = [], []
+    for e in entries:
+        mode, why = _mode(e)
+        if mode is not None and stat.S_ISREG(mode):
+            files.append(e)
+        else:
+            others.append((e, why or _not_regular(mode)))
+    return files, others
+
+
+def _walk(folder: Path, skipped: list[tuple[Path, str]], seen: set) -> list[Path]:
+    """Regular files under `folder`, depth first in name order. Subfolders are searched (also
+    through symlinks, each once); what is named like a trace and is neither goes to `skipped`."""
+    files, others = _listing(folder, skipped)
+    for e, why in others:
+        mode = _mode(e)[0]
+        if mode is not None and stat.S_ISDIR(mode):
+            if _identity(e) not in seen:
+                seen.add(_identity(e))
+                files += _walk(e, skipped, seen)
+        elif is_trace_name(e):
+            skipped.append((e, why))
+    return files
+
+
+def _identity(folder: Path) -> tuple[int, int]:
+    st = folder.stat()
+    return st.st_dev, st.st_ino
+
+
+def open_regular(path: str | Path) -> BinaryIO:
+    """`path` opened for binary reading when it is a regular file, else OSError. The open does not
+    block, so a FIFO is never waited on."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def checked_rank(rank: object, world_size: object, names: tuple[str, str] = ("distributedInfo.rank",
+                  "distributedInfo.world_size")) -> tuple[int | None, int | None, list[str]]:
+    """A trace's rank and world size (`names`: where it gives them) -> (rank, world size, lines):
+    a value that is no integer or out of range (rank 0..MAX_RANK and below the world size, world
+    size 1..MAX_WORLD_SIZE) is None, with a line; the rank then comes from the file name or order."""
+    lines = []
+    world = _integer(world_size)
+    if world is not None and not 1 <= world <= MAX_WORLD_SIZE:
+        lines.append(f"{names[1]} {_shown(world)} out of range (1 to {MAX_WORLD_SIZE}): ignored")
+        world = None
+    elif world is None and world_size is not None:
+        lines.append(f"{names[1]} {_shown(world_size)} is not an integer: ignored")
+    r = _integer(rank)
+    why = None
+    if r is None and rank is not None:
+        why = "is not an integer"
+    elif r is not None and not 0 <= r <= MAX_RANK:
+        why = f"out of range (0 to {MAX_RANK})"
+    elif r is not None and world is not None and r >= world:
+        why = f"not below world_size {world}"
+    if why:
+        lines.append(f"{names[0]} {_shown(rank)} {why}: ignored, rank from the file name or order")
+        r = None
+    return r, world, lines
+
+
+def _integer(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _shown(v: object) -> str:
+    """A value for a message: short, one line (a huge int as its order of magnitude)."""
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10**18:
+        return f"{'-' if v < 0 else ''}~1e{int(math.log10(abs(v)))}"
+    try:
+        return repr(v)[:40]
+    except ValueError:        # an int too long to print, inside a list
+        return f"a {type(v).__name__}"
 
 
 def rank_from_filename(path: str | Path) -> int | None:
+    """The rank a file name gives (`rank3`, `worker-3`); None without one or above MAX_RANK."""
     m = _RANK_IN_NAME.search(Path(path).name)
-    return int(m.group(1)) if m else None
+    return int(m.group(1)) if m and len(m.group(1)) <= 10 and int(m.group(1)) <= MAX_RANK else None
 
 
 @dataclass(frozen=True)

@@ -7,15 +7,19 @@ columns plus one chunk, not the whole text nor a Python object per event.
 Robustness, in order of cost:
   1. fast path: a chunk decodes as `list[Event]` (typed Structs, unknown keys skipped in C);
   2. a chunk with a badly typed event (e.g. `"args": []`) is decoded event by event, bad fields
-     dropped, and the count reported;
+     dropped, and the count reported; NaN / Infinity literals (not JSON) are read as values that
+     are not numbers;
   3. a file cut mid-write (or with garbage inside) keeps every complete event before the cut and
      says how many were salvaged;
   4. no trace inside (empty, not JSON, JSON without events, corrupt gzip) -> TraceError, one line.
+An event whose ts or dur cannot be a time (not a number, out of range, negative or over a day, a
+day away from the others) is dropped alone and counted per reason (`_drop_unusable_times`).
 """
 from __future__ import annotations
 
 import mmap
 import re
+import stat
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -25,7 +29,8 @@ import msgspec
 import numpy as np
 import polars as pl
 
-from rankscope.ingest.columns import DTYPES, Col, columnize, scan_json, scan_state
+from rankscope.ingest.columns import DTYPES, T_NOT_A_NUMBER, Col, columnize, scan_json, scan_state
+from rankscope.ingest.discover import checked_rank, open_regular
 from rankscope.ingest.errors import TraceError
 from rankscope.model import (CATEGORY_KINDS, DEVICE_KINDS, PROFILER_STEP_PATTERN, Kind, RankMeta, RankTrace,
                              event_kernel_classes)
@@ -119,6 +124,18 @@ _decode_header = msgspec.json.Decoder(Header).decode
 _decode_any = msgspec.json.Decoder(float_hook=Decimal).decode
 
 
+class _RawTimes(Event):
+    """An event whose ts or dur is not a number: both kept as JSON text, judged by `_time`."""
+    ts: msgspec.Raw = None
+    dur: msgspec.Raw = None
+
+
+_decode_raw_times = msgspec.json.Decoder(list[_RawTimes]).decode
+_decode_time = msgspec.json.Decoder(Decimal | None).decode
+#: ts/dur of an event read leniently that is not a number: the column gets T_NOT_A_NUMBER
+_NOT_A_NUMBER = Decimal("NaN")
+
+
 # ----------------------------------------------------------------------------------------------
 # Reading bytes
 def _chunks(path: Path) -> Iterator[bytes | memoryview]:
@@ -126,7 +143,7 @@ def _chunks(path: Path) -> Iterator[bytes | memoryview]:
     stream that breaks (cut or corrupt) still yields everything decompressed before the break,
     then raises _ReadError."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             if f.read(2) != b"\x1f\x8b":
                 f.seek(0)
                 yield from _blocks(f)
@@ -308,6 +325,13 @@ class _Column:
         if self.buffer is None:
             return np.zeros(0, self.dtype)
         return np.frombuffer(self.buffer, self.dtype, self.n)
+
+    def keep(self, mask: np.ndarray) -> None:
+        """Keep only the values where `mask` is true, in place."""
+        values = self.values()
+        kept = values[mask]
+        values[:len(kept)] = kept
+        self.n = len(kept)
 
 
 _COLUMN_START_BYTES = 1 << 20
@@ -542,6 +566,18 @@ _LONE_SURROGATE = re.compile(
     rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2})")
 
 
+#: A non-JSON literal where msgspec stops (NaN, Infinity; in -Infinity, after the "-"); and a JSON
+#: string, or NaN / Infinity / -Infinity outside strings (group 1).
+_CONSTANT = re.compile(rb"Infinity|NaN")
+_STRING_OR_CONSTANT = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|(-?Infinity|NaN)', re.DOTALL)
+
+
+def _blank_constants(text: bytes) -> bytes:
+    """Each NaN, Infinity, -Infinity outside strings as `[]` padded to its length (byte offsets
+    hold): a ts or dur that is not a number, elsewhere a value of the wrong type (the default)."""
+    return _STRING_OR_CONSTANT.sub(lambda m: m[0] if m[1] is None else b"[]".ljust(len(m[0])), text)
+
+
 def _decode_chunk(body: bytes | memoryview, acc: _Accumulator) -> None:
     """Decode the JSON array `body` (whole events only): C scanner first; msgspec where the
     scanner declines (it is the reference); badly typed events repaired one by one.
@@ -560,7 +596,11 @@ def _decode_chunk(body: bytes | memoryview, acc: _Accumulator) -> None:
             # the frames' categories), same length, so byte offsets still hold
             return _decode_repaired(_LONE_SURROGATE.sub(rb"\1\\u003f", bytes(body)), "surrogates", acc)
         m = _MSGSPEC_BYTE.search(str(exc))
-        raise _JSONError(int(m.group(1)) if m else (stopped if stopped >= 0 else None)) from None
+        at = int(m.group(1)) if m else None
+        if "constants" not in acc.repairing and at is not None and _CONSTANT.match(body, at):
+            # NaN / Infinity / -Infinity (Python's json writes them): each a value that is not a number
+            return _decode_repaired(_blank_constants(bytes(body)), "constants", acc)
+        raise _JSONError(at if at is not None else (stopped if stopped >= 0 else None)) from None
     except UnicodeDecodeError:             # invalid UTF-8 in a string: keep the events, mark the bytes
         if "utf8" in acc.repairing:
             raise _JSONError(None) from None
@@ -600,10 +640,20 @@ def _decode_span(buf: bytearray, end: int, acc: _Accumulator) -> None:
 
 
 def _decode_leniently(data: bytes, acc: _Accumulator) -> list:
+    """Event by event. A ts or dur that is not a number is kept as NaN (the event is dropped, with
+    its reason, when the frames are built); a badly typed `args` is dropped (a repaired event)."""
     events = []
     for raw in _decode_raw_list(data):
+        text = b"[" + bytes(raw) + b"]"
         try:
-            events.append(_decode_events(b"[" + bytes(raw) + b"]")[0])
+            events.append(_decode_events(text)[0])
+            continue
+        except msgspec.ValidationError:
+            pass
+        try:
+            loose = _decode_raw_times(text)[0]
+            fields = {f: getattr(loose, f) for f in Event.__struct_fields__}
+            events.append(Event(**{**fields, "ts": _time(loose.ts), "dur": _time(loose.dur)}))
             continue
         except msgspec.ValidationError:
             pass
@@ -611,6 +661,9 @@ def _decode_leniently(data: bytes, acc: _Accumulator) -> list:
         if not isinstance(obj, dict):
             acc.bad_events += 1
             continue
+        for key in ("ts", "dur"):
+            if obj.get(key) is not None:
+                obj[key] = _time(msgspec.json.encode(obj[key]))
         args = obj.get("args")
         if not isinstance(args, dict):
             obj.pop("args", None)
@@ -622,6 +675,16 @@ def _decode_leniently(data: bytes, acc: _Accumulator) -> list:
         except msgspec.ValidationError:
             acc.bad_events += 1
     return events
+
+
+def _time(raw: msgspec.Raw | bytes | None) -> Decimal | None:
+    """A ts or dur read from its JSON text as the strict decoder would; NaN where it is not a number."""
+    if raw is None:
+        return None
+    try:
+        return _decode_time(raw)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return _NOT_A_NUMBER
 
 
 def _last_boundary(buf: bytes | bytearray, before: int, lo: int = 0) -> int:
@@ -844,8 +907,13 @@ def _parse_header(header_bytes: bytes) -> dict:
     text = header_bytes.rstrip().rstrip(b",").rstrip()
     if not text.strip():
         return {}
+    text = text.decode("utf-8", "replace").encode("utf-8")
     try:
-        h = _decode_header(text.decode("utf-8", "replace").encode("utf-8") + b"}")
+        try:
+            h = _decode_header(text + b"}")
+        except msgspec.DecodeError:       # NaN / Infinity (not JSON): read as the text "NaN", a wrong type
+            h = _decode_header(_STRING_OR_CONSTANT.sub(lambda m: m[0] if m[1] is None else b'"%s"' % m[1], text)
+                               + b"}")
     except (msgspec.DecodeError, msgspec.ValidationError):
         return {}   # an unreadable header loses metadata (rank from the file name), not events
     return {k: getattr(h, k) for k in h.__struct_fields__ if getattr(h, k) is not None}
@@ -910,9 +978,12 @@ def read_kineto(path: str | Path, use_scanner: bool = True) -> tuple[RankTrace, 
     `use_scanner=False` forces the msgspec reference path (tests compare the two)."""
     path = Path(path)
     try:
-        size = path.stat().st_size
+        st = path.stat()
     except OSError as exc:
         raise TraceError(f"cannot read: {exc.strerror or exc}") from exc
+    if not stat.S_ISREG(st.st_mode):
+        raise TraceError("not a regular file (a folder, FIFO or device): not read")
+    size = st.st_size
     if size == 0:
         raise TraceError("empty file")
     parsed = _parse_stream(path, use_scanner)
@@ -931,6 +1002,7 @@ def read_kineto(path: str | Path, use_scanner: bool = True) -> tuple[RankTrace, 
 def _build(path: Path, size: int, parsed: _Parsed, header: dict) -> RankTrace:
     acc, t = parsed.acc, parsed.acc.tables
     _canonical_key_codes(acc)
+    dropped = _drop_unusable_times(acc)
     ph_names = _inverse(t.ph)
     phase_counts = {ph_names[i]: int(n) for i, n in enumerate(acc.phase_counts) if n}
 
@@ -946,10 +1018,10 @@ def _build(path: Path, size: int, parsed: _Parsed, header: dict) -> RankTrace:
     ts = acc.take("x", "ts_ns")
     dur = acc.take("x", "dur_ns")
     problems: list[str] = []
-    negative = int((dur < 0).sum())
-    if negative:
-        problems.append(f"{negative} events with negative duration (set to 0)")
-        dur = np.maximum(dur, 0)
+    if dropped:
+        n = sum(dropped.values())
+        problems.append(f"{n} event{'s' if n > 1 else ''} dropped: "
+                        + ", ".join(f"{k} with {reason}" for reason, k in dropped.items()))
     tid = acc.take("x", "tid")
     flows = _flows_frame(acc)
     corr = _link_launches(acc.take("x", "correlation"), flows, kind, pid, tid, ts)
@@ -986,12 +1058,13 @@ def _build(path: Path, size: int, parsed: _Parsed, header: dict) -> RankTrace:
         problems.append(f"begin/end ('B'/'E') events ignored: {begin_end}")
 
     dist = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
+    dist_rank, world_size, rank_problems = checked_rank(dist.get("rank"), dist.get("world_size"))
+    problems += rank_problems
     devices = header.get("deviceProperties") if isinstance(header.get("deviceProperties"), list) else []
     meta = RankMeta(
         file=str(path), rank=-1, rank_source="unknown",
         format=parsed.fmt if parsed.fmt != "kineto" else _format_of(t.cat),
-        dist_rank=_int_or_none(dist.get("rank")),
-        world_size=_int_or_none(dist.get("world_size")),
+        dist_rank=dist_rank, world_size=world_size,
         backend=dist.get("backend") if isinstance(dist.get("backend"), str) else None,
         pg_config=dist.get("pg_config") if isinstance(dist.get("pg_config"), list) else [],
         devices=[d for d in devices if isinstance(d, dict)],
@@ -1002,8 +1075,86 @@ def _build(path: Path, size: int, parsed: _Parsed, header: dict) -> RankTrace:
         device_events=int(is_dev.sum()), profiler_steps=n_profiler_steps,
         thread_names=threads, process_names=processes,
         span_ns=span, salvaged=parsed.cut_at_byte is not None, problems=problems, size_bytes=size,
+        cut_at_byte=parsed.cut_at_byte, cut_reason=parsed.cut_reason or None, dropped=dropped,
     )
     return RankTrace(meta=meta, events=events, memory=memory, flows=flows, **side)
+
+
+#: The longest plausible duration of an event, and gap between a file's events; beyond: dropped.
+MAX_DUR_NS = 86_400 * 10**9
+#: |ts| from this on (146 years from the clock's zero) is no profiler time: dropped.
+MAX_TS_NS = 2**62
+#: Why an event's times are unusable (code i + 1 in `_drop_unusable_times`), in the order checked
+#: (the span of the other events is known once their values are).
+TIME_REASONS = ("ts not a number", "ts out of range", "dur not a number", "dur negative", "dur over 1 day",
+                "ts over 1 day away from the other events")
+
+
+def _drop_unusable_times(acc: _Accumulator) -> dict[str, int]:
+    """Drop the kept events (complete, flow, memory sample) whose ts or dur is unusable (see
+    TIME_REASONS), each under its first reason; return how many per reason. The side frames' rows
+    follow the complete events they belong to."""
+    groups = {g: acc.parts[g] for g in ("x", "flows", "memory") if "ts_ns" in acc.parts.get(g, {})}
+    reasons: dict[str, np.ndarray] = {}
+    for g, cols in groups.items():
+        ts = cols["ts_ns"].values()
+        r = np.zeros(len(ts), np.uint8)
+        _mark(r, ts == T_NOT_A_NUMBER, 1)
+        _mark(r, (ts >= MAX_TS_NS) | (ts <= -MAX_TS_NS), 2)
+        if g == "x":
+            dur = cols["dur_ns"].values()
+            _mark(r, dur == T_NOT_A_NUMBER, 3)
+            _mark(r, dur < 0, 4)
+            _mark(r, dur > MAX_DUR_NS, 5)
+        reasons[g] = r
+    usable = {g: cols["ts_ns"].values() if not reasons[g].any() else cols["ts_ns"].values()[reasons[g] == 0]
+              for g, cols in groups.items()}
+    ends = [(int(u.min()), int(u.max())) for u in usable.values() if len(u)]
+    if ends and max(b for _, b in ends) - min(a for a, _ in ends) > MAX_DUR_NS:
+        lo, hi = _main_run(np.concatenate(list(usable.values())))
+        for g, cols in groups.items():
+            ts = cols["ts_ns"].values()
+            _mark(reasons[g], (ts < lo) | (ts > hi), 6)
+    counts = np.zeros(len(TIME_REASONS) + 1, np.int64)
+    for g, cols in groups.items():
+        keep = reasons[g] == 0
+        if keep.all():
+            continue
+        counts += np.bincount(reasons[g], minlength=len(counts))
+        for column in cols.values():
+            column.keep(keep)
+        if g == "x":
+            _keep_side_rows(acc, keep)
+    return {reason: int(n) for reason, n in zip(TIME_REASONS, counts[1:]) if n}
+
+
+def _mark(reasons: np.ndarray, where: np.ndarray, code: int) -> None:
+    """Give `code` to the rows where `where` holds that have no reason yet."""
+    reasons[(reasons == 0) & where] = code
+
+
+def _main_run(ts: np.ndarray) -> tuple[int, int]:
+    """First and last time of the largest run of sorted `ts` without a gap over MAX_DUR_NS."""
+    s = np.sort(ts)
+    cuts = np.flatnonzero(np.diff(s) > MAX_DUR_NS) + 1
+    starts, ends = np.r_[0, cuts], np.r_[cuts, len(s)]
+    i = int(np.argmax(ends - starts))
+    return int(s[starts[i]]), int(s[ends[i] - 1])
+
+
+def _keep_side_rows(acc: _Accumulator, keep: np.ndarray) -> None:
+    """Side frames after complete events were dropped (`keep`): their rows go, the others' `row`
+    numbers are renumbered."""
+    new_row = np.cumsum(keep) - 1
+    for frame in _SIDE_KINDS:
+        cols = acc.parts.get(frame, {})
+        if "row" not in cols:
+            continue
+        kept = keep[cols["row"].values()]
+        for column in cols.values():
+            column.keep(kept)
+        rows = cols["row"].values()
+        rows[:] = new_row[rows]
 
 
 #: Kept columns that hold `k`-kind values: ints, or -2 - code of a string in the `tid` table.

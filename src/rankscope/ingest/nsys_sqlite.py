@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from rankscope.ingest.discover import checked_rank, open_regular
 from rankscope.ingest.errors import TraceError
 from rankscope.model import (DEVICE_KINDS, PROFILER_STEP_PATTERN, KernelClass, Kind, RankMeta, RankTrace,
                              event_kernel_classes)
@@ -99,7 +100,7 @@ _EMPTY = {
 
 def is_sqlite(path: str | Path) -> bool:
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             return f.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC
     except OSError:
         return False
@@ -445,9 +446,11 @@ def _meta(db: _Db, path: Path, size: int, events: pl.DataFrame, env: dict, probl
     ts, dur = events["ts_ns"].to_numpy(), events["dur_ns"].to_numpy()
     kinds = events["kind"].to_numpy()
     step_names = events.filter(pl.col("kind") == int(Kind.USER_ANNOTATION))["name"].cast(pl.String)
+    dist_rank, world_size, rank_problems = checked_rank(_env_int(env, RANK_ENV), _env_int(env, WORLD_ENV),
+                                                        ("RANK", "WORLD_SIZE"))
     return RankMeta(
         file=str(path), rank=-1, rank_source="unknown", format="nsys-sqlite",
-        dist_rank=_env_int(env, RANK_ENV), world_size=_env_int(env, WORLD_ENV),
+        dist_rank=dist_rank, world_size=world_size,
         backend="nccl" if (events["kclass"] == int(KernelClass.COMM)).any() else None,
         devices=_devices(db), hostname=hostname, base_time_ns=_session_epoch_ns(db) or None,
         events_total=events.height, phase_counts={"X": events.height},
@@ -455,5 +458,5 @@ def _meta(db: _Db, path: Path, size: int, events: pl.DataFrame, env: dict, probl
         profiler_steps=int(step_names.str.extract(PROFILER_STEP_PATTERN, 1).drop_nulls().n_unique()),
         thread_names=threads, process_names=processes,
         span_ns=(int(ts.min()), int((ts + dur).max())) if len(ts) else None,
-        problems=problems, size_bytes=size,
+        problems=problems + rank_problems, size_bytes=size,
     )

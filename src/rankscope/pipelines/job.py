@@ -19,6 +19,7 @@ import numpy as np
 from rankscope import engine as engines
 from rankscope.ingest import Cache, TraceError, load_rank, read_trace
 from rankscope.ingest.cache import content_key
+from rankscope.ingest.consistency import different_jobs
 from rankscope.ingest.discover import assign_ranks, discover
 from rankscope.model import InputProblem, RankMeta, RankTrace
 from rankscope.pipelines import checking_arguments
@@ -154,6 +155,7 @@ def _assign(metas: list[RankMeta]) -> tuple[list[RankMeta], list[str], list[Inpu
     metas = sorted(metas, key=lambda m: m.file)
     assignments, warnings, duplicates = assign_ranks([m.file for m in metas], [m.dist_rank for m in metas],
                                                      [not m.salvaged for m in metas])
+    warnings += different_jobs(metas)         # all files read: a rank two jobs claim keeps only one
     by_file = {m.file: m for m in metas}
     kept = []
     for a in assignments:
@@ -175,6 +177,7 @@ def _map_files(inputs, task_fn, cache_dir, use_cache, engine, workers, on_progre
     items = inputs if isinstance(inputs, list) else [inputs]
     found = discover(items)
     problems = [InputProblem(str(f), why, fatal=False) for f, why in found.ignored]
+    problems += [InputProblem(str(f), why) for f, why in found.skipped]
     files = sorted(found.traces, key=lambda p: -_size(p))     # largest first: better balance
     workers = workers or engines.default_workers()
     chosen = engines.choose_engine(engine, sum(_size(p) for p in files), len(files), workers, address)
@@ -257,10 +260,9 @@ def _coverage(metas: list[RankMeta]) -> tuple[int | None, list[int], list[str]]:
     warnings = []
     world_sizes = {m.world_size for m in metas if m.world_size}
     world = max(world_sizes) if world_sizes else (len(metas) or None)
-    if len(world_sizes) > 1:
-        warnings.append(f"ranks disagree on world size: {sorted(world_sizes)}")
     present = {m.rank for m in metas}
-    missing = sorted(set(range(world or 0)) - present) if world else []
+    inside = sorted(r for r in present if 0 <= r < (world or 0))     # from the gaps: no range(world) built
+    missing = [r for a, b in zip([-1] + inside, inside + [world or 0]) for r in range(a + 1, b)]
     if missing and metas:
         shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
         warnings.append(f"{len(present)} of {world} ranks present; missing: {shown}")

@@ -1,6 +1,8 @@
 """`rankscope diff` in the terminal (rich): the conclusion first, then what was compared, the
 job-wide metrics with their tests, per rank, collectives and stragglers, findings, and the op- and
-kernel-level diff by impact. Readable at 80 columns. Renders a `Diff`; computes nothing."""
+kernel-level diff by impact. Readable at 80 columns: no number is cut, and the name column takes
+the room the numbers leave, different names shortened so that they look different. Renders a
+`Diff`; computes nothing."""
 from __future__ import annotations
 
 from rich import box
@@ -10,13 +12,15 @@ from rich.table import Table
 
 from rankscope.analyses.job.diff import ALPHA, Comparison, Diff, NameDiff
 from rankscope.render.base import TerminalRenderer
-from rankscope.render.format import number, p_value_text, shortened
+from rankscope.render.format import (distinct_shortened, literal, natural_width, number, p_value_text,
+                                     print_table)
 from rankscope.results import DiffResult
 
 #: Rows of the per-rank table and of each name table (all are in --json).
 MAX_RANK_ROWS = 16
 MAX_NAME_ROWS = 10
-NAME_WIDTH = 28
+#: The narrowest the name column gets: below it the table is let wider than the console.
+MIN_NAME_WIDTH = 16
 
 LABELS = {"step_time_ms": "step time ms", "gpu_idle_ms": "GPU idle ms", "gpu_idle_pct": "GPU idle %",
           "dataloader_share_pct": "DataLoader %", "collective_skew_ms": "arrival skew ms",
@@ -52,7 +56,7 @@ def _metrics_table(title: str, metrics: dict[str, Comparison], console: Console)
             t.add_row("step breakdown ms", style="dim")
         t.add_row(metric_label(m), number(c.before), number(c.after), number(c.delta), number(c.delta_pct, "+.1f", "%"),
                   _p(c), _ci(c), style="bold" if c.significant else None)
-    console.print(t)
+    print_table(console, t)
     console.print(f"  * significant: p < {ALPHA} (Welch's t-test) and the bootstrap CI of the delta excludes 0",
                   style="dim", highlight=False)
 
@@ -74,15 +78,15 @@ class DiffTerminal(TerminalRenderer):
 
 def _header(d: Diff, console: Console) -> None:
     c = d.compared
-    console.print(f"[bold]rankscope diff[/] {escape(c.labels[0])} -> {escape(c.labels[1])}", highlight=False)
-    console.print(f"[bold]{escape(d.headline)}[/]", highlight=False)
+    console.print(f"[bold]rankscope diff[/] {literal(c.labels[0])} -> {literal(c.labels[1])}", highlight=False)
+    console.print(f"[bold]{literal(d.headline)}[/]", highlight=False)
     how = "by rank id" if c.rank_match == "rank_id" else "paired in sorted order"
     console.print(f"  compared: {len(c.rank_pairs)} rank(s) {how} ({len(c.ranks_before)} before, "
                   f"{len(c.ranks_after)} after); steps {c.steps_before} before, {c.steps_after} after; "
                   f"{c.samples} step samples a side (steps x ranks); formats {'/'.join(c.formats_before)} vs "
                   f"{'/'.join(c.formats_after)}", highlight=False)
     for w in c.warnings:
-        console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
+        console.print(f"[yellow]warning:[/] {literal(w)}", highlight=False)
 
 
 def _ranks(d: Diff, console: Console) -> None:
@@ -98,7 +102,7 @@ def _ranks(d: Diff, console: Console) -> None:
         t.add_row(rank, number(st.before), number(st.after), number(st.delta_pct, "+.1f", "%"), _p(st),
                   f"{metric_label(move.metric).strip()} {move.delta:+.1f} ms" if move else "")
     t.columns[-1].justify = "left"
-    console.print(t)
+    print_table(console, t)
     if len(rows) < len(d.ranks):
         console.print(f"  ({len(d.ranks) - len(rows)} more rank pairs: the {len(rows)} largest changes are "
                       f"listed; --json has all)", style="dim", highlight=False)
@@ -109,8 +113,8 @@ def _cross(d: Diff, console: Console) -> None:
         _metrics_table("Collectives (samples: matched collectives)", d.collectives, console)
     before, after = d.straggler_verdicts
     if before or after:
-        console.print(f"stragglers before: {escape(before or 'n/a')}", highlight=False)
-        console.print(f"stragglers after:  {escape(after or 'n/a')}", highlight=False)
+        console.print(f"stragglers before: {literal(before or 'n/a')}", highlight=False)
+        console.print(f"stragglers after:  {literal(after or 'n/a')}", highlight=False)
     for s in d.stragglers:
         costs = f"{number(s.cost_ms_per_step_before)} -> {number(s.cost_ms_per_step_after)} ms/step"
         console.print(f"  rank {s.rank}: {s.status} (cause {s.cause_before or '-'} -> {s.cause_after or '-'}, "
@@ -128,19 +132,30 @@ def _findings(d: Diff, console: Console) -> None:
     for f in d.findings:
         sev = f"{f.severity_before or '-'} -> {f.severity_after or '-'}"
         console.print(f"  {f.status:<10} {f.id} (ranks {', '.join(map(str, f.ranks)) or '-'}; severity {sev}): "
-                      f"{escape(f.summary or '')}", highlight=False)
+                      f"{literal(f.summary or '')}", highlight=False)
 
 
 def _names(title: str, d: NameDiff, console: Console) -> None:
     if d.rows.is_empty():
         return
     counts = ", ".join(f"{n} {s}" for s, n in d.counts.items())
-    t = _table(f"{title} by impact: {counts}", ("name", "status", "calls", "µs per call", "ms/step"))
-    t.columns[1].justify = "left"
-    for r in d.rows.head(MAX_NAME_ROWS).iter_rows(named=True):
-        per_call = f"{number(r['per_call_us_before'], '.0f')}->{number(r['per_call_us_after'], '.0f')}"
-        t.add_row(escape(shortened(r["name"], NAME_WIDTH)), r["status"], f"{r['calls_before']}->{r['calls_after']}",
-                  per_call, f"{r['impact_ms_per_step']:+.2f}")
-    console.print(t)
+    rows = list(d.rows.head(MAX_NAME_ROWS).iter_rows(named=True))
+    cells = [(r["status"], f"{r['calls_before']}->{r['calls_after']}",
+              f"{number(r['per_call_us_before'], '.0f')}->{number(r['per_call_us_after'], '.0f')}",
+              f"{r['impact_ms_per_step']:+.2f}") for r in rows]
+    title = f"{title} by impact: {counts}"
+    others = natural_width(console, _name_table(title, [""] * len(rows), cells))   # names as wide as "name"
+    room = max(console.width - others + len("name"), MIN_NAME_WIDTH)
+    names = distinct_shortened([r["name"] for r in rows], room)
+    console.print(_name_table(title, [escape(n) for n in names], cells))
     console.print(f"  slower / faster: time per call, p < {ALPHA} (Welch's t-test over the calls); "
                   "ms/step: change of total time per step", style="dim", highlight=False)
+
+
+def _name_table(title: str, names: list[str], cells: list[tuple[str, ...]]) -> Table:
+    t = _table(title, ("name", "status", "calls", "µs per call", "ms/step"))
+    t.columns[0].no_wrap, t.columns[0].overflow = False, "fold"     # a name longer than the room folds
+    t.columns[1].justify = "left"
+    for name, row in zip(names, cells):
+        t.add_row(name, *row)
+    return t

@@ -1,17 +1,27 @@
 """Formatting shared by the renderers: rounding for JSON (`rounded`, from rankscope.numbers, which
 findings' evidence uses too) and the input problems as JSON lists them; numbers, percents and
-p-values as text, rank lists as ranges, long names shortened, and HTML escaping. Each renderer
-keeps its own layout."""
+p-values as text, rank lists as ranges, names from the inputs made printable and shortened in the
+middle, HTML escaping, and terminal tables printed without cutting a cell. Each renderer keeps its
+own layout."""
 from __future__ import annotations
 
+import copy
+import dataclasses
 import html
 import math
+import os
+import re
+
+from rich.console import Console
+from rich.markup import escape
+from rich.measure import Measurement
+from rich.table import Column, Table
 
 from rankscope.model import InputProblem
 from rankscope.numbers import rounded
 
-__all__ = ["escaped", "number", "p_value_text", "percent", "problem_list", "ranges", "rounded", "shortened",
-           "value_text"]
+__all__ = ["distinct_shortened", "escaped", "literal", "natural_width", "number", "p_value_text", "percent",
+           "print_table", "printable", "problem_list", "ranges", "rounded", "shortened", "value_text"]
 
 
 def problem_list(problems: list[InputProblem]) -> list[dict]:
@@ -49,10 +59,76 @@ def ranges(values: list[int]) -> str:
     return ", ".join(out)
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: object) -> str:
+    """`text` with every control character written as its escape (ESC as '\\x1b'): a name read from an
+    input cannot move the cursor, clear the screen or retitle the terminal."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+
+
+def literal(text: object) -> str:
+    """Text read from an input (a name, a warning) as rich markup that prints it as it is: printable, its
+    brackets escaped."""
+    return escape(printable(text))
+
+
 def shortened(name: str, width: int = 48) -> str:
-    """A kernel or op name without its leading 'void ', cut to `width` characters with an ellipsis."""
-    name = name.removeprefix("void ")
-    return name if len(name) <= width else name[:width - 1] + "…"
+    """A kernel, op or file name, printable, without a leading 'void ', shortened in the middle to
+    `width` characters (an ellipsis where it was cut: two thirds of the room for the start)."""
+    name = printable(name).removeprefix("void ")
+    return name if len(name) <= width else _cut(name, width, (width - 1) * 2 // 3)
+
+
+def _cut(name: str, width: int, head: int) -> str:
+    """The first `head` and the last `width - 1 - head` characters of `name` around an ellipsis, moved off
+    digits: the end starts before a run of digits, the start drops its last ones (a cut name must not
+    read as a cut number)."""
+    end = len(name) - (width - 1 - head)
+    moved = end
+    while 0 < end < len(name) and name[end].isdigit():
+        end -= 1
+    if end == 0:                       # digits all the way: a plain cut
+        end = moved
+    return name[:max(0, head - (moved - end))].rstrip("0123456789") + "…" + name[end:]
+
+
+def distinct_shortened(names: list[str], width: int) -> list[str]:
+    """Each name `shortened` to `width`; different names that would look the same are cut elsewhere (more
+    of the end), or longer, until they differ."""
+    out = [shortened(n, width) for n in names]
+    groups: dict[str, list[int]] = {}
+    for i, text in enumerate(out):
+        groups.setdefault(text, []).append(i)
+    for rows in groups.values():
+        full = [printable(names[i]).removeprefix("void ") for i in rows]
+        if len(set(full)) > 1:
+            for i, text in zip(rows, _told_apart(full, width)):
+                out[i] = text
+    return out
+
+
+def _told_apart(names: list[str], width: int) -> list[str]:
+    """`names` (different, all longer than `width`) cut at the narrowest width from `width` up at which one
+    place of the ellipsis tells every two apart: the usual one, just past where two names part from the
+    start (or a few characters later, past the digits a cut drops), just before they part from the end,
+    or all end or all start."""
+    starts = _longest_common(sorted(names)) + 1
+    ends = _longest_common(sorted(n[::-1] for n in names)) + 1
+    longest = max(map(len, names))
+    while width < longest:
+        for head in ((width - 1) * 2 // 3, *range(starts, starts + 4), width - 1 - ends, 0, width - 1):
+            cut = [n if len(n) <= width else _cut(n, width, head) for n in names] if 0 <= head < width else []
+            if len(set(cut)) == len(set(names)):
+                return cut
+        width += max(1, width // 8)
+    return names
+
+
+def _longest_common(ordered: list[str]) -> int:
+    """The longest common prefix of two of `ordered` (sorted): two neighbours share the longest."""
+    return max(len(os.path.commonprefix([a, b])) for a, b in zip(ordered, ordered[1:]))
 
 
 def escaped(value) -> str:
@@ -76,3 +152,58 @@ def value_text(value, digits: int = 2) -> str:
     if not math.isfinite(value):
         return str(value)
     return f"{value:,.{digits}f}" if value == 0 or abs(value) >= 0.01 else f"{value:.2g}"
+
+
+#: Far wider than any table: the width at which a table's natural width is measured.
+_UNBOUNDED = 100_000
+
+
+#: The least room a folding text column is given before a table is made narrower.
+MIN_FOLD_WIDTH = 16
+
+
+def print_table(console: Console, table: Table, keep: int = 1) -> None:
+    """Print `table` without cutting a cell: as it is when its columns fit the console's width (text
+    columns that fold counted at `MIN_FOLD_WIDTH`), else with narrower gaps, else with its columns split
+    over several tables, one under the other, each repeating the first `keep` columns (the row's key);
+    the title stays on the first part, the caption goes to the last."""
+    width = console.width
+    if _needed_width(console, table) <= width:
+        console.print(table)
+        return
+    tight = copy.copy(table)
+    tight.padding = (0, 1, 0, 0)
+    if _needed_width(console, tight) <= width:
+        console.print(tight)
+        return
+    key, rest, parts = table.columns[:keep], table.columns[keep:], []
+    while rest:
+        n = 1
+        while n < len(rest) and _needed_width(console, _part(table, key + rest[:n + 1])) <= width:
+            n += 1
+        parts.append(key + rest[:n])
+        rest = rest[n:]
+    for i, columns in enumerate(parts):
+        console.print(_part(table, columns, title=table.title if i == 0 else None,
+                            caption=table.caption if i == len(parts) - 1 else None))
+
+
+def natural_width(console: Console, table: Table) -> int:
+    """The width `table` takes on `console` when nothing has to wrap."""
+    return Measurement.get(console, console.options.update_width(_UNBOUNDED), table).maximum
+
+
+def _needed_width(console: Console, table: Table) -> int:
+    """The natural width of `table` with its folding text columns at most `MIN_FOLD_WIDTH` wide."""
+    folding = [c.overflow == "fold" and not c.no_wrap for c in table.columns]
+    return natural_width(console, _part(table, [dataclasses.replace(c, max_width=MIN_FOLD_WIDTH) if fold else c
+                                                for c, fold in zip(table.columns, folding)],
+                                        table.title, table.caption))
+
+
+def _part(table: Table, columns: list[Column], title=None, caption=None) -> Table:
+    """A copy of `table` with only `columns` (their cells shared)."""
+    part = copy.copy(table)
+    part.columns = [dataclasses.replace(c, _index=i) for i, c in enumerate(columns)]
+    part.title, part.caption = title, caption
+    return part

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from rankscope.analyses.rank.breakdown import CATEGORIES as BREAKDOWN_CATEGORIES
 from rankscope.render.base import HtmlRenderer
+from rankscope.render.figures import BREAKDOWN, DETAILS, GAPS, STRAGGLER, html_legend
 from rankscope.render.format import escaped, ranges, value_text
 from rankscope.render.html_parts import (CATEGORY_COLORS, CATEGORY_LABELS, chart, chart_label, chart_layout,
                                          html_table, kv_table, name_cell, note, one_chart, page)
@@ -82,11 +83,13 @@ def _pick_ranks(report: dict, cap: int) -> tuple[list[dict], str]:
 def _header(report: dict) -> str:
     job = report["job"]
     inputs = report.get("inputs") or {}
+    steps = job.get("steps") or []
     rows = [("ranks", f"{len(job['ranks'])} ({ranges(job['ranks'])})"),
             ("world size", value_text(job.get("world_size"))),
             ("backend", job.get("backend") or "unknown"),
             ("devices", ", ".join(job.get("devices") or []) or "none (CPU only)"),
-            ("steps", f"{ranges(job.get('steps') or [])} ({job.get('steps_source') or 'unknown'})"),
+            ("steps", f"{len(steps)} (#{ranges(steps)}; {job.get('steps_source') or 'unknown'})" if steps
+             else f"none ({job.get('steps_source') or 'unknown'})"),
             ("hosts", ", ".join(job.get("hosts") or []) or "unknown"),
             ("time span", f"{value_text(job.get('span_ms'))} ms")]
     if job.get("missing_ranks"):
@@ -137,7 +140,7 @@ def _breakdown(report: dict, figures: dict) -> str:
     colors = {c: CATEGORY_COLORS[c] for c in BREAKDOWN_CATEGORIES}
     data = _bars_by_rank(ranks, "breakdown_ms", colors, CATEGORY_LABELS, "ms per step")
     return (head + note("Mean ms per step on each rank; each instant goes to one category, the parts sum to "
-                        "the step (DESIGN.md \"Step breakdown\")."
+                        "the step. " + html_legend(*(BREAKDOWN[c] for c in BREAKDOWN_CATEGORIES))
                         + (" CPU-only job: the training thread plays the device, gloo spans play "
                            "communication." if cpu_only else ""))
             + note(capped)
@@ -172,9 +175,11 @@ def _collectives(report: dict, figures: dict) -> str:
         out.append(f"<p><b>{escaped(report['straggler_verdict'])}</b></p>")
     stragglers = report.get("stragglers") or []
     if stragglers:
-        out.append(html_table(["rank", "cause", "cost ms/step", "last arrival %", "step-time z", "evidence"],
-                              [[str(s["rank"]), s.get("cause"), s.get("cost_ms_per_step"), s.get("last_arrival_pct"),
-                                s.get("step_time_z"), s.get("evidence")] for s in stragglers], {0, 2, 3, 4}))
+        shown = [STRAGGLER[k] for k in ("cost", "last_arrival", "step_time_z")]
+        out.append(html_table(["rank", "cause", *(f.html for f in shown), "evidence"],
+                              [[str(s["rank"]), s.get("cause"), *(s.get(f.json) for f in shown), s.get("evidence")]
+                               for s in stragglers], {0, 2, 3, 4}))
+        out.append(note(html_legend(*shown)))
     if not by_type:
         return "".join(out) + note("No collectives matched across ranks.") + "</section>"
     x = [chart_label(f"{t['type']} ({t['group_size']} ranks)") for t in by_type]
@@ -185,7 +190,7 @@ def _collectives(report: dict, figures: dict) -> str:
                                      ("transfer_ms", "transfer (min duration across ranks), total", "#1976d2"))]
     out += ["<h3>Arrival skew by collective type</h3>",
             note(f"{value_text(coll.get('count'))} collectives matched across ranks. Skew = last start − first start "
-                 f"of one collective; transfer = its shortest duration on any rank (DESIGN.md \"Collective\")."),
+                 f"of one collective; transfer = its shortest duration on any rank (docs/concepts.md, Collective)."),
             one_chart(figures, "chart-collective-skew", data,
                       chart_layout("collective", "ms", 340, len(x), barmode="group")),
             html_table(["type", "group size", "count", "bytes", "transfer ms", "skew mean ms", "skew max ms",
@@ -204,13 +209,13 @@ def _rank_wait(report: dict, figures: dict) -> str:
     if not shown:
         return ""
     x = [str(s["rank"]) for s in shown]
-    data = [{"type": "bar", "name": name, "x": x, "y": [s.get(key) for s in shown], "marker": {"color": color},
-             "hovertemplate": "rank %{x}: %{y:.3f} ms per step"}
-            for key, name, color in (("own_wait_ms_per_step", "waited for later ranks", "#9e9e9e"),
-                                     ("wait_imposed_ms_per_step", "made the others wait", "#c62828"))]
+    series = [(STRAGGLER["own_wait"], "#9e9e9e"), (STRAGGLER["wait_imposed"], "#ef6c00"),
+              (STRAGGLER["cost"], "#c62828")]
+    data = [{"type": "bar", "name": f.html, "x": x, "y": [s.get(f.json) for s in shown], "marker": {"color": color},
+             "hovertemplate": "rank %{x}: %{y:.3f} ms per step"} for f, color in series]
     return ("<h3>Wait per rank</h3>"
-            + note("Per step: how long each rank waited in collectives for the last arriver, and how long the "
-                   "others waited for it.") + note(capped)
+            + note(html_legend(*(f for f, _ in series)) + " The straggler verdict compares the cost, evaluated "
+                   "for the ranks most often last only (no bar for the others).") + note(capped)
             + one_chart(figures, "chart-rank-wait", data,
                         chart_layout("rank", "ms per step", 340, len(x), barmode="group")))
 
@@ -221,37 +226,43 @@ def _overlap(report: dict, figures: dict) -> str:
     if all(r.get("overlap_pct") is None and r.get("overlap_efficiency") is None for r in ranks):
         return head + note("No communication on any rank: nothing to overlap.") + "</section>"
     x = [str(r["rank"]) for r in ranks]
-    efficiency = [None if r.get("overlap_efficiency") is None else round(100 * r["overlap_efficiency"], 2)
-                  for r in ranks]
-    data = [{"type": "bar", "name": "comm overlapped by compute (HTA), %", "x": x,
-             "y": [r.get("overlap_pct") for r in ranks], "marker": {"color": "#00897b"},
-             "hovertemplate": "rank %{x}: %{y:.1f}%"},
-            {"type": "bar", "name": "overlap efficiency (seed 003), %", "x": x, "y": efficiency,
+    hidden, efficiency = DETAILS["overlap_pct"], BREAKDOWN["overlap_efficiency"]
+    data = [{"type": "bar", "name": f"{hidden.html}, %", "x": x, "y": [r.get(hidden.json) for r in ranks],
+             "marker": {"color": "#00897b"}, "hovertemplate": "rank %{x}: %{y:.1f}%"},
+            {"type": "bar", "name": f"{efficiency.html}, %", "x": x,
+             "y": [None if r.get(efficiency.json) is None else round(100 * r[efficiency.json], 2) for r in ranks],
              "marker": {"color": "#5c6bc0"}, "hovertemplate": "rank %{x}: %{y:.1f}%"}]
     layout = chart_layout("rank", "%", 340, len(x), barmode="group")
     layout["yaxis"]["range"] = [0, 105]
-    return (head + note("HTA overlap = |comm ∩ compute| / |comm| over the trace (device ranks only); overlap "
-                        "efficiency = (compute + comm − step) / min(compute, comm) per step, in [0, 100%].")
+    return (head + note(html_legend(hidden, efficiency) + " Both are high when communication is hidden under "
+                        "compute.")
             + note(capped) + one_chart(figures, "chart-overlap", data, layout) + "</section>")
 
 
 def _idle(report: dict, figures: dict) -> str:
     ranks, capped = _pick_ranks(report, MAX_BAR_RANKS)
     out = ['<section id="idle"><h2>Device idle time</h2>', note(capped)]
-    if any(r.get("idle_ms") for r in ranks):
-        data = _bars_by_rank(ranks, "idle_ms", IDLE_COLORS,
-                             {"host_wait": "host wait", "kernel_wait": "kernel wait", "other": "other"}, "ms")
-        out += ["<h3>Idle categories (HTA)</h3>",
-                note("Device idle time over the trace, per HTA: host wait (the device starved by the host), "
-                     "kernel wait (short gaps between kernels), other."),
-                one_chart(figures, "chart-idle-hta", data, chart_layout("rank", "ms", 340, len(ranks)))]
+    idle = [r for r in ranks if r.get("idle_ms_summed_over_streams")]
+    if idle:
+        parts = {"host_wait": DETAILS["host_wait"], "kernel_wait": DETAILS["kernel_wait"],
+                 "other": DETAILS["other_wait"]}
+        data = [{"type": "bar", "name": f.html, "x": [str(r["rank"]) for r in idle],
+                 "y": [r["idle_ms_summed_over_streams"].get(p) for r in idle],
+                 "customdata": [r.get("idle_streams") for r in idle], "marker": {"color": IDLE_COLORS[p]},
+                 "hovertemplate": "rank %{x}: %{y:.3f} ms, summed over %{customdata} streams"}
+                for p, f in parts.items()]
+        out += ["<h3>Idle categories (HTA), summed over each rank's streams</h3>",
+                note(html_legend(*parts.values()) + " Each stream's idle time counts: a rank's sum over its "
+                     "streams is no wall time and can exceed the trace's time span."),
+                one_chart(figures, "chart-idle-hta", data,
+                          chart_layout("rank", "ms, summed over the rank's streams", 340, len(idle)))]
     if any((r.get("idle_gaps") or {}).get("gap_ms_by_host_activity") for r in ranks):
         gaps = [dict(r, gap_parts=(r.get("idle_gaps") or {}).get("gap_ms_by_host_activity")) for r in ranks]
-        data = _bars_by_rank(gaps, "gap_parts", GAP_COLORS, CATEGORY_LABELS, "ms")
+        data = _bars_by_rank(gaps, "gap_parts", GAP_COLORS, {k: f.html for k, f in GAPS.items()}, "ms")
         gap_min = next(r["idle_gaps"]["gap_min_us"] for r in ranks if r.get("idle_gaps"))
         out += ["<h3>Idle gaps by what the host was doing</h3>",
                 note(f"Device idle stretches of at least {value_text(gap_min, 0)} µs inside steps, total ms, split by "
-                     f"the host's activity during the gap."),
+                     f"the host's activity during the gap. " + html_legend(*GAPS.values())),
                 one_chart(figures, "chart-idle-gaps", data, chart_layout("rank", "ms", 340, len(ranks)))]
     if len(out) == 2:
         out.append(note("No device idle figures (no GPU events: CPU-only job)."))
@@ -313,7 +324,7 @@ def _kernels(ranks: list[dict], initial: str, figures: dict, charts: list[str]) 
         tables.append(_member(initial, key, html_table(["class", "kernel", "count", "total ms", "mean µs",
                                                         "% of class"], rows, {2, 3, 4, 5})))
     charts.append("chart-kernel-classes")
-    return (head + note("COMP / COMM / MEM as in DESIGN.md \"Kernel classes\"; top kernels per class by total "
+    return (head + note("Kernel classes COMP / COMM / MEM (docs/concepts.md); top kernels per class by total "
                         "time, the rest of each class folded into \"others\".")
             + chart(figures, "chart-kernel-classes", variants, initial) + "".join(tables))
 

@@ -1,4 +1,4 @@
-"""`analyze --json`: the stable `rankscope.analysis/1` object (DESIGN.md "Output").
+"""`analyze --json`: the stable `rankscope.analysis/1` object (docs/json-schema.md).
 
 Fields that later analyses fill are present now as empty lists / nulls, so consumers can rely
 on the shape. Extra fields (marked in docs/json-schema.md) are additions, never changes.
@@ -89,6 +89,8 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
             "temporal_pct": _temporal_pct(s.hta),
             "overlap_pct": s.hta.overlap.overlap_pct if s.hta else None,
             "idle_ms": s.hta.idle.idle_ms if s.hta else None,
+            "idle_ms_summed_over_streams": s.hta.idle.idle_ms if s.hta else None,
+            "idle_streams": len(s.hta.idle.streams) if s.hta else None,
             "hta": to_plain(s.hta),
             "kernels": to_plain(s.kernels),
             "operators": to_plain(s.operators),

@@ -7,14 +7,13 @@ from pathlib import PurePath
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from rankscope.analyses.rank.memory import BYTES_PER_MB
 from rankscope.analyses.inputs.memory_snapshot import CATEGORIES, DeviceMemory, MemoryReport
 from rankscope.ingest.memory_snapshot import Frame
 from rankscope.render.base import JsonRenderer, TerminalRenderer
-from rankscope.render.format import number, problem_list, rounded
+from rankscope.render.format import literal, number, print_table, problem_list, rounded
 from rankscope.results import MemoryResult
 
 SCHEMA = "rankscope.memory_snapshot/1"
@@ -98,7 +97,7 @@ class MemoryTerminal(TerminalRenderer):
 
 
 def _report(report: MemoryReport, console: Console) -> None:
-    console.print(f"[bold]rankscope memory[/]: {escape(PurePath(report.file).name)}")
+    console.print(f"[bold]rankscope memory[/]: {literal(PurePath(report.file).name)}")
     for d in report.devices:
         console.print(f"  cuda:{d.device} reserved [bold]{_mb_text(d.reserved)} MB[/] in {d.segments} segments; "
                       f"allocated [bold]{_mb_text(d.allocated)} MB[/]")
@@ -132,10 +131,10 @@ def _categories(report: MemoryReport, console: Console) -> None:
         if theo:
             cells.append(_mb_text(theo.by_category.get(c)))
         table.add_row(*cells)
-    console.print(table)
+    print_table(console, table)
     if theo:
-        console.print(f"  theory (seed 003): params, grads {theo.param_bytes} B each; Adam 2 fp32 states; "
-                      "activations = peak - static", style="dim")
+        console.print(f"  theory: params, grads {theo.param_bytes} B each; Adam 2 fp32 states; "
+                      "activations = peak - static (docs/concepts.md)", style="dim")
 
 
 def _blocks(report: MemoryReport, console: Console) -> None:
@@ -146,8 +145,8 @@ def _blocks(report: MemoryReport, console: Console) -> None:
     table.add_column("category")
     table.add_column("allocated at (innermost user frame)", overflow="fold")
     for b in report.largest_blocks:
-        table.add_row(_mb_text(b.size), b.category, escape(_where(b.user_frame)))
-    console.print(table)
+        table.add_row(_mb_text(b.size), b.category, literal(_where(b.user_frame)))
+    print_table(console, table)
 
 
 def _ooms(report: MemoryReport, console: Console) -> None:
@@ -164,5 +163,5 @@ def _ooms(report: MemoryReport, console: Console) -> None:
         table.add_column("category")
         table.add_column("where", overflow="fold")
         for e in o.events_before:
-            table.add_row(e["action"], _mb_text(e["size"]), e["category"] or "", escape(e["frame"] or ""))
-        console.print(table)
+            table.add_row(literal(e["action"]), _mb_text(e["size"]), e["category"] or "", literal(e["frame"] or ""))
+        print_table(console, table)

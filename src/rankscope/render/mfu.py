@@ -6,11 +6,10 @@ import dataclasses
 
 from rich import box
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from rankscope.render.base import JsonRenderer, TerminalRenderer
-from rankscope.render.format import number, percent
+from rankscope.render.format import literal, number, percent, print_table
 from rankscope.results import MfuResult
 
 SCHEMA = "rankscope.mfu/1"
@@ -41,7 +40,7 @@ class MfuTerminal(TerminalRenderer):
                   f"{SOURCES.get(r.source, r.source)}, peak for {r.dtype} ({r.dtype_source}), "
                   f"recompute {r.recompute} (x{r.recompute_factor:.3f})", highlight=False)
         devices = sorted({x.device for x in r.ranks if x.device})
-        out.print(f"  devices: {escape(', '.join(devices) or 'unknown')}", highlight=False)
+        out.print(f"  devices: {literal(', '.join(devices) or 'unknown')}", highlight=False)
         if r.model is not None:
             out.print(f"  model: {r.model.model_flops_per_step / 1e12:,.1f} TFLOP per step "
                       f"(hardware {r.model.hardware_flops_per_step / 1e12:,.1f})"
@@ -56,21 +55,21 @@ class MfuTerminal(TerminalRenderer):
                 ("HFU",) if hfu else ()):
             table.add_column(col, justify="left" if col == "device" else "right")
         for x in r.ranks:
-            table.add_row(str(x.rank), escape(x.device_model or x.device or "-"), number(x.peak_tflops, missing="n/a"),
+            table.add_row(str(x.rank), literal(x.device_model or x.device or "-"), number(x.peak_tflops, missing="n/a"),
                           str(x.steps), number(x.step_ms, missing="n/a"), _small(x.model_tflop_per_step),
                           _small(x.achieved_tflops), _small(x.mfu_pct, "%"),
                           *((_small(x.hfu_pct, "%"),) if hfu else ()))
-        out.print(table)
+        print_table(out, table)
         if r.comm:
             comm = Table(title="Communication efficiency (bus bandwidth / link peak)", title_justify="left",
                          header_style="bold", box=box.SIMPLE_HEAD)
             for col in ("collective", "ranks", "count", "busbw GB/s", "link peak GB/s", "efficiency"):
                 comm.add_column(col, justify="left" if col == "collective" else "right")
             for c in r.comm:
-                comm.add_row(escape(c.type), str(c.group_size), str(c.count), number(c.busbw_gbps, missing="n/a"),
+                comm.add_row(literal(c.type), str(c.group_size), str(c.count), number(c.busbw_gbps, missing="n/a"),
                              number(c.link_peak_gbps, ",.0f", missing="n/a"), percent(c.efficiency_pct))
-            out.print(comm)
+            print_table(out, comm)
         for note in r.notes:
-            out.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
+            out.print(f"[yellow]note:[/] {literal(note)}", highlight=False)
 
 

@@ -14,7 +14,7 @@ from rich.text import Text
 
 from rankscope.analyses.inputs.nccl import NcclReport, NcclRun
 from rankscope.render.base import JsonRenderer, TerminalRenderer
-from rankscope.render.format import number, problem_list, rounded
+from rankscope.render.format import literal, number, print_table, printable, problem_list, rounded, shortened
 from rankscope.render.terminal import SEVERITY_STYLE
 from rankscope.results import Finding, NcclResult
 
@@ -84,7 +84,7 @@ class NcclTerminal(TerminalRenderer):
 
     def render(self, result: NcclResult, out: Console) -> None:
         report = result.report
-        best = (f"; best bus bandwidth: {escape(_name(report.best_run))}" if report.best_run and len(report.runs) > 1
+        best = (f"; best bus bandwidth: {literal(_name(report.best_run))}" if report.best_run and len(report.runs) > 1
                 else "")
         out.print(f"[bold]rankscope nccl[/]: {len(report.runs)} log{'s' if len(report.runs) != 1 else ''}{best}")
         for run in report.runs:
@@ -99,12 +99,12 @@ def _run(run: NcclRun, console: Console) -> None:
     if log.cuda_driver_version:
         head.append(f"CUDA driver {log.cuda_driver_version}")
     head.append(f"host{'s' if len(run.hosts) != 1 else ''} {', '.join(run.hosts) or '?'}")
-    console.print(f"[bold]{escape(_name(run.file))}[/]: {escape(', '.join(head))}")
+    console.print(f"[bold]{literal(_name(run.file))}[/]: {literal(', '.join(head))}")
     for name, value in log.env.items():
-        console.print(f"  env {escape(name)}={escape(value)}")
+        console.print(f"  env {literal(name)}={literal(value)}")
     if log.devices:
         counts = ", ".join(f"{n} x{list(log.devices.values()).count(n)}" for n in run.devices)
-        console.print(f"  devices: {escape(counts)}")
+        console.print(f"  devices: {literal(counts)}")
     for c in run.comms:
         extra = [f"{c.p2p_channels} p2p"] if c.p2p_channels is not None else []
         extra += [f"{c.nvls_channels} nvls"] if c.nvls_channels is not None else []
@@ -112,18 +112,20 @@ def _run(run: NcclRun, console: Console) -> None:
                       f"{'s' if c.nnodes != 1 else ''}, [bold]{c.coll_channels if c.coll_channels is not None else '?'}"
                       "[/] coll channels" + (f" ({', '.join(extra)})" if extra else ""))
         for p in (p for p in run.peers if p.comm_id == c.comm_id):
-            console.print(f"    rank {p.src} -> {p.dst}: {escape(p.via)} on {p.channels} channel(s)")
+            console.print(f"    rank {p.src} -> {p.dst}: {literal(p.via)} on {p.channels} channel(s)")
     for link in run.gpu_links:
-        console.print(f"  NCCL link {link.src} -> {link.dst}: {link.type} {link.bw_gbps:g} GB/s")
+        console.print(f"  NCCL link {literal(link.src)} -> {literal(link.dst)}: {literal(link.type)} "
+                      f"{link.bw_gbps:g} GB/s")
     for t in log.perf:
-        console.print(f"  nccl-tests {escape(t.name)}: {len(t.rows)} sizes, avg bus bandwidth "
+        console.print(f"  nccl-tests {literal(t.name)}: {len(t.rows)} sizes, avg bus bandwidth "
                       f"{t.avg_busbw_gbps if t.avg_busbw_gbps is not None else '?'} GB/s")
     if log.ops:
         calls = sum(log.ops.values())
         algos = sorted({f"{a}/{p}" + (f" {ch} ch" if ch else "") for (_c, _b, a, p, ch) in log.algorithms})
-        console.print(f"  ops traced (COLL): {calls:,}" + (f"; algorithms {escape(', '.join(algos))}" if algos else ""))
+        console.print(f"  ops traced (COLL): {calls:,}"
+                      + (f"; algorithms {literal(', '.join(algos))}" if algos else ""))
     if log.warning_count:
-        console.print(f"  [yellow]NCCL WARN lines: {log.warning_count}[/], first: {escape(log.warnings[0])}")
+        console.print(f"  [yellow]NCCL WARN lines: {log.warning_count}[/], first: {literal(log.warnings[0])}")
 
 
 def _busbw_table(report: NcclReport, console: Console) -> None:
@@ -134,15 +136,15 @@ def _busbw_table(report: NcclReport, console: Console) -> None:
     table.add_column("test")
     table.add_column("size", justify="right")
     for run in runs:
-        table.add_column(escape(_name(run.file))[:18], justify="right")
+        table.add_column(escape(shortened(_name(run.file), 18)), justify="right")
     cells: dict[tuple[str, int], dict[str, float | None]] = {}
     for run in runs:
         for t in run.log.perf:
             for row in t.rows:
                 cells.setdefault((t.name, row.size_bytes), {})[run.file] = row.out_of_place.busbw_gbps
     for (test, size), by_run in cells.items():
-        table.add_row(escape(test), _size(size), *(number(by_run.get(run.file), ".1f") for run in runs))
-    console.print(table)
+        table.add_row(literal(test), _size(size), *(number(by_run.get(run.file), ".1f") for run in runs))
+    print_table(console, table, keep=2)
 
 
 def _size(n: int) -> str:
@@ -164,7 +166,7 @@ def _findings(findings: list[Finding], console: Console) -> None:
         text = Text()
         text.append(f.severity.upper(), style=SEVERITY_STYLE[f.severity])
         text.append(f" {f.id}", style="bold")
-        text.append(f": {f.summary}")
+        text.append(f": {printable(f.summary)}")
         text.append("\nfix: ", style="green")
         text.append(f.fix)
         grid.add_row(f"{i}.", text)

@@ -6,11 +6,15 @@ from __future__ import annotations
 from rich import box
 from rich.console import Console
 from rich.markup import escape
+from rich.padding import Padding
 from rich.text import Text
 from rich.table import Table
 
+from rankscope.analyses.rank.breakdown import CATEGORIES
 from rankscope.render.base import TerminalRenderer
-from rankscope.render.format import number, percent, ranges, shortened
+from rankscope.render.figures import BREAKDOWN, DETAILS, STEP_TIME, STRAGGLER, legend
+from rankscope.render.format import (distinct_shortened, literal, number, percent, print_table, printable, ranges,
+                                     shortened)
 from rankscope.results import Analysis
 
 
@@ -22,44 +26,57 @@ class AnalysisTerminal(TerminalRenderer):
 
     def render(self, result: Analysis, out: Console) -> None:
         _header(result, out)
+        _warnings(result, out)
         if not self.brief:
             _tables(result, out)
         _findings(result, out, self.brief)
-        for w in result.job.warnings:
-            out.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
 
 
 def _header(a: Analysis, console: Console) -> None:
     j = a.job
     ranks_text = ranges(j.ranks)
     world = f"{len(j.ranks)} of {j.world_size}" if j.world_size and j.world_size != len(j.ranks) else f"{len(j.ranks)}"
-    steps_text = (ranges(j.steps) if j.steps else "none (one step = whole trace)")
+    steps_text = f"{len(j.steps)} (#{ranges(j.steps)})" if j.steps else "none (one step = whole trace)"
     noun = "rank" if len(j.ranks) == 1 and not (j.world_size or 0) > 1 else "ranks"
-    console.print(f"[bold]rankscope[/] job: {world} {noun} ({ranks_text}), backend {j.backend or 'unknown'}")
-    console.print(f"  devices: {', '.join(j.devices) or 'none (CPU only)'}")
+    console.print(f"[bold]rankscope[/] job: {world} {noun} ({ranks_text}), backend "
+                  f"{literal(j.backend or 'unknown')}")
+    console.print(f"  devices: {literal(', '.join(j.devices) or 'none (CPU only)')}")
     console.print(f"  steps profiled: {steps_text}   time span: {number(j.span_ms)} ms"
-                  + (f"   hosts: {', '.join(j.hosts)}" if j.hosts else ""))
+                  + (f"   hosts: {literal(', '.join(j.hosts))}" if j.hosts else ""))
     total_events = sum(s.meta.events_total for s in a.ranks)
     cached = sum(s.from_cache for s in a.ranks)
     console.print(f"  events: {total_events:,} ({total_events // max(len(a.ranks), 1):,} per rank)"
                   f"   cache: {cached}/{len(a.ranks)} ranks   engine: {a.engine}")
 
 
+#: Warnings listed in the report (all are on stderr and in --json).
+MAX_WARNINGS = 10
+
+
+def _warnings(a: Analysis, console: Console) -> None:
+    """The job's warnings and the input problems (files skipped, salvaged, the cache), as stderr has them."""
+    lines = a.job.warnings + [f"skipped {p}" if p.fatal else str(p) for p in a.problems]
+    if not lines:
+        return
+    console.print(f"[bold yellow]Warnings[/] ({len(lines)}):")
+    for line in lines[:MAX_WARNINGS]:
+        console.print(Padding(Text(printable(line)), (0, 0, 0, 2)))
+    if len(lines) > MAX_WARNINGS:
+        console.print(f"  ... and {len(lines) - MAX_WARNINGS} more (stderr and --json have all)")
+
+
 def _tables(a: Analysis, console: Console) -> None:
-    table = Table(title="Step time per rank", title_justify="left", header_style="bold")
+    table = Table(title="Step time per rank", title_justify="left", header_style="bold",
+                  caption=STEP_TIME["gpu_busy"].legend(), caption_justify="left")
     table.add_column("rank", justify="right")
-    table.add_column("events", justify="right")
-    table.add_column("steps", justify="right")
-    table.add_column("mean ms", justify="right")
-    table.add_column("median ms", justify="right")
-    table.add_column("max ms", justify="right")
-    table.add_column("GPU busy", justify="right")
+    for f in STEP_TIME.values():
+        table.add_column(f.terminal, justify="right")
     shown = _shown(a)
     for s in shown:
         st = s.step_time
         table.add_row(str(s.rank), f"{s.meta.events_total:,}", str(len(s.steps)), number(st.mean_ms),
                       number(st.median_ms), number(st.max_ms), percent(st.device_busy_pct))
-    console.print(table)
+    print_table(console, table)
     _more(a, shown, console)
     _breakdown_table(a, shown, console)
     _details_table(shown, console)
@@ -84,7 +101,8 @@ def _findings(a: Analysis, console: Console, brief: bool) -> None:
         text = Text()
         text.append(f.severity.upper(), style=SEVERITY_STYLE[f.severity])
         text.append(f" {f.id}", style="bold")
-        text.append(f" ({'rank' if len(f.ranks) == 1 else 'ranks'} {ranges(f.ranks) if f.ranks else '-'}): {f.summary}")
+        text.append(f" ({'rank' if len(f.ranks) == 1 else 'ranks'} {ranges(f.ranks) if f.ranks else '-'}): "
+                    f"{printable(f.summary)}")
         if not brief:
             text.append(f"\nwhy: {f.explanation}", style="dim")
         text.append("\nfix: ", style="green")
@@ -117,54 +135,56 @@ def _details_table(shown: list, console: Console) -> None:
     ranks = [s for s in shown if s.hta]           # GPU ranks: CPU-only jobs have none of these figures
     if not ranks:
         return
-    table = Table(title="Per rank: GPU use, HTA figures, data loading, precision", title_justify="left",
-                  header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
-                  caption="busy/idle: HTA temporal breakdown · ovl: comm-comp overlap · wait host/kern: idle "
-                          "waiting for the host / between kernels (ms) · data: DataLoader share of step · "
-                          "fp32: FP32 share of GEMM time · TC: Tensor Core share of kernel time",
+    table = Table(title="Per rank: comm overlap, device idle by cause, data loading, precision", title_justify="left",
+                  header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, caption=legend(DETAILS),
                   caption_justify="left")
-    for col in ("rank", "busy", "idle", "ovl", "wait host", "wait kern", "data", "fp32", "TC", "peak MB"):
-        table.add_column(col, justify="right")
+    table.add_column("rank", justify="right")
+    for f in DETAILS.values():
+        if f.terminal:
+            table.add_column(f.terminal, justify="right")
     for s in ranks:
-        t, idle = s.hta.temporal, s.hta.idle.idle_ms
+        idle = s.hta.idle.idle_ms
         k = s.kernels.stats if s.kernels else None
         peak = max((d.peak_allocated_mb for d in (s.memory.devices if s.memory else []) if d.device != "cpu"),
                    default=None)
-        busy = None if t.compute_pct is None else t.compute_pct + t.non_compute_pct
-        table.add_row(str(s.rank), percent(busy), percent(t.idle_pct), percent(s.hta.overlap.overlap_pct),
-                      number(idle.get("host_wait")), number(idle.get("kernel_wait")),
+        table.add_row(str(s.rank), percent(s.hta.overlap.overlap_pct), number(idle.get("host_wait")),
+                      number(idle.get("kernel_wait")), str(len(s.hta.idle.streams)),
                       percent(s.dataloader.share_pct if s.dataloader else None),
                       percent(k.fp32_gemm_share_pct if k else None), percent(k.tensor_core_pct if k else None),
                       number(peak))
-    console.print(table)
+    print_table(console, table)
 
 
 def _cross_section(a: Analysis, console: Console) -> None:
     if a.cross is None or len(a.ranks) < 2:
         return
     d = a.cross.as_dict()
-    console.print(f"[bold]Across ranks:[/] {d['straggler_verdict']}", highlight=False)
+    console.print(f"[bold]Across ranks:[/] {literal(d['straggler_verdict'])}", highlight=False)
     if d["stragglers"]:
-        table = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
-        for col, just in (("rank", "right"), ("cause", "left"), ("cost ms/step", "right"), ("last at", "right"),
-                          ("others wait ms/step", "right")):
-            table.add_column(col, justify=just)
+        table = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, caption=legend(STRAGGLER),
+                      caption_justify="left")
+        table.add_column("rank", justify="right")
+        table.add_column("cause")
+        for f in STRAGGLER.values():
+            if f.terminal:
+                table.add_column(f.terminal, justify="right")
         for st in d["stragglers"]:
             table.add_row(str(st["rank"]), st["cause"], number(st["cost_ms_per_step"]), percent(st["last_arrival_pct"]),
                           number(st["wait_imposed_ms_per_step"]))
-        console.print(table)
+        print_table(console, table)
         for st in d["stragglers"]:
-            console.print(f"  rank {st['rank']}: {st['evidence']}", highlight=False)
+            console.print(f"  rank {st['rank']}: {literal(st['evidence'])}", highlight=False)
     c = d["collectives"]
-    types = "; ".join(f"{t['type']} x{t['count']} (skew mean {t['skew_mean_ms']:,.2f} / max {t['skew_max_ms']:,.2f} ms"
+    types = "; ".join(f"{literal(t['type'])} x{t['count']} (skew mean {t['skew_mean_ms']:,.2f} / max "
+                      f"{t['skew_max_ms']:,.2f} ms"
                       + (f", busbw {t['busbw_mean_gbps']:,.1f} GB/s" if t.get("busbw_mean_gbps") else "") + ")"
                       for t in c["by_type"][:4])
     console.print(f"  collectives: {c['count']} matched across ranks ({c['complete']} on every member)"
                   + (f": {types}" if types else ""), highlight=False)
     if d["load_balance"]:
-        console.print(f"  load balance: {d['load_balance']['summary']}", highlight=False)
+        console.print(f"  load balance: {literal(d['load_balance']['summary'])}", highlight=False)
     if d["clock"]:
-        console.print(f"  clocks: {d['clock']['note']}", highlight=False)
+        console.print(f"  clocks: {literal(d['clock']['note'])}", highlight=False)
 
 
 def _highlights(a: Analysis, console: Console) -> None:
@@ -177,33 +197,31 @@ def _highlights(a: Analysis, console: Console) -> None:
                       f"{s.gaps.gap_ms:,.1f} ms; host meanwhile (ms): {by}", highlight=False)
         for g in s.gaps.top[:3]:
             console.print(f"  step {g.step} +{g.start_in_step_ms:,.1f} ms: {g.duration_ms:,.2f} ms idle, host "
-                          f"{_HOST_ACTIVITY[g.host_activity]}" + (f" ({g.busy_host_op})" if g.busy_host_op else "")
-                          + f"; ended by {shortened(g.next_device_op)}"
-                          + (f" launched from {g.launched_by}" if g.launched_by else ""), highlight=False)
+                          f"{_HOST_ACTIVITY[g.host_activity]}"
+                          + (f" ({literal(g.busy_host_op)})" if g.busy_host_op else "")
+                          + f"; ended by {escape(shortened(g.next_device_op))}"
+                          + (f" launched from {literal(g.launched_by)}" if g.launched_by else ""), highlight=False)
     ranked = [s for s in a.ranks if s.kernels and s.kernels.stats.kernels.name]
     if ranked:
         s = ranked[0]
         k = s.kernels.stats.kernels
-        top = ", ".join(f"{shortened(n)} {ms:,.1f} ms" for n, ms in list(zip(k.name, k.total_ms))[:3])
+        top = ", ".join(f"{escape(n)} {ms:,.1f} ms" for n, ms in zip(_names(k.name), k.total_ms))
         console.print(f"[bold]Top kernels[/] (rank {s.rank}): {top}", highlight=False)
     ops = [s for s in a.ranks if s.has_device and s.operators and s.operators.by_self_device.name]
     if ops:
         s = ops[0]
         o = s.operators.by_self_device
-        top = ", ".join(f"{shortened(n)} {ms:,.1f} ms" for n, ms in list(zip(o.name, o.self_device_ms))[:3])
+        top = ", ".join(f"{escape(n)} {ms:,.1f} ms" for n, ms in zip(_names(o.name), o.self_device_ms))
         console.print(f"[bold]Top ops by self GPU time[/] (rank {s.rank}): {top}", highlight=False)
+
+
+def _names(names: list[str]) -> list[str]:
+    """The first three names, shortened so that different names look different."""
+    return distinct_shortened(list(names[:3]), 48)
 
 
 _HOST_ACTIVITY = {"dataloader": "in the DataLoader", "sync": "blocked in a synchronize", "host": "busy in CPU ops",
                   "idle_other": "outside any op"}
-
-
-_BREAKDOWN_HEADERS = (("compute", "comp"), ("comm_overlapped", "c.ovl"), ("comm_exposed", "c.exp"),
-                      ("memcpy", "mcpy"), ("dataloader", "data"), ("sync", "sync"), ("host", "host"),
-                      ("idle_other", "idle"))
-_BREAKDOWN_LEGEND = ("comp compute · c.ovl comm overlapped with compute · c.exp comm exposed · mcpy memcpy only · "
-                     "data DataLoader · sync host synchronize · host CPU ops/launches · idle other · "
-                     "eff overlap efficiency")
 
 
 def _breakdown_table(a: Analysis, shown: list, console: Console) -> None:
@@ -213,17 +231,14 @@ def _breakdown_table(a: Analysis, shown: list, console: Console) -> None:
     cpu_only = all(s.breakdown_mode == "cpu_only" for s in ranks)
     title = "Where step time went, mean ms per step (parts sum to the step)"
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
-                  caption=_BREAKDOWN_LEGEND
+                  caption=legend(BREAKDOWN)
                   + ("; CPU-only job: the training thread plays the device" if cpu_only else ""),
                   caption_justify="left")
     table.add_column("rank", justify="right")
-    table.add_column("step", justify="right")
-    for _, header in _BREAKDOWN_HEADERS:
-        table.add_column(header, justify="right")
-    table.add_column("eff", justify="right")
+    for f in BREAKDOWN.values():
+        table.add_column(f.terminal, justify="right")
     for s in ranks:
-        st = s.step_time
         eff = "-" if s.overlap_efficiency is None else f"{s.overlap_efficiency:.2f}"
-        table.add_row(str(s.rank), number(st.mean_ms), *(number(s.breakdown_mean_ms[k]) for k, _ in _BREAKDOWN_HEADERS),
+        table.add_row(str(s.rank), number(s.step_time.mean_ms), *(number(s.breakdown_mean_ms[c]) for c in CATEGORIES),
                       eff)
-    console.print(table)
+    print_table(console, table)

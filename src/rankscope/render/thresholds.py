@@ -3,25 +3,30 @@ from __future__ import annotations
 
 from rich import box
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from rankscope.render.base import JsonRenderer, TerminalRenderer
+from rankscope.render.format import literal
 from rankscope.results import ThresholdList
 
 
+def _value(value: float) -> str:
+    """Whole numbers with thousands separators, others as short as they go."""
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:g}"
+
+
 class ThresholdsTerminal(TerminalRenderer):
-    """Name, default value, what it decides, unit and source of each threshold."""
+    """Name and default value of each threshold; what it decides, its unit and its source beside them,
+    folded into the room left."""
 
     def render(self, result: ThresholdList, out: Console) -> None:
         table = Table(title="Thresholds (override: analyze --threshold NAME=VALUE)", title_justify="left",
-                      header_style="bold", box=box.SIMPLE_HEAD)
-        table.add_column("name")
-        table.add_column("value", justify="right")
-        table.add_column("decides")
-        table.add_column("unit / source", overflow="fold")
+                      header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+        table.add_column("name", no_wrap=True)
+        table.add_column("value", justify="right", no_wrap=True)
+        table.add_column("decides (unit): source", overflow="fold")
         for name, t in result.by_name.items():
-            table.add_row(name, f"{t.value:g}", t.decides, escape(f"{t.unit}; {t.source}"))
+            table.add_row(name, _value(t.value), literal(f"{t.decides} ({t.unit}): {t.source}"))
         out.print(table)
 
 

@@ -1,13 +1,19 @@
 """`rankscope validate`: one row per input file (what was found, what is wrong). `validation_rows`
-builds the rows from an Ingest; the renderers print them as a table or one JSON object."""
+builds the rows from an Ingest; the renderers print them as a table or one JSON object. The table
+names each file by its path below the folder common to all (in the title), on one line: shortened
+in the middle to the room the other columns leave."""
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
+from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from rankscope.render.base import JsonRenderer, TerminalRenderer
+from rankscope.render.format import distinct_shortened, literal, natural_width, printable
 from rankscope.results import Ingest
 
 SCHEMA = "rankscope.validate/1"
@@ -62,18 +68,40 @@ def _status(row: dict) -> str:
     return "[yellow]warning[/]" if row["problems"] else "[green]ok[/]"
 
 
+#: The narrowest the file column gets: below it the table is let wider than the console.
+MIN_NAME_WIDTH = 12
+
+
 def _print_rows(rows: list[dict], job_warnings: list[str], console: Console) -> None:
-    table = Table(header_style="bold")
+    folder, names = _relative([r["file"] for r in rows])
+    cells = [["-" if r["rank"] is None else str(r["rank"]), _SOURCE.get(r["rank_source"], "-"), r["format"] or "-",
+              f"{r['events']:,}", f"{r['device_events']:,}", str(r["steps"]), _status(r)] for r in rows]
+    title = f"Files in {literal(folder)}" if folder else None
+    others = natural_width(console, _table(title, [""] * len(rows), cells))     # the file column as wide as "file"
+    room = max(console.width - others + len("file"), MIN_NAME_WIDTH)
+    console.print(_table(title, [escape(n) for n in distinct_shortened(names, room)], cells))
+    for r, name in zip(rows, names):
+        for p in r["problems"]:
+            console.print(Text(f"{printable(name)}: {printable(p)}"))
+    for w in job_warnings:
+        console.print(Text.assemble(("warning:", "yellow"), f" {printable(w)}"))
+
+
+def _table(title: str | None, names: list[str], cells: list[list[str]]) -> Table:
+    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
+                  padding=(0, 1, 0, 0))
     for col, just in (("file", "left"), ("rank", "right"), ("from", "left"), ("format", "left"),
                       ("events", "right"), ("GPU ev.", "right"), ("steps", "right"), ("status", "left")):
-        table.add_column(col, justify=just, overflow="fold")
-    for r in rows:
-        table.add_row(Path(r["file"]).name, "-" if r["rank"] is None else str(r["rank"]),
-                      _SOURCE.get(r["rank_source"], "-"), r["format"] or "-", f"{r['events']:,}",
-                      f"{r['device_events']:,}", str(r["steps"]), _status(r))
-    console.print(table)
-    for r in rows:
-        for p in r["problems"]:
-            console.print(f"{Path(r['file']).name}: {p}", highlight=False, soft_wrap=True)
-    for w in job_warnings:
-        console.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
+        table.add_column(col, justify=just, no_wrap=col != "file", overflow="fold")   # a name past the room folds
+    for name, row in zip(names, cells):
+        table.add_row(name, *row)
+    return table
+
+
+def _relative(files: list[str]) -> tuple[str, list[str]]:
+    """The folder that holds every file ('' when none does), and each file's path below it."""
+    try:
+        folder = os.path.commonpath([os.path.dirname(os.path.abspath(f)) for f in files])
+    except ValueError:                 # no files, or on different drives
+        return "", files
+    return folder, [os.path.relpath(os.path.abspath(f), folder) for f in files]

@@ -211,7 +211,7 @@ def _plan_faults(injections: list[Injection], world_size: int) -> _JobFaults:
     return faults
 
 
-#: What the late rank of each straggler-making injection spends its extra time on (DESIGN.md causes).
+#: What the late rank of each straggler-making injection spends its extra time on (straggler causes, docs/concepts.md).
 _STRAGGLER_CAUSE_BY_KIND = {"uneven_shards": "gpu_compute", "fp32_gemm": "gpu_compute", "pageable_memcpy": "memcpy"}
 
 

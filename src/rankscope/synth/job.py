@@ -53,7 +53,7 @@ def generate_job(out_dir: str | Path, ranks: int = 8, steps: int = 6, seed: int 
     defaults filled), model (layers, parameters, allreduce_nelems, bus_bandwidth_gbps) and
     expected: stragglers [{rank, cause, injection (its kind), delay_ms_per_step (injected; null but
     for the straggler kind), cost_ms_per_step (what the other ranks lost, per step)}], findings
-    (DESIGN.md ids a correct analysis must emit), possible_findings (ids the same faults may cause
+    (docs/findings.md ids a correct analysis must emit), possible_findings (ids the same faults may cause
     downstream), comm_overlap, collectives_per_step, clock_offsets_ms {rank: ms}, truncated_ranks,
     and per_rank {rank: file, device, pid, step_time_ms, kernel_count, nccl_kernel_count,
     collective_count, memcpy_count, pageable_memcpy_count, events, clock_offset_ms, truncated}.
@@ -186,7 +186,7 @@ _SIDE_FINDINGS = {"launch_bound": ("gpu_idle_host_bound", "exposed_communication
 
 
 def expected_findings(injections: list[Injection]) -> list[str]:
-    """Finding ids (DESIGN.md) a correct analysis must emit; it may add ones the same fault
+    """Finding ids (docs/findings.md) a correct analysis must emit; it may add ones the same fault
     causes downstream (`_possible_findings`)."""
     found: set[str] = set()
     for inj in injections:

@@ -17,7 +17,7 @@ Sizes are bytes.
   `__init__` outside forward, `_apply` / `.to()`, `reset_parameters`, state-dict loading),
   activations (`forward`), else unknown (no stack: allocated before `_record_memory_history`, or on
   autograd's C++ thread, which records no Python frames).
-- Theoretical (seed 003): parameters N x bytes per parameter, gradients the same, Adam 2 fp32
+- Theoretical (docs/concepts.md "Memory snapshot"): parameters N x bytes per parameter, gradients the same, Adam 2 fp32
   states (8 bytes / parameter), an fp32 master copy when parameters are narrower than fp32;
   activations = measured peak - that static memory.
 """
@@ -163,7 +163,8 @@ def analyze_snapshot(snap: MemorySnapshot, params: int | None = None, param_byte
 
 
 def theoretical_breakdown(params: int, param_bytes: int, measured_peak: int) -> Theoretical:
-    """Seed 003: parameters + gradients + Adam states (+ fp32 master copy) + activations."""
+    """The usual estimate (ZeRO, Rajbhandari et al. 2020): parameters + gradients + Adam states (+ fp32
+    master copy) + activations."""
     parts = {"parameters": params * param_bytes, "gradients": params * param_bytes,
              "optimizer": params * ADAM_STATE_BYTES + (params * FP32_BYTES if param_bytes < FP32_BYTES else 0)}
     static = sum(parts.values())

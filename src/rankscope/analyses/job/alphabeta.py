@@ -1,9 +1,9 @@
-"""Alpha-beta (latency-bandwidth) model of collectives, fitted from the trace itself (seed 003).
+"""Alpha-beta (latency-bandwidth) model of collectives, fitted from the trace itself.
 
 Fit: for each (collective type, group size) with at least `MIN_SAMPLES` matched collectives of
 known size spanning at least `MIN_DISTINCT_SIZES` distinct sizes, ordinary least squares of
     T = alpha + S / beta
-on the collectives' transfer times T (min duration across members, DESIGN.md "Collective") against
+on the collectives' transfer times T (min duration across members, docs/concepts.md) against
 their nccl-tests size S (bytes, collectives.nccl_tests_bytes). Reported: alpha (µs), beta (GB/s:
 the asymptotic algorithm bandwidth), the matching bus bandwidth (beta x nccl-tests factor), R², and
 predicted vs actual per distinct size.

@@ -11,11 +11,11 @@ What is compared with what (`Compared` says it, with a warning for each mismatch
 
 Metrics with per-step samples, job-wide (the compared steps of every compared rank: steps x
 ranks) and per rank pair (its steps):
-  step_time_ms              step duration (DESIGN.md "Step")
+  step_time_ms              step duration (docs/concepts.md "Step")
   gpu_idle_ms, gpu_idle_pct step duration minus device busy time (union of device activity in the
                             step), and its share of the step; only when both sides have device events
   dataloader_share_pct      DataLoader time / step duration (analyses/rank/dataloader.py)
-  breakdown_ms.<category>   the eight parts of DESIGN.md "Step breakdown"
+  breakdown_ms.<category>   the eight parts of docs/concepts.md "Step breakdown"
 Collective metrics, when both jobs have matched collectives (samples: every matched collective of
 the job, every member for the wait): collective_skew_ms (arrival skew), collective_transfer_ms,
 collective_wait_ms (own start -> last arriver's start), collective_busbw_gbps.
@@ -43,7 +43,7 @@ call; kernels = every device activity (kernels, memcpy, memset), ops = host ops.
 from their count, sum and sum of squares, p < ALPHA) | same. Sorted by impact: |change of time per
 step| (total over the profiled steps of the compared ranks), fair when step counts differ.
 
-Stragglers (DESIGN.md "Straggler") by rank, findings by (id, ranks) when the analyses carry
+Stragglers (docs/concepts.md "Straggler") by rank, findings by (id, ranks) when the analyses carry
 `findings`: resolved | introduced | persisting (BEFORE ranks renamed by the pairing).
 The headline (`Diff.headline`) is the conclusion a user reads first: the step-time change and the
 significant changes that explain it.
@@ -64,7 +64,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rankscope.analyses.rank.summary import NameTotals
 
 #: Significance level: the conventional 5% (R. A. Fisher, Statistical Methods for Research
-#: Workers, 1925), which is also what "beyond noise" means in the seed study's A/B reading.
+#: Workers, 1925): what "beyond noise" means in an A/B reading.
 ALPHA = 0.05
 #: Bootstrap resamples; Efron & Tibshirani (1993, ch. 19) ask for >= 1000 for percentile intervals.
 BOOTSTRAP_RESAMPLES = 2000

@@ -1,6 +1,6 @@
 """Collectives matched across ranks (the reduce over `RankCollectives`, analyses/rank/collectives.py).
 
-Reduce side (DESIGN.md "Collective", stable), over RankCollectives only (never event frames):
+Reduce side (docs/concepts.md "Collective"), over RankCollectives only (never event frames):
   `member_frame` one row per (rank, instance) with its match key (built once per reduce);
   `match_collectives` groups them:
   one logical collective = same (process group, seq) on every member; without seq, the n-th
@@ -145,7 +145,7 @@ def since_step_windows(ranks: Sequence[RankCollectives], rows: pl.DataFrame) -> 
 
 @dataclass
 class CollectiveTable:
-    """Cross-rank collectives (DESIGN.md "Collective").
+    """Cross-rank collectives (docs/concepts.md "Collective").
     `collectives`: one row per logical collective: cid, pg, seq, type, step, n_ranks, group_size,
       complete (all group members present), start_min_ns / start_max_ns (aligned), skew_ns,
       last_rank, first_rank, last_lead_ns (last arrival - second-latest arrival), transfer_ns

@@ -1,4 +1,4 @@
-"""MFU, HFU and communication efficiency (issue 8 item 4; seed 003). Pure functions.
+"""MFU, HFU and communication efficiency (issue 8 item 4; docs/concepts.md "MFU and HFU"). Pure functions.
 
 Definitions:
 - Model FLOPs per step of a transformer (PaLM appendix B; Narayanan et al. 2021, eq. 3):

@@ -1,11 +1,11 @@
-"""Stragglers, step-time variance and load balance across ranks (DESIGN.md "Straggler", stable).
+"""Stragglers, step-time variance and load balance across ranks (docs/concepts.md "Straggler").
 
 A reduce over the ranks' `RankCollectives` (collectives.py) only: no event frames.
 
 Per rank:
   - step time: mean, std and coefficient of variation across its steps; z-score of its mean against
     the ranks' means (population std), % over the mean, and the share of steps in which it is the
-    slowest rank ("a rank with consistently higher step time"). Seed 003 flags z > 2 or > 10 % over
+    slowest rank ("a rank with consistently higher step time"). The usual outlier rule flags z > 2 or > 10 % over
     the mean (`step_time_outlier`: `straggler_step_z`, `straggler_step_pct`). In synchronous
     data-parallel jobs every rank's step lasts as long as the slowest rank's, so this is weak
     evidence there: the collectives carry the signal.
@@ -68,7 +68,7 @@ those steps late (its step start minus the other members' median, aligned clocks
 `straggler_cause_min_share` of its lateness L: then the delay lies before the step (in synchronous training
 steps start together; param-dlrm-8rank's single profiled step starts 1.2-8.7 ms apart).
 
-**Load balance** (seed table: "all ranks idle at the same time" vs "one rank late"), from the ranks'
+**Load balance** ("all ranks idle at the same time" vs "one rank late"), from the ranks'
 step breakdowns: per step, the idle share every rank has (min over ranks of device-idle time / step;
 device idle = dataloader + sync + host + idle_other) and the wait spread: how much longer the median
 rank sits in exposed communication than the rank that sits there least, over the median step. Ranks
@@ -127,7 +127,7 @@ class RankStats:
     step_time_z: float | None
     step_time_pct_over_mean: float | None
     slowest_step_share: float | None       # share of (common) steps where it is the slowest rank
-    step_time_outlier: bool                # seed 003: z > 2 or > 10 % over the mean
+    step_time_outlier: bool                # the outlier rule: z > 2 or > 10 % over the mean
     collectives: int
     last_arrivals: int
     last_arrival_pct: float | None
@@ -183,11 +183,13 @@ class StragglerReport:
     thresholds: dict = field(default_factory=dict)
 
 
-def _thresholds(n: int, t: Thresholds) -> dict:
-    """The values that decided, as the JSON shows them (`straggler_thresholds`)."""
+def _thresholds(n: int, t: Thresholds, min_cost: float) -> dict:
+    """The values that decided, as the JSON shows them (`straggler_thresholds`); `min_cost_ms_per_step`:
+    the cost bar in force (max of `min_cost_ms` and `min_cost_pct_of_step` of the median step)."""
     return {"step_z_flag": t["straggler_step_z"], "step_pct_flag": t["straggler_step_pct"],
             "last_share_min": last_share_min(n, t), "min_cost_pct_of_step": t["straggler_min_cost_pct_of_step"],
-            "min_cost_ms": t["straggler_min_cost_ms"], "cause_min_share": t["straggler_cause_min_share"],
+            "min_cost_ms": t["straggler_min_cost_ms"], "min_cost_ms_per_step": min_cost,
+            "cause_min_share": t["straggler_cause_min_share"],
             "all_idle_pct": t["load_all_idle_pct"], "wait_imbalance_pct": t["load_wait_imbalance_pct"]}
 
 
@@ -278,7 +280,7 @@ def find_stragglers(ranks: Sequence[RankCollectives], table: CollectiveTable | N
     share_min = 100.0 * last_share_min(n, t)
     verdict = _verdict(found, stats, table.count, n, min_cost, share_min)
     return StragglerReport(stragglers=found, verdict=verdict, ranks=stats, load_balance=balance,
-                           median_step_ms=median_step, thresholds=_thresholds(n, t))
+                           median_step_ms=median_step, thresholds=_thresholds(n, t, min_cost))
 
 
 def _without(table: CollectiveTable, fixed: Sequence[int]) -> CollectiveTable:
@@ -581,21 +583,44 @@ def _step_only(stats: list[RankStats], ranks: Sequence[RankCollectives], found: 
                                         f"{s.step_time_pct_over_mean:.1f}% over the mean (z = {s.step_time_z:.2f})"))
 
 
+#: What the verdict compares: the cost of a rank (`cost_ms_per_step`), as every output names it.
+COST_DEFINITION = ("cost = how much shorter the other ranks' steps would be if it ran like the median rank "
+                   "(their waits for it on their critical path, concurrent waits counted once)")
+
+
+def _share(s: RankStats) -> float:
+    """The last-arrival share a straggler needs (percent): of its collectives, or of the job's lateness."""
+    return max(s.last_arrival_pct or 0.0, s.lateness_share_pct or 0.0)
+
+
 def _verdict(found: list[Straggler], stats: list[RankStats], n_coll: int, n: int, min_cost: float,
              share_min: float) -> str:
+    """One line that names the figures it compares: cost against `min_cost`, shares against `share_min`."""
     if found:
-        return "; ".join(f"rank {s.rank} is a straggler (cause {s.cause}, costs {s.cost_ms_per_step:.2f} ms/step, "
-                         f"last at {s.last_arrival_pct:.0f}% of collectives)" if s.last_arrival_pct is not None else
-                         f"rank {s.rank} is a straggler (cause {s.cause}, step time "
-                         f"{s.step_time_pct_over_mean:.1f}% over the mean)" for s in found)
+        named = "; ".join(f"rank {s.rank} is a straggler (cause {s.cause}, costs {s.cost_ms_per_step:.2f} ms/step "
+                          f">= {min_cost:.2f}, last at {s.last_arrival_pct:.0f}% of collectives)"
+                          if s.last_arrival_pct is not None else
+                          f"rank {s.rank} is a straggler (cause {s.cause}, step time "
+                          f"{s.step_time_pct_over_mean:.1f}% over the mean)" for s in found)
+        return named + (f"; {COST_DEFINITION}" if any(s.last_arrival_pct is not None for s in found) else "")
     if n < 2:
         return "no straggler: fewer than two ranks"
     if not n_coll:
         return "no straggler: no collective matched across ranks and no step-time outlier"
-    top = max(stats, key=lambda s: (s.cost_ms_per_step or 0.0, s.last_arrivals))
-    return (f"no straggler: no rank arrives last at >= {share_min:.0f}% of collectives with a cost >= "
-            f"{min_cost:.2f} ms/step (highest: rank {top.rank}, last at {top.last_arrival_pct or 0:.0f}%, "
-            f"{top.cost_ms_per_step or 0.0:.2f} ms/step)")
+    bar = (f"no rank that arrives last at >= {share_min:.0f}% of its collectives (or holds >= {share_min:.0f}% "
+           f"of the last-arrival lateness)")
+    late = [s for s in stats if _share(s) >= share_min and s.cost_ms_per_step is not None]
+    if late:
+        top = max(late, key=lambda s: (s.cost_ms_per_step, s.last_arrivals))
+        return (f"no straggler: {bar} costs >= {min_cost:.2f} ms/step; highest cost: rank {top.rank}, "
+                f"{top.cost_ms_per_step:.2f} ms/step (last at {top.last_arrival_pct or 0:.0f}%, "
+                f"{top.lateness_share_pct or 0:.0f}% of the lateness; the others waited "
+                f"{top.wait_imposed_ms_per_step:.2f} ms/step for it, median over them); {COST_DEFINITION}")
+    top = max(stats, key=lambda s: (s.last_arrivals, _share(s)))
+    cost = "" if top.cost_ms_per_step is None else f", cost {top.cost_ms_per_step:.2f} ms/step"
+    return (f"no straggler: {bar.replace('no rank that arrives', 'no rank arrives')}; most often last: "
+            f"rank {top.rank} (last at {top.last_arrival_pct or 0:.0f}%, {top.lateness_share_pct or 0:.0f}% of "
+            f"the lateness{cost})")
 
 
 def load_balance(ranks: Sequence[RankCollectives], has_straggler: bool, t: Thresholds) -> LoadBalance:

@@ -1,4 +1,4 @@
-"""Step breakdown that sums exactly to step time (DESIGN.md "Step breakdown", stable).
+"""Step breakdown that sums exactly to step time (docs/concepts.md "Step breakdown").
 
 Each instant of a step window goes to exactly one category, first match wins:
   compute          COMP running, no COMM
@@ -21,8 +21,16 @@ plays the device. Its CPU ops are COMP, except collective ops (`c10d::*`, `recor
 `gloo:*`, `nccl:*`) and DataLoader spans; gloo collective spans (any thread) are COMM; other CPU
 ops are `host`.
 
-Overlap efficiency (seed 003): (compute + comm - step) / min(compute, comm), clipped to [0, 1],
-with compute = time COMP runs and comm = time COMM runs.
+Overlap efficiency, over the step windows: the share of the shorter of compute and communication
+that runs under the other, in [0, 1]:
+  |COMP ∩ COMM| / min(|COMP|, |COMM|) = (|COMP| + |COMM| - |COMP ∪ COMM|) / min(|COMP|, |COMM|)
+    = comm_overlapped / min(compute + comm_overlapped, comm_overlapped + comm_exposed)
+with |COMP| the time COMP runs and |COMM| the time COMM runs (unions, not the exclusive categories).
+The usual form (compute + comm - step) / min(compute, comm) assumes COMP or COMM runs all
+step long; with idle time in the step that numerator is negative whatever the overlap, so the union
+|COMP ∪ COMM| takes the step's place. 1 when communication is fully hidden under compute. HTA's
+comm-comp overlap (overlap.py) divides by |COMM| alone: the two agree when there is less
+communication than compute (up to their scopes: steps here, HTA's trace scope there).
 """
 from __future__ import annotations
 
@@ -52,7 +60,7 @@ class StepBreakdown:
     mode: str
     compute_ms: float             # time COMP runs (union), over all steps
     comm_ms: float                # time COMM runs (union), over all steps
-    step_ms: float                # sum of step durations
+    overlapped_ms: float          # time both run (|COMP ∩ COMM|: the comm_overlapped category), over all steps
     training_tid: int | None = None   # cpu_only: the thread playing the device
 
     def mean_ms(self) -> dict[str, float]:
@@ -63,10 +71,11 @@ class StepBreakdown:
 
     @property
     def overlap_efficiency(self) -> float | None:
+        """|COMP ∩ COMM| / min(|COMP|, |COMM|) in [0, 1]; None unless both run (module docstring)."""
         lo = min(self.compute_ms, self.comm_ms)
         if lo <= 0:
             return None
-        return float(np.clip((self.compute_ms + self.comm_ms - self.step_ms) / lo, 0.0, 1.0))
+        return float(np.clip(self.overlapped_ms / lo, 0.0, 1.0))
 
 
 def _intervals(df: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -200,8 +209,8 @@ def step_breakdown(trace: RankTrace, windows: StepWindows | None = None,
     inside = _inside_any(timeline.start_ns, w_start, w_end)
     comp_ms = float(timeline.length_ns[timeline.comp & inside].sum()) / NS_PER_MS
     comm_ms = float(timeline.length_ns[timeline.comm & inside].sum()) / NS_PER_MS
-    return StepBreakdown(frame, timeline.mode, comp_ms, comm_ms, float(durations.sum()) / NS_PER_MS,
-                         timeline.training_tid)
+    overlapped_ms = float(totals[:, CATEGORIES.index("comm_overlapped")].sum()) / NS_PER_MS
+    return StepBreakdown(frame, timeline.mode, comp_ms, comm_ms, overlapped_ms, timeline.training_tid)
 
 
 def _inside_any(points: np.ndarray, w_start: np.ndarray, w_end: np.ndarray) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 Map side, `rank_collectives(trace)` -> `RankCollectives` (small, msgspec-serializable: lists of numbers):
   - which events are collectives: on GPU jobs the COMM device events (NCCL/RCCL/HCCL kernels,
-    symmetric-memory `multimem_*`, DESIGN.md kernel classes); arrival = kernel start, end = kernel end.
+    symmetric-memory `multimem_*`: the kernel classes of docs/concepts.md); arrival = kernel start, end = kernel end.
     On CPU-only (gloo) jobs, or GPU jobs without COMM device events, the host `gloo:*` spans
     (arrival = span start).
   - type, normalized (`COLLECTIVE_TYPES`): from the launching op's metadata first (the kernel's own
@@ -17,7 +17,7 @@ Map side, `rank_collectives(trace)` -> `RankCollectives` (small, msgspec-seriali
     (`In msg nelems` / `Out msg nelems` x dtype size, else the annotation's Input Dims x Input type),
     group size (`Group size`, else the pg's size from distributedInfo, else world size).
   - per instance, the step it belongs to and what the rank did before arriving, in the exact
-    DESIGN.md breakdown categories (`Timeline.in_windows`):
+    step breakdown categories (`Timeline.in_windows`):
       pre_ns         window [previous collective's end on this rank (the latest one ending at or
                      before this arrival), or the step start if later) -> arrival)
       since_step_ns  window [step start -> arrival): cumulative, clock-independent; the straggler

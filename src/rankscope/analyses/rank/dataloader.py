@@ -3,8 +3,8 @@
 `dataloader_share(trace, windows=None) -> DataLoaderShare`
   - DataLoader time of a step: the length of the union of the host spans named
     `enumerate(DataLoader)#<Iterator>.__next__` (`model.DATALOADER_PATTERN`; CPU op or user
-    annotation, any thread), clipped to the step window (DESIGN.md "Step", stable). This is the
-    host waiting for the next batch: the `dataloader` category of DESIGN.md's step breakdown when
+    annotation, any thread), clipped to the step window (docs/concepts.md "Step"). This is the
+    host waiting for the next batch: the `dataloader` category of the step breakdown when
     the device is idle meanwhile, and tb-profiler's "DataLoader" slice of the Overview step-time
     breakdown (which also takes these spans).
   - share_pct of a step = DataLoader time / step duration. Per rank: `share_pct` weighted by time
@@ -17,8 +17,8 @@
     that the profiler does not trace, so their count is not in a Kineto trace: `num_workers` is
     None then (`multiprocessing=True`). `pin_memory_ops` counts `aten::pin_memory` /
     `aten::_pin_memory` ops (the pin-memory thread of `pin_memory=True`).
-  Anchors: DESIGN.md step breakdown (`dataloader`); tb-profiler Overview "DataLoader" and its
-  recommendation "DataLoader time is high -> num_workers > 0"; seed study "num_workers 0 vs 4".
+  Anchors: docs/concepts.md step breakdown (`dataloader`); tb-profiler Overview "DataLoader" and its
+  recommendation "DataLoader time is high -> num_workers > 0".
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What caused each GPU idle gap (seed: "click the gap: the tooltip shows the CPU op that caused it").
+"""What caused each GPU idle gap: the CPU op behind it, as a timeline tooltip would show it.
 
 A gap is a stretch of at least GAP_MIN_US with no kernel, memcpy or memset running on a device,
 between two device activities inside a step. For each gap:

@@ -3,7 +3,7 @@
 DDP (and FSDP's reduce-scatter) hide communication by launching each bucket's collective from an
 autograd hook while the backward pass still runs (PyTorch DDP design notes: "overlap
 computation with communication"). A collective launched after the backward pass has ended
-cannot overlap with it: the step pays for it in full. That is the cause behind the seed row
+cannot overlap with it: the step pays for it in full. That is the cause behind
 "GPU idle after backward / AllReduce not overlapping".
 
 Definition: a gradient collective is a host op `c10d::allreduce_` / `c10d::reduce_scatter*` /

@@ -1,4 +1,4 @@
-"""Idle time of each device stream, by cause: host wait / kernel wait / other (DESIGN.md "HTA parity").
+"""Idle time of each device stream, by cause: host wait / kernel wait / other (docs/hta-parity.md).
 
 Anchor: HTA 0.5 `TraceAnalysis.get_idle_time_breakdown` (hta/trace_analysis.py), implemented in
 `BreakdownAnalysis.get_idle_time_breakdown` / `_analyze_idle_time_for_stream` (hta/analyzers/breakdown_analysis.py).

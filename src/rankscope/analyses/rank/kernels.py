@@ -1,7 +1,7 @@
 """Device kernels: time by kernel class, top kernels, occupancy and Tensor Core use (one rank).
 
-Anchors: DESIGN.md "Kernel classes" (stable) for COMP / COMM / MEM (the `kclass` column set at
-ingest from `model.KERNEL_CLASS_PATTERNS`), DESIGN.md "HTA parity" for `kernel_breakdown`.
+Anchors: docs/concepts.md "Kernel classes" for COMP / COMM / MEM (the `kclass` column set at
+ingest from `model.KERNEL_CLASS_PATTERNS`), docs/hta-parity.md for `kernel_breakdown`.
 
 `kernel_breakdown(trace, top_k)` follows HTA 0.5 `get_gpu_kernel_breakdown`
 (hta/analyzers/breakdown_analysis.py), with our kernel classes:

@@ -1,5 +1,5 @@
 """Kernel launches: launch cost and delay, launch queue length per stream, memcpy/memset bandwidth
-(DESIGN.md "HTA parity").
+(docs/hta-parity.md).
 
 Anchors (HTA 0.5):
   kernel_launch_stats  `TraceAnalysis.get_cuda_kernel_launch_stats` (hta/trace_analysis.py), implemented in

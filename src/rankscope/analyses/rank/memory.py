@@ -24,7 +24,7 @@
   - timeline: per device at most `max_points` samples, chosen by min/max decimation in equal time
     bins (the lowest and highest allocated — and reserved — sample of every bin, plus the first and
     last sample): the envelope and both peaks are kept exactly.
-  - per_step: peak allocated / reserved inside each step window (DESIGN.md "Step").
+  - per_step: peak allocated / reserved inside each step window (docs/concepts.md "Step").
   MB = 2**20 bytes (tb-profiler's Memory view). Times: `ts_ns` absolute (the trace's clock, to join
   with steps), `t_ms` since the trace's first event.
   Anchors: tb-profiler Memory view (pytorch/kineto tb_plugin: memory curve of Total Allocated /
@@ -36,8 +36,8 @@
   `HtoD | DtoH | DtoD | HtoH | PtoP | other` and host memory `pageable | pinned | host_unknown |
   device | other` ("Memcpy HtoD (Pageable -> Device)", "Memcpy DtoH (Device -> Pinned)"; ROCm's
   "(Host -> Device)" does not say pageable or pinned: `host_unknown`). A copy from/to pageable
-  memory is staged through a driver bounce buffer and is synchronous with the host; the seed table
-  says "Long Memcpy HtoD -> pin_memory=True" (finding `unpinned_memcpy`).
+  memory is staged through a driver bounce buffer and is synchronous with the host: the fix
+  is "Long Memcpy HtoD -> pin_memory=True" (finding `unpinned_memcpy`).
   Per (direction, host memory): count, total_ms (sum of durations), bytes (sum of the `bytes` arg;
   copies without it are counted in `bytes_missing`), mean_bandwidth_gbps = bytes / duration summed
   over the copies that have bytes (GB = 1e9, as Kineto's "memory bandwidth (GB/s)"), step_share_pct

@@ -1,13 +1,13 @@
-"""Communication / computation overlap of one rank (DESIGN.md "HTA parity").
+"""Communication / computation overlap of one rank (docs/hta-parity.md).
 
 Anchor: HTA 0.5 `TraceAnalysis.get_comm_comp_overlap` (hta/trace_analysis.py), implemented in
 `CommunicationAnalysis.get_comm_comp_overlap` (hta/analyzers/communication_analysis.py).
 
 Definition: overlap = |∪COMM ∩ ∪COMP| / |∪COMM|, the share of the time communication kernels run
-during which computation kernels run too, with DESIGN.md's kernel classes. Rank level: over the
+during which computation kernels run too, with the kernel classes of docs/concepts.md. Rank level: over the
 device events of the HTA scope (`temporal.hta_scope`: like HTA, the last profiler step and device
 events without a launch are left out unless `include_last_step`). Per step: the same ratio inside
-each step window (`steps.step_windows`, DESIGN.md "Step"), from all device events of the trace,
+each step window (`steps.step_windows`, docs/concepts.md "Step"), from all device events of the trace,
 since a window already says which time counts.
 
 Differs from HTA on purpose: HTA counts a kernel as communication only when its name matches

@@ -1,4 +1,4 @@
-"""Step windows (DESIGN.md "Step", stable; after tb-profiler).
+"""Step windows (docs/concepts.md "Step"; after tb-profiler).
 
 A step is a `ProfilerStep#N` span on the CPU. Its window ends at max(CPU end, end of the last
 device activity launched inside it), clipped at the next step's start. A trace without steps

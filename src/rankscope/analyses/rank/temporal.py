@@ -1,4 +1,4 @@
-"""Temporal breakdown of one rank's device time: idle / compute / non-compute (DESIGN.md "HTA parity").
+"""Temporal breakdown of one rank's device time: idle / compute / non-compute (docs/hta-parity.md).
 
 Anchor: HTA 0.5 `TraceAnalysis.get_temporal_breakdown` (hta/trace_analysis.py), implemented in
 `BreakdownAnalysis.get_temporal_breakdown` / `_get_idle_time_for_kernels` (hta/analyzers/breakdown_analysis.py).
@@ -6,12 +6,12 @@ Anchor: HTA 0.5 `TraceAnalysis.get_temporal_breakdown` (hta/trace_analysis.py), 
 Definition (per rank), over the device events in the HTA scope (`hta_scope`, below):
   span         = end of the last device event - start of the first one ("kernel time" in HTA)
   idle         = span - |union of all device events|         (no kernel, memcpy or memset running)
-  compute      = |union of COMP kernels|                      (DESIGN.md kernel classes)
+  compute      = |union of COMP kernels|                      (docs/concepts.md kernel classes)
   non_compute  = span - compute - idle                        (only COMM / MEM activity running)
 and each as a percentage of span. Device events are kernels, memcpy and memset.
 
 Where we differ from HTA on purpose (docs/hta-parity.md has the numbers):
-  * COMP is DESIGN.md's kernel class (every kernel that is neither a collective nor a memory op).
+  * COMP is the kernel class of docs/concepts.md (every kernel that is neither a collective nor a memory op).
     HTA calls a kernel communication only when its name matches `^nccl.*Kernel`, so symmetric-memory
     collectives (`multimem_*`, `*cross_device_reduce*`) count as compute there, and any name
     containing "Sync" or "Memcpy" is neither compute nor communication there.
