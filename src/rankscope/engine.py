@@ -15,9 +15,10 @@ The mapped function takes one item (a file) and returns a small picklable result
 never receives event frames.
 
 Ctrl-C: worker processes ignore SIGINT (the terminal sends it to all of them), so only the driver
-sees it: it cancels what has not started, stops the pool (terminating worker processes, cancelling
-Ray tasks) and lets the KeyboardInterrupt go on, without a traceback from any worker. Threads
-cannot be stopped: those already running finish in the background (the CLI exits without them).
+sees it: it cancels what has not started, stops the pool (terminating worker processes; Ray's
+tasks end with the driver's ray.shutdown) and lets the KeyboardInterrupt go on, without a traceback
+from any worker. Threads cannot be stopped: those already running finish in the background (the
+CLI exits without them).
 """
 from __future__ import annotations
 
@@ -169,8 +170,9 @@ def _map_ray(fn, items: list, workers: int | None, on_done, address: str | None,
                     if on_done:
                         on_done(i, results[i])
         except BaseException:     # Ctrl-C, or `fn` raised: a cluster would still run the others
-            for ref in pending:
-                ray.cancel(ref, force=True)
+            if not started:       # ray.shutdown() below ends the tasks of a driver this call connected;
+                for ref in pending:   # cancelling them as they complete can abort Ray's core (exit 1)
+                    ray.cancel(ref, force=True)
             raise
         return results
     finally:
