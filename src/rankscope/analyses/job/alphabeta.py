@@ -119,16 +119,6 @@ def _hops(ctype: str, algorithm: str, n: int) -> float:
     raise ValueError(f"no model for collective type {ctype!r}")
 
 
-def _bandwidth_factor(ctype: str, n: int) -> float:
-    if ctype == "all_reduce":
-        return 2 * (n - 1) / n
-    if ctype in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n
-    if ctype in ("broadcast", "reduce"):
-        return 1.0
-    raise ValueError(f"no model for collective type {ctype!r}")
-
-
 def predict_us(ctype: str, nbytes: float, n: int, hop_latency_us: float, bus_bandwidth_gbps: float,
                algorithm: str = "ring") -> float:
     """Predicted time (µs) of a collective of `nbytes` (nccl-tests size S) on `n` ranks (module

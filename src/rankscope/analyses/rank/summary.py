@@ -7,8 +7,6 @@ ranks.
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
 
 import msgspec
 import numpy as np
@@ -37,37 +35,6 @@ from rankscope.units import NS_PER_MS
 MEMORY_POINTS = 200
 #: Rows kept in top-N tables (kernels, operators) per rank.
 TOP_N = 10
-
-
-_NUMBERS = {int, float, bool, type(None)}
-
-
-def share_strings(obj: Any, pool: dict[str, str]) -> Any:
-    """`obj` with every string replaced by the equal one in `pool` (added there when new). The
-    ranks of a job repeat the same kernel, op, category and column names, and each rank's summary
-    arrives (unpickled from a worker, or decoded from the cache) with its own copies: at 10 MB
-    synth ranks, 49 KB of a summary's 127 KB of Python objects outside its collectives are strings,
-    35 KB of them the same on every rank. Dicts and tuples are rebuilt, lists, msgspec Structs and
-    (non-frozen) dataclasses changed in place; everything else is left as it is."""
-    if isinstance(obj, str):
-        return pool.setdefault(obj, obj)
-    if isinstance(obj, dict):
-        return {share_strings(k, pool): share_strings(v, pool) for k, v in obj.items()}
-    if isinstance(obj, list):
-        if not set(map(type, obj)) <= _NUMBERS:          # most lists are columns of numbers
-            for i, v in enumerate(obj):
-                obj[i] = share_strings(v, pool)
-        return obj
-    if isinstance(obj, tuple):
-        return tuple(share_strings(v, pool) for v in obj)
-    if isinstance(obj, msgspec.Struct):
-        for name in obj.__struct_fields__:
-            setattr(obj, name, share_strings(getattr(obj, name), pool))
-        return obj
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type) and not obj.__dataclass_params__.frozen:
-        for f in dataclasses.fields(obj):
-            setattr(obj, f.name, share_strings(getattr(obj, f.name), pool))
-    return obj
 
 
 class StepSummary(msgspec.Struct):
