@@ -120,6 +120,24 @@ THRESHOLDS: dict[str, Threshold] = {
                                    "55%, cpu-gloo-4rank-healthy 8.6%", "load_imbalance"),
     "load_wait_imbalance_pct": Threshold(10.0, "% of the median step (median minus least exposed communication)",
                                          "rankscope default", "load_imbalance"),
+    # parallel layouts: pipeline, sharded data parallel, tensor parallel, expert parallel
+    "pipeline_stage_imbalance_pct": Threshold(
+        20.0, "% of the stages' mean compute per step", "rankscope default", "pipeline_stage_imbalance"),
+    "pipeline_stage_imbalance_high_pct": Threshold(
+        50.0, "% of the stages' mean compute per step", "rankscope default", "pipeline_stage_imbalance"),
+    "pipeline_bubble_excess_pct": Threshold(
+        10.0, "percentage points of step over (p-1)/(m+p-1)",
+        "rankscope default over the 1F1B / GPipe bubble of Narayanan et al. 2021", "pipeline_bubble"),
+    "pipeline_bubble_high_excess_pct": Threshold(
+        25.0, "percentage points of step over (p-1)/(m+p-1)", "rankscope default", "pipeline_bubble"),
+    "fsdp_exposed_gather_pct": Threshold(5.0, "% of step", "rankscope default", "fsdp_exposed_gather"),
+    "fsdp_exposed_gather_high_pct": Threshold(20.0, "% of step", "rankscope default", "fsdp_exposed_gather"),
+    "tp_comm_exposed_pct": Threshold(5.0, "% of step", "rankscope default", "tp_comm_exposed"),
+    "tp_comm_exposed_high_pct": Threshold(20.0, "% of step", "rankscope default", "tp_comm_exposed"),
+    "expert_imbalance_pct": Threshold(25.0, "% above the expert-parallel group's mean tokens (bytes) per rank",
+                                      "rankscope default", "expert_imbalance"),
+    "expert_imbalance_high_pct": Threshold(100.0, "% above the expert-parallel group's mean tokens (bytes) per rank",
+                                           "rankscope default", "expert_imbalance"),
 }
 
 

@@ -34,9 +34,11 @@ class _Comm:
         ranks = [s for s in job.ranks if job.part(s, "comm_exposed") + job.part(s, "comm_overlapped") > 0]
         if not ranks:
             return None
-        exposed = {s.rank: max(0.0, job.part(s, "comm_exposed") - job.wait_ms.get(s.rank, 0.0)) for s in ranks}
+        # pipeline waits (the pp dimension's exposed communication) are the pipeline findings' to explain
+        waits = {s.rank: job.wait_ms.get(s.rank, 0.0) + job.pipeline_wait_ms.get(s.rank, 0.0) for s in ranks}
+        exposed = {s.rank: max(0.0, job.part(s, "comm_exposed") - waits[s.rank]) for s in ranks}
         # share of the step as it would be without the wait (the wait goes when the late rank is fixed)
-        exposed_pct = {s.rank: job.share(s, exposed[s.rank], minus_ms=job.wait_ms.get(s.rank, 0.0)) for s in ranks}
+        exposed_pct = {s.rank: job.share(s, exposed[s.rank], minus_ms=waits[s.rank]) for s in ranks}
         sched = [s.grad_sync for s in ranks if s.grad_sync]
         launched = sum(g.collectives for g in sched)
         after = sum(g.launched_after_backward for g in sched)

@@ -25,6 +25,8 @@ from rankscope.thresholds import THRESHOLDS, Thresholds
 
 if TYPE_CHECKING:  # pragma: no cover
     from rankscope.analyses.inputs.nccl import NcclReport, NcclRun
+    from rankscope.analyses.job.parallel import ParallelReport
+    from rankscope.analyses.job.pipeline import Pipeline
     from rankscope.analyses.job.stragglers import CrossRank
     from rankscope.results import Analysis
 
@@ -33,14 +35,17 @@ SEVERITIES = ("high", "medium", "low")
 #: The stable finding ids, in the order their rules run.
 FINDING_IDS = ("straggler_rank", "dataloader_stall", "exposed_communication", "low_overlap", "comm_bound",
                "gpu_idle_host_bound", "launch_overhead", "sync_stall", "unpinned_memcpy", "memory_fragmentation",
-               "memory_pressure", "load_imbalance", "tensor_cores_unused", "low_bus_bandwidth", "degraded_nccl_link")
+               "memory_pressure", "load_imbalance", "tensor_cores_unused", "low_bus_bandwidth", "degraded_nccl_link",
+               "pipeline_stage_imbalance", "pipeline_bubble", "fsdp_exposed_gather", "tp_comm_exposed",
+               "expert_imbalance")
 
 
 @dataclass
 class JobView:
     """What the job's rules read: the ranks with steps, the typed cross-rank result, the thresholds
     in force; per rank its mean step and its waits for late ranks at collectives (ms per step); the
-    job's devices and hosts."""
+    job's devices and hosts; per rank the time it waits on its pipeline neighbours (the pp
+    dimension's exposed communication, ms per step), which the pipeline findings explain."""
     ranks: list[RankSummary]
     cross: CrossRank | None
     thresholds: Thresholds
@@ -48,6 +53,15 @@ class JobView:
     wait_ms: dict[int, float]
     devices: list[str]
     hosts: list[str]
+    pipeline_wait_ms: dict[int, float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def parallel(self) -> ParallelReport | None:
+        return self.cross.parallel if self.cross else None
+
+    @property
+    def pipeline(self) -> Pipeline | None:
+        return self.parallel.pipeline if self.parallel else None
 
     @classmethod
     def of(cls, analysis: Analysis, thresholds: Thresholds) -> JobView:
@@ -57,7 +71,9 @@ class JobView:
         return cls(ranks=ranks, cross=cross, thresholds=thresholds,
                    step_ms={s.rank: sum(s.breakdown_mean_ms.values()) for s in ranks},
                    wait_ms={r.rank: r.own_wait_ms_per_step or 0.0 for r in cross.stragglers.ranks} if cross else {},
-                   devices=analysis.job.devices, hosts=analysis.job.hosts)
+                   devices=analysis.job.devices, hosts=analysis.job.hosts,
+                   pipeline_wait_ms={c.rank: c.by_dim["pp"].exposed for c in cross.parallel.comm if "pp" in c.by_dim}
+                   if cross and cross.parallel else {})
 
     def share(self, s: RankSummary, ms: float, minus_ms: float = 0.0) -> float:
         """`ms` as a share of the rank's mean step (shortened by `minus_ms`)."""

@@ -22,6 +22,8 @@ STRAGGLER_FIXES = {
     "memcpy": "pin that rank's host buffers (pin_memory=True, non_blocking=True) and check its PCIe link "
               "(nvidia-smi topo -m)",
     "communication": "check that rank's network path (NCCL_DEBUG=INFO: transport and NIC per peer)",
+    "pipeline_stage": "its pipeline stage holds more work than the others: move layers from it to its lighter "
+                      "neighbour (see pipeline_stage_imbalance for how much)",
     "unknown": "the delay lies outside the profiled ops: profile more steps, and check thermal throttling "
                "(nvidia-smi -q -d PERFORMANCE), uneven shards (drop_last=True) and host load on that rank",
 }
@@ -37,6 +39,8 @@ def straggler_rank(job: JobView) -> Iterable[Finding]:
     t = job.thresholds
     median_step = median(job.step_ms.values()) if job.step_ms else 0.0
     for st in job.cross.stragglers.stragglers:
+        if st.cause == "pipeline_stage":       # pipeline_stage_imbalance names it, with how much to move
+            continue
         cost = st.cost_ms_per_step
         cost_pct = 100.0 * cost / median_step if median_step > 0 else 0.0
         severity = "high" if cost_pct >= t["straggler_high_cost_pct"] else "medium"
@@ -63,7 +67,7 @@ def load_imbalance(job: JobView) -> Iterable[Finding]:
     """The load-balance verdict of the cross-rank analysis when it blames no single rank: every rank
     idle at once (`load_all_idle_pct` of a step: medium) or lateness that moves between ranks (wait
     spread `load_wait_imbalance_pct`: low). The analysis decides; the finding shows its bar."""
-    if job.cross is None:
+    if job.cross is None or job.pipeline is not None:   # a pipeline's waits: the pipeline findings
         return
     report = job.cross.stragglers
     lb = report.load_balance

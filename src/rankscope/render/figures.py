@@ -46,6 +46,24 @@ BREAKDOWN = {
                                  "comm overlapped + comm exposed)"),
 }
 
+#: Communication per parallel dimension (`ranks[].comm_by_dim_ms.<dim>`, mean ms per step).
+COMM_BY_DIM = {
+    "overlapped": Figure("ovl", "overlapped", "overlapped", "that dimension's collectives running beside compute"),
+    "exposed": Figure("exp", "exposed", "exposed", "running with no compute (for pp: waiting on pipeline neighbours)"),
+}
+COMM_BY_DIM_NOTE = ("each instant of communication counts once, for the collective that started first; "
+                    "a rank's dimensions sum to its c.ovl + c.exp")
+
+#: The pipeline's stages (`pipeline.stages[]`).
+PIPELINE_STAGE = {
+    "compute": Figure("compute ms", "compute_ms_per_step", "compute ms per step",
+                      "compute running (alone or beside communication), mean ms per step of the stage's ranks"),
+    "bubble_ms": Figure("bubble ms", "bubble_ms_per_step", "bubble ms per step",
+                        "waiting on pipeline neighbours with nothing to compute (pp exposed communication), ms "
+                        "per step"),
+    "bubble_pct": Figure("bubble", "bubble_pct", "bubble % of step", "the bubble, % of the stage's step"),
+}
+
 #: The step-time table's columns (entries of `ranks[]`).
 STEP_TIME = {
     "events": Figure("events", "events", None, "trace events read"),

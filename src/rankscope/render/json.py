@@ -24,11 +24,13 @@ def _cross(a: Analysis) -> dict:
     if a.cross is None:
         return {"collectives": {"count": 0, "by_type": [], "alpha_beta": []}, "stragglers": [],
                 "straggler_verdict": "no collectives in the trace: nothing to compare across ranks",
-                "load_balance": None, "clock": None, "rank_stats": []}
+                "load_balance": None, "clock": None, "rank_stats": [],
+                "parallelism": {"layout": "", "dims": []}, "pipeline": None, "experts": None}
     d = to_plain(a.cross.as_dict())
     return {"collectives": d["collectives"], "stragglers": d["stragglers"],
             "straggler_verdict": d["straggler_verdict"], "load_balance": d["load_balance"],
-            "clock": d["clock"], "rank_stats": d["ranks"], "straggler_thresholds": d["thresholds"]}
+            "clock": d["clock"], "rank_stats": d["ranks"], "straggler_thresholds": d["thresholds"],
+            "parallelism": d["parallelism"], "pipeline": d["pipeline"], "experts": d["experts"]}
 
 
 def _temporal_pct(hta: HtaParity | None) -> dict | None:
@@ -69,6 +71,7 @@ class AnalysisJson(JsonRenderer):
 def analysis_to_dict(a: Analysis) -> dict[str, Any]:
     """The `rankscope.analysis/1` object of an Analysis (also what the HTML report lays out)."""
     j = a.job
+    comm_by_dim = to_plain(a.cross.parallel.as_dict()["comm_by_dim_ms"]) if a.cross and a.cross.parallel else {}
     ranks = []
     steps = []
     for s in a.ranks:
@@ -85,6 +88,7 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
             "gpu_busy_pct": rounded(st.device_busy_pct, 2),
             "breakdown_ms": _rounded(s.breakdown_mean_ms) if s.steps else None,
             "breakdown_mode": s.breakdown_mode,
+            "comm_by_dim_ms": comm_by_dim.get(str(s.rank), comm_by_dim.get(s.rank)),
             "overlap_efficiency": rounded(s.overlap_efficiency, 4),
             "temporal_pct": _temporal_pct(s.hta),
             "overlap_pct": s.hta.overlap.overlap_pct if s.hta else None,

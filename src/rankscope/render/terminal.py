@@ -12,7 +12,8 @@ from rich.table import Table
 
 from rankscope.analyses.rank.breakdown import CATEGORIES
 from rankscope.render.base import TerminalRenderer
-from rankscope.render.figures import BREAKDOWN, DETAILS, STEP_TIME, STRAGGLER, legend
+from rankscope.render.figures import (BREAKDOWN, COMM_BY_DIM, COMM_BY_DIM_NOTE, DETAILS, PIPELINE_STAGE, STEP_TIME,
+                                      STRAGGLER, legend)
 from rankscope.render.format import (distinct_shortened, literal, number, percent, print_table, printable, ranges,
                                      shortened)
 from rankscope.results import Analysis
@@ -43,6 +44,11 @@ def _header(a: Analysis, console: Console) -> None:
     console.print(f"  devices: {literal(', '.join(j.devices) or 'none (CPU only)')}")
     console.print(f"  steps profiled: {steps_text}   time span: {number(j.span_ms)} ms"
                   + (f"   hosts: {literal(', '.join(j.hosts))}" if j.hosts else ""))
+    layout = a.cross.parallel.layout if a.cross and a.cross.parallel else None
+    if layout and layout.dims:
+        console.print(f"  layout: {layout.text}" + ("" if all(d.source == "pg_desc" for d in layout.dims) else
+                                                     " (dimensions without group names inferred from the collectives)"),
+                      highlight=False)
     total_events = sum(s.meta.events_total for s in a.ranks)
     cached = sum(s.from_cache for s in a.ranks)
     console.print(f"  events: {total_events:,} ({total_events // max(len(a.ranks), 1):,} per rank)"
@@ -79,6 +85,7 @@ def _tables(a: Analysis, console: Console) -> None:
     print_table(console, table)
     _more(a, shown, console)
     _breakdown_table(a, shown, console)
+    _parallel_section(a, shown, console)
     _details_table(shown, console)
     _cross_section(a, console)
     _highlights(a, console)
@@ -242,3 +249,58 @@ def _breakdown_table(a: Analysis, shown: list, console: Console) -> None:
         table.add_row(str(s.rank), number(s.step_time.mean_ms), *(number(s.breakdown_mean_ms[c]) for c in CATEGORIES),
                       eff)
     print_table(console, table)
+
+
+def _parallel_section(a: Analysis, shown: list, console: Console) -> None:
+    """The parallel layout: its groups, communication per dimension per rank, the pipeline's stages."""
+    par = a.cross.parallel if a.cross else None
+    if par is None or not par.layout.dims:
+        return
+    groups = "; ".join(f"{d.name} {d.size}: {_groups_text(d.groups)}" for d in par.layout.dims)
+    console.print(f"[bold]Parallel layout[/] {par.layout.text}: {groups}", highlight=False)
+    dims = [d.name for d in par.layout.dims]
+    comm = {c.rank: c for c in par.comm}
+    if any("other" in c.by_dim for c in par.comm):
+        dims.append("other")
+    console.print("Communication per parallel dimension, mean ms per step", highlight=False)
+    table = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("rank", justify="right")
+    for d in dims:
+        for f in COMM_BY_DIM.values():
+            table.add_column(f"{d}\n{f.terminal}", justify="right")
+    for s in shown:
+        c = comm.get(s.rank)
+        if c is None:
+            continue
+        cells = []
+        for d in dims:
+            v = c.by_dim.get(d)
+            cells += [number(v.overlapped) if v else "-", number(v.exposed) if v else "-"]
+        table.add_row(str(s.rank), *cells)
+    print_table(console, table)
+    console.print(legend(COMM_BY_DIM) + "; " + COMM_BY_DIM_NOTE, highlight=False)
+    p = par.pipeline
+    if p is None or not p.stages:
+        return
+    theory = (f" against {p.bubble_pct_theory:.1f}% for {len(p.stages)} equal stages and {p.microbatches} "
+              f"microbatches ((p-1)/(m+p-1))" if p.bubble_pct_theory is not None else "")
+    console.print(f"[bold]Pipeline[/]: {p.schedule} schedule, "
+                  f"{p.microbatches if p.microbatches else 'unknown'} microbatches, {len(p.stages)} stages; "
+                  f"bubble {p.bubble_pct:.1f}% of the step (mean stage){theory}"
+                  + (f"; bottleneck: stage {p.bottleneck_stage} ({p.imbalance_pct:+.0f}% compute against the "
+                     f"stages' mean)" if p.bottleneck_stage is not None else ""), highlight=False)
+    table = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("stage", justify="right")
+    table.add_column("ranks")
+    for f in PIPELINE_STAGE.values():
+        table.add_column(f.terminal, justify="right")
+    for st in p.stages:
+        table.add_row(str(st.stage), ranges(st.ranks), number(st.compute_ms_per_step), number(st.bubble_ms_per_step),
+                      percent(st.bubble_pct))
+    print_table(console, table)
+    console.print(legend(PIPELINE_STAGE), highlight=False)
+
+
+def _groups_text(groups: list[list[int]], limit: int = 4) -> str:
+    shown = " ".join("[" + ",".join(map(str, g)) + "]" for g in groups[:limit])
+    return shown + (f" +{len(groups) - limit} more" if len(groups) > limit else "")

@@ -90,13 +90,16 @@ import polars as pl
 from rankscope.analyses.rank.breakdown import CATEGORIES
 from rankscope.analyses.job.clock import ClockAlignment, estimate_clock_offsets
 from rankscope.analyses.job.matching import CollectiveTable, match_collectives, member_frame, since_step_windows
+from rankscope.analyses.job.parallel import ParallelReport, parallel_report
+from rankscope.analyses.job.pipeline import Pipeline
 from rankscope.analyses.rank.collectives import RankCollectives
 from rankscope.analyses.intervals import union, union_length_per_group
 from rankscope.thresholds import Thresholds, resolve
 from rankscope.units import NS_PER_MS, NS_PER_US
 
 
-CAUSES = ("dataloader", "host_idle", "cpu_ops", "gpu_compute", "memcpy", "communication", "unknown")
+CAUSES = ("dataloader", "host_idle", "cpu_ops", "gpu_compute", "memcpy", "communication", "pipeline_stage",
+          "unknown")
 #: Breakdown categories (breakdown.CATEGORIES) summed into each cause.
 CAUSE_GROUPS: dict[str, tuple[str, ...]] = {
     "gpu_compute": ("compute", "comm_overlapped"),
@@ -277,10 +280,12 @@ def find_stragglers(ranks: Sequence[RankCollectives], table: CollectiveTable | N
     # round by round (a later round's cost holds once the earlier ones are fixed), by cost within one
     found.sort(key=lambda s: (by_rank[s.rank].found_in_round, -s.cost_ms_per_step))
     balance = load_balance(ranks, bool(found), t)
-    share_min = 100.0 * last_share_min(n, t)
+    # the bar of the typical collective: 1 / its group's members is the chance of arriving last
+    n_group = int(round(float(table.collectives["n_ranks"].median()))) if table.count else n
+    share_min = 100.0 * last_share_min(n_group, t)
     verdict = _verdict(found, stats, table.count, n, min_cost, share_min)
     return StragglerReport(stragglers=found, verdict=verdict, ranks=stats, load_balance=balance,
-                           median_step_ms=median_step, thresholds=_thresholds(n, t, min_cost))
+                           median_step_ms=median_step, thresholds=_thresholds(n_group, t, min_cost))
 
 
 def _without(table: CollectiveTable, fixed: Sequence[int]) -> CollectiveTable:
@@ -366,8 +371,12 @@ def _evaluate(ranks: Sequence[RankCollectives], table: CollectiveTable, progress
     # step window are matched and listed, but the what-if is per step)
     n_steps_with_coll = max(1, coll.filter(pl.col("step") >= 0)["step"].n_unique()) if coll.height else 1
     share_min = 100.0 * last_share_min(n, t)
-    per, imposed, lead_share = {}, {}, {}
+    per, imposed, lead_share, group_n = {}, {}, {}, {}
     if mem.height:
+        # chance of arriving last is 1 / members of the collective's group, not 1 / ranks of the job
+        for r, g in mem.select("cid", "rank").join(coll.select("cid", "n_ranks"), on="cid").group_by("rank").agg(
+                pl.col("n_ranks").median()).iter_rows():
+            group_n[int(r)] = int(round(g))
         for r, n_coll, n_last, own in mem.group_by("rank").agg(
                 pl.len(), pl.col("is_last").sum(), pl.col("wait_ns").sum()).iter_rows():
             per[int(r)] = (int(n_coll), int(n_last), float(own))
@@ -381,11 +390,14 @@ def _evaluate(ranks: Sequence[RankCollectives], table: CollectiveTable, progress
         nc, nl, _ = per.get(r, (0, 0, 0.0))
         return max(100.0 * nl / nc if nc else 0.0, lead_share.get(r, 0.0))
 
+    def bar(r: int) -> float:
+        return 100.0 * last_share_min(group_n.get(r, n), t)
+
     # ties broken by rank: group_by order is arbitrary, and the result must not depend on it
     always = int(t["straggler_candidates"])
     candidates = sorted(per, key=lambda r: (-per[r][1], r))[:always] + \
         sorted(lead_share, key=lambda r: (-lead_share[r], r))[:always] + \
-        [r for r in per if share(r) >= share_min]
+        [r for r in per if share(r) >= bar(r)]
     candidates = set(r for r in candidates if per.get(r, (0, 0, 0))[1] > 0)
     step_starts = {rc.rank: {s: a - int(table.offsets_ns.get(rc.rank, 0)) for s, a in zip(rc.steps, rc.step_start_ns)}
                    for rc in ranks}
@@ -419,7 +431,7 @@ def _evaluate(ranks: Sequence[RankCollectives], table: CollectiveTable, progress
             others_wait_excess_ms_per_step=B,
             cost_ms_per_step=cost, excess_ms_per_step=excess, cause=cause, step_start_lag_ms_per_step=lag)
         stats.append(s)
-        if coll.height and share(r) >= share_min and cost is not None and cost >= min_cost:
+        if coll.height and share(r) >= bar(r) and cost is not None and cost >= min_cost:
             s.straggler = True
             found.append(_straggler(s, coll, median_step, t["straggler_cause_min_share"]))
     return stats, found
@@ -663,10 +675,12 @@ class CrossRank:
     collectives: CollectiveTable
     stragglers: StragglerReport
     alpha_beta: list                      # alphabeta.AlphaBetaFit
+    parallel: ParallelReport | None = None   # layout, communication per dimension, pipeline, experts
 
     def as_dict(self) -> dict:
         """Plain data (JSON-ready): `collectives` (count, by_type, by_pg, alpha_beta, clock offsets,
-        warnings), `stragglers` (list), `straggler_verdict`, `load_balance`, `clock`, `ranks`."""
+        warnings), `stragglers` (list), `straggler_verdict`, `load_balance`, `clock`, `ranks`, and the
+        parallel layout's `parallelism`, `pipeline`, `experts`, `comm_by_dim_ms` (rank -> dims)."""
         from rankscope.analyses.job.alphabeta import alpha_beta_rows
         from rankscope.analyses.job.matching import collectives_summary
         rep = self.stragglers
@@ -678,6 +692,8 @@ class CrossRank:
             "clock": self.clock.as_dict(),
             "ranks": [dataclasses.asdict(r) for r in rep.ranks],
             "thresholds": dict(rep.thresholds),
+            **(self.parallel.as_dict() if self.parallel else
+               {"parallelism": {"layout": "", "dims": []}, "pipeline": None, "experts": None, "comm_by_dim_ms": {}}),
         }
 
 
@@ -694,4 +710,21 @@ def cross_rank(ranks: Sequence[RankCollectives], align_clocks: bool = True,
     table = match_collectives(ranks, clock.applied_offsets(), members)
     del members                                    # the straggler rounds derive theirs from `table`
     report = find_stragglers(ranks, table, clock, thresholds=thresholds)
-    return CrossRank(clock, table, report, fit_alpha_beta(table))
+    parallel = parallel_report(ranks)
+    _stage_stragglers(report, parallel.pipeline, resolve(thresholds))
+    return CrossRank(clock, table, report, fit_alpha_beta(table), parallel)
+
+
+def _stage_stragglers(report: StragglerReport, pipeline: Pipeline | None, t: Thresholds) -> None:
+    """A straggler on the bottleneck stage of an unbalanced pipeline (compute >=
+    `pipeline_stage_imbalance_pct` over the stages' mean) is late because its stage holds more work:
+    cause `pipeline_stage`."""
+    if pipeline is None or pipeline.bottleneck_stage is None or \
+            pipeline.imbalance_pct < t["pipeline_stage_imbalance_pct"]:
+        return
+    stage = next(st for st in pipeline.stages if st.stage == pipeline.bottleneck_stage)
+    for s in report.stragglers:
+        if s.rank in stage.ranks:
+            s.cause = "pipeline_stage"
+            s.evidence += (f"; it is on pipeline stage {stage.stage}, which computes {pipeline.imbalance_pct:.0f}% "
+                           f"more than the stages' mean")

@@ -40,6 +40,8 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.rank.breakdown import CATEGORIES, Timeline, classify_timeline
+from rankscope.analyses.rank.groups import (ROLE_PRECEDENCE, Group, assign_unnamed, dim_of_desc, parse_ranks,
+                                          rank_groups, role_dim)
 from rankscope.analyses.rank.steps import step_windows
 from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, Kind, KernelClass, RankTrace, names_matching
 
@@ -81,6 +83,13 @@ _RPC_NAME = "record_param_comms"
 _ANNOTATION_RX = re.compile(r"^(nccl|gloo|rccl|hccl|xccl):")
 _OP_RX = re.compile(r"^(c10d::|_?c10d_functional::|symm_mem::)")
 _GLOO_RX = re.compile(r"^gloo:")
+#: Functional collectives (DTensor, tensor-parallel layers, torch.compile): the tp role.
+_FUNCTIONAL_RX = re.compile(r"^_?c10d_functional::")
+#: The c10d ops that issue a collective (not its wait).
+_ISSUE_RX = re.compile(r"^c10d::(?!.*wait)")
+#: gloo span type -> types of the c10d ops that may have issued it (gloo runs reduce_scatter as an
+#: all_reduce).
+_GLOO_ISSUERS = {"all_reduce": ("all_reduce", "reduce_scatter")}
 
 #: Bytes per element by dtype name, as written by `comm_args.dtype` (c10 ScalarType names) and by
 #: `Input type` (C++ type names).
@@ -195,6 +204,12 @@ class RankCollectives:
     step_breakdown_ns: list[list[int]] = field(default_factory=list)   # per step, ns per CATEGORIES
     orphan: list[bool] = field(default_factory=list)   # device kernel whose launch is not in the trace
     steps_source: str = "profiler_step"   # "profiler_step" | "whole_trace"
+    # parallel layout (analyses/rank/groups.py): per instance its dimension ("" when none) and the
+    # step-breakdown time it owns (`_owned_comm_ns`); per rank its groups as [dim, source, ranks...]
+    dim: list[str] = field(default_factory=list)
+    owned_overlapped_ns: list[int] = field(default_factory=list)
+    owned_exposed_ns: list[int] = field(default_factory=list)
+    groups: list[list] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.start_ns)
@@ -207,12 +222,13 @@ class RankCollectives:
         is kept zlib-compressed (10x on synth ranks; `since_step_matrix` reads it); `pre_ns`,
         `window_start_ns` and `dtype`, which the reduce does not read, are dropped. A 10 MB synth
         rank: 66 KB of arrays -> 24 KB."""
-        for name in ("seq", "start_ns", "end_ns", "last_work_ns", "in_bytes", "out_bytes", "group_size", "step"):
+        for name in ("seq", "start_ns", "end_ns", "last_work_ns", "in_bytes", "out_bytes", "group_size", "step",
+                     "owned_overlapped_ns", "owned_exposed_ns"):
             setattr(self, name, np.asarray(getattr(self, name), dtype=np.int64))
         self.since_step_ns = zlib.compress(self.since_step_matrix().tobytes(), 1)
         self.pre_ns, self.window_start_ns, self.dtype = [], [], []
         self.orphan = np.asarray(self.orphan, dtype=bool)
-        for name in ("pg", "type"):
+        for name in ("pg", "type", "dim"):
             setattr(self, name, [sys.intern(v) for v in getattr(self, name)])
         return self
 
@@ -267,6 +283,35 @@ def _enclosing(points: pl.DataFrame, spans: pl.DataFrame) -> pl.DataFrame:
     s = spans.select("row", "pid", "tid", pl.col("ts_ns").alias("t_ns"), "end_ns").sort("t_ns")
     j = p.join_asof(s, on="t_ns", by=["pid", "tid"], strategy="backward", check_sortedness=False)
     return j.filter(pl.col("row").is_not_null() & (pl.col("end_ns") > pl.col("t_ns"))).select("idx", "row")
+
+
+def _gloo_issuers(inst: pl.DataFrame, host: pl.DataFrame) -> list[int]:
+    """Per gloo span (in `inst` order): the row of the c10d op that issued it, -1 if none. gloo runs
+    the work on its own threads, so the issuer is the latest c10d op of a fitting type
+    (`_GLOO_ISSUERS`) started in the same process at or before the span."""
+    issue_names = names_matching(host, _ISSUE_RX)
+    out = [-1] * inst.height
+    if not issue_names:
+        return out
+    def typed(frame: pl.DataFrame) -> pl.DataFrame:
+        names = frame["name"].unique().to_list()
+        return frame.with_columns(pl.col("name").replace_strict({v: normalize_collective(v) for v in names},
+                                                                return_dtype=pl.String).alias("type"))
+
+    ops = typed(host.filter(pl.col("name").is_in(issue_names)).select(
+        "row", "pid", pl.col("ts_ns").alias("t_ns"), pl.col("name").cast(pl.String)))
+    spans = typed(inst.with_row_index("idx").select(pl.col("idx").cast(pl.Int64), "pid",
+                                                    pl.col("ts_ns").alias("t_ns"), pl.col("name").cast(pl.String)))
+    for t in spans["type"].unique().to_list():
+        cand = ops.filter(pl.col("type").is_in(list(_GLOO_ISSUERS.get(t, (t,))))).select("row", "pid", "t_ns").sort("t_ns")
+        pts = spans.filter(pl.col("type") == t).select("idx", "pid", "t_ns").sort("t_ns")
+        if cand.is_empty() or pts.is_empty():
+            continue
+        for i, r in pts.join_asof(cand, on="t_ns", by="pid", strategy="backward",
+                                  check_sortedness=False).select("idx", "row").iter_rows():
+            if r is not None:
+                out[int(i)] = int(r)
+    return out
 
 
 def _comm_args_by_row(trace: RankTrace) -> dict[int, dict]:
@@ -336,14 +381,15 @@ def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows
     ann_row = [-1] * n
     op_row = [-1] * n
     orphan = [False] * n
+    host = ev.filter(pl.col("kind").is_in([int(k) for k in HOST_OP_KINDS]))
     if out.source == "device":
         launch = ev.filter(pl.col("kind").is_in([int(Kind.RUNTIME), int(Kind.DRIVER)]) & (pl.col("correlation") >= 0)) \
             .select("correlation", "pid", "tid", pl.col("ts_ns").alias("t_ns")).unique("correlation", keep="first")
         pts = inst.with_row_index("idx").select(pl.col("idx").cast(pl.Int64), "correlation") \
-            .join(launch, on="correlation", how="inner").select("idx", "pid", "tid", "t_ns")
+            .join(launch, on="correlation", how="inner").select("idx", "pid", "tid", "t_ns") \
+            .with_columns(pl.col("pid", "tid", "t_ns").cast(pl.Int64))
         launched = set(pts["idx"].to_list())
         orphan = [i not in launched for i in range(n)]
-        host = ev.filter(pl.col("kind").is_in([int(k) for k in HOST_OP_KINDS]))
         classes = {
             "rpc": names_matching(host, f"^{re.escape(_RPC_NAME)}$"),
             "ann": names_matching(host, _ANNOTATION_RX),
@@ -376,11 +422,24 @@ def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows
                 op_row[i] = by_ext.get((ext[i], "op"), -1)
     else:
         ann_row = list(rows)          # the gloo span is its own annotation
+    if out.source == "host":
+        op_row = _gloo_issuers(inst, host)
+        pairs = pl.DataFrame({"idx": range(n), "row": op_row}, schema={"idx": pl.Int64, "row": pl.Int64})
+        pts = pairs.join(host.select("row", "pid", "tid", pl.col("ts_ns").alias("t_ns")), on="row") \
+            .select("idx", pl.col("pid", "tid", "t_ns").cast(pl.Int64))
+    fn_names = names_matching(host, _FUNCTIONAL_RX)
+    functional = [False] * n
+    if fn_names and out.source != "none":
+        spans = host.filter(pl.col("name").is_in(fn_names)).select(
+            "row", "pid", "tid", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns"))
+        for i, _ in _enclosing(pts, spans).iter_rows():
+            functional[int(i)] = True
     shapes = _op_shape(trace, [r for r in ann_row + op_row if r >= 0])
     wanted_rows = [r for r in ann_row + op_row if r >= 0]
     name_of = dict(ev.filter(pl.col("row").is_in(wanted_rows)).select("row", pl.col("name").cast(pl.String))
                    .iter_rows()) if wanted_rows else {}
     pg_sizes = _pg_sizes(trace)
+    event_groups: list[Group | None] = []
 
     for i in range(n):
         own = comm_args.get(rows[i])
@@ -391,6 +450,8 @@ def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows
             ctype = normalize_collective(m.get("collective"))
             if ctype != "unknown":
                 break
+        if ctype == "unknown" and out.source == "host" and op_row[i] >= 0:
+            ctype = normalize_collective(name_of.get(op_row[i]))
         if ctype == "unknown" and ann_row[i] >= 0:
             ctype = normalize_collective(name_of.get(ann_row[i]))
         if ctype == "unknown" and op_row[i] >= 0:
@@ -423,6 +484,8 @@ def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows
         out.out_bytes.append(out_b)
         out.group_size.append(int(gsize) if gsize is not None else -1)
         out.dtype.append(dtype or "")
+        event_groups.append(_event_group(metas))
+    _assign_dims(out, meta, rank, functional, event_groups)
 
     start = inst["ts_ns"].to_numpy().astype(np.int64)
     end = start + inst["dur_ns"].to_numpy().astype(np.int64)
@@ -450,6 +513,104 @@ def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows
     out.pre_ns = pre.tolist()
     out.since_step_ns = since.tolist()
     out.step_breakdown_ns = _window_breakdown(timeline, s_start, s_end).tolist()
+    owned = _owned_comm_ns(timeline, start, end, np.where(in_step, s_start[np.maximum(k, 0)] if len(s_start) else 0, 0),
+                           np.where(in_step, s_end[np.maximum(k, 0)] if len(s_end) else 0, 0))
+    out.owned_overlapped_ns = owned[:, 0].tolist()
+    out.owned_exposed_ns = owned[:, 1].tolist()
+    return out
+
+
+def _event_group(metas: list[dict]) -> Group | None:
+    """The process group a collective's own metadata names (`Process Group Ranks` / `Description`)."""
+    for m in metas:
+        ranks = parse_ranks(m.get("pg_ranks"))
+        if ranks:
+            desc = m.get("pg_desc") or None
+            return Group(ranks, str(m["pg_name"]) if m.get("pg_name") not in (None, "") else None, desc,
+                         dim_of_desc(desc))
+    return None
+
+
+#: Role (groups.role_dim) -> the named dimensions that may carry it, first choice first.
+_ROLE_CANDIDATES = {"dp_shard": ("dp_shard", "dp"), "dp": ("dp_replicate", "dp", "dp_shard"),
+                    "tp": ("tp",), "cp": ("cp",), "ep": ("ep",), "pp": ("pp",)}
+
+
+def _assign_dims(out: RankCollectives, meta, rank: int, functional: list[bool],
+                 event_groups: list[Group | None]) -> None:
+    """Each instance's dimension (`out.dim`) and, where its own metadata names no group, the group it
+    runs in (`out.pg` becomes that group's key, the same on every member); the rank's groups
+    (`out.groups`: [dim, source, ranks...]). Roles that land on one unnamed group make one
+    dimension, named by `ROLE_PRECEDENCE` (a world group doing all_gather, reduce_scatter and a
+    loss all_reduce is one dp_shard dimension, not two). Point-to-point instances in a group of
+    more than two ranks are not matched across ranks (`out.pg` unique to the rank): the trace does
+    not say which peer they talk to. See analyses/rank/groups.py."""
+    world_size = meta.world_size if isinstance(meta.world_size, int) and 0 < meta.world_size <= 1 << 20 else None
+    groups = rank_groups(meta.pg_config, rank, world_size)
+    by_name = {g.pg_name: g for g in groups if g.pg_name}
+    world = tuple(range(world_size)) if world_size else ()
+    roles = [role_dim(t, f) for t, f in zip(out.type, functional)]
+    own = []                       # the group each instance's metadata names, None: the role decides
+    for i, role in enumerate(roles):
+        g = event_groups[i] or by_name.get(out.pg[i])
+        own.append(None if g is not None and g.dim is None and g.ranks == world and role else g)
+    unnamed = assign_unnamed({r for r, g in zip(roles, own) if r and g is None}, groups, world)
+    named = {g.dim: g for g in groups if g.dim}
+    # pass 1: each instance's group (None: the world) and whether that group names its dimension
+    placed: list[tuple[Group | None, str | None]] = []
+    for i, role in enumerate(roles):
+        group = own[i]
+        if group is None and role:
+            group = next((named[d] for d in _ROLE_CANDIDATES[role] if d in named), None) or unnamed.get(role)
+            if group is not None and group.ranks == world and group.dim is None:
+                group = None
+        placed.append((group, role))
+    # pass 2: one dimension per unnamed group, the highest-precedence role on it
+    roles_on: dict[tuple, set[str]] = {}
+    for group, role in placed:
+        if role and (group is None or group.dim is None):
+            roles_on.setdefault(group.ranks if group is not None else world, set()).add(role)
+    name_of = {ranks: next(d for d in ROLE_PRECEDENCE if d in rs) for ranks, rs in roles_on.items()}
+    seen: dict[tuple, list] = {(g.dim, g.ranks): [g.dim, "pg_desc", *g.ranks] for g in groups
+                               if g.dim and len(g.ranks) >= 2}
+    for i, (group, role) in enumerate(placed):
+        ranks = group.ranks if group is not None else world
+        if group is not None and group.dim:
+            dim, source = group.dim, "pg_desc"
+        elif role:
+            dim, source = name_of[ranks], "inferred"
+        else:
+            dim, source = "", ""
+        if group is not None and own[i] is None and ranks != world:
+            out.pg[i] = group.key
+            out.group_size[i] = len(ranks)
+        out.dim.append(dim)
+        if dim and len(ranks) >= 2:
+            seen.setdefault((dim, ranks), [dim, source, *ranks])
+        if out.type[i] in ("send", "recv") and out.seq[i] < 0 and len(ranks) > 2:
+            out.pg[i] = f"p2p@{rank}"
+    out.groups = list(seen.values())
+
+
+def _owned_comm_ns(timeline: Timeline, start: np.ndarray, end: np.ndarray, step_start: np.ndarray,
+                   step_end: np.ndarray) -> np.ndarray:
+    """Per instance (sorted by start): the step-breakdown time it owns, (n, 2) ns of
+    comm_overlapped and comm_exposed. An instant where several instances run belongs to the one
+    that started first; only time inside the instance's own step window counts (step_end = 0:
+    outside every step). Summed over instances: the rank's communication time in its steps,
+    split by instance, so that per-dimension sums add up to the step breakdown."""
+    n = len(start)
+    out = np.zeros((n, 2), dtype=np.int64)
+    if not n:
+        return out
+    prev_max = np.maximum.accumulate(np.concatenate(([np.iinfo(np.int64).min], end[:-1])))
+    a = np.maximum(np.maximum(start, prev_max), step_start)
+    b = np.minimum(end, step_end)
+    ok = b > a
+    if ok.any():
+        parts = timeline.in_windows(a[ok], b[ok])
+        out[ok, 0] = parts[:, CATEGORIES.index("comm_overlapped")]
+        out[ok, 1] = parts[:, CATEGORIES.index("comm_exposed")]
     return out
 
 

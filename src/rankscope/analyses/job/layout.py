@@ -1,0 +1,120 @@
+"""The job's parallel layout and its communication per dimension (docs/concepts.md "Parallel layout").
+
+Reduce over the ranks' `RankCollectives` (analyses/rank/collectives.py), which already carry each
+collective's dimension and group (analyses/rank/groups.py) and the step-breakdown time it owns:
+  - `parallel_layout`: the dimensions with their size and exact rank groups, and where each comes
+    from ("pg_desc": the process groups' names; "inferred": the collectives' roles);
+  - `comm_by_dim`: per rank, communication ms per step per dimension, overlapped and exposed, whose
+    values sum to the rank's comm_overlapped + comm_exposed (time no collective of a dimension owns
+    is "other"); and the same split by collective type, for the sharding and tensor-parallel rules.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from rankscope.analyses.rank.breakdown import CATEGORIES
+from rankscope.analyses.rank.collectives import RankCollectives
+from rankscope.analyses.rank.groups import LOCALITY_ORDER
+from rankscope.units import NS_PER_MS
+
+#: Outer to inner: the order dimensions are listed in (`pp 2 x dp 2 x tp 2`).
+DIM_ORDER = tuple(reversed(LOCALITY_ORDER))
+_OVL, _EXP = CATEGORIES.index("comm_overlapped"), CATEGORIES.index("comm_exposed")
+
+
+@dataclass
+class Dim:
+    """One parallel dimension: its name (pp, dp, dp_shard, dp_replicate, tp, cp, ep), the size of its
+    groups, the groups (global ranks), and where it comes from ("pg_desc" | "inferred")."""
+    name: str
+    size: int
+    groups: list[list[int]]
+    source: str
+
+
+@dataclass
+class Layout:
+    dims: list[Dim] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        """`pp 2 x dp 2 x tp 2`; "" when the job has no dimension of two or more ranks."""
+        return " x ".join(f"{d.name} {d.size}" for d in self.dims)
+
+    def dim(self, name: str) -> Dim | None:
+        return next((d for d in self.dims if d.name == name), None)
+
+    def group_of(self, name: str, rank: int) -> list[int] | None:
+        d = self.dim(name)
+        return next((g for g in d.groups if rank in g), None) if d else None
+
+
+def parallel_layout(ranks: Sequence[RankCollectives]) -> Layout:
+    """The union of the groups the ranks report, per dimension. A dimension named by a group's
+    description wins over one inferred from roles; groups of one rank are left out."""
+    groups: dict[str, set[tuple[int, ...]]] = defaultdict(set)
+    sources: dict[str, set[str]] = defaultdict(set)
+    for rc in ranks:
+        for entry in rc.groups or []:
+            name, source, members = entry[0], entry[1], tuple(int(r) for r in entry[2:])
+            if len(members) >= 2:
+                groups[name].add(members)
+                sources[name].add(source)
+    dims = []
+    for name in sorted(groups, key=lambda n: DIM_ORDER.index(n) if n in DIM_ORDER else len(DIM_ORDER)):
+        gs = sorted(groups[name])
+        sizes = sorted({len(g) for g in gs})
+        dims.append(Dim(name, sizes[-1], [list(g) for g in gs], "pg_desc" if "pg_desc" in sources[name] else "inferred"))
+    return Layout(dims)
+
+
+@dataclass
+class DimComm:
+    """One rank's communication in one dimension, ms per step (mean over its steps)."""
+    overlapped: float
+    exposed: float
+
+
+@dataclass
+class RankDimComm:
+    rank: int
+    by_dim: dict[str, DimComm]                       # dimension (or "other") -> ms per step
+    by_dim_type: dict[str, dict[str, DimComm]]       # dimension -> collective type -> ms per step
+    step_ms: float                                   # mean step duration, ms
+
+
+def comm_by_dim(ranks: Sequence[RankCollectives]) -> list[RankDimComm]:
+    """Per rank: its communication time per dimension (module docstring)."""
+    out = []
+    for rc in sorted(ranks, key=lambda r: r.rank):
+        n_steps = max(len(rc.steps), 1)
+        per = defaultdict(lambda: np.zeros(2, dtype=np.int64))
+        per_type = defaultdict(lambda: np.zeros(2, dtype=np.int64))
+        dims = list(rc.dim) if len(rc.dim) == len(rc) else [""] * len(rc)
+        ovl = np.asarray(rc.owned_overlapped_ns if len(rc.owned_overlapped_ns) == len(rc) else np.zeros(len(rc)), np.int64)
+        exp = np.asarray(rc.owned_exposed_ns if len(rc.owned_exposed_ns) == len(rc) else np.zeros(len(rc)), np.int64)
+        for d, t, o, e in zip(dims, rc.type, ovl, exp):
+            key = d or "other"
+            per[key] += (o, e)
+            per_type[(key, t)] += (o, e)
+        bd = np.asarray(rc.step_breakdown_ns, dtype=np.int64).reshape(-1, len(CATEGORIES))
+        total = np.array([bd[:, _OVL].sum(), bd[:, _EXP].sum()], dtype=np.int64)
+        rest = total - sum(per.values(), np.zeros(2, dtype=np.int64))
+        if (rest > 0).any():
+            per["other"] += np.maximum(rest, 0)
+        to_ms = lambda v: DimComm(round(float(v[0]) / NS_PER_MS / n_steps, 6), round(float(v[1]) / NS_PER_MS / n_steps, 6))
+        by_type: dict[str, dict[str, DimComm]] = defaultdict(dict)
+        for (d, t), v in per_type.items():
+            by_type[d][t] = to_ms(v)
+        step_ms = float(bd.sum()) / NS_PER_MS / n_steps if len(bd) else 0.0
+        out.append(RankDimComm(rc.rank, {d: to_ms(v) for d, v in sorted(per.items(), key=lambda kv: _dim_rank(kv[0]))},
+                               dict(by_type), step_ms))
+    return out
+
+
+def _dim_rank(name: str) -> int:
+    return DIM_ORDER.index(name) if name in DIM_ORDER else len(DIM_ORDER)

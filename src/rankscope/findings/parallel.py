@@ -1,0 +1,210 @@
+"""Parallel-layout findings: pipeline stage imbalance and bubble, exposed FSDP / ZeRO-3 parameter
+gathers, exposed tensor-parallel communication, expert-parallel load imbalance
+(analyses/job/parallel.py)."""
+from __future__ import annotations
+
+from statistics import mean
+from typing import Iterable
+
+from rankscope.findings.registry import JobView, rule, tier
+from rankscope.numbers import rounded
+from rankscope.results import Finding
+
+
+@rule("pipeline_stage_imbalance", reads=("pipeline_stage_imbalance_pct", "pipeline_stage_imbalance_high_pct"))
+def pipeline_stage_imbalance(job: JobView) -> Iterable[Finding]:
+    """The bottleneck stage computes >= `pipeline_stage_imbalance_pct` more per step than the
+    stages' mean (high from `pipeline_stage_imbalance_high_pct`): every other stage waits for it."""
+    p = job.pipeline
+    if p is None or p.bottleneck_stage is None or len(p.stages) < 2:
+        return
+    t = job.thresholds
+    severity = tier(p.imbalance_pct, t, "pipeline_stage_imbalance_pct", None, "pipeline_stage_imbalance_high_pct")
+    if severity is None:
+        return
+    by_stage = {st.stage: st for st in p.stages}
+    slow = by_stage[p.bottleneck_stage]
+    avg = mean(st.compute_ms_per_step for st in p.stages)
+    move_ms = slow.compute_ms_per_step - avg
+    neighbours = [by_stage[s] for s in (slow.stage - 1, slow.stage + 1) if s in by_stage]
+    target = min(neighbours, key=lambda st: st.compute_ms_per_step)
+    share = 100.0 * move_ms / slow.compute_ms_per_step if slow.compute_ms_per_step > 0 else 0.0
+    yield Finding(
+        id="pipeline_stage_imbalance", severity=severity, ranks=slow.ranks, steps=job.steps(),
+        summary=(f"pipeline stage {slow.stage} (rank{'s' if len(slow.ranks) > 1 else ''} "
+                 f"{', '.join(map(str, slow.ranks))}) computes {slow.compute_ms_per_step:.1f} ms per step, "
+                 f"{p.imbalance_pct:.0f}% more than the stages' mean ({avg:.1f} ms): every other stage waits for it; "
+                 f"an even split would shorten the step by about {p.balanced_step_saving_ms:.1f} ms"),
+        evidence={"compute_ms_per_step_by_stage": {st.stage: st.compute_ms_per_step for st in p.stages},
+                  "bubble_pct_by_stage": {st.stage: st.bubble_pct for st in p.stages},
+                  "bottleneck_stage": slow.stage, "imbalance_pct": p.imbalance_pct,
+                  "balanced_step_saving_ms": p.balanced_step_saving_ms, "schedule": p.schedule,
+                  "microbatches": p.microbatches},
+        explanation=("A pipeline runs at the pace of its slowest stage: each microbatch waits for it, and the "
+                     "lighter stages sit idle in the difference (compute per stage: compute running, alone or "
+                     "beside communication, per step)."),
+        fix=(f"move about {share:.0f}% of stage {slow.stage}'s work (~{move_ms:.1f} ms of compute per step, e.g. "
+             f"that share of its layers) to stage {target.stage} ({target.compute_ms_per_step:.1f} ms per step); "
+             f"in torch.distributed.pipelining split the model at other layer boundaries (pipeline(split_spec=...)), "
+             f"in Megatron set the layers per stage (--decoder-first/last-pipeline-num-layers) or put the "
+             f"embedding / loss layers on lighter stages; an interleaved schedule (virtual stages) also evens out "
+             f"the load per rank"),
+        threshold=dict(t), cost_ms_per_step=p.balanced_step_saving_ms)
+
+
+@rule("pipeline_bubble", reads=("pipeline_bubble_excess_pct", "pipeline_bubble_high_excess_pct",
+                                "pipeline_stage_imbalance_pct"))
+def pipeline_bubble(job: JobView) -> Iterable[Finding]:
+    """The stages wait on their neighbours (pp exposed communication) >= `pipeline_bubble_excess_pct`
+    percentage points of the step more than the schedule's theory (p-1)/(m+p-1) (high from
+    `pipeline_bubble_high_excess_pct`). Not raised when the stages are unbalanced (>=
+    `pipeline_stage_imbalance_pct`): then the slow stage causes the bubble."""
+    p = job.pipeline
+    if p is None or p.bubble_pct_theory is None or not p.stages:
+        return
+    t = job.thresholds
+    if p.imbalance_pct >= t["pipeline_stage_imbalance_pct"]:
+        return
+    excess = p.bubble_pct - p.bubble_pct_theory
+    severity = tier(excess, t, "pipeline_bubble_excess_pct", None, "pipeline_bubble_high_excess_pct")
+    if severity is None:
+        return
+    n_stages = len(p.stages)
+    m = p.microbatches or 0
+    yield Finding(
+        id="pipeline_bubble", severity=severity, ranks=sorted(r for st in p.stages for r in st.ranks),
+        steps=job.steps(),
+        summary=(f"the pipeline's stages wait on their neighbours {p.bubble_pct:.1f}% of each step (mean stage), "
+                 f"{excess:.1f} points over the {p.bubble_pct_theory:.1f}% a {p.schedule} schedule of {n_stages} "
+                 f"equal stages and {m} microbatches leaves"),
+        evidence={"bubble_pct": p.bubble_pct, "bubble_pct_theory": p.bubble_pct_theory,
+                  "bubble_pct_by_stage": {st.stage: st.bubble_pct for st in p.stages},
+                  "bubble_ms_per_step_by_stage": {st.stage: st.bubble_ms_per_step for st in p.stages},
+                  "schedule": p.schedule, "microbatches": m, "stages": n_stages},
+        explanation=("The bubble is the time a stage has no microbatch to work on: at the start and end of each "
+                     "step, and whenever a neighbour sends late. With p stages and m microbatches a 1F1B or GPipe "
+                     "schedule idles (p-1)/(m+p-1) of the step; more than that means slow transfers between stages "
+                     "or uneven microbatches. Bubble: time waiting in pipeline send/recv with nothing to compute."),
+        fix=(f"raise the microbatch count (m >= 4 x stages: {4 * n_stages} here) so the fixed fill/drain is a "
+             f"smaller share; use an interleaved schedule (ScheduleInterleaved1F1B, Megatron "
+             f"--num-layers-per-virtual-pipeline-stage) or a zero-bubble one (ScheduleInterleavedZeroBubble / "
+             f"ScheduleZBVZeroBubble); keep pipeline neighbours on fast links"),
+        threshold=dict(t), cost_ms_per_step=rounded(p.step_ms * max(excess, 0.0) / 100.0, 3))
+
+
+def _dim_share(job: JobView, dims: tuple[str, ...], types: tuple[str, ...] | None) -> tuple[str | None, dict, dict]:
+    """(the dimension found, per rank exposed ms per step, per rank % of step) of the first of `dims`
+    the job has, over collectives of `types` (None: all)."""
+    par = job.parallel
+    if par is None:
+        return None, {}, {}
+    dim = next((d for d in dims if par.layout.dim(d) is not None), None)
+    if dim is None:
+        return None, {}, {}
+    ms, pct = {}, {}
+    for c in par.comm:
+        if types is None:
+            v = c.by_dim.get(dim)
+            exposed = v.exposed if v else 0.0
+        else:
+            exposed = sum(x.exposed for tp, x in c.by_dim_type.get(dim, {}).items() if tp in types)
+        if c.step_ms > 0 and c.rank in job.step_ms:
+            ms[c.rank] = exposed
+            pct[c.rank] = 100.0 * exposed / c.step_ms
+    return dim, ms, pct
+
+
+@rule("fsdp_exposed_gather", reads=("fsdp_exposed_gather_pct", "fsdp_exposed_gather_high_pct"))
+def fsdp_exposed_gather(job: JobView) -> Iterable[Finding]:
+    """Sharded data parallel (FSDP / ZeRO-3): parameter all-gathers that no compute hides take >=
+    `fsdp_exposed_gather_pct` of the step (median rank; high from `fsdp_exposed_gather_high_pct`)."""
+    dim, ms, pct = _dim_share(job, ("dp_shard", "dp"), ("all_gather",))
+    if not pct or not any(ms.values()):
+        return
+    _, rs_ms, rs_pct = _dim_share(job, (dim,), ("reduce_scatter",))
+    t = job.thresholds
+    med = sorted(pct.values())[len(pct) // 2]
+    severity = tier(med, t, "fsdp_exposed_gather_pct", None, "fsdp_exposed_gather_high_pct")
+    if severity is None:
+        return
+    med_ms = sorted(ms.values())[len(ms) // 2]
+    yield Finding(
+        id="fsdp_exposed_gather", severity=severity,
+        ranks=sorted(r for r, v in pct.items() if v >= t["fsdp_exposed_gather_pct"]), steps=job.steps(),
+        summary=(f"parameter all-gathers of the sharded data-parallel dimension ({dim}) run with no compute beside "
+                 f"them {med:.1f}% of each step (median rank, {med_ms:.1f} ms); gradient reduce-scatters add "
+                 f"{sorted(rs_pct.values())[len(rs_pct) // 2] if rs_pct else 0.0:.1f}%"),
+        evidence={"exposed_all_gather_ms_per_step": {r: rounded(v, 3) for r, v in sorted(ms.items())},
+                  "exposed_all_gather_pct_of_step": {r: rounded(v, 1) for r, v in sorted(pct.items())},
+                  "exposed_reduce_scatter_ms_per_step": {r: rounded(v, 3) for r, v in sorted(rs_ms.items())},
+                  "dim": dim},
+        explanation=("FSDP gathers each layer's parameters before using it; prefetching the next layer's gather "
+                     "while the current one computes hides it. Exposed gathers mean prefetch is off or too "
+                     "shallow, or a layer's compute is shorter than its gather."),
+        fix=("prefetch: FSDP2 module.set_modules_to_forward_prefetch / set_modules_to_backward_prefetch (FSDP1: "
+             "forward_prefetch=True, backward_prefetch=BACKWARD_PRE); reshard_after_forward=False on the last "
+             "blocks (no re-gather in backward) or for small models; wrap at the block level, not per linear, so "
+             "each gather has enough compute to hide behind; across nodes, HSDP (shard inside a node, replicate "
+             "across) keeps the gathers on NVLink"),
+        threshold=dict(t), cost_ms_per_step=rounded(med_ms, 3))
+
+
+@rule("tp_comm_exposed", reads=("tp_comm_exposed_pct", "tp_comm_exposed_high_pct"))
+def tp_comm_exposed(job: JobView) -> Iterable[Finding]:
+    """Tensor-parallel communication with no compute beside it >= `tp_comm_exposed_pct` of the step
+    (median rank; high from `tp_comm_exposed_high_pct`)."""
+    dim, ms, pct = _dim_share(job, ("tp",), None)
+    if not pct or not any(ms.values()):
+        return
+    t = job.thresholds
+    med = sorted(pct.values())[len(pct) // 2]
+    severity = tier(med, t, "tp_comm_exposed_pct", None, "tp_comm_exposed_high_pct")
+    if severity is None:
+        return
+    med_ms = sorted(ms.values())[len(ms) // 2]
+    size = job.parallel.layout.dim("tp").size
+    yield Finding(
+        id="tp_comm_exposed", severity=severity,
+        ranks=sorted(r for r, v in pct.items() if v >= t["tp_comm_exposed_pct"]), steps=job.steps(),
+        summary=(f"tensor-parallel communication (tp {size}) runs with no compute beside it {med:.1f}% of each "
+                 f"step (median rank, {med_ms:.1f} ms)"),
+        evidence={"exposed_tp_ms_per_step": {r: rounded(v, 3) for r, v in sorted(ms.items())},
+                  "exposed_tp_pct_of_step": {r: rounded(v, 1) for r, v in sorted(pct.items())}, "tp_size": size},
+        explanation=("Tensor parallelism all-reduces (or all-gathers / reduce-scatters) activations inside every "
+                     "layer, on the critical path of forward and backward: it needs the fastest links and "
+                     "overlaps only with special scheduling."),
+        fix=("keep each tp group inside one node (NVLink); turn on async tensor parallel / sequence parallel "
+             "(torch._inductor.config._micro_pipeline_tp = True with torch.compile, Megatron "
+             "--tp-comm-overlap --sequence-parallel) so the collectives overlap the GEMMs; or a smaller tp degree "
+             "with more data or pipeline parallel"),
+        threshold=dict(t), cost_ms_per_step=rounded(med_ms, 3))
+
+
+@rule("expert_imbalance", reads=("expert_imbalance_pct", "expert_imbalance_high_pct"))
+def expert_imbalance(job: JobView) -> Iterable[Finding]:
+    """The most-loaded rank of an expert-parallel group receives >= `expert_imbalance_pct` more
+    all_to_all bytes per step than the group's mean (high from `expert_imbalance_high_pct`)."""
+    e = job.parallel.experts if job.parallel else None
+    worst = e.worst if e else None
+    if worst is None:
+        return
+    t = job.thresholds
+    severity = tier(worst.imbalance_pct, t, "expert_imbalance_pct", None, "expert_imbalance_high_pct")
+    if severity is None:
+        return
+    group_mean = mean(worst.received_mb_per_step.values())
+    yield Finding(
+        id="expert_imbalance", severity=severity, ranks=[worst.hottest_rank], steps=job.steps(),
+        summary=(f"rank {worst.hottest_rank} receives {worst.received_mb_per_step[worst.hottest_rank]:.2f} MB of "
+                 f"tokens per step in the expert-parallel all_to_all, {worst.imbalance_pct:.0f}% more than its "
+                 f"group's mean ({group_mean:.2f} MB): its experts are the hot ones and the others wait for them"),
+        evidence={"received_mb_per_step": {r: v for r, v in worst.received_mb_per_step.items()},
+                  "group": worst.ranks, "imbalance_pct": worst.imbalance_pct,
+                  "all_to_all_per_step": e.all_to_all_per_step},
+        explanation=("In expert parallelism the router sends each token to its experts with an all_to_all; a rank "
+                     "whose experts get more tokens computes longer, and the combine all_to_all waits for it. "
+                     "Received bytes per rank measure its experts' load."),
+        fix=("balance the router: an auxiliary load-balancing loss (or a larger coefficient), an expert capacity "
+             "factor that drops or reroutes overflow tokens, auxiliary-loss-free bias balancing (DeepSeek-V3); "
+             "place hot experts on separate ranks or replicate them"),
+        threshold=dict(t), cost_ms_per_step=None)
