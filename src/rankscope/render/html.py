@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from rankscope.analyses.rank.breakdown import CATEGORIES as BREAKDOWN_CATEGORIES
 from rankscope.render.base import HtmlRenderer
-from rankscope.render.figures import BREAKDOWN, DETAILS, GAPS, STRAGGLER, html_legend
+from rankscope.render.figures import (BREAKDOWN, COMM_BY_DIM, COMM_BY_DIM_NOTE, DETAILS, GAPS, PIPELINE_STAGE,
+                                      STRAGGLER, html_legend)
 from rankscope.render.format import escaped, ranges, value_text
 from rankscope.render.html_parts import (CATEGORY_COLORS, CATEGORY_LABELS, chart, chart_label, chart_layout,
                                          html_table, kv_table, name_cell, note, one_chart, page)
@@ -44,7 +45,8 @@ class AnalysisHtml(HtmlRenderer):
 def render_html(report: dict) -> str:
     """The whole page for one `rankscope.analysis/1` dict (also one read back from --json)."""
     figures: dict[str, dict] = {}
-    body = "".join([_header(report), _findings(report), _breakdown(report, figures), _heatmap(report, figures),
+    body = "".join([_header(report), _findings(report), _breakdown(report, figures), _parallel(report, figures),
+                    _heatmap(report, figures),
                     _collectives(report, figures), _overlap(report, figures), _idle(report, figures),
                     _rank_detail(report, figures)])
     return page(f"rankscope report: {len(report['job']['ranks'])} ranks", body, figures, report.get("schema"))
@@ -146,6 +148,78 @@ def _breakdown(report: dict, figures: dict) -> str:
             + note(capped)
             + one_chart(figures, "chart-breakdown", data, chart_layout("rank", "ms per step", slots=len(ranks)))
             + "</section>")
+
+
+#: One color per parallel dimension (exposed; overlapped is drawn lighter).
+DIM_COLORS = {"pp": "#6a1b9a", "dp": "#1565c0", "dp_shard": "#00838f", "dp_replicate": "#283593", "tp": "#c62828",
+              "cp": "#ef6c00", "ep": "#2e7d32", "other": "#757575"}
+MAX_LISTED_GROUPS = 16
+
+
+def _parallel(report: dict, figures: dict) -> str:
+    """The parallel layout: dimensions and groups, communication per dimension, the pipeline, the experts."""
+    par = report.get("parallelism") or {}
+    dims = par.get("dims") or []
+    if not dims:
+        return ""
+    out = [f'<section id="parallel"><h2>Parallel layout: {escaped(par.get("layout") or "")}</h2>',
+           html_table(["dimension", "size", "groups (global ranks)", "from"],
+                      [[d["name"], d["size"],
+                        " ".join("[" + ",".join(map(str, g)) + "]" for g in d["groups"][:MAX_LISTED_GROUPS])
+                        + (f" … {len(d['groups']) - MAX_LISTED_GROUPS} more" if len(d["groups"]) > MAX_LISTED_GROUPS
+                           else ""),
+                        "process group names" if d["source"] == "pg_desc" else "inferred from the collectives"]
+                       for d in dims], {1})]
+    ranks, capped = _pick_ranks(report, MAX_BAR_RANKS)
+    names = [d["name"] for d in dims] + (["other"] if any("other" in (r.get("comm_by_dim_ms") or {}) for r in ranks)
+                                         else [])
+    x = [str(r["rank"]) for r in ranks if r.get("comm_by_dim_ms")]
+    data = []
+    for name in names:
+        for part, opacity in (("exposed", 1.0), ("overlapped", 0.45)):
+            data.append({"type": "bar", "name": f"{name} {COMM_BY_DIM[part].html}", "x": x,
+                         "y": [((r["comm_by_dim_ms"] or {}).get(name) or {}).get(part) for r in ranks
+                               if r.get("comm_by_dim_ms")],
+                         "marker": {"color": DIM_COLORS.get(name, "#757575"), "opacity": opacity},
+                         "hovertemplate": f"rank %{{x}}: %{{y:.3f}} ms per step ({name} {part})"})
+    out += ["<h3>Communication per dimension</h3>",
+            note("Mean ms per step. " + html_legend(*COMM_BY_DIM.values()) + " " + COMM_BY_DIM_NOTE + "."),
+            note(capped),
+            one_chart(figures, "chart-comm-by-dim", data, chart_layout("rank", "ms per step", 360, len(x),
+                                                                       barmode="stack"))]
+    pipe = report.get("pipeline")
+    if pipe and pipe.get("stages"):
+        stages = pipe["stages"]
+        sx = [f"stage {st['stage']}" for st in stages]
+        theory = pipe.get("bubble_pct_theory")
+        data = [{"type": "bar", "name": PIPELINE_STAGE["bubble_pct"].html, "x": sx,
+                 "y": [st["bubble_pct"] for st in stages], "marker": {"color": DIM_COLORS["pp"]},
+                 "hovertemplate": "%{x}: %{y:.1f}% of the step"}]
+        if theory is not None:
+            data.append({"type": "scatter", "mode": "lines", "name": "theory, (p-1)/(m+p-1)", "x": sx,
+                         "y": [theory] * len(sx), "line": {"color": "#212121", "dash": "dash"}})
+        mb = pipe.get("microbatches")
+        out += [f"<h3>Pipeline: {escaped(pipe['schedule'])} schedule, {len(stages)} stages, "
+                f"{escaped(mb if mb else 'unknown')} microbatches</h3>",
+                note(f"Bubble {value_text(pipe.get('bubble_pct'))}% of the step (mean stage)"
+                     + (f", against {theory}% for equal stages ((p-1)/(m+p-1))" if theory is not None else "")
+                     + (f"; bottleneck: stage {pipe['bottleneck_stage']}, {value_text(pipe.get('imbalance_pct'))}% "
+                        f"more compute than the stages' mean" if pipe.get("bottleneck_stage") is not None else "")
+                     + ". " + html_legend(*PIPELINE_STAGE.values())),
+                one_chart(figures, "chart-pipeline-bubble", data, chart_layout("stage", "% of step", 320, len(sx))),
+                html_table(["stage", "ranks", *(f.html for f in PIPELINE_STAGE.values())],
+                           [[st["stage"], ranges(st["ranks"]), st["compute_ms_per_step"], st["bubble_ms_per_step"],
+                             st["bubble_pct"]] for st in stages], {0, 2, 3, 4})]
+    experts = report.get("experts")
+    if experts and experts.get("groups"):
+        out += ["<h3>Expert-parallel load</h3>",
+                note(f"MB of tokens each rank receives per step in the expert-parallel all_to_all "
+                     f"({value_text(experts.get('all_to_all_per_step'))} all_to_all per step and rank); imbalance: "
+                     f"the most-loaded rank over its group's mean."),
+                html_table(["group", "received MB per step, by rank", "imbalance %", "hottest rank"],
+                           [[ranges(g["ranks"]), ", ".join(f"{r}: {v}" for r, v in g["received_mb_per_step"].items()),
+                             g["imbalance_pct"], g["hottest_rank"]] for g in experts["groups"]], {2, 3})]
+    return "".join(out) + "</section>"
 
 
 def _heatmap(report: dict, figures: dict) -> str:
