@@ -199,3 +199,39 @@ def test_unnamed_groups_go_to_roles_by_locality():
     # a role without a group of its own runs on the world group
     assert assign_unnamed({"pp"}, [Group((0, 1, 2, 3), "0", "default_pg", None)], (0, 1, 2, 3))["pp"].ranks == \
         (0, 1, 2, 3)
+
+
+@pytest.mark.parametrize("name, cls", [
+    ("void deep_ep::intranode::dispatch<8, 768>(int4*, float*)", "COMM"), ("dpsk::ep::combine_kernel", "COMM"),
+    ("nvshmemi_transfer_rma_kernel", "COMM"), ("c10d::symmetric_memory::one_shot_all_reduce_kernel<float>", "COMM"),
+    ("void vllm::cross_device_reduce_1stage<__half, 8>", "COMM"), ("sglang::custom_allreduce_kernel", "COMM"),
+    ("tensorrt_llm::kernels::allreduce_fusion_kernel_oneshot_lamport", "COMM"), ("mscclpp::allreduce6", "COMM"),
+    ("ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)", "COMM"),
+    ("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_32x5_nn", "COMP"),
+    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float>>", "COMP"), ("triton_red_fused_sum_0", "COMP")])
+def test_custom_communication_kernels_are_comm(name, cls):
+    """Issue 15 item 7: communication kernels outside NCCL count as communication (names from the
+    projects' sources: DeepEP, NVSHMEM, PyTorch symmetric memory, vLLM / SGLang / TensorRT-LLM)."""
+    from rankscope.model import KernelClass, classify_names
+    assert KernelClass(int(classify_names([name], np.ones(1, bool))[0])).name == cls
+
+
+def test_deepep_kernels_are_all_to_all():
+    from rankscope.analyses.rank.collectives import normalize_collective
+    assert normalize_collective("void deep_ep::intranode::dispatch<8, 768>(int4*)") == "all_to_all"
+    assert normalize_collective("dpsk::ep::combine_kernel") == "all_to_all"
+
+
+def test_a_new_kernel_pattern_makes_a_new_cache_key(tmp_path, corpus):
+    """The cache keys parsed traces by the kernel-class table: a registered pattern is never served
+    a parse made without it."""
+    from rankscope.ingest.cache import content_key
+    from rankscope.model import KERNEL_CLASS_PATTERNS, KernelClass, register_kernel_pattern
+    f = sorted((corpus_root() / FSDP4).glob("*.json.gz"))[0]
+    before = content_key(f)
+    register_kernel_pattern(r"^my_vendor_allreduce", KernelClass.COMM)
+    try:
+        assert content_key(f) != before
+    finally:
+        KERNEL_CLASS_PATTERNS.pop(0)
+    assert content_key(f) == before

@@ -75,7 +75,12 @@ KERNEL_CLASS_PATTERNS: list[tuple[str, KernelClass]] = [
     (r"^(gpu_)?mem(cpy|set)|^hipmem(cpy|set)", KernelClass.MEM),
     (r"nccl|rccl|hccl", KernelClass.COMM),
     (r"multimem_", KernelClass.COMM),
-    (r"cross_device_reduce", KernelClass.COMM),
+    (r"cross_device_reduce", KernelClass.COMM),                  # vLLM / SGLang custom all-reduce
+    (r"deep_?ep|dpsk::ep", KernelClass.COMM),                    # DeepEP dispatch / combine
+    (r"nvshmem", KernelClass.COMM),                              # NVSHMEM kernels
+    (r"symmetric_memory|symm_mem|(one|two)_?shot_?all_?reduce", KernelClass.COMM),   # PyTorch symmetric memory
+    (r"custom_?all_?reduce|all_?reduce_?fusion|lamport", KernelClass.COMM),          # inference engines' all-reduce
+    (r"mscclpp|msccl", KernelClass.COMM),                        # MSCCL / MSCCL++
 ]
 
 #: Host spans that are collectives on CPU-only (gloo) jobs: they play COMM there.

@@ -31,7 +31,7 @@ import polars as pl
 
 from rankscope.files import TEMP_PREFIX, atomic_write_bytes, temp_name
 from rankscope.ingest.discover import open_regular
-from rankscope.model import FRAME_NAMES, RankMeta, RankTrace
+from rankscope.model import FRAME_NAMES, HOST_COMM_PATTERN, KERNEL_CLASS_PATTERNS, RankMeta, RankTrace
 
 #: Bump when the parser's output changes: old entries are then ignored.
 PARSER_VERSION = "5"
@@ -50,7 +50,10 @@ def content_key(path: str | Path, full_hash: bool = False) -> str:
     with open_regular(path) as f:
         st = os.fstat(f.fileno())
         h = hashlib.sha256()
-        h.update(f"rankscope-parser-{PARSER_VERSION}|{st.st_size}|{st.st_mtime_ns}|".encode())
+        # the kernel-class table decides each event's class at parse time: a pattern a user adds
+        # (model.register_kernel_pattern) makes a new key
+        h.update(f"rankscope-parser-{PARSER_VERSION}|{KERNEL_CLASS_PATTERNS}|{HOST_COMM_PATTERN}|"
+                 f"{st.st_size}|{st.st_mtime_ns}|".encode())
         if full_hash or st.st_size <= 2 * _EDGE_BYTES:
             for block in iter(lambda: f.read(1 << 22), b""):
                 h.update(block)

@@ -63,6 +63,8 @@ _TYPE_RULES: list[tuple[str, str]] = [
     ("crossdevicereduce", "all_reduce"),       # vLLM/sglang custom all-reduce kernels
     ("allgather", "all_gather"),
     ("alltoall", "all_to_all"),
+    ("deepep", "all_to_all"),                  # DeepEP dispatch / combine (expert parallel)
+    ("dpskep", "all_to_all"),
     ("barrier", "barrier"),
     ("broadcast", "broadcast"),
     ("sendrecv", "send_recv"),
