@@ -235,3 +235,17 @@ def test_a_new_kernel_pattern_makes_a_new_cache_key(tmp_path, corpus):
     finally:
         KERNEL_CLASS_PATTERNS.pop(0)
     assert content_key(f) == before
+
+
+def test_megatron_style_unnamed_groups_with_plain_all_reduce():
+    """NCCL traces name each collective's group (`Process Group Ranks`) but not its role
+    ("undefined"): tensor-parallel all_reduce is a plain all_reduce, as Megatron issues it. A 2 x 2
+    job seen from rank 0: all_reduce in [0, 1] (contiguous: tp) and in [0, 2] (dp)."""
+    from types import SimpleNamespace
+    from rankscope.analyses.rank.collectives import RankCollectives, _assign_dims
+    meta = SimpleNamespace(world_size=4, pg_config=[])
+    out = RankCollectives(rank=0, pg=["1", "2", "1"], type=["all_reduce"] * 3, seq=[0, 0, 1], group_size=[2, 2, 2])
+    groups = [Group((0, 1), "1", "undefined", None), Group((0, 2), "2", "undefined", None), Group((0, 1), "1", "undefined", None)]
+    _assign_dims(out, meta, 0, [False] * 3, groups)
+    assert out.dim == ["tp", "dp", "tp"]
+    assert sorted(out.groups) == sorted([["tp", "inferred", 0, 1], ["dp", "inferred", 0, 2]])

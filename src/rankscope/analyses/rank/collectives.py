@@ -573,6 +573,12 @@ def _assign_dims(out: RankCollectives, meta, rank: int, functional: list[bool],
         if role and (group is None or group.dim is None):
             roles_on.setdefault(group.ranks if group is not None else world, set()).add(role)
     name_of = {ranks: next(d for d in ROLE_PRECEDENCE if d in rs) for ranks, rs in roles_on.items()}
+    # plain all_reduce in two groups (Megatron calls all_reduce for tensor parallel too): the
+    # closest-together group is tp, by locality
+    dp_groups = sorted((r for r, d in name_of.items() if d == "dp" and len(r) >= 2),
+                       key=lambda r: (Group(r, None, None, None).stride, len(r)))
+    if len(dp_groups) >= 2 and "tp" not in name_of.values():
+        name_of[dp_groups[0]] = "tp"
     seen: dict[tuple, list] = {(g.dim, g.ranks): [g.dim, "pg_desc", *g.ranks] for g in groups
                                if g.dim and len(g.ranks) >= 2}
     for i, (group, role) in enumerate(placed):
