@@ -136,6 +136,11 @@ THRESHOLDS: dict[str, Threshold] = {
     "tp_comm_exposed_high_pct": Threshold(20.0, "% of step", "rankscope default", "tp_comm_exposed"),
     "expert_imbalance_pct": Threshold(25.0, "% above the expert-parallel group's mean tokens (bytes) per rank",
                                       "rankscope default", "expert_imbalance"),
+    # critical path
+    "critical_path_owner_pct": Threshold(50.0, "% of the critical path on one rank", "rankscope default",
+                                         "critical path owner (the straggler verdict's cross-check)"),
+    "critical_path_what_if_min_pct": Threshold(5.0, "% of the step on the critical path", "rankscope default",
+                                               "which what-ifs are re-timed"),
     "expert_imbalance_high_pct": Threshold(100.0, "% above the expert-parallel group's mean tokens (bytes) per rank",
                                            "rankscope default", "expert_imbalance"),
 }

@@ -25,12 +25,13 @@ def _cross(a: Analysis) -> dict:
         return {"collectives": {"count": 0, "by_type": [], "alpha_beta": []}, "stragglers": [],
                 "straggler_verdict": "no collectives in the trace: nothing to compare across ranks",
                 "load_balance": None, "clock": None, "rank_stats": [],
-                "parallelism": {"layout": "", "dims": []}, "pipeline": None, "experts": None}
+                "parallelism": {"layout": "", "dims": []}, "pipeline": None, "experts": None, "critical_path": None}
     d = to_plain(a.cross.as_dict())
     return {"collectives": d["collectives"], "stragglers": d["stragglers"],
             "straggler_verdict": d["straggler_verdict"], "load_balance": d["load_balance"],
             "clock": d["clock"], "rank_stats": d["ranks"], "straggler_thresholds": d["thresholds"],
-            "parallelism": d["parallelism"], "pipeline": d["pipeline"], "experts": d["experts"]}
+            "parallelism": d["parallelism"], "pipeline": d["pipeline"], "experts": d["experts"],
+            "critical_path": d["critical_path"]}
 
 
 def _temporal_pct(hta: HtaParity | None) -> dict | None:

@@ -88,6 +88,7 @@ def _tables(a: Analysis, console: Console) -> None:
     _parallel_section(a, shown, console)
     _details_table(shown, console)
     _cross_section(a, console)
+    _critical_path(a, console)
     _highlights(a, console)
 
 
@@ -304,3 +305,29 @@ def _parallel_section(a: Analysis, shown: list, console: Console) -> None:
 def _groups_text(groups: list[list[int]], limit: int = 4) -> str:
     shown = " ".join("[" + ",".join(map(str, g)) + "]" for g in groups[:limit])
     return shown + (f" +{len(groups) - limit} more" if len(groups) > limit else "")
+
+
+#: (rank, category) entries and what-ifs the terminal lists (--json has them all).
+MAX_PATH_ENTRIES = 4
+
+
+def _critical_path(a: Analysis, console: Console) -> None:
+    """What set each step's end, across ranks: the largest (rank, category) parts of the path, its
+    owner, the re-timed what-ifs."""
+    cp = a.cross.critical_path if a.cross else None
+    if cp is None or len(a.ranks) < 2:
+        return
+    parts = ", ".join(f"rank {x.rank} {x.category} {x.ms_per_step:,.1f} ms ({x.pct_of_step:.0f}%)"
+                      for x in cp.by_rank_category[:MAX_PATH_ENTRIES])
+    owner = (f"rank {cp.owner} holds {cp.owner_pct:.0f}% of it" if cp.owner is not None else
+             f"no single rank holds it (at most {cp.owner_pct:.0f}% on one rank)")
+    console.print(f"[bold]Critical path[/] (the chain of work across ranks that set each step's end, through "
+                  f"collectives to the last arriver; mean {cp.step_ms:,.1f} ms per step): {parts}; {owner}",
+                  highlight=False)
+    ranked = sorted(cp.what_if, key=lambda w: -w.step_ms_saved)[:MAX_PATH_ENTRIES]
+    if ranked:
+        console.print("  what-if (the step re-timed through the same dependencies): "
+                      + "; ".join(f"{literal(w.change)}: " + (f"saves {w.step_ms_saved:,.1f} ms per step"
+                                                              if w.step_ms_saved >= 0 else
+                                                              f"adds {-w.step_ms_saved:,.1f} ms per step")
+                                  for w in ranked), highlight=False)

@@ -90,6 +90,7 @@ import polars as pl
 from rankscope.analyses.rank.breakdown import CATEGORIES
 from rankscope.analyses.job.clock import ClockAlignment, estimate_clock_offsets
 from rankscope.analyses.job.matching import CollectiveTable, match_collectives, member_frame, since_step_windows
+from rankscope.analyses.job.critical_path import CriticalPath, critical_path
 from rankscope.analyses.job.parallel import ParallelReport, parallel_report
 from rankscope.analyses.job.pipeline import Pipeline
 from rankscope.analyses.rank.collectives import RankCollectives
@@ -676,6 +677,7 @@ class CrossRank:
     stragglers: StragglerReport
     alpha_beta: list                      # alphabeta.AlphaBetaFit
     parallel: ParallelReport | None = None   # layout, communication per dimension, pipeline, experts
+    critical_path: CriticalPath | None = None
 
     def as_dict(self) -> dict:
         """Plain data (JSON-ready): `collectives` (count, by_type, by_pg, alpha_beta, clock offsets,
@@ -692,6 +694,7 @@ class CrossRank:
             "clock": self.clock.as_dict(),
             "ranks": [dataclasses.asdict(r) for r in rep.ranks],
             "thresholds": dict(rep.thresholds),
+            "critical_path": dataclasses.asdict(self.critical_path) if self.critical_path else None,
             **(self.parallel.as_dict() if self.parallel else
                {"parallelism": {"layout": "", "dims": []}, "pipeline": None, "experts": None, "comm_by_dim_ms": {}}),
         }
@@ -712,7 +715,8 @@ def cross_rank(ranks: Sequence[RankCollectives], align_clocks: bool = True,
     report = find_stragglers(ranks, table, clock, thresholds=thresholds)
     parallel = parallel_report(ranks)
     _stage_stragglers(report, parallel.pipeline, resolve(thresholds))
-    return CrossRank(clock, table, report, fit_alpha_beta(table), parallel)
+    path = critical_path(ranks, table, parallel, thresholds)
+    return CrossRank(clock, table, report, fit_alpha_beta(table), parallel, path)
 
 
 def _stage_stragglers(report: StragglerReport, pipeline: Pipeline | None, t: Thresholds) -> None:

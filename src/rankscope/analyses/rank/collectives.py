@@ -209,6 +209,9 @@ class RankCollectives:
     # parallel layout (analyses/rank/groups.py): per instance its dimension ("" when none) and the
     # step-breakdown time it owns (`_owned_comm_ns`); per rank its groups as [dim, source, ranks...]
     dim: list[str] = field(default_factory=list)
+    # critical path (analyses/job/critical_path.py): per step, the breakdown of its tail [the end of
+    # its last collective, step end) (the whole step without collectives), ns per CATEGORIES
+    step_tail_ns: list[list[int]] = field(default_factory=list)
     owned_overlapped_ns: list[int] = field(default_factory=list)
     owned_exposed_ns: list[int] = field(default_factory=list)
     groups: list[list] = field(default_factory=list)
@@ -221,14 +224,15 @@ class RankCollectives:
         after the summary is cached: msgpack takes the lists). The per-instance lists the reduce
         reads become numpy arrays (a Python int costs 28 bytes + a list slot, an array item 8) and
         the repeated strings are shared; `since_step_ns`, read for a few straggler candidates only,
-        is kept zlib-compressed (10x on synth ranks; `since_step_matrix` reads it); `pre_ns`,
-        `window_start_ns` and `dtype`, which the reduce does not read, are dropped. A 10 MB synth
-        rank: 66 KB of arrays -> 24 KB."""
+        is kept zlib-compressed (10x on synth ranks; `since_step_matrix` reads it), and so is `pre_ns`
+        (the critical path reads it, `pre_matrix`); `dtype`, which the reduce does not read, is
+        dropped. A 10 MB synth rank: 66 KB of arrays -> 24 KB."""
         for name in ("seq", "start_ns", "end_ns", "last_work_ns", "in_bytes", "out_bytes", "group_size", "step",
-                     "owned_overlapped_ns", "owned_exposed_ns"):
+                     "owned_overlapped_ns", "owned_exposed_ns", "window_start_ns"):
             setattr(self, name, np.asarray(getattr(self, name), dtype=np.int64))
         self.since_step_ns = zlib.compress(self.since_step_matrix().tobytes(), 1)
-        self.pre_ns, self.window_start_ns, self.dtype = [], [], []
+        self.pre_ns = zlib.compress(self.pre_matrix().tobytes(), 1)
+        self.dtype = []
         self.orphan = np.asarray(self.orphan, dtype=bool)
         for name in ("pg", "type", "dim"):
             setattr(self, name, [sys.intern(v) for v in getattr(self, name)])
@@ -236,9 +240,16 @@ class RankCollectives:
 
     def since_step_matrix(self) -> np.ndarray:
         """`since_step_ns` as an (instances, len(CATEGORIES)) int64 array, compacted or not."""
-        v = self.since_step_ns
-        flat = np.frombuffer(zlib.decompress(v), dtype=np.int64) if isinstance(v, bytes) else np.asarray(v, np.int64)
-        return flat.reshape(len(self), len(CATEGORIES))
+        return _matrix(self.since_step_ns, len(self))
+
+    def pre_matrix(self) -> np.ndarray:
+        """`pre_ns` as an (instances, len(CATEGORIES)) int64 array, compacted or not."""
+        return _matrix(self.pre_ns, len(self))
+
+
+def _matrix(v, n: int) -> np.ndarray:
+    flat = np.frombuffer(zlib.decompress(v), dtype=np.int64) if isinstance(v, bytes) else np.asarray(v, np.int64)
+    return flat.reshape(n, len(CATEGORIES))
 
 
 def _first_tensor_nelems(dims_json: str | None) -> int:
@@ -370,6 +381,7 @@ def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows
         if inst.is_empty():
             timeline = timeline or classify_timeline(trace, [s_start, s_end])
             out.step_breakdown_ns = _window_breakdown(timeline, s_start, s_end).tolist()
+            out.step_tail_ns = out.step_breakdown_ns
             return out
         out.source = "host"
     inst = inst.sort(["ts_ns", "row"])
@@ -515,11 +527,24 @@ def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows
     out.pre_ns = pre.tolist()
     out.since_step_ns = since.tolist()
     out.step_breakdown_ns = _window_breakdown(timeline, s_start, s_end).tolist()
+    out.step_tail_ns = _step_tails(timeline, step, end, s_ids, s_start, s_end).tolist()
     owned = _owned_comm_ns(timeline, start, end, np.where(in_step, s_start[np.maximum(k, 0)] if len(s_start) else 0, 0),
                            np.where(in_step, s_end[np.maximum(k, 0)] if len(s_end) else 0, 0))
     out.owned_overlapped_ns = owned[:, 0].tolist()
     out.owned_exposed_ns = owned[:, 1].tolist()
     return out
+
+
+def _step_tails(timeline: Timeline, step: np.ndarray, end: np.ndarray, s_ids: np.ndarray, s_start: np.ndarray,
+                s_end: np.ndarray) -> np.ndarray:
+    """Per step window: the breakdown of [the latest end of its collectives (clipped to the
+    window), window end); the whole window when it has none."""
+    last = s_start.astype(np.int64).copy()
+    for k, sid in enumerate(s_ids):
+        mine = end[step == sid]
+        if len(mine):
+            last[k] = min(max(int(mine.max()), int(s_start[k])), int(s_end[k]))
+    return _window_breakdown(timeline, last, s_end) if len(s_ids) else np.zeros((0, len(CATEGORIES)), np.int64)
 
 
 def _event_group(metas: list[dict]) -> Group | None:

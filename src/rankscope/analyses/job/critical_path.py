@@ -1,0 +1,385 @@
+"""The cross-rank critical path of every step and what-if re-timing (docs/concepts.md "Critical path").
+
+A reduce over the ranks' `RankCollectives` (small per-rank summaries: each collective's arrival and
+end, the step-breakdown of the window before each arrival (`pre_ns`), of each step's tail) and the
+matched collectives (`CollectiveTable`), on the aligned clock. No event frames: it holds at 256+
+ranks.
+
+**The dependency graph of a step.** On each rank, the step is a chain: work before a collective
+(its pre window: [the end of the collective that ended last before the arrival, or the step start;
+the arrival)), the collective, the next window, ..., the tail (the end of its last collective ->
+the step end). Across ranks, a collective ends only after its last member arrives (every member's
+end = the last arrival + that member's transfer time); a recv ends after its matching send
+started: pipeline send/recv pairs are matched by time (`_pair_p2p`: the send of a neighbouring stage
+whose end is closest to the recv's end, their spans overlapping).
+
+**The path** is walked back from the end of the rank whose step ends last: through its tail to the
+end of its last collective; there, if another member arrived last, the path goes to that member at
+its arrival (the transfer after it stays on the first rank), else through the collective to the
+rank's own arrival; then through the pre window to the previous collective's end, and so on, until
+the step start of the rank the walk began on. The segments tile that step exactly (a rank whose
+step started later contributes the gap as `idle_other`). Inside a window the categories are laid out
+in breakdown order (the window's exact total per category, not their order in time).
+
+**What-if** re-times the graph (not a subtraction): every arrival is the end of what it depends on
+plus its (changed) pre window; every collective ends at its members' latest (changed) arrival plus
+its transfer; the step ends at its last collective plus its (changed) tail. The job's step is the
+latest end over ranks from the earliest start; saved = the re-timed step with no change minus with
+the change, mean over steps. Changes: a rank's time in one category removed (its `host_idle`, its
+DataLoader wait); one dimension's communication fully overlapped (its collectives cost only the wait
+for their last member); the pipeline's stages balanced (each stage's compute scaled to the stages'
+mean).
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from rankscope.analyses.job.matching import CollectiveTable
+from rankscope.analyses.job.parallel import ParallelReport
+from rankscope.analyses.rank.breakdown import CATEGORIES
+from rankscope.analyses.rank.collectives import RankCollectives
+from rankscope.thresholds import Thresholds, resolve
+from rankscope.units import NS_PER_MS
+
+_N = len(CATEGORIES)
+_IDLE = CATEGORIES.index("idle_other")
+_COMPUTE = (CATEGORIES.index("compute"), CATEGORIES.index("comm_overlapped"))
+#: The path's name for idle_other: the straggler vocabulary's host_idle.
+PATH_CATEGORY = {c: ("host_idle" if c == "idle_other" else c) for c in CATEGORIES}
+#: Work a what-if can take away from one rank (category -> what the change says).
+REMOVABLE = {"idle_other": "remove its host_idle (main thread outside any op)",
+             "dataloader": "shorten its DataLoader wait to zero",
+             "sync": "remove its synchronize waits", "host": "remove its host-side op time (device idle)"}
+
+
+@dataclass
+class Segment:
+    rank: int
+    category: str                    # a step-breakdown category
+    name: str                        # the collective (type and dimension) or the window it belongs to
+    start_ms: float                  # from the step's start
+    dur_ms: float
+
+
+@dataclass
+class StepPath:
+    step: int
+    duration_ms: float
+    segments: list[Segment] = field(default_factory=list)
+
+
+@dataclass
+class RankCategory:
+    rank: int
+    category: str                    # "host_idle" | a step-breakdown category
+    ms_per_step: float
+    pct_of_step: float
+
+
+@dataclass
+class WhatIf:
+    rank: int | None                 # None: a job-wide change
+    change: str
+    step_ms_saved: float
+
+
+@dataclass
+class CriticalPath:
+    steps: list[StepPath] = field(default_factory=list)
+    by_rank_category: list[RankCategory] = field(default_factory=list)
+    what_if: list[WhatIf] = field(default_factory=list)
+    step_ms: float = 0.0                               # mean path duration
+    owner: int | None = None                           # the rank holding >= critical_path_owner_pct of the path
+    owner_pct: float = 0.0                             # the largest share of the path one rank holds
+
+
+class _Rank:
+    """One rank's instances on the aligned clock, and its steps."""
+
+    def __init__(self, rc: RankCollectives, offset_ns: int):
+        n = len(rc)
+        self.rank = rc.rank
+        self.a = np.asarray(rc.start_ns, dtype=np.int64)[:n] - offset_ns
+        self.e = np.asarray(rc.end_ns, dtype=np.int64)[:n] - offset_ns
+        self.w = (np.asarray(rc.window_start_ns, dtype=np.int64) - offset_ns) if len(rc.window_start_ns) == n \
+            else self.a.copy()
+        self.step = np.asarray(rc.step, dtype=np.int64)
+        self.pre = rc.pre_matrix() if n else np.zeros((0, _N), np.int64)
+        self.type = list(rc.type)
+        self.dim = list(rc.dim) if len(rc.dim) == n else [""] * n
+        ovl = np.asarray(rc.owned_overlapped_ns if len(rc.owned_overlapped_ns) == n else np.zeros(n), np.int64)
+        exp = np.asarray(rc.owned_exposed_ns if len(rc.owned_exposed_ns) == n else np.zeros(n), np.int64)
+        self.comm_cat = np.where(ovl > exp, CATEGORIES.index("comm_overlapped"), CATEGORIES.index("comm_exposed"))
+        self.steps = {int(s): (int(a) - offset_ns, int(b) - offset_ns)
+                      for s, a, b in zip(rc.steps, rc.step_start_ns, rc.step_end_ns)}
+        tails = np.asarray(rc.step_tail_ns, dtype=np.int64).reshape(-1, _N) if len(rc.step_tail_ns) else \
+            np.zeros((0, _N), np.int64)
+        self.tail = {int(s): tails[k] for k, s in enumerate(rc.steps) if k < len(tails)}
+        self.by_step: dict[int, list[int]] = {}
+        for i in np.argsort(self.a, kind="stable"):
+            self.by_step.setdefault(int(self.step[i]), []).append(int(i))
+        order = np.argsort(self.e, kind="stable")
+        self.ends_sorted = self.e[order]
+        self.end_order = order
+
+    def latest_end_at_or_before(self, t: int) -> int | None:
+        """The instance with the latest end <= t (ties: the last in end order)."""
+        k = int(np.searchsorted(self.ends_sorted, t, side="right")) - 1
+        return int(self.end_order[k]) if k >= 0 else None
+
+    def name(self, i: int) -> str:
+        return self.type[i] + (f" ({self.dim[i]})" if self.dim[i] else "")
+
+
+def critical_path(ranks: Sequence[RankCollectives], table: CollectiveTable, parallel: ParallelReport | None,
+                  thresholds: Thresholds | None = None) -> CriticalPath | None:
+    """The critical path of every step the ranks share, its attribution and the what-ifs (module
+    docstring); None without steps."""
+    t = resolve(thresholds)
+    offsets = table.offsets_ns
+    rk = {rc.rank: _Rank(rc, int(offsets.get(rc.rank, 0))) for rc in ranks if rc.steps}
+    if not rk:
+        return None
+    links = _links(table, rk, parallel)
+    steps = sorted(set.intersection(*(set(r.steps) for r in rk.values())))
+    out = CriticalPath()
+    for s in steps:
+        path = _walk(s, rk, links)
+        if path is not None:
+            out.steps.append(path)
+    if not out.steps:
+        return None
+    out.step_ms = float(np.mean([p.duration_ms for p in out.steps]))
+    totals: dict[tuple[int, str], float] = {}
+    for p in out.steps:
+        for sg in p.segments:
+            totals[(sg.rank, sg.category)] = totals.get((sg.rank, sg.category), 0.0) + sg.dur_ms
+    n = len(out.steps)
+    out.by_rank_category = sorted(
+        (RankCategory(r, PATH_CATEGORY[c], round(ms / n, 3), round(100.0 * ms / n / out.step_ms, 2) if out.step_ms else 0.0)
+         for (r, c), ms in totals.items() if ms > 0), key=lambda x: -x.ms_per_step)
+    per_rank: dict[int, float] = {}
+    for x in out.by_rank_category:
+        per_rank[x.rank] = per_rank.get(x.rank, 0.0) + x.pct_of_step
+    if per_rank:
+        top = max(per_rank, key=lambda r: (per_rank[r], -r))
+        out.owner_pct = round(per_rank[top], 2)
+        out.owner = top if per_rank[top] >= t["critical_path_owner_pct"] and len(rk) > 1 else None
+    out.what_if = _what_ifs(out, rk, links, steps, parallel, t)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ links
+@dataclass
+class _Links:
+    """Which instances complete together: (rank, idx) -> link id; per link its members, the last
+    arrival (aligned) and the member that arrived last."""
+    of: dict[tuple[int, int], int]
+    members: dict[int, list[tuple[int, int]]]
+    last_arrival: dict[int, int]
+    last_member: dict[int, tuple[int, int]]
+
+
+def _links(table: CollectiveTable, rk: dict[int, _Rank], parallel: ParallelReport | None) -> _Links:
+    of, members = {}, {}
+    m = table.members
+    if m.height:
+        for cid, rank, idx in m.select("cid", "rank", "idx").iter_rows():
+            if rank in rk:
+                of[(rank, idx)] = cid
+                members.setdefault(cid, []).append((rank, idx))
+    next_id = (max(members) + 1) if members else 0
+    for pair in _pair_p2p(rk, parallel, of):
+        for key in pair:
+            of[key] = next_id
+        members[next_id] = list(pair)
+        next_id += 1
+    last_arrival, last_member = {}, {}
+    for cid, mem in members.items():
+        best = max(mem, key=lambda k: (rk[k[0]].a[k[1]], -k[0]))
+        last_member[cid] = best
+        last_arrival[cid] = int(rk[best[0]].a[best[1]])
+    return _Links(of, members, last_arrival, last_member)
+
+
+def _pair_p2p(rk: dict[int, _Rank], parallel: ParallelReport | None, taken: dict) -> list[tuple]:
+    """Pipeline sends matched to recvs (not matched by the collective table): per recv, the unused
+    send of another rank of its pp group whose span overlaps it and whose end is closest to its end."""
+    pp = parallel.layout.dim("pp") if parallel else None
+    if pp is None:
+        return []
+    pairs = []
+    for group in pp.groups:
+        sends = sorted(((int(rk[r].e[i]), int(rk[r].a[i]), r, i) for r in group if r in rk
+                        for i, tp in enumerate(rk[r].type) if tp == "send" and (r, i) not in taken))
+        ends = [x[0] for x in sends]
+        used = set()
+        recvs = sorted(((int(rk[r].e[i]), int(rk[r].a[i]), r, i) for r in group if r in rk
+                        for i, tp in enumerate(rk[r].type) if tp == "recv" and (r, i) not in taken))
+        for e_r, a_r, r, i in recvs:
+            k = bisect.bisect_left(ends, e_r)
+            best = None
+            for j in range(max(0, k - 8), min(len(sends), k + 8)):
+                e_s, a_s, q, x = sends[j]
+                if j in used or q == r or a_s > e_r or e_s < a_r:
+                    continue
+                if best is None or abs(e_s - e_r) < abs(sends[best][0] - e_r):
+                    best = j
+            if best is not None:
+                used.add(best)
+                pairs.append(((r, i), (sends[best][2], sends[best][3])))
+    return pairs
+
+
+# ------------------------------------------------------------------------------------------- walk
+def _walk(s: int, rk: dict[int, _Rank], links: _Links) -> StepPath | None:
+    end_rank = max(rk.values(), key=lambda r: (r.steps[s][1], -r.rank))
+    t0, t_end = end_rank.steps[s]
+    if t_end <= t0:
+        return None
+    raw: list[tuple[int, int, int, int, str]] = []     # (rank, category, start, end, name), backwards
+
+    def window(r: _Rank, a: int, b: int, vec: np.ndarray, name: str) -> None:
+        total = int(vec.sum())
+        if b <= a:
+            return
+        scale = (b - a) / total if total > 0 else 0.0
+        cursor = a
+        parts = [(c, int(round(vec[c] * scale))) for c in range(_N) if vec[c] > 0] if total > 0 else [(_IDLE, b - a)]
+        for k, (c, d) in enumerate(parts):
+            stop = b if k == len(parts) - 1 else min(b, cursor + d)
+            if stop > cursor:
+                raw.append((r.rank, c, cursor, stop, name))
+            cursor = stop
+
+    cur, tt = end_rank, t_end
+    idx = _last_in_step(cur, s)
+    start = cur.steps[s][0]
+    if idx is None:
+        window(cur, start, tt, cur.tail.get(s, np.zeros(_N, np.int64)), "step without collectives")
+        tt = start
+    else:
+        last_end = min(max(int(cur.e[idx]), start), tt)
+        window(cur, last_end, tt, cur.tail.get(s, np.zeros(_N, np.int64)), "after its last collective")
+        tt = last_end
+        state = ("end", idx)
+        for _ in range(16 * sum(len(r.a) for r in rk.values()) + 16):
+            kind, i = state
+            if kind == "end":
+                cid = links.of.get((cur.rank, i))
+                a_i, e_i = int(cur.a[i]), min(int(cur.e[i]), tt)
+                if cid is not None and links.last_member[cid][0] != cur.rank and a_i < links.last_arrival[cid] < e_i:
+                    la = links.last_arrival[cid]
+                    raw.append((cur.rank, int(cur.comm_cat[i]), la, e_i, cur.name(i)))
+                    q, k = links.last_member[cid]
+                    cur, tt, state = rk[q], la, ("arrival", k)
+                    continue
+                if e_i > a_i:
+                    raw.append((cur.rank, int(cur.comm_cat[i]), a_i, e_i, cur.name(i)))
+                tt = min(tt, a_i)
+                state = ("arrival", i)
+            else:
+                a_i, w_i = min(int(cur.a[i]), tt), int(cur.w[i])
+                window(cur, w_i, a_i, cur.pre[i], f"before {cur.name(i)}")
+                tt = min(tt, w_i)
+                step_start = cur.steps.get(s, (t0, t0))[0]
+                if tt <= max(step_start, t0):
+                    break
+                j = cur.latest_end_at_or_before(w_i)
+                if j is None or j == i:
+                    break
+                state = ("end", j)
+    if tt > t0:
+        raw.append((cur.rank, _IDLE, t0, tt, "before its step started"))
+    segments = []
+    for rank, c, a, b, name in sorted(raw, key=lambda x: (x[2], x[3])):
+        a, b = max(a, t0), min(b, t_end)
+        if b > a:
+            segments.append(Segment(rank, CATEGORIES[c], name, round((a - t0) / NS_PER_MS, 6),
+                                    round((b - a) / NS_PER_MS, 6)))
+    return StepPath(s, round((t_end - t0) / NS_PER_MS, 6), segments)
+
+
+def _last_in_step(r: _Rank, s: int) -> int | None:
+    idx = r.by_step.get(s) or []
+    return max(idx, key=lambda i: (r.e[i], i)) if idx else None
+
+
+# ---------------------------------------------------------------------------------------- what-if
+def _retime(s: int, rk: dict[int, _Rank], links: _Links, mult: dict[int, np.ndarray],
+            free_dims: frozenset = frozenset()) -> float:
+    """The job's step s re-timed (ns, latest end - earliest start) with each rank's categories scaled
+    by `mult[rank]` (default 1) and the collectives of `free_dims` costing no transfer."""
+    one = np.ones(_N)
+    order = sorted(((int(r.a[i]), r.rank, i) for r in rk.values() for i in r.by_step.get(s, [])))
+    new_a: dict[tuple[int, int], float] = {}
+    new_e: dict[tuple[int, int], float] = {}
+
+    def end_of(key: tuple[int, int]) -> float:
+        if key in new_e:
+            return new_e[key]
+        r, i = key
+        cid = links.of.get(key)
+        if cid is None or any(m not in new_a for m in links.members[cid]):
+            v = new_a.get(key, float(rk[r].a[i])) + float(rk[r].e[i] - rk[r].a[i])
+        else:
+            transfer = 0.0 if rk[r].dim[i] in free_dims else float(max(rk[r].e[i] - links.last_arrival[cid], 0))
+            v = max(new_a[m] for m in links.members[cid]) + transfer
+        new_e[key] = v
+        return v
+
+    for _, r, i in order:
+        rank = rk[r]
+        start = rank.steps[s][0]
+        w = int(rank.w[i])
+        dep = rank.latest_end_at_or_before(w) if w > start else None
+        base = end_of((r, dep)) if dep is not None and dep != i and rank.step[dep] == s else float(start)
+        if dep is not None and dep != i and rank.step[dep] != s:
+            base = float(max(w, start))
+        new_a[(r, i)] = base + float(rank.pre[i] @ mult.get(r, one))
+    ends, starts = [], []
+    for r in rk.values():
+        start, end = r.steps[s]
+        last = _last_in_step(r, s)
+        base = end_of((r.rank, last)) if last is not None else float(start)
+        tail = r.tail.get(s)
+        ends.append(base + (float(tail @ mult.get(r.rank, one)) if tail is not None else 0.0))
+        starts.append(start)
+    return max(ends) - min(starts)
+
+
+def _what_ifs(cp: CriticalPath, rk: dict[int, _Rank], links: _Links, steps: list[int],
+              parallel: ParallelReport | None, t: Thresholds) -> list[WhatIf]:
+    def saved(mult: dict[int, np.ndarray], free: frozenset = frozenset()) -> float:
+        diffs = [_retime(s, rk, links, {}) - _retime(s, rk, links, mult, free) for s in steps]
+        return round(float(np.mean(diffs)) / NS_PER_MS, 3) if diffs else 0.0
+
+    out = []
+    min_ms = t["critical_path_what_if_min_pct"] * cp.step_ms / 100.0
+    for x in cp.by_rank_category:
+        c = "idle_other" if x.category == "host_idle" else x.category
+        if c in REMOVABLE and x.ms_per_step >= min_ms and len(out) < 4:
+            m = np.ones(_N)
+            m[CATEGORIES.index(c)] = 0.0
+            out.append(WhatIf(x.rank, f"rank {x.rank}: {REMOVABLE[c]}", saved({x.rank: m})))
+    if parallel is not None:
+        for d in parallel.layout.dims:
+            if d.name != "pp":
+                out.append(WhatIf(None, f"{d.name} communication fully overlapped (each collective costs only the "
+                                        f"wait for its last member)", saved({}, frozenset({d.name}))))
+        p = parallel.pipeline
+        if p is not None and len(p.stages) > 1 and p.bottleneck_stage is not None:
+            mean = float(np.mean([st.compute_ms_per_step for st in p.stages]))
+            mult = {}
+            for st in p.stages:
+                f = mean / st.compute_ms_per_step if st.compute_ms_per_step > 0 else 1.0
+                for r in st.ranks:
+                    m = np.ones(_N)
+                    m[list(_COMPUTE)] = f
+                    mult[r] = m
+            out.append(WhatIf(None, "pipeline stages balanced (each stage's compute at the stages' mean)", saved(mult)))
+    return out
