@@ -14,14 +14,20 @@ import click
 @click.option("--scale", type=click.FloatRange(min=0.1), default=1.0, show_default=True,
               help="Model size multiplier (events per step); 12 gives ~50 MB per rank.")
 @click.option("--no-gzip", is_flag=True, help="Write .pt.trace.json instead of .pt.trace.json.gz.")
-def command(out, ranks, steps, seed, injections, scale, no_gzip) -> None:
+@click.option("--twin", type=click.Path(file_okay=False), default=None,
+              help="Also write the job without its injections to this folder: the fault-free twin (the same "
+                   "random draws), to check a what-if's prediction against.")
+def command(out, ranks, steps, seed, injections, scale, no_gzip, twin) -> None:
     """Write a synthetic Kineto job (one trace per rank) and its ground_truth.json."""
     from rankscope.synth import generate_job, parse_injection
     try:
         parsed = [parse_injection(text) for text in injections]
         truth = generate_job(out, ranks=ranks, steps=steps, seed=seed, injections=parsed, gzip=not no_gzip,
                              scale=scale)
+        if twin:
+            generate_job(twin, ranks=ranks, steps=steps, seed=seed, injections=[], gzip=not no_gzip, scale=scale)
     except (ValueError, NotImplementedError) as exc:
         raise click.UsageError(str(exc)) from None
     click.echo(f"wrote {ranks} rank traces and ground_truth.json to {out} "
-               f"({len(truth.get('injections', []))} injection(s))")
+               f"({len(truth.get('injections', []))} injection(s))"
+               + (f"; its fault-free twin to {twin}" if twin else ""))

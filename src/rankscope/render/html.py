@@ -47,7 +47,7 @@ def render_html(report: dict) -> str:
     figures: dict[str, dict] = {}
     body = "".join([_header(report), _findings(report), _breakdown(report, figures), _parallel(report, figures),
                     _heatmap(report, figures),
-                    _collectives(report, figures), _overlap(report, figures), _idle(report, figures),
+                    _collectives(report, figures), _critical_path(report, figures), _overlap(report, figures), _idle(report, figures),
                     _rank_detail(report, figures)])
     return page(f"rankscope report: {len(report['job']['ranks'])} ranks", body, figures, report.get("schema"))
 
@@ -202,7 +202,10 @@ def _parallel(report: dict, figures: dict) -> str:
         out += [f"<h3>Pipeline: {escaped(pipe['schedule'])} schedule, {len(stages)} stages, "
                 f"{escaped(mb if mb else 'unknown')} microbatches</h3>",
                 note(f"Bubble {value_text(pipe.get('bubble_pct'))}% of the step (mean stage)"
-                     + (f", against {theory}% for equal stages ((p-1)/(m+p-1))" if theory is not None else "")
+                     + (f", against {theory}% for equal stages ("
+                        + ("(p-1)/(v m+p-1), v = {} model chunks per rank".format(pipe["stages_per_rank"])
+                           if pipe.get("stages_per_rank", 1) > 1 else "(p-1)/(m+p-1)") + ")"
+                        if theory is not None else "")
                      + (f"; bottleneck: stage {pipe['bottleneck_stage']}, {value_text(pipe.get('imbalance_pct'))}% "
                         f"more compute than the stages' mean" if pipe.get("bottleneck_stage") is not None else "")
                      + ". " + html_legend(*PIPELINE_STAGE.values())),
@@ -273,6 +276,67 @@ def _collectives(report: dict, figures: dict) -> str:
                          t.get("skew_mean_ms"), t.get("skew_max_ms"), t.get("algbw_gbps"), t.get("busbw_mean_gbps"),
                          t.get("most_often_last")] for t in by_type], set(range(1, 10)))]
     out.append(_rank_wait(report, figures))
+    return "".join(out) + "</section>"
+
+
+def _critical_path(report: dict, figures: dict) -> str:
+    """The critical path: its largest parts, the what-ifs, and a swimlane of the slowest and the
+    median step (ranks x time, collectives with their waits, the path highlighted)."""
+    cp = report.get("critical_path")
+    if not cp or len(report["ranks"]) < 2:
+        return ""
+    owner = (f"rank {cp['owner']} holds {cp['owner_pct']:.0f}% of it" if cp.get("owner") is not None
+             else f"no single rank holds it (at most {cp['owner_pct']:.0f}% on one rank)")
+    out = ['<section id="critical-path"><h2>Critical path</h2>',
+           note(f"The chain of work across ranks that set each step's end: walked back from the rank whose step "
+                f"ends last, through each collective to its last arriver (and pipeline recvs to their sends); "
+                f"mean {value_text(cp['step_ms'])} ms per step; {owner}."),
+           html_table(["rank", "category", "ms per step", "% of step"],
+                      [[x["rank"], x["category"], x["ms_per_step"], x["pct_of_step"]]
+                       for x in cp["by_rank_category"][:12]], {0, 2, 3})]
+    if cp.get("what_if"):
+        out += ["<h3>What-if (the step re-timed through the same dependencies)</h3>",
+                html_table(["change", "step ms saved"], [[w["change"], w["step_ms_saved"]] for w in cp["what_if"]],
+                           {1})]
+    paths = {p["step"]: p for p in cp.get("steps") or []}
+    for k, lane_set in enumerate(cp.get("swimlanes") or []):
+        lanes = lane_set["lanes"]
+        y_of = {ln["rank"]: str(ln["rank"]) for ln in lanes}
+        data = [{"type": "bar", "orientation": "h", "name": "step window", "y": [y_of[ln["rank"]] for ln in lanes],
+                 "base": [ln["step_start_ms"] for ln in lanes],
+                 "x": [ln["step_end_ms"] - ln["step_start_ms"] for ln in lanes],
+                 "marker": {"color": "#eceff1"}, "hoverinfo": "skip", "width": 0.9}]
+        for part, color, lo, hi in (("waiting for the last member", "#ffb74d", 0, 1),
+                                    ("collective after the last arrival", "#64b5f6", 1, 2)):
+            ys, bases, xs, texts = [], [], [], []
+            for ln in lanes:
+                for c, name in zip(ln["collectives"], ln["names"]):
+                    if c[hi] > c[lo]:
+                        ys.append(y_of[ln["rank"]]); bases.append(c[lo]); xs.append(c[hi] - c[lo]); texts.append(name)
+            data.append({"type": "bar", "orientation": "h", "name": part, "y": ys, "base": bases, "x": xs,
+                         "text": [chart_label(t) for t in texts], "textposition": "none", "width": 0.6,
+                         "marker": {"color": color},
+                         "hovertemplate": "rank %{y}: %{text}, %{base:.2f} + %{x:.2f} ms<extra></extra>"})
+        path = paths.get(lane_set["step"])
+        if path:
+            for cat in BREAKDOWN_CATEGORIES:
+                segs = [sg for sg in path["segments"] if sg["category"] == cat]
+                if segs:
+                    data.append({"type": "bar", "orientation": "h", "name": f"path: {CATEGORY_LABELS[cat]}",
+                                 "y": [y_of.get(sg["rank"], str(sg["rank"])) for sg in segs],
+                                 "base": [sg["start_ms"] for sg in segs], "x": [sg["dur_ms"] for sg in segs],
+                                 "text": [chart_label(sg["name"]) for sg in segs], "textposition": "none",
+                                 "width": 0.25, "marker": {"color": CATEGORY_COLORS[cat],
+                                                           "line": {"color": "#000000", "width": 0.5}},
+                                 "hovertemplate": "path on rank %{y}: %{text}, %{x:.2f} ms<extra></extra>"})
+        height = max(300, min(1800, 120 + 14 * len(lanes)))
+        layout = chart_layout("ms from the step's start", "rank", height, barmode="overlay",
+                              xaxis={"title": {"text": "ms from the step's start"}, "type": "linear"},
+                              yaxis={"title": {"text": "rank"}, "type": "category", "autorange": "reversed"})
+        out += [f"<h3>Swimlane: {escaped(lane_set['label'])} (step {lane_set['step']})</h3>",
+                note("Each rank's step (grey), its collectives: the wait for the last member (orange) and the rest "
+                     "(blue); the critical path drawn over them in the colors of the step breakdown."),
+                one_chart(figures, f"chart-swimlane-{k}", data, layout)]
     return "".join(out) + "</section>"
 
 

@@ -283,8 +283,10 @@ def _parallel_section(a: Analysis, shown: list, console: Console) -> None:
     p = par.pipeline
     if p is None or not p.stages:
         return
-    theory = (f" against {p.bubble_pct_theory:.1f}% for {len(p.stages)} equal stages and {p.microbatches} "
-              f"microbatches ((p-1)/(m+p-1))" if p.bubble_pct_theory is not None else "")
+    chunks = f", {p.stages_per_rank} model chunks per rank" if p.stages_per_rank > 1 else ""
+    formula = "(p-1)/(v m+p-1)" if p.stages_per_rank > 1 else "(p-1)/(m+p-1)"
+    theory = (f" against {p.bubble_pct_theory:.1f}% for {len(p.stages)} equal stages, {p.microbatches} "
+              f"microbatches{chunks} ({formula})" if p.bubble_pct_theory is not None else "")
     console.print(f"[bold]Pipeline[/]: {p.schedule} schedule, "
                   f"{p.microbatches if p.microbatches else 'unknown'} microbatches, {len(p.stages)} stages; "
                   f"bubble {p.bubble_pct:.1f}% of the step (mean stage){theory}"

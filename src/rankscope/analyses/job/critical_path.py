@@ -88,6 +88,24 @@ class WhatIf:
 
 
 @dataclass
+class Lane:
+    """One rank in a swimlane: its step window and its collectives, ms from the step's start:
+    arrival, the last member's arrival (its wait ends), end; with their names."""
+    rank: int
+    step_start_ms: float
+    step_end_ms: float
+    collectives: list[list[float]] = field(default_factory=list)     # [arrival, last arrival, end]
+    names: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Swimlane:
+    step: int
+    label: str                       # "slowest step" | "median step"
+    lanes: list[Lane] = field(default_factory=list)
+
+
+@dataclass
 class CriticalPath:
     steps: list[StepPath] = field(default_factory=list)
     by_rank_category: list[RankCategory] = field(default_factory=list)
@@ -95,6 +113,7 @@ class CriticalPath:
     step_ms: float = 0.0                               # mean path duration
     owner: int | None = None                           # the rank holding >= critical_path_owner_pct of the path
     owner_pct: float = 0.0                             # the largest share of the path one rank holds
+    swimlanes: list[Swimlane] = field(default_factory=list)   # the slowest and the median step
 
 
 class _Rank:
@@ -122,6 +141,8 @@ class _Rank:
         self.by_step: dict[int, list[int]] = {}
         for i in np.argsort(self.a, kind="stable"):
             self.by_step.setdefault(int(self.step[i]), []).append(int(i))
+        bd = np.asarray(rc.step_breakdown_ns, dtype=np.int64).reshape(-1, _N)
+        self.compute_ns = float(bd[:, list(_COMPUTE)].sum(axis=1).mean()) if len(bd) else 0.0
         order = np.argsort(self.e, kind="stable")
         self.ends_sorted = self.e[order]
         self.end_order = order
@@ -170,6 +191,28 @@ def critical_path(ranks: Sequence[RankCollectives], table: CollectiveTable, para
         out.owner_pct = round(per_rank[top], 2)
         out.owner = top if per_rank[top] >= t["critical_path_owner_pct"] and len(rk) > 1 else None
     out.what_if = _what_ifs(out, rk, links, steps, parallel, t)
+    by_duration = sorted(out.steps, key=lambda p: p.duration_ms)
+    picks = [(by_duration[-1], "slowest step")]
+    if len(by_duration) > 1:
+        picks.append((by_duration[(len(by_duration) - 1) // 2], "median step"))
+    out.swimlanes = [_swimlane(p.step, label, rk, links) for p, label in picks]
+    return out
+
+
+def _swimlane(s: int, label: str, rk: dict[int, _Rank], links: _Links) -> Swimlane:
+    end_rank = max(rk.values(), key=lambda r: (r.steps[s][1], -r.rank))
+    t0 = end_rank.steps[s][0]
+    ms = lambda v: round((int(v) - t0) / NS_PER_MS, 4)
+    out = Swimlane(s, label)
+    for r in sorted(rk.values(), key=lambda r: r.rank):
+        a, b = r.steps[s]
+        lane = Lane(r.rank, ms(a), ms(b))
+        for i in r.by_step.get(s, []):
+            cid = links.of.get((r.rank, i))
+            last = max(links.last_arrival[cid], int(r.a[i])) if cid is not None else int(r.a[i])
+            lane.collectives.append([ms(r.a[i]), ms(min(last, int(r.e[i]))), ms(r.e[i])])
+            lane.names.append(r.name(i))
+        out.lanes.append(lane)
     return out
 
 
@@ -366,6 +409,18 @@ def _what_ifs(cp: CriticalPath, rk: dict[int, _Rank], links: _Links, steps: list
             m = np.ones(_N)
             m[CATEGORIES.index(c)] = 0.0
             out.append(WhatIf(x.rank, f"rank {x.rank}: {REMOVABLE[c]}", saved({x.rank: m})))
+    # the ranks most on the path, when they compute more than the median rank: at its pace
+    median_compute = float(np.median([r.compute_ns for r in rk.values()]))
+    on_path: dict[int, float] = {}
+    for x in cp.by_rank_category:
+        on_path[x.rank] = on_path.get(x.rank, 0.0) + x.ms_per_step
+    for r in sorted(on_path, key=lambda r: -on_path[r])[:2]:
+        own = rk[r].compute_ns
+        if len(rk) > 1 and own > median_compute * (1.0 + t["critical_path_what_if_min_pct"] / 100.0):
+            m = np.ones(_N)
+            m[list(_COMPUTE)] = median_compute / own
+            out.append(WhatIf(r, f"rank {r}: compute at the median rank's pace ({own / NS_PER_MS:,.1f} -> "
+                                 f"{median_compute / NS_PER_MS:,.1f} ms per step)", saved({r: m})))
     if parallel is not None:
         for d in parallel.layout.dims:
             if d.name != "pp":

@@ -6,7 +6,10 @@ Reduce over the ranks' `RankCollectives` and the job's `Layout` (analyses/job/la
   - microbatches m: the point-to-point sends per step of the first stage (it sends one activation
     per microbatch and receives one gradient); on a pipeline of three or more stages, a middle
     stage then sends and receives twice as many. When the first stage talks as much as a middle one,
-    each rank holds several model chunks: an interleaved schedule (m unknown from the traffic);
+    each rank holds several model chunks: an interleaved schedule (m unknown from the traffic).
+    The schedule's own marks, where the trace has them (`PIPELINE_MARKS` of
+    analyses/rank/collectives.py: torch.distributed.pipelining's `PP:<stage>F<microbatch>` and
+    `Forward <microbatch>`), give m and the model chunks per rank v exactly;
   - schedule: "gpipe" when, in every step, the first stage sends all its activations before it
     receives its first gradient; "1f1b" when gradients arrive between them; "interleaved" as above;
     "unknown" when the first stage has no point-to-point traffic;
@@ -14,8 +17,8 @@ Reduce over the ranks' `RankCollectives` and the job's `Layout` (analyses/job/la
     breakdown's compute + comm_overlapped), and the bubble: the time the stage waits on its pipeline
     neighbours with nothing to compute (the pp dimension's exposed communication), % of the step;
   - theory: the idle share of a pipeline of p equal stages and m microbatches, (p-1)/(m+p-1) for
-    GPipe and 1F1B (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
-    Clusters using Megatron-LM", section 2.2);
+    GPipe and 1F1B, (p-1)/(v m+p-1) interleaved with v chunks per rank (Narayanan et al. 2021,
+    "Efficient Large-Scale Language Model Training on GPU Clusters using Megatron-LM", section 2.2);
   - bottleneck stage: the one with the most compute; the pipeline runs at its pace, so an even
     split would cut the step by about step x (1 - mean / max) of the stages' compute.
 """
@@ -55,6 +58,7 @@ class Pipeline:
     imbalance_pct: float = 0.0         # bottleneck compute over the stages' mean, % above it
     balanced_step_saving_ms: float = 0.0   # step x (1 - mean / max compute)
     step_ms: float = 0.0
+    stages_per_rank: int = 1           # model chunks per rank (virtual stages), from the schedule's marks
 
 
 def pipeline_analysis(ranks: Sequence[RankCollectives], layout: Layout, comm: Sequence[RankDimComm]) -> Pipeline | None:
@@ -84,13 +88,20 @@ def pipeline_analysis(ranks: Sequence[RankCollectives], layout: Layout, comm: Se
         stages.append(Stage(s, members, round(float(np.mean(compute)), 3), round(b, 3),
                             round(100.0 * b / step_ms, 2) if step_ms > 0 else 0.0, round(step_ms, 3)))
     schedule, m = _schedule(stage_ranks, by_rank, p)
-    out = Pipeline(schedule, m, stages)
+    marks = [(by_rank[r].pipeline_stages, by_rank[r].pipeline_microbatches) for st in stage_ranks for r in st
+             if by_rank[r].pipeline_microbatches > 0]
+    chunks = int(np.median([v for v, _ in marks])) if marks else 1
+    if marks and (m is None or schedule == "interleaved"):
+        m = int(np.median([mb for _, mb in marks]))
+    if chunks > 1:
+        schedule = "interleaved"
+    out = Pipeline(schedule, m, stages, stages_per_rank=chunks)
     if not stages:
         return out
     out.step_ms = round(float(np.mean([st.step_ms for st in stages])), 3)
     out.bubble_pct = round(float(np.mean([st.bubble_pct for st in stages])), 2)
-    if m and schedule in ("gpipe", "1f1b"):
-        out.bubble_pct_theory = round(100.0 * (p - 1) / (m + p - 1), 2)
+    if m and schedule in ("gpipe", "1f1b", "interleaved"):
+        out.bubble_pct_theory = round(100.0 * (p - 1) / (chunks * m + p - 1), 2)
     comp = np.array([st.compute_ms_per_step for st in stages])
     if comp.max() > 0:
         worst = int(np.argmax(comp))

@@ -375,7 +375,8 @@ def _evaluate(ranks: Sequence[RankCollectives], table: CollectiveTable, progress
     per, imposed, lead_share, group_n = {}, {}, {}, {}
     if mem.height:
         # chance of arriving last is 1 / members of the collective's group, not 1 / ranks of the job
-        for r, g in mem.select("cid", "rank").join(coll.select("cid", "n_ranks"), on="cid").group_by("rank").agg(
+        sizes = mem.group_by("cid").agg(pl.len().alias("n_ranks"))
+        for r, g in mem.select("cid", "rank").join(sizes, on="cid").group_by("rank").agg(
                 pl.col("n_ranks").median()).iter_rows():
             group_n[int(r)] = int(round(g))
         for r, n_coll, n_last, own in mem.group_by("rank").agg(

@@ -42,7 +42,8 @@ import polars as pl
 from rankscope.analyses.intervals import covered_between, sorted_unique, union
 from rankscope.analyses.rank.steps import StepWindows, step_windows
 from rankscope.analyses.rank.dataloader import dataloader_spans
-from rankscope.model import (BLOCKING_SYNC_PATTERN, DATALOADER_PATTERN, DEVICE_KINDS, PROFILER_STEP_PATTERN, Kind,
+from rankscope.model import (BLOCKING_SYNC_PATTERN, DATALOADER_PATTERN, DEVICE_KINDS, HOST_COMM_PATTERN,
+                             PROFILER_STEP_PATTERN, Kind,
                              KernelClass, RankTrace, names_matching)
 from rankscope.units import NS_PER_MS
 
@@ -120,8 +121,11 @@ def _cpu_only_sets(ev: pl.DataFrame) -> tuple[dict[str, tuple[np.ndarray, np.nda
     empty = (np.zeros(0, np.int64), np.zeros(0, np.int64))
     return {
         "comp": _intervals(train_ops.filter(~pl.col("name").is_in(collective))),
-        # collective calls on the training thread (launch, wait) and data loading are not compute
-        "not_comp": _intervals(ev.filter(((pl.col("tid") == tid_or_none) & pl.col("name").is_in(collective))
+        # collective calls on the training thread (launch, wait) and data loading are not compute; a
+        # gloo span there is the lifetime of the work, which the thread may spend computing (an
+        # isend / irecv of a pipeline schedule): not a call, so it takes no compute away
+        "not_comp": _intervals(ev.filter(((pl.col("tid") == tid_or_none) & pl.col("name").is_in(collective)
+                                          & ~pl.col("name").is_in(names_matching(ev, HOST_COMM_PATTERN)))
                                          | pl.col("name").is_in(names_matching(ev, DATALOADER_PATTERN)))),
         "comm": _intervals(ev.filter((pl.col("kclass") == int(KernelClass.COMM)))),
         "mem": empty,

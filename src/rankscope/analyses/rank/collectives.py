@@ -85,6 +85,9 @@ _RPC_NAME = "record_param_comms"
 _ANNOTATION_RX = re.compile(r"^(nccl|gloo|rccl|hccl|xccl):")
 _OP_RX = re.compile(r"^(c10d::|_?c10d_functional::|symm_mem::)")
 _GLOO_RX = re.compile(r"^gloo:")
+#: Forward actions of a pipeline schedule: torch.distributed.pipelining's `PP:<stage>F<microbatch>`
+#: (interleaved / zero-bubble schedules) and `Forward <microbatch>` (GPipe, one stage per rank).
+PIPELINE_MARKS = re.compile(r"^(?:PP:(\d+)F(\d+)|Forward (\d+))$")
 #: Functional collectives (DTensor, tensor-parallel layers, torch.compile): the tp role.
 _FUNCTIONAL_RX = re.compile(r"^_?c10d_functional::")
 #: The c10d ops that issue a collective (not its wait).
@@ -212,6 +215,10 @@ class RankCollectives:
     # critical path (analyses/job/critical_path.py): per step, the breakdown of its tail [the end of
     # its last collective, step end) (the whole step without collectives), ns per CATEGORIES
     step_tail_ns: list[list[int]] = field(default_factory=list)
+    # pipeline schedule marks (`PIPELINE_MARKS`): distinct model stages and microbatches this rank
+    # ran forward, -1 without marks
+    pipeline_stages: int = -1
+    pipeline_microbatches: int = -1
     owned_overlapped_ns: list[int] = field(default_factory=list)
     owned_exposed_ns: list[int] = field(default_factory=list)
     groups: list[list] = field(default_factory=list)
@@ -384,6 +391,7 @@ def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows
             out.step_tail_ns = out.step_breakdown_ns
             return out
         out.source = "host"
+    out.pipeline_stages, out.pipeline_microbatches = _pipeline_marks(ev)
     inst = inst.sort(["ts_ns", "row"])
     n = inst.height
     rows = inst["row"].to_list()
@@ -533,6 +541,20 @@ def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows
     out.owned_overlapped_ns = owned[:, 0].tolist()
     out.owned_exposed_ns = owned[:, 1].tolist()
     return out
+
+
+def _pipeline_marks(ev: pl.DataFrame) -> tuple[int, int]:
+    """(distinct stages, distinct microbatches) of the rank's forward pipeline actions; -1, -1 without."""
+    stages, micro = set(), set()
+    for name in names_matching(ev, PIPELINE_MARKS):
+        m = PIPELINE_MARKS.match(name)
+        if m.group(3) is not None:
+            stages.add(-1)
+            micro.add(int(m.group(3)))
+        else:
+            stages.add(int(m.group(1)))
+            micro.add(int(m.group(2)))
+    return (len(stages), len(micro)) if micro else (-1, -1)
 
 
 def _step_tails(timeline: Timeline, step: np.ndarray, end: np.ndarray, s_ids: np.ndarray, s_start: np.ndarray,
