@@ -1,0 +1,106 @@
+"""Cross-rank critical path and what-if (issue 19).
+
+Expected answers from outside the analysis: the corpus MANIFEST (rank 2 of cpu-gloo-4rank-straggler
+sleeps 40 ms per step between forward and backward; stage 2 of cpu-gloo-pp4-slowstage2 holds 3x the
+layers), the synthetic generator's fault-free twin (the same random draws without the fault: its
+measured step is what a perfect what-if predicts), and the measured steps themselves (a re-timing
+with no change must give them back).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import pytest
+
+from conftest import corpus_root
+from rankscope.analyses.job.critical_path import _Rank, _links, _retime
+from rankscope.api import analyze
+from rankscope.synth import generate_job, parse_injection
+
+STRAGGLER, HEALTHY, SLOW_STAGE = "cpu-gloo-4rank-straggler", "cpu-gloo-4rank-healthy", "cpu-gloo-pp4-slowstage2"
+INJECTED_SLEEP_MS = 40.0
+
+
+@lru_cache(maxsize=8)
+def _analysis(folder: str):
+    return analyze(corpus_root() / folder, use_cache=False, engine="inprocess")
+
+
+def test_straggler_path_is_its_host_idle_and_the_what_if_recovers_it(corpus):
+    cp = _analysis(STRAGGLER).cross.critical_path
+    top = cp.by_rank_category[0]
+    assert (top.rank, top.category) == (2, "host_idle")
+    assert top.ms_per_step >= 0.9 * INJECTED_SLEEP_MS
+    assert cp.owner == 2
+    w = next(w for w in cp.what_if if w.rank == 2 and "host_idle" in w.change)
+    assert w.step_ms_saved >= 0.5 * top.ms_per_step
+
+
+def test_healthy_job_has_no_single_rank_owner(corpus):
+    assert _analysis(HEALTHY).cross.critical_path.owner is None
+
+
+def test_slow_pipeline_stage_dominates_the_path(corpus):
+    cp = _analysis(SLOW_STAGE).cross.critical_path
+    per_rank = {}
+    for x in cp.by_rank_category:
+        per_rank[x.rank] = per_rank.get(x.rank, 0.0) + x.ms_per_step
+    assert max(per_rank, key=per_rank.get) == 2
+    work = [x for x in cp.by_rank_category if not x.category.startswith("comm")]
+    assert (work[0].rank, work[0].category) == (2, "compute")
+
+
+MULTI_RANK = ["cpu-gloo-4rank-straggler", "cpu-gloo-4rank-healthy", "cpu-gloo-4rank-loader0", "cpu-gloo-fsdp4",
+              "cpu-gloo-tp2dp2", "cpu-gloo-pp4-1f1b", "cpu-gloo-pp4-slowstage2", "cpu-gloo-3d-pp2dp2tp2",
+              "param-dlrm-8rank", "hta-sampled-2rank"]
+
+
+@pytest.mark.parametrize("folder", MULTI_RANK)
+def test_segments_cover_every_step(corpus, folder):
+    cp = _analysis(folder).cross.critical_path
+    assert cp is not None and cp.steps
+    for p in cp.steps:
+        covered = sum(s.dur_ms for s in p.segments)
+        assert covered == pytest.approx(p.duration_ms, rel=0.02)
+        ends = [s.start_ms + s.dur_ms for s in p.segments]
+        assert all(b >= a - 1e-6 for a, b in zip(ends, ends[1:]))
+
+
+@pytest.mark.parametrize("folder", ["cpu-gloo-4rank-straggler", "cpu-gloo-tp2dp2", "param-dlrm-8rank"])
+def test_retiming_without_change_gives_the_measured_steps(corpus, folder):
+    """The re-timed graph with nothing changed reproduces each step as measured (latest end - earliest
+    start over the ranks, aligned clocks) within 1%: the model of dependencies holds the data."""
+    from rankscope.analyses.rank.collectives import rank_collectives
+    from rankscope.ingest.kineto import read_kineto
+    from rankscope.analyses.job.stragglers import cross_rank
+    ranks = [rank_collectives(read_kineto(f)[0]) for f in sorted((corpus_root() / folder).glob("*.json.gz"))]
+    cross = cross_rank(ranks)
+    rk = {rc.rank: _Rank(rc, int(cross.collectives.offsets_ns.get(rc.rank, 0))) for rc in ranks}
+    links = _links(cross.collectives, rk, cross.parallel)
+    steps = sorted(set.intersection(*(set(r.steps) for r in rk.values())))
+    for s in steps:
+        measured = max(r.steps[s][1] for r in rk.values()) - min(r.steps[s][0] for r in rk.values())
+        assert _retime(s, rk, links, {}) == pytest.approx(measured, rel=0.01)
+
+
+@pytest.mark.parametrize("cause, change", [("host_idle", "remove its host_idle"),
+                                           ("dataloader", "shorten its DataLoader wait"),
+                                           ("gpu_compute", "compute at the median rank's pace")])
+def test_what_if_predicts_the_fault_free_twin(tmp_path, cause, change):
+    """synthetic job, rank 3 slowed by 30 ms per step; the twin is the same job without the fault."""
+    generate_job(tmp_path / "f", ranks=8, steps=4, seed=3,
+                 injections=[parse_injection(f"straggler:rank=3,cause={cause},delay_ms=30")])
+    generate_job(tmp_path / "t", ranks=8, steps=4, seed=3, injections=[])
+    faulty = analyze(tmp_path / "f", use_cache=False, engine="inprocess").cross.critical_path
+    twin = analyze(tmp_path / "t", use_cache=False, engine="inprocess").cross.critical_path
+    w = next(w for w in faulty.what_if if w.rank == 3 and change in w.change)
+    assert faulty.step_ms - w.step_ms_saved == pytest.approx(twin.step_ms, rel=0.10)
+
+
+def test_json_and_terminal_carry_the_path(corpus):
+    from rankscope.render.json import analysis_to_dict
+    d = analysis_to_dict(_analysis(STRAGGLER))["critical_path"]
+    assert {"steps", "by_rank_category", "what_if", "swimlanes"} <= set(d)
+    seg = d["steps"][0]["segments"][0]
+    assert set(seg) == {"rank", "category", "name", "start_ms", "dur_ms"}
+    assert [s["label"] for s in d["swimlanes"]] == ["slowest step", "median step"]
