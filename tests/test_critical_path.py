@@ -104,3 +104,21 @@ def test_json_and_terminal_carry_the_path(corpus):
     seg = d["steps"][0]["segments"][0]
     assert set(seg) == {"rank", "category", "name", "start_ms", "dur_ms"}
     assert [s["label"] for s in d["swimlanes"]] == ["slowest step", "median step"]
+
+
+def test_perfetto_export_has_a_critical_path_track(corpus, tmp_path):
+    """Every path segment on a rank is a slice of its `critical path` track, same duration."""
+    import json
+    from rankscope.analyses.job.critical_path import path_slices
+    from rankscope.pipelines.export import export_perfetto
+    out = tmp_path / "job.json"
+    export_perfetto(corpus_root() / STRAGGLER, out, use_cache=False)
+    doc = json.loads(out.read_text())
+    tracks = {(e["pid"], e["tid"]) for e in doc["traceEvents"]
+              if e.get("name") == "thread_name" and "critical path" in e["args"]["name"]}
+    cp = _analysis(STRAGGLER).cross.critical_path
+    for rank in (0, 2):
+        got = sorted(round(e["dur"]) for e in doc["traceEvents"] if e.get("ph") == "X" and (e["pid"], e["tid"]) in tracks
+                     and e["pid"] == rank)
+        want = sorted(round(d / 1000) for _, d, _, _, _ in path_slices(cp, rank))
+        assert got == want and got

@@ -26,6 +26,7 @@ class _ExportTask:
     offset_ns: int
     origin_ns: int
     waits: pl.DataFrame | None
+    critical_path: list                  # the critical path's segments on this rank
 
 
 @one_line_errors
@@ -36,7 +37,7 @@ def _export_task(task: _ExportTask) -> tuple[dict, list[bytes], int]:
     from rankscope.render.perfetto import rank_json
     trace, _ = load_rank(task.path, Cache(task.cache_dir))
     trace.meta.rank = task.rank
-    tl = rank_timeline(trace, task.offset_ns, task.waits)
+    tl = rank_timeline(trace, task.offset_ns, task.waits, task.critical_path)
     del trace
     chunks, events = rank_json(tl, task.origin_ns)
     return ({"rank": task.rank, "pid": task.rank, "file": task.path, "clock_offset_ns": task.offset_ns,
@@ -67,6 +68,7 @@ def export_perfetto(inputs, out: str | Path, cache_dir: str | Path | None = None
 
 
 def _export(writer, inputs, cache_dir, on_progress, pipeline_ranks: int) -> ExportResult:
+    from rankscope.analyses.job.critical_path import path_slices
     from rankscope.analyses.job.matching import collective_waits
     from rankscope.analyses.rank.timeline import job_origin_ns
     from rankscope.render.perfetto import SCHEMA
@@ -86,7 +88,8 @@ def _export(writer, inputs, cache_dir, on_progress, pipeline_ranks: int) -> Expo
     origin = job_origin_ns([s.meta.span_ns for s in analysis.ranks], offset_of)
     cache_root = str(cache_dir) if cache_dir is not None else None
     tasks = [_ExportTask(s.meta.file, s.rank, cache_root, offset, origin,
-                       collective_waits(cross.collectives, s.rank) if cross is not None else None)
+                       collective_waits(cross.collectives, s.rank) if cross is not None else None,
+                       path_slices(cross.critical_path if cross is not None else None, s.rank))
              for s, offset in zip(analysis.ranks, offset_of)]
     written = []
     with ThreadPoolExecutor(pipeline_ranks) as pool:

@@ -70,6 +70,7 @@ class StepPath:
     step: int
     duration_ms: float
     segments: list[Segment] = field(default_factory=list)
+    start_ns: int = 0                # the step's start on the aligned clock (segments' start_ms count from it)
 
 
 @dataclass
@@ -344,7 +345,16 @@ def _walk(s: int, rk: dict[int, _Rank], links: _Links) -> StepPath | None:
         if b > a:
             segments.append(Segment(rank, CATEGORIES[c], name, round((a - t0) / NS_PER_MS, 6),
                                     round((b - a) / NS_PER_MS, 6)))
-    return StepPath(s, round((t_end - t0) / NS_PER_MS, 6), segments)
+    return StepPath(s, round((t_end - t0) / NS_PER_MS, 6), segments, int(t0))
+
+
+def path_slices(cp: CriticalPath | None, rank: int) -> list[tuple[int, int, str, str, int]]:
+    """The path's segments on one rank, as (start ns on the aligned clock, duration ns, category,
+    name, step): its critical-path track in a timeline export."""
+    if cp is None:
+        return []
+    return [(p.start_ns + round(sg.start_ms * NS_PER_MS), round(sg.dur_ms * NS_PER_MS), sg.category, sg.name, p.step)
+            for p in cp.steps for sg in p.segments if sg.rank == rank]
 
 
 def _last_in_step(r: _Rank, s: int) -> int | None:

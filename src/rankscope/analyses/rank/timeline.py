@@ -65,8 +65,8 @@ MAX_LANES = 4
 #: Allocator samples per device for the memory counter (min/max decimation keeps the peaks).
 MEMORY_POINTS = 20_000
 #: Track order inside a rank's process: steps, threads, streams, overlays.
-_ORDER = {"steps": 0, "thread": 1, "stream": 2, "idle gaps": 3, "exposed comm": 4, "straggler waits": 5,
-          "profiler": 6}
+_ORDER = {"steps": 0, "critical path": 1, "thread": 2, "stream": 3, "idle gaps": 4, "exposed comm": 5,
+          "straggler waits": 6, "profiler": 7}
 _ORDER_STRIDE = 1_000_000
 
 
@@ -260,6 +260,15 @@ def _exposed_comm(track: int, offset_ns: int, timeline) -> pl.DataFrame:
     return _overlay(track, s - offset_ns, e - s, ["exposed comm"] * len(s))
 
 
+def _path(track: int, path: list[tuple[int, int, str, str, int]] | None) -> pl.DataFrame:
+    """The job's critical path where it runs on this rank (already on the aligned clock)."""
+    if not path:
+        return _overlay(track, [], [], [])
+    ts, dur, category, name, step = zip(*path)
+    return _overlay(track, list(ts), list(dur), [f"{c}: {n}" for c, n in zip(category, name)],
+                    category=list(category), step=list(step))
+
+
 def _waits(track: int, waits: pl.DataFrame | None) -> pl.DataFrame:
     if waits is None or waits.is_empty():
         return _overlay(track, [], [], [])
@@ -329,17 +338,20 @@ def _memory_counters(trace: RankTrace) -> list[pl.DataFrame]:
 
 
 # ----------------------------------------------------------------------------------------------
-def rank_timeline(trace: RankTrace, offset_ns: int = 0, waits: pl.DataFrame | None = None) -> RankTimeline:
+def rank_timeline(trace: RankTrace, offset_ns: int = 0, waits: pl.DataFrame | None = None,
+                  path: list | None = None) -> RankTimeline:
     """The rank's events and overlays on named tracks, and its counters (module docstring).
-    `waits`: this rank's `collective_waits` (already on the aligned clock)."""
+    `waits`: this rank's `collective_waits`; `path`: the job's critical path on this rank
+    (`critical_path.path_slices`); both already on the aligned clock."""
     tracks, events = _event_slices(trace, offset_ns)
     windows = step_windows(trace)
     w = windows.frame
     timeline = classify_timeline(trace, [w["start_ns"].to_numpy(), w["end_ns"].to_numpy()])
     first = tracks.height
-    overlay_names = ["steps", "idle gaps", "exposed comm", "straggler waits"]
+    overlay_names = ["steps", "critical path", "idle gaps", "exposed comm", "straggler waits"]
     ids = {name: first + i for i, name in enumerate(overlay_names)}
-    overlays = [_steps(trace, ids["steps"], offset_ns), _gaps(trace, ids["idle gaps"], offset_ns, timeline),
+    overlays = [_steps(trace, ids["steps"], offset_ns), _path(ids["critical path"], path),
+                _gaps(trace, ids["idle gaps"], offset_ns, timeline),
                 _exposed_comm(ids["exposed comm"], offset_ns, timeline), _waits(ids["straggler waits"], waits)]
     tracks = pl.concat([tracks, pl.DataFrame({
         "track": [ids[n] for n in overlay_names], "label": overlay_names,
