@@ -249,3 +249,19 @@ def test_megatron_style_unnamed_groups_with_plain_all_reduce():
     _assign_dims(out, meta, 0, [False] * 3, groups)
     assert out.dim == ["tp", "dp", "tp"]
     assert sorted(out.groups) == sorted([["tp", "inferred", 0, 1], ["dp", "inferred", 0, 2]])
+
+
+def test_straggler_evidence_says_in_which_dimension_it_is_late(corpus):
+    """With the bars lowered (any rank last at half of its collectives is named), each straggler's
+    evidence splits its last arrivals by dimension; the counts add up to its collectives (hand sum)."""
+    import re
+    a = analyze(corpus_root() / TP2DP2, use_cache=False, engine="inprocess",
+                thresholds={"straggler_last_share_min": 0.3, "straggler_last_share_chance_factor": 0.5,
+                            "straggler_min_cost_pct_of_step": 0.1, "straggler_min_cost_ms": 0.01})
+    assert a.cross.stragglers.stragglers
+    stats = {s.rank: s for s in a.cross.stragglers.ranks}
+    for st in a.cross.stragglers.stragglers:
+        parts = re.findall(r"last at (\d+) of (\d+) (\w+) collectives", st.evidence)
+        assert {d for _, _, d in parts} == {"dp", "tp"}
+        assert sum(int(n) for _, n, _ in parts) == stats[st.rank].collectives
+        assert sum(int(k) for k, _, _ in parts) == stats[st.rank].last_arrivals

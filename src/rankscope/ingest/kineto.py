@@ -30,7 +30,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.ingest.columns import DTYPES, T_NOT_A_NUMBER, Col, columnize, scan_json, scan_state
-from rankscope.ingest.discover import checked_rank, open_regular
+from rankscope.ingest.discover import checked_rank, open_regular, rank_from_filename
 from rankscope.ingest.errors import TraceError
 from rankscope.model import (CATEGORY_KINDS, DEVICE_KINDS, PROFILER_STEP_PATTERN, Kind, RankMeta, RankTrace,
                              event_kernel_classes)
@@ -1013,8 +1013,14 @@ def _build(path: Path, size: int, parsed: _Parsed, header: dict) -> RankTrace:
     kclass = event_kernel_classes(kind, name_codes, names)
 
     pid = acc.take("x", "pid")
+    tid = acc.take("x", "tid")
+    legacy = _legacy_kinds(kind, pid, t.tid)          # torch 1.x: no categories, kinds from process names
+    if legacy.any():
+        is_dev = np.isin(kind, [int(k) for k in DEVICE_KINDS])
+        kclass = event_kernel_classes(kind, name_codes, names)
     device = acc.take("x", "device", np.int32)
-    device = np.where((device < 0) & is_dev & (pid >= 0), pid, device).astype(np.int32)
+    device = np.where((device < 0) & is_dev & (pid >= 0), pid, device)
+    device = np.where((device < 0) & is_dev & legacy & (tid >= 0), tid, device).astype(np.int32)   # tid: device index
     ts = acc.take("x", "ts_ns")
     dur = acc.take("x", "dur_ns")
     problems: list[str] = []
@@ -1022,7 +1028,6 @@ def _build(path: Path, size: int, parsed: _Parsed, header: dict) -> RankTrace:
         n = sum(dropped.values())
         problems.append(f"{n} event{'s' if n > 1 else ''} dropped: "
                         + ", ".join(f"{k} with {reason}" for reason, k in dropped.items()))
-    tid = acc.take("x", "tid")
     flows = _flows_frame(acc)
     corr = _link_launches(acc.take("x", "correlation"), flows, kind, pid, tid, ts)
     flows = flows.filter(~pl.col("cat").is_in(list(LAUNCH_FLOW_CATEGORIES)))   # now in `correlation`
@@ -1039,6 +1044,9 @@ def _build(path: Path, size: int, parsed: _Parsed, header: dict) -> RankTrace:
 
     text = _categories(_inverse(t.text))
     side = {frame: _side_frame(acc, frame, text) for frame in ("gpu_args", "comm_args", "op_args")}
+    if (legacy & is_dev).any():      # device events known as such only now: their launch details are absent
+        side["gpu_args"] = _with_default_rows(side["gpu_args"], np.flatnonzero(legacy & is_dev),
+                                              acc.side_specs["gpu_args"])
     memory = pl.DataFrame({"ts_ns": acc.take("memory", "ts_ns"),
                            **{n: acc.take("memory", n) for n in acc.side_names["memory"]}})
     threads, processes = _meta_names(acc, t)
@@ -1061,6 +1069,8 @@ def _build(path: Path, size: int, parsed: _Parsed, header: dict) -> RankTrace:
     dist_rank, world_size, rank_problems = checked_rank(dist.get("rank"), dist.get("world_size"))
     problems += rank_problems
     devices = header.get("deviceProperties") if isinstance(header.get("deviceProperties"), list) else []
+    if parsed.fmt == "chrome-array":
+        problems.append(_array_format_note(path, bool(legacy.any())))
     meta = RankMeta(
         file=str(path), rank=-1, rank_source="unknown",
         format=parsed.fmt if parsed.fmt != "kineto" else _format_of(t.cat),
@@ -1188,6 +1198,42 @@ def _profiler_steps(names: list[str], name_codes: np.ndarray, kind: np.ndarray) 
     is_step = np.array([bool(step.match(n)) for n in names] + [False], dtype=bool)
     host = np.isin(kind, [int(Kind.CPU_OP), int(Kind.USER_ANNOTATION)])
     return int(len(np.unique(name_codes[host & is_step[name_codes]])))
+
+
+#: torch 1.x autograd profiler (`export_chrome_trace` before Kineto: a top-level event array): its
+#: complete events have no `cat`; the process they are filed under says where they ran (the tid of
+#: a "CUDA functions" event is the device index).
+LEGACY_PROCESS_KINDS = {"cpu functions": Kind.CPU_OP, "cuda functions": Kind.KERNEL}
+
+
+def _legacy_kinds(kind: np.ndarray, pid: np.ndarray, pid_table: dict) -> np.ndarray:
+    """Give the complete events of unknown category (Kind.OTHER) filed under a torch 1.x process
+    name (LEGACY_PROCESS_KINDS) their kind, in place; return where that happened."""
+    changed = np.zeros(len(kind), dtype=bool)
+    for text, code in pid_table.items():
+        k = LEGACY_PROCESS_KINDS.get(text.strip().lower())
+        if k is not None:
+            at = (pid == -2 - code) & (kind == int(Kind.OTHER))
+            kind[at] = int(k)
+            changed |= at
+    return changed
+
+
+def _with_default_rows(frame: pl.DataFrame, rows: np.ndarray, specs: list[Col]) -> pl.DataFrame:
+    """`frame` (a side frame keyed by `row`) plus one row of defaults for each of `rows`."""
+    extra = pl.DataFrame({"row": rows.astype(np.int64),
+                          **{name: np.full(len(rows), spec.default, dtype=DTYPES[spec.kind])
+                             for name, spec in zip(frame.columns[1:], specs)}})
+    return pl.concat([frame, extra.cast(frame.schema)]).sort("row")
+
+
+def _array_format_note(path: Path, legacy: bool) -> str:
+    """The warning for a trace that is a bare event array (no header: no distributedInfo, no
+    deviceProperties): what it is, where its rank comes from."""
+    what = ("torch 1.x trace format (top-level event array, events without categories: kinds from the "
+            "'CPU functions' / 'CUDA functions' processes)" if legacy else "top-level event array (no Kineto header)")
+    rank = "rank from the file name" if rank_from_filename(path) is not None else "rank from the file order"
+    return f"{what}: no distributedInfo nor deviceProperties, {rank}"
 
 
 def _format_of(cat_table: dict) -> str:

@@ -715,9 +715,29 @@ def cross_rank(ranks: Sequence[RankCollectives], align_clocks: bool = True,
     del members                                    # the straggler rounds derive theirs from `table`
     report = find_stragglers(ranks, table, clock, thresholds=thresholds)
     parallel = parallel_report(ranks)
+    _late_by_dim(report, ranks, table)
     _stage_stragglers(report, parallel.pipeline, resolve(thresholds))
     path = critical_path(ranks, table, parallel, thresholds)
     return CrossRank(clock, table, report, fit_alpha_beta(table), parallel, path)
+
+
+def _late_by_dim(report: StragglerReport, ranks: Sequence[RankCollectives], table: CollectiveTable) -> None:
+    """On a job of several dimensions, each straggler's evidence says in which dimension's groups it
+    arrives last (a rank late inside its tp group is late there, not everywhere)."""
+    dims_of = {rc.rank: rc.dim for rc in ranks}
+    if not report.stragglers or len({d for dims in dims_of.values() for d in dims if d}) < 2:
+        return
+    m = table.members
+    for st in report.stragglers:
+        mine = m.filter(pl.col("rank") == st.rank)
+        share = {}
+        for idx, last in mine.select("idx", "is_last").iter_rows():
+            d = dims_of[st.rank][idx] if idx < len(dims_of[st.rank]) else ""
+            n, k = share.get(d or "other", (0, 0))
+            share[d or "other"] = (n + 1, k + int(last))
+        if share:
+            st.evidence += "; by dimension: " + ", ".join(
+                f"last at {k} of {n} {d} collectives ({100.0 * k / n:.0f}%)" for d, (n, k) in sorted(share.items()))
 
 
 def _stage_stragglers(report: StragglerReport, pipeline: Pipeline | None, t: Thresholds) -> None:
