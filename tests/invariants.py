@@ -14,7 +14,12 @@ report, the HTML page) and returns every broken invariant as a line of text (`ch
   * the straggler verdict: consistent with the figures it prints and the bars in straggler_thresholds;
   * names: each name of render/figures.py shows in the terminal and the HTML the figure its JSON key
     holds (the values are compared), and no name stands for two keys;
-  * the job header says how many steps, then their ids.
+  * the job header says how many steps, then their ids;
+  * parallel layout: each dimension's groups are disjoint and of its size, the dimensions' sizes
+    multiply to at most the world size; per rank the communication per dimension sums to the
+    breakdown's comm_overlapped + comm_exposed; pipeline stages are the positions in the pp groups;
+  * critical path: each step's segments tile it (sum within 2 %, in time order, no overlap), with
+    breakdown categories; what-ifs save at most the step.
 
 Expected values come from the definitions (docs/json-schema.md, render/figures.py), applied here to the
 JSON's own numbers, never from rankscope's arithmetic.
@@ -30,6 +35,7 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.table import Table
 
+from rankscope.analyses.rank.breakdown import CATEGORIES as BREAKDOWN_CATEGORIES
 from rankscope.render.base import render
 from rankscope.render.figures import BREAKDOWN, TABLES, Figure
 from rankscope.render.html import render_html
@@ -81,7 +87,8 @@ def violations(analysis) -> list[str]:
 def check(out: Outputs) -> list[str]:
     """Every broken invariant of rendered outputs."""
     return (breakdown_sums(out.report) + percentages(out.report) + per_stream_sums(out) + overlap(out.report)
-            + straggler_verdict(out) + names(out) + steps_header(out))
+            + straggler_verdict(out) + names(out) + steps_header(out) + parallel_layout(out.report)
+            + critical_path(out.report))
 
 
 # ---------------------------------------------------------------------------------------------- the checks
@@ -320,3 +327,63 @@ def steps_header(out: Outputs) -> list[str]:
         return []
     count = f"steps profiled: {len(steps)} (#"
     return [] if count in out.text else [f"terminal header: no {count!r}"]
+
+
+def parallel_layout(report: dict) -> list[str]:
+    bad = []
+    dims = (report.get("parallelism") or {}).get("dims") or []
+    product = 1
+    for d in dims:
+        seen: set[int] = set()
+        for g in d["groups"]:
+            if len(g) != d["size"]:
+                bad.append(f"dimension {d['name']}: group {g} has {len(g)} ranks, the dimension's size is {d['size']}")
+            if seen & set(g):
+                bad.append(f"dimension {d['name']}: group {g} shares ranks with another group")
+            seen |= set(g)
+        product *= d["size"]
+    world = report["job"].get("world_size")
+    if world and product > world:
+        bad.append(f"layout {report['parallelism']['layout']!r}: sizes multiply to {product} > world size {world}")
+    for r in report["ranks"]:
+        by_dim, parts = r.get("comm_by_dim_ms"), r.get("breakdown_ms")
+        if by_dim is None or not parts:
+            continue
+        total = sum(v["overlapped"] + v["exposed"] for v in by_dim.values())
+        want = parts["comm_overlapped"] + parts["comm_exposed"]
+        if abs(total - want) > 0.001 * max(want, 1.0) + 2 * len(by_dim) * MS_ROUNDING:
+            bad.append(f"rank {r['rank']}: communication per dimension sums to {total} ms, the breakdown's "
+                       f"communication is {want} ms")
+    pipe = report.get("pipeline")
+    pp = next((d for d in dims if d["name"] == "pp"), None)
+    if pipe and pp:
+        for st in pipe["stages"]:
+            want = sorted(g[st["stage"]] for g in pp["groups"] if len(g) == pp["size"])
+            if sorted(st["ranks"]) != want:
+                bad.append(f"pipeline stage {st['stage']}: ranks {st['ranks']}, position {st['stage']} of the pp "
+                           f"groups is {want}")
+    return bad
+
+
+def critical_path(report: dict) -> list[str]:
+    bad = []
+    cp = report.get("critical_path")
+    if not cp:
+        return bad
+    categories = set(BREAKDOWN_CATEGORIES)
+    for p in cp["steps"]:
+        covered = sum(sg["dur_ms"] for sg in p["segments"])
+        if abs(covered - p["duration_ms"]) > 0.02 * p["duration_ms"] + MS_ROUNDING:
+            bad.append(f"critical path step {p['step']}: segments cover {covered} ms of {p['duration_ms']} ms")
+        end = 0.0
+        for sg in p["segments"]:
+            if sg["start_ms"] < end - 1e-3:
+                bad.append(f"critical path step {p['step']}: a segment at {sg['start_ms']} ms starts before the "
+                           f"previous one ends ({end} ms)")
+            end = sg["start_ms"] + sg["dur_ms"]
+            if sg["category"] not in categories:
+                bad.append(f"critical path step {p['step']}: category {sg['category']!r}")
+    for w in cp["what_if"]:
+        if w["step_ms_saved"] > cp["step_ms"] + MS_ROUNDING:
+            bad.append(f"what-if {w['change']!r} saves {w['step_ms_saved']} ms of a {cp['step_ms']} ms step")
+    return bad

@@ -175,7 +175,9 @@ def test_sharded_job_reports_exposed_gathers(corpus):
     ("mesh_tp", "tp"), ("mesh_dp_shard", "dp_shard"), ("mesh_dp_replicate", "dp_replicate"), ("mesh_pp", "pp"),
     ("mesh_cp", "cp"), ("mesh_ep", "ep"), ("TENSOR_MODEL_PARALLEL_GROUP", "tp"),
     ("PIPELINE_MODEL_PARALLEL_GROUP", "pp"), ("DATA_PARALLEL_GROUP", "dp"), ("CONTEXT_PARALLEL_GROUP", "cp"),
-    ("EXPERT_MODEL_PARALLEL_GROUP", "ep"), ("undefined", None), ("default_pg", None), ("my_group", None)])
+    ("EXPERT_MODEL_PARALLEL_GROUP", "ep"), ("undefined", None), ("default_pg", None), ("my_group", None),
+    # flattened meshes name several dimensions at once: none of them
+    ("mesh_dp_shard_cp", None), ("mesh_dp_cp", None), ("DATA_PARALLEL_GROUP_WITH_CP", None)])
 def test_dimension_names(desc, dim):
     assert dim_of_desc(desc) == dim
 

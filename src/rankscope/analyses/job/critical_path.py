@@ -185,12 +185,12 @@ def critical_path(ranks: Sequence[RankCollectives], table: CollectiveTable, para
         (RankCategory(r, PATH_CATEGORY[c], round(ms / n, 3), round(100.0 * ms / n / out.step_ms, 2) if out.step_ms else 0.0)
          for (r, c), ms in totals.items() if ms > 0), key=lambda x: -x.ms_per_step)
     per_rank: dict[int, float] = {}
-    for x in out.by_rank_category:
-        per_rank[x.rank] = per_rank.get(x.rank, 0.0) + x.pct_of_step
-    if per_rank:
+    for (r, _), ms in totals.items():
+        per_rank[r] = per_rank.get(r, 0.0) + ms
+    if per_rank and out.step_ms > 0:
         top = max(per_rank, key=lambda r: (per_rank[r], -r))
-        out.owner_pct = round(per_rank[top], 2)
-        out.owner = top if per_rank[top] >= t["critical_path_owner_pct"] and len(rk) > 1 else None
+        out.owner_pct = round(min(100.0, 100.0 * per_rank[top] / n / out.step_ms), 2)
+        out.owner = top if out.owner_pct >= t["critical_path_owner_pct"] and len(rk) > 1 else None
     out.what_if = _what_ifs(out, rk, links, steps, parallel, t)
     by_duration = sorted(out.steps, key=lambda p: p.duration_ms)
     picks = [(by_duration[-1], "slowest step")]

@@ -52,9 +52,18 @@ def extend_dim_patterns(pattern: str, dim: str) -> None:
     _compiled.clear()
 
 
+#: Descriptions of flattened meshes (torchtitan's `dp_shard_cp`, `dp_cp`; Megatron's
+#: `DATA_PARALLEL_GROUP_WITH_CP`): several dimensions in one group, none of them alone.
+_SHORT_DIMS = re.compile(r"(?:^|_)(pp|dp|tp|cp|ep)(?=_|$)", re.IGNORECASE)
+_FLATTENED = re.compile(r"with_cp|_and_", re.IGNORECASE)
+
+
 def dim_of_desc(desc: str | None) -> str | None:
-    """The dimension a process-group description names, or None."""
+    """The dimension a process-group description names, or None (also for a flattened mesh)."""
     if desc is None or _MEANINGLESS.match(desc.strip()):
+        return None
+    short = {m.lower() for m in _SHORT_DIMS.findall(desc.strip().removeprefix("mesh_"))}
+    if len(short) > 1 or _FLATTENED.search(desc):
         return None
     if not _compiled:
         _compiled.extend((re.compile(p, re.IGNORECASE), d) for p, d in DIM_PATTERNS)
