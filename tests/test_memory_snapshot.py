@@ -240,3 +240,91 @@ def test_terminal_fits_80_columns(report):
     text = console.export_text()
     assert max(len(line.rstrip()) for line in text.splitlines()) <= 80
     assert "fragmentation 97.4%" in text and "forward model.py:39" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 16: tuples nested by memo references, hashed as dict keys / set members, at unpickle.
+def _tuple_chain(levels: int) -> bytes:
+    """Pickle opcodes, by hand: t0 = () in memo 0, then t(i+1) = (t(i), t(i)) in memo i+1, each
+    item the one before (6 bytes a level, the stack left empty). t(n) expands to
+    2**(n+1) - 1 tuples."""
+    out = bytearray(b"\x80\x04)\x940")                      # PROTO 4, EMPTY_TUPLE, MEMOIZE (as 0), POP
+    for i in range(levels):
+        out += b"h%c2\x86\x940" % i                           # BINGET i, DUP, TUPLE2, MEMOIZE (as i+1), POP
+    return bytes(out)
+
+
+#: How the chain's last tuple gets hashed: as a dict key (three opcodes), a set or frozenset member.
+_HASH_SITES = {
+    "setitem": b"}h%cK\x01s.",           # EMPTY_DICT, BINGET n, BININT1 1, SETITEM, STOP
+    "setitems": b"}(h%cK\x01u.",         # EMPTY_DICT, MARK, key, value, SETITEMS
+    "dict": b"(h%cK\x01d.",              # MARK, key, value, DICT
+    "frozenset": b"(h%c\x91.",           # MARK, member, FROZENSET
+    "set": b"\x8f(h%c\x90.",             # EMPTY_SET, MARK, member, ADDITEMS
+}
+
+
+def test_shared_tuple_keys_are_refused_before_unpickling(tmp_path):
+    """~380-byte pickles whose one key is a tuple of 2**61 - 1 tuples (hashing it would not end):
+    each refused from its opcodes, with one line naming the file, while the subprocess's timeout
+    (generous: unpickling would take years) guards the suite against a hang."""
+    files = []
+    for site, tail in _HASH_SITES.items():
+        path = tmp_path / f"{site}.pickle"
+        path.write_bytes(_tuple_chain(60) + tail % 60)
+        assert len(path.read_bytes()) < 400
+        files.append(path)
+    proc = run_cli(["memory", *files], tmp_path, timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == len(files)
+    for path, line in zip(files, lines):
+        assert line.startswith(f"rankscope: {path}: memory snapshot: its dict keys or set members") \
+            and line.endswith("refused, not unpickled"), line
+    assert_no_traceback(proc)
+    with pytest.raises(TraceError, match="would take over 1,048,576 hashing steps"):      # in-process: as quick
+        read_memory_snapshot(files[0])
+
+
+def test_hash_work_hand_count(tmp_path):
+    """The count the refusal rests on, by hand: a key t(n) hashes 2**(n+1) - 1 tuples; a small
+    one passes the floor of MIN_HASH_LIMIT and the snapshot reads."""
+    from rankscope.ingest.memory_snapshot import MIN_HASH_LIMIT, _hash_work
+    for site, tail in _HASH_SITES.items():
+        assert _hash_work(_tuple_chain(10) + tail % 10, 1 << 40) == 2**11 - 1, site
+    # {"segments": [], "x": {t10: 1}}: 2047 + its 2 string keys; below the floor, so it reads
+    snap = b"\x80\x04}(\x8c\x08segments]\x8c\x01x}" + _tuple_chain(10)[2:] + b"h\x0aK\x01su."
+    assert _hash_work(snap, 1 << 40) == 2 + 2**11 - 1 < MIN_HASH_LIMIT
+    assert pickle.loads(snap) == {"segments": [], "x": {pickle.loads(_tuple_chain(10) + b"h\x0a."): 1}}
+    path = tmp_path / "small.pickle"
+    path.write_bytes(snap)
+    assert read_memory_snapshot(path).segments == []
+
+
+def test_corpus_snapshot_hashes_far_below_the_limit(snapshot_path, raw):
+    """The corpus pickle (string keys, a few small tuples) passes the pre-scan with a wide margin.
+    Independent count: the plainly unpickled object graph (`raw`), each distinct dict once (it was
+    built once), each of its keys at its hashing cost (str 1, tuple 1 + its items', int 1 + its
+    60-bit digits beyond the first)."""
+    from rankscope.ingest.memory_snapshot import MAX_HASH_PER_BYTE, _hash_work
+
+    def cost(key) -> int:
+        if isinstance(key, tuple):
+            return 1 + sum(cost(k) for k in key)
+        return 1 + (key.bit_length() // 60 if isinstance(key, int) else 0)
+
+    seen, todo, expected = set(), [raw], 0
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or not isinstance(obj, (dict, list, tuple)):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, dict):
+            expected += sum(cost(k) for k in obj)
+            todo += list(obj.values())
+        else:
+            todo += list(obj)
+    data = snapshot_path.read_bytes()
+    assert _hash_work(data, 1 << 40) == expected
+    assert expected < len(data) < MAX_HASH_PER_BYTE * len(data)
+    assert read_memory_snapshot(snapshot_path).segments

@@ -212,3 +212,60 @@ def test_not_nsys_and_not_sqlite_one_line_errors(tmp_path: Path, report: Path):
     for path, words in ((other, "not an nsys export"), (noise, "not an SQLite database")):
         mine = [ln for ln in lines if str(path) in ln]
         assert len(mine) == 1 and words in mine[0], proc.stderr
+
+
+def _tiny_export(path: Path, kernels: list[tuple], runtime: list[tuple], epoch: int = 1_700_000_000_000_000_000) -> Path:
+    """A minimal nsys export written here: the tables and columns the reader needs, nothing else.
+    kernels: (start, end, correlationId, name); runtime: (start, end, correlationId, name)."""
+    con = sqlite3.connect(path)
+    con.executescript("""
+        CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT NOT NULL);
+        CREATE TABLE TARGET_INFO_SESSION_START_TIME (utcEpochNs INTEGER);
+        CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, "end" INTEGER, deviceId INTEGER,
+            streamId INTEGER, correlationId INTEGER, demangledName INTEGER);
+        CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME (start INTEGER, "end" INTEGER, globalTid INTEGER,
+            correlationId INTEGER, nameId INTEGER, eventClass INTEGER);
+    """)
+    names = sorted({r[3] for r in kernels + runtime})
+    con.executemany("INSERT INTO StringIds VALUES (?, ?)", list(enumerate(names)))
+    con.execute("INSERT INTO TARGET_INFO_SESSION_START_TIME VALUES (?)", (epoch,))
+    con.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, 0, 7, ?, ?)",
+                    [(a, b, c, names.index(n)) for a, b, c, n in kernels])
+    gtid = (4242 << 24) | 17                       # pid 4242, tid 17
+    con.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, ?, ?, ?, 0)",
+                    [(a, b, gtid, c, names.index(n)) for a, b, c, n in runtime])
+    con.commit()
+    con.close()
+    return path
+
+
+def test_unusable_times_are_dropped_and_counted(tmp_path: Path):
+    """Issue 16: an event whose end lies before its start (or has no end) is dropped and counted
+    per reason, as Kineto events are; never clipped to 0. Hand count of the rows written here:
+    kernels 1000-3000 and 7000-9000 usable, 5000-4000 negative, 6000-NULL no duration; runtime
+    900-950 usable, 2000-1990 negative."""
+    epoch = 1_700_000_000_000_000_000
+    path = _tiny_export(tmp_path / "rank0.sqlite",
+                        kernels=[(1000, 3000, 1, "gemm"), (5000, 4000, 2, "gemm"), (6000, None, 3, "relu"),
+                                 (7000, 9000, 4, "relu")],
+                        runtime=[(900, 950, 1, "cudaLaunchKernel_v7000"), (2000, 1990, 2, "cudaLaunchKernel_v7000")],
+                        epoch=epoch)
+    trace = read_trace(path)[0]
+    meta = trace.meta
+    assert meta.dropped == {"dur not a number": 1, "dur negative": 2}
+    assert "3 events dropped: 1 with dur not a number, 2 with dur negative" in meta.problems
+    ev = trace.events.sort("ts_ns")
+    assert list(zip((ev["ts_ns"] - epoch).to_list(), ev["dur_ns"].to_list(), ev["name"].cast(pl.String).to_list())) \
+        == [(900, 50, "cudaLaunchKernel"), (1000, 2000, "gemm"), (7000, 2000, "relu")]
+    assert (ev["dur_ns"] > 0).all() and meta.device_events == 2
+    assert meta.span_ns == (epoch + 900, epoch + 9000)
+
+    # every event unusable: one line, and the other rank of the job is still analysed
+    bad = _tiny_export(tmp_path / "rank1.sqlite", kernels=[(5000, 4000, 1, "gemm")], runtime=[], epoch=epoch)
+    with pytest.raises(TraceError, match=r"no event with a usable start and duration \(1 dropped: 1 with dur negative\)"):
+        read_trace(bad)
+    proc = run_cli(["analyze", path, bad, "--json", "--no-cache", "-q"], tmp_path)
+    assert_no_traceback(proc)
+    out = json.loads(proc.stdout)
+    assert [r["rank"] for r in out["ranks"]] == [0]
+    assert [ln for ln in proc.stderr.splitlines() if str(bad) in ln][0].endswith("1 with dur negative)")

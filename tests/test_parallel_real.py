@@ -71,7 +71,7 @@ def test_skewed_expert_named_with_its_load():
     tokens = t["expert_tokens_per_rank"]
     assert f.ranks == [t["skewed_expert_rank"]]
     want = 100.0 * (max(tokens) / (sum(tokens) / len(tokens)) - 1.0)
-    assert f.evidence["imbalance_pct"] == pytest.approx(want, abs=1.0)
+    assert f.evidence["imbalance_pct_over_mean"] == pytest.approx(want, abs=1.0)
 
 
 def test_megatron_names_give_the_dimensions_from_pg_desc():
@@ -92,3 +92,9 @@ def test_comm_by_dim_sums_to_the_breakdown(job):
         want = s.breakdown_mean_ms["comm_overlapped"] + s.breakdown_mean_ms["comm_exposed"]
         got = sum(v.overlapped + v.exposed for v in comm[s.rank].by_dim.values())
         assert got == pytest.approx(want, rel=1e-6, abs=1e-5)
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_invariants_hold(job):
+    from invariants import violations
+    assert violations(result(job)) == []

@@ -19,7 +19,8 @@ def pipeline_stage_imbalance(job: JobView) -> Iterable[Finding]:
     if p is None or p.bottleneck_stage is None or len(p.stages) < 2:
         return
     t = job.thresholds
-    severity = tier(p.imbalance_pct, t, "pipeline_stage_imbalance_pct", None, "pipeline_stage_imbalance_high_pct")
+    severity = tier(p.imbalance_pct_over_mean, t, "pipeline_stage_imbalance_pct", None,
+                    "pipeline_stage_imbalance_high_pct")
     if severity is None:
         return
     by_stage = {st.stage: st for st in p.stages}
@@ -33,11 +34,12 @@ def pipeline_stage_imbalance(job: JobView) -> Iterable[Finding]:
         id="pipeline_stage_imbalance", severity=severity, ranks=slow.ranks, steps=job.steps(),
         summary=(f"pipeline stage {slow.stage} (rank{'s' if len(slow.ranks) > 1 else ''} "
                  f"{', '.join(map(str, slow.ranks))}) computes {slow.compute_ms_per_step:.1f} ms per step, "
-                 f"{p.imbalance_pct:.0f}% more than the stages' mean ({avg:.1f} ms): every other stage waits for it; "
+                 f"{p.imbalance_pct_over_mean:.0f}% more than the stages' mean ({avg:.1f} ms): every other stage "
+                 f"waits for it; "
                  f"an even split would shorten the step by about {p.balanced_step_saving_ms:.1f} ms"),
         evidence={"compute_ms_per_step_by_stage": {st.stage: st.compute_ms_per_step for st in p.stages},
                   "bubble_pct_by_stage": {st.stage: st.bubble_pct for st in p.stages},
-                  "bottleneck_stage": slow.stage, "imbalance_pct": p.imbalance_pct,
+                  "bottleneck_stage": slow.stage, "imbalance_pct_over_mean": p.imbalance_pct_over_mean,
                   "balanced_step_saving_ms": p.balanced_step_saving_ms, "schedule": p.schedule,
                   "microbatches": p.microbatches},
         explanation=("A pipeline runs at the pace of its slowest stage: each microbatch waits for it, and the "
@@ -63,7 +65,7 @@ def pipeline_bubble(job: JobView) -> Iterable[Finding]:
     if p is None or p.bubble_pct_theory is None or not p.stages:
         return
     t = job.thresholds
-    if p.imbalance_pct >= t["pipeline_stage_imbalance_pct"]:
+    if p.imbalance_pct_over_mean >= t["pipeline_stage_imbalance_pct"]:
         return
     excess = p.bubble_pct - p.bubble_pct_theory
     severity = tier(excess, t, "pipeline_bubble_excess_pct", None, "pipeline_bubble_high_excess_pct")
@@ -189,17 +191,18 @@ def expert_imbalance(job: JobView) -> Iterable[Finding]:
     if worst is None:
         return
     t = job.thresholds
-    severity = tier(worst.imbalance_pct, t, "expert_imbalance_pct", None, "expert_imbalance_high_pct")
+    severity = tier(worst.imbalance_pct_over_mean, t, "expert_imbalance_pct", None, "expert_imbalance_high_pct")
     if severity is None:
         return
     group_mean = mean(worst.received_mb_per_step.values())
     yield Finding(
         id="expert_imbalance", severity=severity, ranks=[worst.hottest_rank], steps=job.steps(),
         summary=(f"rank {worst.hottest_rank} receives {worst.received_mb_per_step[worst.hottest_rank]:.2f} MB of "
-                 f"tokens per step in the expert-parallel all_to_all, {worst.imbalance_pct:.0f}% more than its "
+                 f"tokens per step in the expert-parallel all_to_all, {worst.imbalance_pct_over_mean:.0f}% more "
+                 f"than its "
                  f"group's mean ({group_mean:.2f} MB): its experts are the hot ones and the others wait for them"),
         evidence={"received_mb_per_step": {r: v for r, v in worst.received_mb_per_step.items()},
-                  "group": worst.ranks, "imbalance_pct": worst.imbalance_pct,
+                  "group": worst.ranks, "imbalance_pct_over_mean": worst.imbalance_pct_over_mean,
                   "all_to_all_per_step": e.all_to_all_per_step},
         explanation=("In expert parallelism the router sends each token to its experts with an all_to_all; a rank "
                      "whose experts get more tokens computes longer, and the combine all_to_all waits for it. "

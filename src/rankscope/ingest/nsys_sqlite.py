@@ -43,6 +43,7 @@ import polars as pl
 
 from rankscope.ingest.discover import checked_rank, open_regular
 from rankscope.ingest.errors import TraceError
+from rankscope.ingest.kineto import MAX_DUR_NS, MAX_TS_NS, TIME_REASONS, _main_run, _mark
 from rankscope.model import (DEVICE_KINDS, PROFILER_STEP_PATTERN, KernelClass, Kind, RankMeta, RankTrace,
                              event_kernel_classes)
 
@@ -215,12 +216,15 @@ def _read(db: _Db, path: Path, size: int) -> tuple[RankTrace, dict]:
     parts = [p for p in parts if p is not None and p.height]
     if not parts:
         raise TraceError("Nsight Systems export without CUDA or NVTX events (was it captured with -t cuda,nvtx?)")
-    frame = pl.concat(parts, how="diagonal_relaxed").with_columns(pl.col("ts_ns") + epoch)
+    frame, dropped = _drop_unusable_times(pl.concat(parts, how="diagonal_relaxed"), epoch)
+    if frame.is_empty():
+        raise TraceError(f"no event with a usable start and duration ({sum(dropped.values())} dropped: "
+                         + ", ".join(f"{k} with {reason}" for reason, k in dropped.items()) + ")")
+    if dropped:
+        n = sum(dropped.values())
+        problems.append(f"{n} event{'s' if n > 1 else ''} dropped: "
+                        + ", ".join(f"{k} with {reason}" for reason, k in dropped.items()))
     frame = _steps_from_nvtx(frame, problems).sort("ts_ns", maintain_order=True)
-    negative = int((frame["dur_ns"] < 0).sum())
-    if negative:
-        problems.append(f"{negative} events with negative duration (set to 0)")
-        frame = frame.with_columns(pl.col("dur_ns").clip(lower_bound=0))
 
     kind = frame["kind"].to_numpy().astype(np.uint8)
     names = frame["name"].fill_null("").to_numpy().astype(object)
@@ -238,8 +242,38 @@ def _read(db: _Db, path: Path, size: int) -> tuple[RankTrace, dict]:
     gpu_args = _gpu_args(frame)
     header = {"env": _captured_env(db)}
     meta = _meta(db, path, size, events, header["env"], problems)
+    meta.dropped = dropped
     empty = {name: pl.DataFrame(schema=schema) for name, schema in _EMPTY.items()}
     return RankTrace(meta=meta, events=events, gpu_args=gpu_args, **empty), header
+
+
+def _drop_unusable_times(frame: pl.DataFrame, epoch: int) -> tuple[pl.DataFrame, dict[str, int]]:
+    """Times made absolute (+ the session's epoch), and the events whose start or duration is
+    unusable dropped, each under its first reason, as the Kineto reader does (kineto.TIME_REASONS:
+    not a number, i.e. NULL or not an integer; out of range; a negative duration, end before start;
+    over a day; a day away from the other events). Returns the frame and the count per reason."""
+    ts = frame["ts_ns"].cast(pl.Int64, strict=False)
+    dur = frame["dur_ns"].cast(pl.Int64, strict=False)
+    t, d = ts.fill_null(0).to_numpy(), dur.fill_null(0).to_numpy()
+    reasons = np.zeros(frame.height, np.uint8)
+    _mark(reasons, ts.is_null().to_numpy(), 1)
+    _mark(reasons, (t >= MAX_TS_NS) | (t <= -MAX_TS_NS), 2)
+    if abs(epoch) < MAX_TS_NS:
+        t = np.where(reasons == 0, t, 0) + epoch             # both below 2**62: no overflow
+        _mark(reasons, (t >= MAX_TS_NS) | (t <= -MAX_TS_NS), 2)
+    else:                                                    # a session start no clock gives
+        _mark(reasons, np.ones(len(t), dtype=bool), 2)
+    _mark(reasons, dur.is_null().to_numpy(), 3)
+    _mark(reasons, d < 0, 4)
+    _mark(reasons, d > MAX_DUR_NS, 5)
+    usable = t[reasons == 0]
+    if len(usable) and int(usable.max()) - int(usable.min()) > MAX_DUR_NS:
+        lo, hi = _main_run(usable)
+        _mark(reasons, (t < lo) | (t > hi), 6)
+    counts = np.bincount(reasons, minlength=len(TIME_REASONS) + 1)
+    dropped = {reason: int(n) for reason, n in zip(TIME_REASONS, counts[1:]) if n}
+    frame = frame.with_columns(pl.Series("ts_ns", t), pl.Series("dur_ns", d))
+    return (frame.filter(pl.Series(reasons == 0)) if dropped else frame), dropped
 
 
 def _session_epoch_ns(db: _Db) -> int:

@@ -47,7 +47,8 @@ def render_html(report: dict) -> str:
     figures: dict[str, dict] = {}
     body = "".join([_header(report), _findings(report), _breakdown(report, figures), _parallel(report, figures),
                     _heatmap(report, figures),
-                    _collectives(report, figures), _critical_path(report, figures), _overlap(report, figures), _idle(report, figures),
+                    _collectives(report, figures), _critical_path(report, figures), _overlap(report, figures),
+                    _idle(report, figures),
                     _rank_detail(report, figures)])
     return page(f"rankscope report: {len(report['job']['ranks'])} ranks", body, figures, report.get("schema"))
 
@@ -206,7 +207,8 @@ def _parallel(report: dict, figures: dict) -> str:
                         + ("(p-1)/(v m+p-1), v = {} model chunks per rank".format(pipe["stages_per_rank"])
                            if pipe.get("stages_per_rank", 1) > 1 else "(p-1)/(m+p-1)") + ")"
                         if theory is not None else "")
-                     + (f"; bottleneck: stage {pipe['bottleneck_stage']}, {value_text(pipe.get('imbalance_pct'))}% "
+                     + (f"; bottleneck: stage {pipe['bottleneck_stage']}, "
+                        f"{value_text(pipe.get('imbalance_pct_over_mean'))}% "
                         f"more compute than the stages' mean" if pipe.get("bottleneck_stage") is not None else "")
                      + ". " + html_legend(*PIPELINE_STAGE.values())),
                 one_chart(figures, "chart-pipeline-bubble", data, chart_layout("stage", "% of step", 320, len(sx))),
@@ -221,7 +223,7 @@ def _parallel(report: dict, figures: dict) -> str:
                      f"the most-loaded rank over its group's mean."),
                 html_table(["group", "received MB per step, by rank", "imbalance %", "hottest rank"],
                            [[ranges(g["ranks"]), ", ".join(f"{r}: {v}" for r, v in g["received_mb_per_step"].items()),
-                             g["imbalance_pct"], g["hottest_rank"]] for g in experts["groups"]], {2, 3})]
+                             g["imbalance_pct_over_mean"], g["hottest_rank"]] for g in experts["groups"]], {2, 3})]
     return "".join(out) + "</section>"
 
 

@@ -290,7 +290,7 @@ def _parallel_section(a: Analysis, shown: list, console: Console) -> None:
     console.print(f"[bold]Pipeline[/]: {p.schedule} schedule, "
                   f"{p.microbatches if p.microbatches else 'unknown'} microbatches, {len(p.stages)} stages; "
                   f"bubble {p.bubble_pct:.1f}% of the step (mean stage){theory}"
-                  + (f"; bottleneck: stage {p.bottleneck_stage} ({p.imbalance_pct:+.0f}% compute against the "
+                  + (f"; bottleneck: stage {p.bottleneck_stage} ({p.imbalance_pct_over_mean:+.0f}% compute against the "
                      f"stages' mean)" if p.bottleneck_stage is not None else ""), highlight=False)
     table = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("stage", justify="right")

@@ -131,8 +131,7 @@ class _Rank:
         self.pre = rc.pre_matrix() if n else np.zeros((0, _N), np.int64)
         self.type = list(rc.type)
         self.dim = list(rc.dim) if len(rc.dim) == n else [""] * n
-        ovl = np.asarray(rc.owned_overlapped_ns if len(rc.owned_overlapped_ns) == n else np.zeros(n), np.int64)
-        exp = np.asarray(rc.owned_exposed_ns if len(rc.owned_exposed_ns) == n else np.zeros(n), np.int64)
+        ovl, exp = rc.owned_ns()
         self.comm_cat = np.where(ovl > exp, CATEGORIES.index("comm_overlapped"), CATEGORIES.index("comm_exposed"))
         self.steps = {int(s): (int(a) - offset_ns, int(b) - offset_ns)
                       for s, a, b in zip(rc.steps, rc.step_start_ns, rc.step_end_ns)}
@@ -182,7 +181,8 @@ def critical_path(ranks: Sequence[RankCollectives], table: CollectiveTable, para
             totals[(sg.rank, sg.category)] = totals.get((sg.rank, sg.category), 0.0) + sg.dur_ms
     n = len(out.steps)
     out.by_rank_category = sorted(
-        (RankCategory(r, PATH_CATEGORY[c], round(ms / n, 3), round(100.0 * ms / n / out.step_ms, 2) if out.step_ms else 0.0)
+        (RankCategory(r, PATH_CATEGORY[c], round(ms / n, 3),
+                      round(100.0 * ms / n / out.step_ms, 2) if out.step_ms else 0.0)
          for (r, c), ms in totals.items() if ms > 0), key=lambda x: -x.ms_per_step)
     per_rank: dict[int, float] = {}
     for (r, _), ms in totals.items():

@@ -20,7 +20,7 @@ from rankscope.analyses.rank.collectives import RankCollectives
 class ExpertGroup:
     ranks: list[int]
     received_mb_per_step: dict[int, float]
-    imbalance_pct: float              # max over mean, % above it
+    imbalance_pct_over_mean: float              # max over mean, % above it
     hottest_rank: int
     slot: int = 0                     # which all_to_all of the step (0: the first)
 
@@ -32,7 +32,7 @@ class ExpertLoad:
 
     @property
     def worst(self) -> ExpertGroup | None:
-        return max(self.groups, key=lambda g: g.imbalance_pct, default=None)
+        return max(self.groups, key=lambda g: g.imbalance_pct_over_mean, default=None)
 
 
 def expert_load(ranks: Sequence[RankCollectives], layout: Layout) -> ExpertLoad | None:
@@ -72,7 +72,7 @@ def expert_load(ranks: Sequence[RankCollectives], layout: Layout) -> ExpertLoad 
                 continue
             hottest = max(load, key=lambda r: (load[r], -r))
             pct = 100.0 * (load[hottest] / mean - 1.0)
-            if worst is None or pct > worst.imbalance_pct:
+            if worst is None or pct > worst.imbalance_pct_over_mean:
                 worst = ExpertGroup(sorted(load), {r: round(v, 4) for r, v in sorted(load.items())}, round(pct, 2),
                                     hottest, k)
         if worst is not None:

@@ -68,7 +68,8 @@ def parallel_layout(ranks: Sequence[RankCollectives]) -> Layout:
     for name in sorted(groups, key=lambda n: DIM_ORDER.index(n) if n in DIM_ORDER else len(DIM_ORDER)):
         gs = sorted(groups[name])
         sizes = sorted({len(g) for g in gs})
-        dims.append(Dim(name, sizes[-1], [list(g) for g in gs], "pg_desc" if "pg_desc" in sources[name] else "inferred"))
+        source = "pg_desc" if "pg_desc" in sources[name] else "inferred"
+        dims.append(Dim(name, sizes[-1], [list(g) for g in gs], source))
     return Layout(dims)
 
 
@@ -95,8 +96,7 @@ def comm_by_dim(ranks: Sequence[RankCollectives]) -> list[RankDimComm]:
         per = defaultdict(lambda: np.zeros(2, dtype=np.int64))
         per_type = defaultdict(lambda: np.zeros(2, dtype=np.int64))
         dims = list(rc.dim) if len(rc.dim) == len(rc) else [""] * len(rc)
-        ovl = np.asarray(rc.owned_overlapped_ns if len(rc.owned_overlapped_ns) == len(rc) else np.zeros(len(rc)), np.int64)
-        exp = np.asarray(rc.owned_exposed_ns if len(rc.owned_exposed_ns) == len(rc) else np.zeros(len(rc)), np.int64)
+        ovl, exp = rc.owned_ns()
         for d, t, o, e in zip(dims, rc.type, ovl, exp):
             key = d or "other"
             per[key] += (o, e)
@@ -106,7 +106,9 @@ def comm_by_dim(ranks: Sequence[RankCollectives]) -> list[RankDimComm]:
         rest = total - sum(per.values(), np.zeros(2, dtype=np.int64))
         if (rest > 0).any():
             per["other"] += np.maximum(rest, 0)
-        to_ms = lambda v: DimComm(round(float(v[0]) / NS_PER_MS / n_steps, 6), round(float(v[1]) / NS_PER_MS / n_steps, 6))
+        def to_ms(v: np.ndarray) -> DimComm:
+            return DimComm(round(float(v[0]) / NS_PER_MS / n_steps, 6), round(float(v[1]) / NS_PER_MS / n_steps, 6))
+
         by_type: dict[str, dict[str, DimComm]] = defaultdict(dict)
         for (d, t), v in per_type.items():
             by_type[d][t] = to_ms(v)

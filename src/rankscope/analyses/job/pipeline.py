@@ -55,7 +55,7 @@ class Pipeline:
     bubble_pct: float = 0.0            # mean over stages
     bubble_pct_theory: float | None = None
     bottleneck_stage: int | None = None
-    imbalance_pct: float = 0.0         # bottleneck compute over the stages' mean, % above it
+    imbalance_pct_over_mean: float = 0.0         # bottleneck compute over the stages' mean, % above it
     balanced_step_saving_ms: float = 0.0   # step x (1 - mean / max compute)
     step_ms: float = 0.0
     stages_per_rank: int = 1           # model chunks per rank (virtual stages), from the schedule's marks
@@ -106,7 +106,7 @@ def pipeline_analysis(ranks: Sequence[RankCollectives], layout: Layout, comm: Se
     if comp.max() > 0:
         worst = int(np.argmax(comp))
         out.bottleneck_stage = stages[worst].stage
-        out.imbalance_pct = round(100.0 * (comp.max() / comp.mean() - 1.0), 2)
+        out.imbalance_pct_over_mean = round(100.0 * (comp.max() / comp.mean() - 1.0), 2)
         out.balanced_step_saving_ms = round(out.step_ms * (1.0 - comp.mean() / comp.max()), 3)
     return out
 

@@ -745,11 +745,12 @@ def _stage_stragglers(report: StragglerReport, pipeline: Pipeline | None, t: Thr
     `pipeline_stage_imbalance_pct` over the stages' mean) is late because its stage holds more work:
     cause `pipeline_stage`."""
     if pipeline is None or pipeline.bottleneck_stage is None or \
-            pipeline.imbalance_pct < t["pipeline_stage_imbalance_pct"]:
+            pipeline.imbalance_pct_over_mean < t["pipeline_stage_imbalance_pct"]:
         return
     stage = next(st for st in pipeline.stages if st.stage == pipeline.bottleneck_stage)
     for s in report.stragglers:
         if s.rank in stage.ranks:
             s.cause = "pipeline_stage"
-            s.evidence += (f"; it is on pipeline stage {stage.stage}, which computes {pipeline.imbalance_pct:.0f}% "
+            s.evidence += (f"; it is on pipeline stage {stage.stage}, which computes "
+                           f"{pipeline.imbalance_pct_over_mean:.0f}% "
                            f"more than the stages' mean")

@@ -249,6 +249,12 @@ class RankCollectives:
         """`since_step_ns` as an (instances, len(CATEGORIES)) int64 array, compacted or not."""
         return _matrix(self.since_step_ns, len(self))
 
+    def owned_ns(self) -> tuple[np.ndarray, np.ndarray]:
+        """(`owned_overlapped_ns`, `owned_exposed_ns`) as int64 arrays; zeros for a summary without them."""
+        n = len(self)
+        return tuple(np.asarray(v if len(v) == n else np.zeros(n), dtype=np.int64)
+                     for v in (self.owned_overlapped_ns, self.owned_exposed_ns))
+
     def pre_matrix(self) -> np.ndarray:
         """`pre_ns` as an (instances, len(CATEGORIES)) int64 array, compacted or not."""
         return _matrix(self.pre_ns, len(self))
@@ -323,7 +329,8 @@ def _gloo_issuers(inst: pl.DataFrame, host: pl.DataFrame) -> list[int]:
     spans = typed(inst.with_row_index("idx").select(pl.col("idx").cast(pl.Int64), "pid",
                                                     pl.col("ts_ns").alias("t_ns"), pl.col("name").cast(pl.String)))
     for t in spans["type"].unique().to_list():
-        cand = ops.filter(pl.col("type").is_in(list(_GLOO_ISSUERS.get(t, (t,))))).select("row", "pid", "t_ns").sort("t_ns")
+        cand = ops.filter(pl.col("type").is_in(list(_GLOO_ISSUERS.get(t, (t,))))) \
+            .select("row", "pid", "t_ns").sort("t_ns")
         pts = spans.filter(pl.col("type") == t).select("idx", "pid", "t_ns").sort("t_ns")
         if cand.is_empty() or pts.is_empty():
             continue
