@@ -255,10 +255,11 @@ def _breakdown_table(a: Analysis, shown: list, console: Console) -> None:
 def _parallel_section(a: Analysis, shown: list, console: Console) -> None:
     """The parallel layout: its groups, communication per dimension per rank, the pipeline's stages."""
     par = a.cross.parallel if a.cross else None
-    if par is None or not par.layout.dims:
+    # one dimension over the whole job (plain DDP / FSDP): the header's layout line says it all
+    if par is None or not (len(par.layout.dims) > 1 or par.pipeline or par.experts):
         return
     groups = "; ".join(f"{d.name} {d.size}: {_groups_text(d.groups)}" for d in par.layout.dims)
-    console.print(f"[bold]Parallel layout[/] {par.layout.text}: {groups}", highlight=False)
+    console.print(f"[bold]Parallel layout[/]: {groups}", highlight=False)
     dims = [d.name for d in par.layout.dims]
     comm = {c.rank: c for c in par.comm}
     if any("other" in c.by_dim for c in par.comm):
