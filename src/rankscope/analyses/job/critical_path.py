@@ -407,8 +407,10 @@ def _retime(s: int, rk: dict[int, _Rank], links: _Links, mult: dict[int, np.ndar
 
 def _what_ifs(cp: CriticalPath, rk: dict[int, _Rank], links: _Links, steps: list[int],
               parallel: ParallelReport | None, t: Thresholds) -> list[WhatIf]:
+    baseline = {s: _retime(s, rk, links, {}) for s in steps}
+
     def saved(mult: dict[int, np.ndarray], free: frozenset = frozenset()) -> float:
-        diffs = [_retime(s, rk, links, {}) - _retime(s, rk, links, mult, free) for s in steps]
+        diffs = [baseline[s] - _retime(s, rk, links, mult, free) for s in steps]
         return round(float(np.mean(diffs)) / NS_PER_MS, 3) if diffs else 0.0
 
     out = []
