@@ -267,3 +267,19 @@ def test_straggler_evidence_says_in_which_dimension_it_is_late(corpus):
         assert {d for _, _, d in parts} == {"dp", "tp"}
         assert sum(int(n) for _, n, _ in parts) == stats[st.rank].collectives
         assert sum(int(k) for k, _, _ in parts) == stats[st.rank].last_arrivals
+
+
+def test_sequence_parallel_gathers_go_to_the_tp_group():
+    """A functional (DTensor) all_gather / reduce_scatter where the job names a tp group is sequence
+    parallel, in the tp group; a c10d one (FSDP's) stays in the sharded data-parallel group."""
+    from types import SimpleNamespace
+    from rankscope.analyses.rank.collectives import RankCollectives, _assign_dims
+    meta = SimpleNamespace(world_size=4, pg_config=[
+        {"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1, 2, 3]},
+        {"pg_name": "1", "pg_desc": "mesh_dp", "ranks": [0, 2]},
+        {"pg_name": "2", "pg_desc": "mesh_tp", "ranks": [0, 1]}])
+    out = RankCollectives(rank=0, pg=["default"] * 3, type=["all_gather", "reduce_scatter", "all_gather"],
+                          seq=[-1] * 3, group_size=[4] * 3)
+    _assign_dims(out, meta, 0, [True, True, False], [None] * 3)
+    assert out.dim == ["tp", "tp", "dp"]
+    assert out.pg == ["mesh_tp:0,1", "mesh_tp:0,1", "mesh_dp:0,2"]

@@ -606,12 +606,14 @@ def _assign_dims(out: RankCollectives, meta, rank: int, functional: list[bool],
     by_name = {g.pg_name: g for g in groups if g.pg_name}
     world = tuple(range(world_size)) if world_size else ()
     roles = [role_dim(t, f) for t, f in zip(out.type, functional)]
+    named = {g.dim: g for g in groups if g.dim}
+    if "tp" in named:          # sequence parallel: DTensor's all_gather / reduce_scatter run in the tp group
+        roles = ["tp" if r == "dp_shard" and f else r for r, f in zip(roles, functional)]
     own = []                       # the group each instance's metadata names, None: the role decides
     for i, role in enumerate(roles):
         g = event_groups[i] or by_name.get(out.pg[i])
         own.append(None if g is not None and g.dim is None and g.ranks == world and role else g)
     unnamed = assign_unnamed({r for r, g in zip(roles, own) if r and g is None}, groups, world)
-    named = {g.dim: g for g in groups if g.dim}
     # pass 1: each instance's group (None: the world) and whether that group names its dimension
     placed: list[tuple[Group | None, str | None]] = []
     for i, role in enumerate(roles):

@@ -13,6 +13,7 @@ collective's dimension comes from its role (`role_dim`):
   all_gather / reduce_scatter (parameters)      -> dp_shard
   all_reduce issued by a functional collective  -> tp   (DTensor / tensor parallel layers)
   any other all_reduce (gradients)              -> dp
+  (a functional all_gather / reduce_scatter where a tp group is named: sequence parallel, tp)
 and the rank's unnamed groups are given to those dimensions by locality: the group whose ranks
 lie closest together (smallest rank stride) to the innermost dimension (tp, then cp, ep,
 dp_shard, dp, pp: the order of Megatron's and torchtitan's meshes). A dimension without a group
