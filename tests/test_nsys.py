@@ -243,12 +243,13 @@ def test_unusable_times_are_dropped_and_counted(tmp_path: Path):
     """Issue 16: an event whose end lies before its start (or has no end) is dropped and counted
     per reason, as Kineto events are; never clipped to 0. Hand count of the rows written here:
     kernels 1000-3000 and 7000-9000 usable, 5000-4000 negative, 6000-NULL no duration; runtime
-    900-950 usable, 2000-1990 negative."""
+    900-950 and 6900-6950 usable, 2000-1990 negative."""
     epoch = 1_700_000_000_000_000_000
     path = _tiny_export(tmp_path / "rank0.sqlite",
                         kernels=[(1000, 3000, 1, "gemm"), (5000, 4000, 2, "gemm"), (6000, None, 3, "relu"),
                                  (7000, 9000, 4, "relu")],
-                        runtime=[(900, 950, 1, "cudaLaunchKernel_v7000"), (2000, 1990, 2, "cudaLaunchKernel_v7000")],
+                        runtime=[(900, 950, 1, "cudaLaunchKernel_v7000"), (2000, 1990, 2, "cudaLaunchKernel_v7000"),
+                                 (6900, 6950, 4, "cudaLaunchKernel_v7000")],
                         epoch=epoch)
     trace = read_trace(path)[0]
     meta = trace.meta
@@ -256,7 +257,7 @@ def test_unusable_times_are_dropped_and_counted(tmp_path: Path):
     assert "3 events dropped: 1 with dur not a number, 2 with dur negative" in meta.problems
     ev = trace.events.sort("ts_ns")
     assert list(zip((ev["ts_ns"] - epoch).to_list(), ev["dur_ns"].to_list(), ev["name"].cast(pl.String).to_list())) \
-        == [(900, 50, "cudaLaunchKernel"), (1000, 2000, "gemm"), (7000, 2000, "relu")]
+        == [(900, 50, "cudaLaunchKernel"), (1000, 2000, "gemm"), (6900, 50, "cudaLaunchKernel"), (7000, 2000, "relu")]
     assert (ev["dur_ns"] > 0).all() and meta.device_events == 2
     assert meta.span_ns == (epoch + 900, epoch + 9000)
 

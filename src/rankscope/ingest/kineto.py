@@ -14,6 +14,9 @@ Robustness, in order of cost:
   4. no trace inside (empty, not JSON, JSON without events, corrupt gzip) -> TraceError, one line.
 An event whose ts or dur cannot be a time (not a number, out of range, negative or over a day, a
 day away from the others) is dropped alone and counted per reason (`_drop_unusable_times`).
+A run of whitespace between tokens is not kept in memory (`_Gaps`). A bare top-level array of
+events ("chrome-array") says so in the problems; torch 1.x wrote one with no categories, its
+kinds are taken from its process names (`LEGACY_PROCESS_KINDS`).
 """
 from __future__ import annotations
 
@@ -707,16 +710,14 @@ def _last_boundary(buf: bytes | bytearray, before: int, lo: int = 0) -> int:
 def _boundary_at(buf: bytes | bytearray, lo: int, before: int) -> int:
     """The boundary whose '}' lies before `lo` and whose '{' is the first '{' in buf[lo:before]
     (only whitespace and the ',' between them); -1 if none."""
-    first = _NON_WS.search(buf, lo, before)
-    if first is None:
+    brace = _first_non_ws(buf, lo, before)
+    if brace < 0:
         return -1
-    brace = first.start()
     comma_seen = buf[brace] == 0x2C
     if comma_seen:
-        nxt = _NON_WS.search(buf, brace + 1, before)
-        if nxt is None:
+        brace = _first_non_ws(buf, brace + 1, before)
+        if brace < 0:
             return -1
-        brace = nxt.start()
     if buf[brace] != 0x7B:
         return -1
     end = _ws_start(buf, lo)
@@ -732,11 +733,29 @@ def _ws_start(buf: bytes | bytearray, end: int) -> int:
     step = 64
     while end > 0:
         lo = max(0, end - step)
-        kept = len(buf[lo:end].rstrip(_JSON_WS))
-        if kept:
-            return lo + kept
+        piece = buf[lo:end]
+        if not _all_ws(piece):
+            return lo + len(piece.rstrip(_JSON_WS))
         end, step = lo, min(step * 4, 1 << 20)
     return 0
+
+
+def _first_non_ws(buf: bytes | bytearray, lo: int, before: int) -> int:
+    """Position of the first byte in buf[lo:before] that is not JSON whitespace; -1 if none."""
+    step = 64
+    while lo < before:
+        hi = min(before, lo + step)
+        piece = buf[lo:hi]
+        if not _all_ws(piece):
+            return _NON_WS.search(buf, lo, hi).start()
+        lo, step = hi, min(step * 4, 1 << 20)
+    return -1
+
+
+def _all_ws(piece: bytes | bytearray) -> bool:
+    """All of `piece` (not empty) is JSON whitespace (isspace() also takes \\v and \\f: ruled out);
+    several times faster than a regex or rstrip over long runs."""
+    return piece.isspace() and b"\x0b" not in piece and b"\x0c" not in piece
 
 
 def _decode_whole_events(buf: bytearray, acc: _Accumulator, lo: int) -> int | _JSONError | None:
@@ -824,8 +843,9 @@ def _parse_stream(path: Path, use_scanner: bool) -> _Parsed:
         raise TraceError("JSON without a 'traceEvents' array: not a profiler trace")
     header = _parse_header(header_bytes)
     del buf[:start]
-    consumed = skipped + start      # bytes of decompressed text before buf[0]
+    consumed = skipped + start      # bytes of decompressed text before buf[0] (as in the file)
     searched = 0          # event boundaries whose '{' lies before this were looked for already
+    gaps = _Gaps()        # long whitespace runs taken out of buf
 
     # 2. events, chunk by chunk; buf[0] is always the '[' or ',' before the next event
     eof = read_error is not None
@@ -848,7 +868,7 @@ def _parse_stream(path: Path, use_scanner: bool) -> _Parsed:
                 trailer = done
                 break
             kept = _salvage(buf, acc)
-            cut_at = consumed + kept
+            cut_at = consumed + gaps.offset(kept)
             if read_error:
                 cut_reason = str(read_error)
             elif _last_boundary(buf, len(buf)) > kept:     # whole events follow the break
@@ -858,18 +878,75 @@ def _parse_stream(path: Path, use_scanner: bool) -> _Parsed:
             break
         end = _decode_whole_events(buf, acc, searched)
         if end is None:
+            gaps.collapse(buf)            # a run of whitespace at its end: kept as one space
             searched = len(buf)
             continue                      # no safe cut in what was read yet: read more
         if isinstance(end, _JSONError):
-            cut_at = consumed + _salvage(buf, acc, end.offset)
+            cut_at = consumed + gaps.offset(_salvage(buf, acc, end.offset))
             cut_reason = "invalid JSON inside the event list"
             break
         comma = buf.index(b",", end)
         del buf[:comma]
-        consumed += comma
+        consumed += gaps.trimmed(comma)
         searched = len(buf)
     acc.scan_state = None             # the scanner's buffers and caches, before the frames are built
     return _Parsed(header, trailer, acc, cut_at, cut_reason, fmt)
+
+
+#: The rest of a JSON string from inside it: up to its closing quote, or to a backslash whose
+#: escaped byte is not read yet, or to the end of what was read.
+_STRING_REST = re.compile(rb'[^"\\]*(?:\\.[^"\\]*)*', re.DOTALL)
+#: Whitespace runs longer than this, at the end of the buffer and outside strings, are cut.
+GAP_BYTES = 64 << 10
+
+
+class _Gaps:
+    """Keeps a run of whitespace between tokens (e.g. 512 MB of spaces between two events) out of
+    the buffer: while no event ends in what was read, the buffer's end is followed in and out of
+    strings (each byte read once: linear), and whitespace that ends it outside a string is cut to
+    one space. Memory is then the events plus one chunk, whatever the gaps. Whitespace inside a
+    string is its content and stays. `offset` gives a buffer position as a position in the file."""
+
+    def __init__(self) -> None:
+        self.pos = 1                 # buf[:pos] was followed; buf[0] (the '[' or ',') is outside strings
+        self.in_string = False
+        self.cuts: list[tuple[int, int]] = []    # (position in buf, bytes cut there)
+
+    def collapse(self, buf: bytearray) -> None:
+        pos, n = self.pos, len(buf)
+        while pos < n:
+            if not self.in_string:
+                quote = buf.find(b'"', pos)
+                if quote < 0:
+                    pos = n
+                    break
+                pos, self.in_string = quote + 1, True
+            else:
+                end = _STRING_REST.match(buf, pos).end()
+                if end >= n or buf[end] != 0x22:        # the string goes on past what was read
+                    pos = end
+                    break
+                pos, self.in_string = end + 1, False
+        self.pos = pos
+        if self.in_string:
+            return
+        ws = _ws_start(buf, n)
+        if n - ws > GAP_BYTES:
+            self.cuts.append((ws + 1, n - ws - 1))
+            del buf[ws + 1:]
+            self.pos = len(buf)
+
+    def offset(self, pos: int) -> int:
+        """Bytes of the file's text before buf[pos]."""
+        return pos + sum(cut for at, cut in self.cuts if at <= pos)
+
+    def trimmed(self, n: int) -> int:
+        """buf lost its first n bytes (buf[0] is again a ',' between events): how many bytes of the
+        file's text they stood for."""
+        done = self.offset(n)
+        self.cuts = [(at - n, cut) for at, cut in self.cuts if at > n]
+        self.pos, self.in_string = 1, False
+        return done
 
 
 class _KeySearch:
@@ -1007,17 +1084,14 @@ def _build(path: Path, size: int, parsed: _Parsed, header: dict) -> RankTrace:
     phase_counts = {ph_names[i]: int(n) for i, n in enumerate(acc.phase_counts) if n}
 
     kind = acc.take("x", "kind", np.uint8)
+    pid = acc.take("x", "pid")
+    tid = acc.take("x", "tid")
+    legacy = _legacy_kinds(kind, pid, t.tid)          # torch 1.x: no categories, kinds from process names
     names = _inverse(t.name)
     name_codes = acc.take("x", "name", np.int32)
     is_dev = np.isin(kind, [int(k) for k in DEVICE_KINDS])
     kclass = event_kernel_classes(kind, name_codes, names)
 
-    pid = acc.take("x", "pid")
-    tid = acc.take("x", "tid")
-    legacy = _legacy_kinds(kind, pid, t.tid)          # torch 1.x: no categories, kinds from process names
-    if legacy.any():
-        is_dev = np.isin(kind, [int(k) for k in DEVICE_KINDS])
-        kclass = event_kernel_classes(kind, name_codes, names)
     device = acc.take("x", "device", np.int32)
     device = np.where((device < 0) & is_dev & (pid >= 0), pid, device)
     device = np.where((device < 0) & is_dev & legacy & (tid >= 0), tid, device).astype(np.int32)   # tid: device index

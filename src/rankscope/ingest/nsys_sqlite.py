@@ -23,7 +23,8 @@ is read as absent, never an error):
   process's environment: RANK / WORLD_SIZE, or OMPI_COMM_WORLD_RANK / _SIZE -> dist_rank,
   world_size; without them the rank comes from the file name like any trace)
 Host events: pid/tid decoded from globalTid (bits 24-47 pid, 0-23 tid); device events: pid =
-device, tid = stream, as in Kineto traces.
+device, tid = stream, as in Kineto traces. An event whose start or duration is unusable (NULL, end
+before start, over a day...) is dropped and counted per reason, as the Kineto reader does.
 
 Bounded: the file is untrusted, and a table read above may be a view that never ends (WITH
 RECURSIVE). Each query has a time limit (`query_time_limit_s`: 30 s + 1 s per 10 MB of file, or
@@ -409,12 +410,14 @@ def _gpu_args(frame: pl.DataFrame) -> pl.DataFrame:
            .select(pl.col("row").cast(pl.Int64), "dur_ns", *have))
     out = dev.select("row", *[pl.col(c).fill_null(-1).cast(pl.Int64).alias(c) for c in have],
                      *[pl.lit(-1, pl.Int64).alias(c) for c in _GPU_ARGS if c not in have])
-    bandwidth = pl.when((dev["bytes"] > 0) & (dev["dur_ns"] > 0)).then(dev["bytes"] / dev["dur_ns"]) \
-        if "bytes" in have else pl.lit(None)
+    if "bytes" in have:         # bytes per ns = GB/s
+        bandwidth = dev.select(pl.when((pl.col("bytes") > 0) & (pl.col("dur_ns") > 0))
+                               .then(pl.col("bytes") / pl.col("dur_ns")).otherwise(np.nan).cast(pl.Float64)).to_series()
+    else:                       # no memcpy / memset table
+        bandwidth = pl.Series(np.full(dev.height, np.nan))
     return out.with_columns(
         pl.lit(np.nan).alias("blocks_per_sm"), pl.lit(np.nan).alias("warps_per_sm"),
-        pl.lit(np.nan).alias("est_occupancy_pct"),
-        pl.Series("bandwidth_gbps", dev.select(bandwidth.otherwise(np.nan).cast(pl.Float64)).to_series()),
+        pl.lit(np.nan).alias("est_occupancy_pct"), bandwidth.alias("bandwidth_gbps"),
     ).select("row", "grid_blocks", "block_threads", "registers_per_thread", "shared_memory_bytes", "blocks_per_sm",
              "warps_per_sm", "est_occupancy_pct", "bytes", "bandwidth_gbps")
 
