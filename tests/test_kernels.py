@@ -437,3 +437,14 @@ def test_works_on_every_corpus_trace(corpus: Path, rel: str):
         assert 0.0 <= s.occupancy_pct <= 100.0
         assert all(0 <= x <= 100 for x in s.kernels.occupancy_pct if x is not None)
     assert MEMORY_TIMELINE not in rel
+
+
+def test_downsample_keeps_epoch_nanosecond_timestamps():
+    """Nsight exports carry epoch timestamps (~1.7e18 ns): bins over a 100 ns span must still exist
+    (float64 bin edges lost the low digits and left no bin: an IndexError)."""
+    import numpy as np
+    from rankscope.analyses.rank.launch import _downsample
+    t0 = 1_700_000_000_000_000_000
+    got = _downsample(np.array([t0, t0 + 100], dtype=np.int64), np.array([2.0, 0.0]), 200)
+    assert got["start"][0] == t0 and len(got["start"]) >= 1
+    assert got["max"].max() == 2.0

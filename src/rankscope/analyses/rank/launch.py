@@ -143,8 +143,9 @@ def _downsample(t: np.ndarray, v: np.ndarray, bins: int) -> dict[str, np.ndarray
     bins = max(1, min(bins, len(t)))
     if t1 <= t0:
         return {"start": np.array([t0]), "max": np.array([float(v.max())]), "mean": np.array([float(v[-1])])}
-    edges = np.linspace(t0, t1, bins + 1).round().astype(np.int64)
-    edges = sorted_unique(edges)
+    # relative to t0: epoch-ns timestamps (~1.7e18) lose their low digits in float64
+    edges = t0 + np.linspace(0, t1 - t0, bins + 1).round().astype(np.int64)
+    edges = sorted_unique(np.concatenate((edges, [t0, t1])))
     nb = len(edges) - 1
     prefix, vv = _time_weighted(t, v.astype(np.float64))
     integ = _integral_to(t, prefix, vv, edges)
