@@ -25,13 +25,16 @@ from rankscope.findings.registry import FINDING_IDS, RULES
 from rankscope.render.json import analysis_to_dict
 from rankscope.render.base import render
 from rankscope.synth import Injection, generate_job
-from rankscope.thresholds import THRESHOLDS, parse_override, resolve
+from rankscope.thresholds import THRESHOLDS, VERDICTS, parse_override, resolve
 
 from conftest import corpus_files, load_json, run_cli, x_events
 
 STABLE_IDS = {"straggler_rank", "dataloader_stall", "exposed_communication", "low_overlap", "gpu_idle_host_bound",
               "launch_overhead", "sync_stall", "unpinned_memcpy", "tensor_cores_unused", "memory_fragmentation",
-              "memory_pressure", "low_bus_bandwidth", "comm_bound", "load_imbalance"}
+              "memory_pressure", "low_bus_bandwidth", "comm_bound", "load_imbalance",
+              # parallel layouts (issue 15)
+              "pipeline_bubble", "pipeline_stage_imbalance", "fsdp_exposed_gather", "tp_comm_exposed",
+              "expert_imbalance"}
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +170,7 @@ def test_threshold_overrides(analyses):
     with pytest.raises(ValueError, match="NAME=NUMBER"):
         parse_override("sync_high_pct")
     for name, t in THRESHOLDS.items():
-        assert t.unit and t.source and t.decides in FINDING_IDS, name
+        assert t.unit and t.source and t.decides in FINDING_IDS + VERDICTS, name
 
 
 def test_json_findings(analyses):

@@ -17,7 +17,7 @@ class Threshold:
     value: float
     unit: str
     source: str
-    decides: str          # the finding id whose verdict it decides
+    decides: str          # the finding id whose verdict it decides, or one of VERDICTS
 
 
 _TB = "TensorBoard profiler plugin (torch-tb-profiler) recommendation"
@@ -25,6 +25,9 @@ _OURS = "rankscope default, checked on the corpus cpu-gloo-4rank sets (healthy: 
 _TIERS = f"rankscope default: tiers above the {_TB}, DataLoader > 5-20% of step"
 _OUTLIER = ("rankscope default: the usual outlier rule, a rank's mean step time > 2 sigma or > 10% over the mean "
             "(docs/concepts.md, Straggler)")
+
+#: Verdicts a threshold may decide besides the findings': the critical path's owner and what-ifs.
+VERDICTS = ("critical_path",)
 
 THRESHOLDS: dict[str, Threshold] = {
     # DataLoader: share of the step the device (or training thread) waits inside DataLoader.__next__
@@ -138,9 +141,10 @@ THRESHOLDS: dict[str, Threshold] = {
                                       "rankscope default", "expert_imbalance"),
     # critical path
     "critical_path_owner_pct": Threshold(50.0, "% of the critical path on one rank", "rankscope default",
-                                         "critical path owner (the straggler verdict's cross-check)"),
-    "critical_path_what_if_min_pct": Threshold(5.0, "% of the step on the critical path", "rankscope default",
-                                               "which what-ifs are re-timed"),
+                                         "critical_path"),
+    "critical_path_what_if_min_pct": Threshold(5.0, "% of the step on the critical path (a rank's time in one "
+                                                     "category, to re-time without it)", "rankscope default",
+                                               "critical_path"),
     "expert_imbalance_high_pct": Threshold(100.0, "% above the expert-parallel group's mean tokens (bytes) per rank",
                                            "rankscope default", "expert_imbalance"),
 }

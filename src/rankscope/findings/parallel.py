@@ -3,7 +3,8 @@ gathers, exposed tensor-parallel communication, expert-parallel load imbalance
 (analyses/job/parallel.py)."""
 from __future__ import annotations
 
-from statistics import mean
+from dataclasses import dataclass
+from statistics import mean, median
 from typing import Iterable
 
 from rankscope.findings.registry import JobView, rule, tier
@@ -94,52 +95,66 @@ def pipeline_bubble(job: JobView) -> Iterable[Finding]:
         threshold=dict(t), cost_ms_per_step=rounded(p.step_ms * max(excess, 0.0) / 100.0, 3))
 
 
-def _dim_share(job: JobView, dims: tuple[str, ...], types: tuple[str, ...] | None) -> tuple[str | None, dict, dict]:
-    """(the dimension found, per rank exposed ms per step, per rank % of step) of the first of `dims`
-    the job has, over collectives of `types` (None: all)."""
+@dataclass
+class _Exposed:
+    """One dimension's communication with no compute beside it, per rank: ms per step and % of the step."""
+    dim: str
+    ms: dict[int, float]
+    pct: dict[int, float]
+
+    @property
+    def median_pct(self) -> float:
+        return median(self.pct.values())
+
+    @property
+    def median_ms(self) -> float:
+        return median(self.ms.values())
+
+    def evidence(self, what: str) -> dict:
+        return {f"exposed_{what}_ms_per_step": {r: rounded(v, 3) for r, v in sorted(self.ms.items())},
+                f"exposed_{what}_pct_of_step": {r: rounded(v, 1) for r, v in sorted(self.pct.items())}}
+
+
+def _exposed(job: JobView, dims: tuple[str, ...], types: tuple[str, ...] | None) -> _Exposed | None:
+    """The first of `dims` the job has, over collectives of `types` (None: all); None when the job has
+    none of them or nothing of theirs is exposed."""
     par = job.parallel
-    if par is None:
-        return None, {}, {}
-    dim = next((d for d in dims if par.layout.dim(d) is not None), None)
+    dim = next((d for d in dims if par is not None and par.layout.dim(d) is not None), None)
     if dim is None:
-        return None, {}, {}
+        return None
     ms, pct = {}, {}
     for c in par.comm:
+        if c.step_ms <= 0 or c.rank not in job.step_ms:
+            continue
         if types is None:
             v = c.by_dim.get(dim)
-            exposed = v.exposed if v else 0.0
+            ms[c.rank] = v.exposed if v else 0.0
         else:
-            exposed = sum(x.exposed for tp, x in c.by_dim_type.get(dim, {}).items() if tp in types)
-        if c.step_ms > 0 and c.rank in job.step_ms:
-            ms[c.rank] = exposed
-            pct[c.rank] = 100.0 * exposed / c.step_ms
-    return dim, ms, pct
+            ms[c.rank] = sum(x.exposed for tp, x in c.by_dim_type.get(dim, {}).items() if tp in types)
+        pct[c.rank] = 100.0 * ms[c.rank] / c.step_ms
+    return _Exposed(dim, ms, pct) if any(ms.values()) else None
 
 
 @rule("fsdp_exposed_gather", reads=("fsdp_exposed_gather_pct", "fsdp_exposed_gather_high_pct"))
 def fsdp_exposed_gather(job: JobView) -> Iterable[Finding]:
     """Sharded data parallel (FSDP / ZeRO-3): parameter all-gathers that no compute hides take >=
     `fsdp_exposed_gather_pct` of the step (median rank; high from `fsdp_exposed_gather_high_pct`)."""
-    dim, ms, pct = _dim_share(job, ("dp_shard", "dp"), ("all_gather",))
-    if not pct or not any(ms.values()):
+    gathers = _exposed(job, ("dp_shard", "dp"), ("all_gather",))
+    if gathers is None:
         return
-    _, rs_ms, rs_pct = _dim_share(job, (dim,), ("reduce_scatter",))
+    scatters = _exposed(job, (gathers.dim,), ("reduce_scatter",))
     t = job.thresholds
-    med = sorted(pct.values())[len(pct) // 2]
-    severity = tier(med, t, "fsdp_exposed_gather_pct", None, "fsdp_exposed_gather_high_pct")
+    severity = tier(gathers.median_pct, t, "fsdp_exposed_gather_pct", None, "fsdp_exposed_gather_high_pct")
     if severity is None:
         return
-    med_ms = sorted(ms.values())[len(ms) // 2]
     yield Finding(
         id="fsdp_exposed_gather", severity=severity,
-        ranks=sorted(r for r, v in pct.items() if v >= t["fsdp_exposed_gather_pct"]), steps=job.steps(),
-        summary=(f"parameter all-gathers of the sharded data-parallel dimension ({dim}) run with no compute beside "
-                 f"them {med:.1f}% of each step (median rank, {med_ms:.1f} ms); gradient reduce-scatters add "
-                 f"{sorted(rs_pct.values())[len(rs_pct) // 2] if rs_pct else 0.0:.1f}%"),
-        evidence={"exposed_all_gather_ms_per_step": {r: rounded(v, 3) for r, v in sorted(ms.items())},
-                  "exposed_all_gather_pct_of_step": {r: rounded(v, 1) for r, v in sorted(pct.items())},
-                  "exposed_reduce_scatter_ms_per_step": {r: rounded(v, 3) for r, v in sorted(rs_ms.items())},
-                  "dim": dim},
+        ranks=sorted(r for r, v in gathers.pct.items() if v >= t["fsdp_exposed_gather_pct"]), steps=job.steps(),
+        summary=(f"parameter all-gathers of the sharded data-parallel dimension ({gathers.dim}) run with no compute "
+                 f"beside them {gathers.median_pct:.1f}% of each step (median rank, {gathers.median_ms:.1f} ms); "
+                 f"gradient reduce-scatters add {scatters.median_pct if scatters else 0.0:.1f}%"),
+        evidence={**gathers.evidence("all_gather"), **(scatters.evidence("reduce_scatter") if scatters else {}),
+                  "dim": gathers.dim},
         explanation=("FSDP gathers each layer's parameters before using it; prefetching the next layer's gather "
                      "while the current one computes hides it. Exposed gathers mean prefetch is off or too "
                      "shallow, or a layer's compute is shorter than its gather."),
@@ -148,30 +163,27 @@ def fsdp_exposed_gather(job: JobView) -> Iterable[Finding]:
              "blocks (no re-gather in backward) or for small models; wrap at the block level, not per linear, so "
              "each gather has enough compute to hide behind; across nodes, HSDP (shard inside a node, replicate "
              "across) keeps the gathers on NVLink"),
-        threshold=dict(t), cost_ms_per_step=rounded(med_ms, 3))
+        threshold=dict(t), cost_ms_per_step=rounded(gathers.median_ms, 3))
 
 
 @rule("tp_comm_exposed", reads=("tp_comm_exposed_pct", "tp_comm_exposed_high_pct"))
 def tp_comm_exposed(job: JobView) -> Iterable[Finding]:
     """Tensor-parallel communication with no compute beside it >= `tp_comm_exposed_pct` of the step
     (median rank; high from `tp_comm_exposed_high_pct`)."""
-    dim, ms, pct = _dim_share(job, ("tp",), None)
-    if not pct or not any(ms.values()):
+    tp = _exposed(job, ("tp",), None)
+    if tp is None:
         return
     t = job.thresholds
-    med = sorted(pct.values())[len(pct) // 2]
-    severity = tier(med, t, "tp_comm_exposed_pct", None, "tp_comm_exposed_high_pct")
+    severity = tier(tp.median_pct, t, "tp_comm_exposed_pct", None, "tp_comm_exposed_high_pct")
     if severity is None:
         return
-    med_ms = sorted(ms.values())[len(ms) // 2]
     size = job.parallel.layout.dim("tp").size
     yield Finding(
         id="tp_comm_exposed", severity=severity,
-        ranks=sorted(r for r, v in pct.items() if v >= t["tp_comm_exposed_pct"]), steps=job.steps(),
-        summary=(f"tensor-parallel communication (tp {size}) runs with no compute beside it {med:.1f}% of each "
-                 f"step (median rank, {med_ms:.1f} ms)"),
-        evidence={"exposed_tp_ms_per_step": {r: rounded(v, 3) for r, v in sorted(ms.items())},
-                  "exposed_tp_pct_of_step": {r: rounded(v, 1) for r, v in sorted(pct.items())}, "tp_size": size},
+        ranks=sorted(r for r, v in tp.pct.items() if v >= t["tp_comm_exposed_pct"]), steps=job.steps(),
+        summary=(f"tensor-parallel communication (tp {size}) runs with no compute beside it {tp.median_pct:.1f}% of "
+                 f"each step (median rank, {tp.median_ms:.1f} ms)"),
+        evidence={**tp.evidence("tp"), "tp_size": size},
         explanation=("Tensor parallelism all-reduces (or all-gathers / reduce-scatters) activations inside every "
                      "layer, on the critical path of forward and backward: it needs the fastest links and "
                      "overlaps only with special scheduling."),
@@ -179,7 +191,7 @@ def tp_comm_exposed(job: JobView) -> Iterable[Finding]:
              "(torch._inductor.config._micro_pipeline_tp = True with torch.compile, Megatron "
              "--tp-comm-overlap --sequence-parallel) so the collectives overlap the GEMMs; or a smaller tp degree "
              "with more data or pipeline parallel"),
-        threshold=dict(t), cost_ms_per_step=rounded(med_ms, 3))
+        threshold=dict(t), cost_ms_per_step=rounded(tp.median_ms, 3))
 
 
 @rule("expert_imbalance", reads=("expert_imbalance_pct", "expert_imbalance_high_pct"))
