@@ -178,14 +178,15 @@ def test_rank_collectives_is_small_and_msgpack_serializable():
 
 @pytest.mark.parametrize("folder", [DLRM, GLOO_STRAGGLER, "hta-sampled-2rank"])
 def test_compacted_collectives_reduce_the_same(corpus, folder):
-    """What a worker sends the driver (`compact`: arrays, since_step_ns compressed, fields the
-    reduce does not read dropped) gives the same cross-rank result as the full lists, and is
+    """What a worker sends the driver (`compact`: arrays, since_step_ns and pre_ns compressed, fields
+    the reduce does not read dropped) gives the same cross-rank result as the full lists, and is
     smaller."""
     fresh = corpus_collectives(folder)
     packed = [copy.deepcopy(rc).compact() for rc in fresh]
     for rc, pc in zip(fresh, packed):
-        assert isinstance(pc.since_step_ns, bytes) and pc.pre_ns == [] and pc.dtype == []
+        assert isinstance(pc.since_step_ns, bytes) and isinstance(pc.pre_ns, bytes) and pc.dtype == []
         assert np.array_equal(pc.since_step_matrix(), np.asarray(rc.since_step_ns).reshape(len(rc), len(CATEGORIES)))
+        assert np.array_equal(pc.pre_matrix(), np.asarray(rc.pre_ns).reshape(len(rc), len(CATEGORIES)))
         assert len(pc.since_step_ns) < np.asarray(rc.since_step_ns, dtype=np.int64).nbytes
     assert cross_rank(packed).as_dict() == cross_rank(fresh).as_dict()
 
