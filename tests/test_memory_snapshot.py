@@ -239,7 +239,8 @@ def test_terminal_fits_80_columns(report):
     render(MemoryResult([report], []), "terminal", console)
     text = console.export_text()
     assert max(len(line.rstrip()) for line in text.splitlines()) <= 80
-    assert "fragmentation 97.4%" in text and "forward model.py:39" in text
+    assert "scattered 97.4%" in text and "forward model.py:39" in text   # 1 - largest free block / free cached
+    assert "fragmentation at peak allocated" in text
 
 
 # ---------------------------------------------------------------------------------------------

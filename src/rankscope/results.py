@@ -22,6 +22,7 @@ from rankscope.model import InputProblem, RankMeta
 if TYPE_CHECKING:  # pragma: no cover
     from rankscope.analyses.inputs.memory_snapshot import MemoryReport
     from rankscope.analyses.inputs.nccl import NcclReport
+    from rankscope.analyses.job.capture import Capture
     from rankscope.analyses.job.diff import Diff
     from rankscope.analyses.job.mfu import MfuReport
     from rankscope.analyses.job.stragglers import CrossRank
@@ -72,6 +73,7 @@ class JobInfo:
     steps_source: str                   # "profiler_step" | "whole_trace" | "mixed"
     span_ms: float | None
     hosts: list[str]
+    capture: Capture | None = None      # capture quality: complete, or what the traces miss (None: not assessed)
 
 
 class Result(ABC):

@@ -1,8 +1,10 @@
 """What the subcommands share: their common options (each declared here once, composed per command),
 the progress bar, stderr lines, JSON on stdout and the exit code.
 
-Exit codes: 0 ok; 1 the command ran but some inputs were skipped (stderr says which);
-2 nothing usable, or bad arguments.
+Exit codes: 0 ok; 1 the command ran but some inputs were skipped (stderr says which), or (`analyze`)
+the input was partial: a trace cut short, values dropped, kernels launched but none captured, files
+of different jobs (stderr says why, the report's capture line what is missing); 2 nothing usable,
+or bad arguments.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from rankscope.ingest.cache import default_cache_dir
 from rankscope.pipelines import ArgumentError
 from rankscope.render.base import render, renderer
 from rankscope.render.format import printable
+from rankscope.results import Analysis
 
 if TYPE_CHECKING:  # pragma: no cover
     from rankscope.results import Result
@@ -138,10 +141,15 @@ def no_trace(result: Result) -> str:
 
 def exit_code(result: Result, nothing: str | None = None) -> int:
     """EXIT_NOTHING when nothing was usable (`nothing` then says so on stderr), EXIT_SKIPPED when an
-    input was skipped, else EXIT_OK."""
+    input was skipped or an analysis's input was partial (its capture quality; one stderr line says
+    why), else EXIT_OK."""
     if not result.usable:
         if nothing:
             err(nothing)
         return EXIT_NOTHING
-    return EXIT_SKIPPED if result.skipped else EXIT_OK
+    capture = result.job.capture if isinstance(result, Analysis) else None
+    partial = capture.reason() if capture is not None else None
+    if partial:
+        err(partial)
+    return EXIT_SKIPPED if result.skipped or partial else EXIT_OK
 

@@ -3,7 +3,7 @@ overhead, device synchronization."""
 from __future__ import annotations
 
 from statistics import median
-from typing import Iterable
+from typing import Any, Iterable
 
 from rankscope.findings.registry import JobView, job_or_rank_tier, rank_shares, rule, tier
 from rankscope.numbers import rounded
@@ -52,7 +52,7 @@ def dataloader_stall(job: JobView) -> Iterable[Finding]:
 
 
 def _device_category(job: JobView, category: str, finding_id: str, medium: str, high: str, summary: str,
-                     explanation: str, fix: str) -> Iterable[Finding]:
+                     explanation: str, fix: str, extra_evidence: dict | None = None) -> Iterable[Finding]:
     """A breakdown category in which the device idles (host, sync) tiered on its median share of
     the step; `summary` is formatted with pct (median share) and ms (median per step)."""
     t = job.thresholds
@@ -69,30 +69,138 @@ def _device_category(job: JobView, category: str, finding_id: str, medium: str, 
     yield Finding(
         id=finding_id, severity=severity, ranks=ranks, steps=job.steps(), summary=summary.format(pct=pct, ms=ms),
         evidence={f"{category}_pct_of_step": {r: rounded(v, 1) for r, v in sorted(shares.items())},
-                  f"{category}_ms_per_step": rounded(ms, 3)},
+                  f"{category}_ms_per_step": rounded(ms, 3), **(extra_evidence or {})},
         explanation=explanation, fix=fix, threshold=dict(t), cost_ms_per_step=ms)
 
 
-@rule("gpu_idle_host_bound", reads=("host_bound_medium_pct", "host_bound_high_pct"))
+#: What the host did during a device-idle gap (its dominant breakdown category), in words.
+HOST_ACTIVITY_TEXT = {"host": "busy in CPU ops or Python", "idle_other": "outside any CPU op",
+                      "sync": "blocked in a synchronize", "dataloader": "waiting in the DataLoader"}
+
+
+def compiled_share(job: JobView) -> float | None:
+    """Median over the device ranks of the share of kernels a compiler generated (TorchInductor's
+    Triton kernels, nvFuser's), by time or by launches, whichever is higher; None without kernels."""
+    shares = [max(s.kernels.stats.generated_kernel_pct or 0.0, s.kernels.stats.generated_kernel_count_pct or 0.0)
+              for s in job.ranks if s.kernels is not None and s.kernels.stats.kernel_count]
+    return median(shares) if shares else None
+
+
+def _compiled(job: JobView) -> float | None:
+    """The compiled share when it reaches `generated_kernel_share_pct` (the model is compiled
+    already), else None."""
+    share = compiled_share(job)
+    return share if share is not None and share >= job.thresholds["generated_kernel_share_pct"] else None
+
+
+def _host_fix(compiled: float | None) -> str:
+    """How to cut host work per step; without torch.compile when the kernels are compiled already."""
+    if compiled is not None:
+        return (f"the model is compiled already ({compiled:.0f}% of kernels are Triton / nvFuser generated): "
+                "capture the step in CUDA graphs (mode='reduce-overhead' where it is compiled, or "
+                "torch.cuda.graphs), remove graph breaks so more ops fuse (torch._dynamo.explain lists them), "
+                "a larger batch per step, and move Python-side work (metrics, logging, tensor.tolist()) out of "
+                "the step")
+    return ("cut host work per step: torch.compile (fuses ops, fewer launches), CUDA graphs "
+            "(torch.compile(mode='reduce-overhead')), a larger batch per step, and move Python-side work "
+            "(metrics, logging, tensor.tolist()) out of the step")
+
+
+def _longest_gap(job: JobView, ranks: list[int]) -> tuple[int, Any] | None:
+    """(rank, gap) of the longest device-idle gap among `ranks`."""
+    gaps = [(s.rank, s.gaps.top[0]) for s in job.ranks if s.rank in ranks and s.gaps and s.gaps.top]
+    return max(gaps, key=lambda rg: rg[1].duration_ms) if gaps else None
+
+
+def _gap_evidence(job: JobView, ranks: list[int]) -> dict[str, Any]:
+    """GPU busy per rank and the longest device-idle gap with what the host did meanwhile."""
+    busy = {s.rank: rounded(s.step_time.device_busy_pct, 2) for s in job.ranks
+            if s.rank in ranks and s.step_time.device_busy_pct is not None}
+    found = _longest_gap(job, ranks)
+    gap = None
+    if found:
+        r, g = found
+        gap = {"rank": r, "step": g.step, "start_in_step_ms": rounded(g.start_in_step_ms, 3),
+               "duration_ms": rounded(g.duration_ms, 3), "host_activity": g.host_activity,
+               "host_ms": {k: rounded(v, 3) for k, v in g.host_ms.items()},
+               "host_op_most_present": g.busy_host_op, "ended_by": g.next_device_op, "launched_by": g.launched_by}
+    return {"gpu_busy_pct": busy, "longest_idle_gap": gap}
+
+
+def _gap_text(job: JobView, ranks: list[int]) -> str:
+    found = _longest_gap(job, ranks)
+    if not found:
+        return "no idle gap between device work: the idle time lies before the first or after the last kernel"
+    r, g = found
+    op = f", in {g.busy_host_op}" if g.busy_host_op else ""
+    return (f"in the longest idle gap, {g.duration_ms:.1f} ms at +{g.start_in_step_ms:.1f} ms into step {g.step}"
+            f"{' on rank ' + str(r) if len(job.ranks) > 1 else ''}, the host was "
+            f"{HOST_ACTIVITY_TEXT.get(g.host_activity, g.host_activity)}{op}")
+
+
+@rule("gpu_idle_host_bound", reads=("host_bound_medium_pct", "host_bound_high_pct", "gpu_busy_low_pct",
+                                    "generated_kernel_share_pct"))
 def gpu_idle_host_bound(job: JobView) -> Iterable[Finding]:
-    """The device idles while the host runs CPU ops and launches (breakdown category `host`), as a
-    share of the step (median device rank), tiered by `host_bound_medium_pct` / `host_bound_high_pct`."""
-    yield from _device_category(
+    """The device idles while the host runs CPU ops, launches or Python (breakdown category `host`), as
+    a share of the step (median device rank), tiered by `host_bound_medium_pct` / `host_bound_high_pct`;
+    or, whatever the host did, the device is busy less than `gpu_busy_low_pct` of the step (median
+    device rank; high) unless the DataLoader or synchronization explain most of the idle time (their
+    own findings). torch.compile is left out of the fix when >= `generated_kernel_share_pct` of the
+    kernels are compiler-generated."""
+    compiled = _compiled(job)
+    device_ranks = [s.rank for s in job.ranks if s.has_device and s.breakdown_mode == "device"]
+    found = list(_device_category(
         job, "host", "gpu_idle_host_bound", "host_bound_medium_pct", "host_bound_high_pct",
         "the GPU idles {pct:.1f}% of each step ({ms:.1f} ms) while the host runs CPU ops and launches: the job is "
         "host-bound",
         "The device has nothing queued while the CPU is still busy with Python, operator dispatch and kernel "
         "launches: the GPU runs faster than the host can feed it.",
-        "cut host work per step: torch.compile (fuses ops, fewer launches), CUDA graphs "
-        "(torch.compile(mode='reduce-overhead')), a larger batch per step, and move Python-side work "
-        "(metrics, logging, tensor.tolist()) out of the step")
+        _host_fix(compiled), extra_evidence=_gap_evidence(job, device_ranks)))
+    if found:
+        yield from found
+        return
+    yield from _mostly_idle(job, compiled)
 
 
-@rule("launch_overhead", reads=("short_kernel_share_pct", "launch_idle_pct"))
+def _mostly_idle(job: JobView, compiled: float | None) -> Iterable[Finding]:
+    """The device busy less than `gpu_busy_low_pct` of the step (median device rank)."""
+    t = job.thresholds
+    busy = {s.rank: s.step_time.device_busy_pct for s in job.ranks
+            if s.has_device and s.breakdown_mode == "device" and s.step_time.device_busy_pct is not None}
+    if not busy or median(busy.values()) >= t["gpu_busy_low_pct"]:
+        return
+    ranks = sorted(r for r, v in busy.items() if v < t["gpu_busy_low_pct"])
+    by_rank = {s.rank: s for s in job.ranks}
+    idle = {c: median(job.part(by_rank[r], c) for r in ranks) for c in ("dataloader", "sync", "host", "idle_other")}
+    if max(idle, key=idle.get) in ("dataloader", "sync"):
+        return                                  # dataloader_stall / sync_stall say it
+    idle_ms = sum(idle.values())
+    step_ms = median(job.step_ms[r] for r in ranks)
+    whole = any(by_rank[r].steps_source == "whole_trace" for r in ranks)
+    yield Finding(
+        id="gpu_idle_host_bound", severity="high", ranks=ranks, steps=job.steps(),
+        summary=(f"the GPU is busy only {median(busy.values()):.1f}% of each step (idle {idle_ms:.1f} of "
+                 f"{step_ms:.1f} ms: {idle['host']:.1f} ms with the host in CPU ops, {idle['idle_other']:.1f} ms "
+                 f"outside any profiled op); {_gap_text(job, ranks)}"),
+        evidence={**_gap_evidence(job, ranks), "idle_ms_per_step": {c: rounded(v, 3) for c, v in idle.items()},
+                  "step_ms": rounded(step_ms, 3)},
+        explanation=("The device has nothing to run almost all the time: the host is the bottleneck, or the "
+                     "profiled window is warm-up (compilation, autotuning, first-call allocations) rather than "
+                     "training; what the host did in the longest gap tells which."),
+        fix=("if the window is warm-up (compilation or autotuning in the longest gap), profile steady-state "
+             "steps instead: torch.profiler.schedule(wait=1, warmup=2, active=3) with prof.step() every "
+             "iteration" + (" (this trace has no step marks)" if whole else "")
+             + "; if steady-state steps look like this, the GPU waits on the host: " + _host_fix(compiled)),
+        threshold=dict(t), cost_ms_per_step=idle_ms)
+
+
+@rule("launch_overhead", reads=("short_kernel_share_pct", "launch_idle_pct", "generated_kernel_share_pct"))
 def launch_overhead(job: JobView) -> Iterable[Finding]:
     """Ranks where >= `short_kernel_share_pct` of kernel launches are shorter than HTA's runtime
-    cutoff and the device idles (host + other) >= `launch_idle_pct` of the step."""
+    cutoff and the device idles (host + other) >= `launch_idle_pct` of the step. torch.compile is left
+    out of the fix when >= `generated_kernel_share_pct` of the kernels are compiler-generated."""
     t = job.thresholds
+    compiled = _compiled(job)
     ranks, short_pcts, kernel_p50_us = [], [], []
     for s in job.ranks:
         launch = s.hta.launch if s.hta else None
@@ -118,8 +226,12 @@ def launch_overhead(job: JobView) -> Iterable[Finding]:
                   "median_kernel_us": rounded(median(kernel_p50_us), 1) if kernel_p50_us else None},
         explanation=("Each kernel costs several microseconds of CPU launch time; when kernels run for less than "
                      "that, the GPU waits for launches instead of computing."),
-        fix=("fuse and batch: torch.compile, CUDA graphs (torch.compile(mode='reduce-overhead') or "
-             "torch.cuda.graphs), foreach/fused optimizers (fused=True), a larger batch"),
+        fix=(("fuse and batch: torch.compile, CUDA graphs (torch.compile(mode='reduce-overhead') or "
+              "torch.cuda.graphs), foreach/fused optimizers (fused=True), a larger batch") if compiled is None else
+             (f"the kernels are compiler-generated already ({compiled:.0f}% from Triton / nvFuser): CUDA graphs "
+              "(mode='reduce-overhead' where the model is compiled, or torch.cuda.graphs) to launch the step "
+              "at once, remove graph breaks so more ops fuse into each kernel (torch._dynamo.explain), "
+              "foreach/fused optimizers (fused=True), a larger batch")),
         threshold=dict(t), cost_ms_per_step=None)
 
 

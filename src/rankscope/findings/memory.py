@@ -21,8 +21,8 @@ def _gpu_devices(job: JobView) -> Iterator[tuple[int, DeviceMemory]]:
 
 @rule("memory_fragmentation", reads=("fragmentation_pct", "fragmentation_min_mb"))
 def memory_fragmentation(job: JobView) -> Iterable[Finding]:
-    """At peak, reserved but unallocated GPU memory >= `fragmentation_pct` of reserved and >=
-    `fragmentation_min_mb`."""
+    """At the moment allocated GPU memory peaks, reserved but unallocated memory (reserved -
+    allocated then) >= `fragmentation_pct` of the reserved memory then and >= `fragmentation_min_mb`."""
     t = job.thresholds
     frag = {r: d for r, d in _gpu_devices(job) if d.fragmentation_pct is not None and d.fragmentation_mb is not None
             and d.fragmentation_pct >= t["fragmentation_pct"] and d.fragmentation_mb >= t["fragmentation_min_mb"]}
@@ -31,13 +31,18 @@ def memory_fragmentation(job: JobView) -> Iterable[Finding]:
     worst = max(frag.values(), key=lambda d: d.fragmentation_mb)
     yield Finding(
         id="memory_fragmentation", severity="medium", ranks=sorted(frag), steps=job.steps(),
-        summary=(f"at peak, {worst.fragmentation_mb:.0f} MB ({worst.fragmentation_pct:.0f}%) of reserved "
-                 f"GPU memory is cached but not allocated (fragmentation)"),
-        evidence={r: {"device": d.device, "peak_reserved_mb": rounded(d.peak_reserved_mb, 1),
-                      "peak_allocated_mb": rounded(d.peak_allocated_mb, 1),
-                      "fragmentation_mb": rounded(d.fragmentation_mb, 1)} for r, d in frag.items()},
+        summary=(f"when allocated GPU memory peaks ({worst.peak_allocated_mb:.0f} MB), "
+                 f"{worst.fragmentation_mb:.0f} MB ({worst.fragmentation_pct:.0f}%) of the "
+                 f"{worst.reserved_at_peak_allocated_mb:.0f} MB reserved then is cached but not allocated "
+                 f"(fragmentation: reserved - allocated at peak allocated)"),
+        evidence={r: {"device": d.device, "peak_allocated_mb": rounded(d.peak_allocated_mb, 1),
+                      "reserved_at_peak_allocated_mb": rounded(d.reserved_at_peak_allocated_mb, 1),
+                      "fragmentation_mb": rounded(d.fragmentation_mb, 1),
+                      "fragmentation_pct_of_reserved": rounded(d.fragmentation_pct, 1),
+                      "peak_reserved_mb": rounded(d.peak_reserved_mb, 1)} for r, d in frag.items()},
         explanation=("The caching allocator keeps freed blocks reserved; with varying tensor sizes they split "
-                     "into pieces too small to reuse, so reserved memory grows far past what is allocated."),
+                     "into pieces too small to reuse, so even when the job needs the most memory a large part "
+                     "of the pool sits cached and unusable, and the next larger batch runs out of memory."),
         fix=("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; keep shapes static (pad or bucket sequence "
              "lengths); avoid torch.cuda.empty_cache() in the loop"),
         threshold=dict(t), cost_ms_per_step=None)

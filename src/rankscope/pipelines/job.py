@@ -24,7 +24,7 @@ from rankscope.ingest.consistency import different_jobs
 from rankscope.ingest.discover import assign_ranks, discover
 from rankscope.model import InputProblem, RankMeta, RankTrace
 from rankscope.pipelines import checking_arguments
-from rankscope.results import Analysis, Ingest, JobInfo
+from rankscope.results import Analysis, Finding, Ingest, JobInfo
 
 if TYPE_CHECKING:
     from rankscope.analyses.rank.summary import RankSummary
@@ -256,13 +256,28 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
     cross = _cross_rank(kept, values)
     result = Analysis(job=_job_info(kept, rank_warnings), ranks=kept, problems=problems, engine=chosen,
                       cross=cross)
-    result.findings = evaluate_findings(result, values)
+    result.findings = _noted_partial(evaluate_findings(result, values), result.job)
     if nccl_logs:
         from rankscope.pipelines.inputs import analyze_nccl_logs
         logs = analyze_nccl_logs(nccl_logs, values)
         result.findings = ordered(result.findings + logs.findings)
         result.problems += logs.problems
     return result
+
+
+def _noted_partial(findings: list[Finding], job: JobInfo) -> list[Finding]:
+    """Findings drawn from partial data say so (docs/concepts.md "Capture quality"): those whose ranks
+    include a partial rank (a finding of no rank is the whole job's), or every finding when the files
+    look like different jobs, get `evidence["partial_input"]` (those ranks) and a note after their summary."""
+    if job.capture is None or not job.capture.partial:
+        return findings
+    from rankscope.analyses.job.capture import ranks_text
+    for f in findings:
+        partial = job.capture.partial_input_ranks(f.ranks)
+        if partial:
+            f.evidence["partial_input"] = partial
+            f.summary += f" (from partial data: {ranks_text(partial)})"
+    return findings
 
 
 def _cross_rank(summaries: list[RankSummary], thresholds: Thresholds) -> CrossRank | None:
@@ -300,6 +315,28 @@ def _coverage(metas: list[RankMeta]) -> tuple[int | None, list[int], list[str]]:
     return world, missing, warnings
 
 
+def _devices(ranks: list[RankSummary]) -> list[str]:
+    """The job's device models from the traces' deviceProperties; ranks with device events but no
+    deviceProperties add one entry named from the events themselves (the device ids their
+    kernels, copies and sets ran on). Empty only for a job without device events."""
+    names = {d.get("name") for r in ranks for d in r.meta.devices if isinstance(d.get("name"), str)}
+    unnamed = [r for r in ranks if r.has_device
+               and not any(isinstance(d.get("name"), str) for d in r.meta.devices)]
+    out = sorted(n for n in names if n)
+    if unnamed:
+        ids = sorted({st.device for r in unnamed if r.hta is not None for st in r.hta.idle.streams})
+        if not ids:
+            which = ""
+        elif len(ids) == 1:
+            which = f"device {ids[0]}, "
+        elif ids == list(range(ids[0], ids[-1] + 1)):
+            which = f"devices {ids[0]}..{ids[-1]}, "
+        else:
+            which = f"devices {', '.join(map(str, ids))}, "
+        out.append(f"GPU ({which}no deviceProperties in the trace)")
+    return out
+
+
 def _job_info(ranks: list[RankSummary], warnings: list[str]) -> JobInfo:
     world, missing, coverage = _coverage([r.meta for r in ranks])
     warnings = list(warnings) + coverage
@@ -310,19 +347,25 @@ def _job_info(ranks: list[RankSummary], warnings: list[str]) -> JobInfo:
     if "whole_trace" in sources:
         n = sum(r.steps_source == "whole_trace" for r in ranks)
         warnings.append(f"{n} rank(s) have no ProfilerStep marks: each is analysed as one step spanning its trace")
-    devices = sorted({d.get("name") for r in ranks for d in r.meta.devices if isinstance(d.get("name"), str)})
+    devices = _devices(ranks)
     spans = [r.meta.span_ns for r in ranks if r.meta.span_ns]
     span_ms = max((b - a) for a, b in spans) / 1e6 if spans else None
-    no_device = [r.rank for r in ranks if not r.has_device]
+    from rankscope.analyses.job.capture import job_capture, launches_not_captured
+    launched = [r for r in ranks if not r.has_device and r.kernel_launches]      # CUPTI activity lost: no CPU job
+    if launched:
+        warnings.append(launches_not_captured(sum(r.kernel_launches for r in launched),
+                                              None if len(launched) == len(ranks) else [r.rank for r in launched]))
+    no_device = [r.rank for r in ranks if not r.has_device and not r.kernel_launches]
     if no_device and len(no_device) < len(ranks):
         warnings.append(f"no GPU events on rank(s) {', '.join(map(str, no_device))}")
-    elif ranks and not any(r.has_device for r in ranks):
+    elif ranks and len(no_device) == len(ranks):
         warnings.append("no GPU events in any rank: CPU-only job (host ops play the device's role)")
     return JobInfo(
         world_size=world, ranks=rank_ids, backend=backends[0] if len(backends) == 1 else (", ".join(backends) or None),
         steps=steps, devices=devices, warnings=warnings, missing_ranks=missing,
         steps_source=sources.pop() if len(sources) == 1 else ("mixed" if sources else "none"),
         span_ms=span_ms, hosts=sorted({r.meta.hostname for r in ranks if r.meta.hostname}),
+        capture=job_capture(ranks, warnings),
     )
 
 

@@ -97,16 +97,40 @@ def _header(report: dict) -> str:
             ("time span", f"{value_text(job.get('span_ms'))} ms")]
     if job.get("missing_ranks"):
         rows.append(("missing ranks", ranges(job["missing_ranks"])))
-    warnings = list(job.get("warnings") or [])
+    capture = job.get("capture")
+    if capture:
+        rows.append(("capture", _capture_text(capture)))
+    said = set((capture or {}).get("restated_warnings") or [])
+    warnings = [w for w in job.get("warnings") or [] if w not in said]
     warnings += [f"skipped {p['file']}: {p['problem']}" for p in inputs.get("skipped") or []]
-    warnings += [f"{p['file']}: {p['problem']}" for p in inputs.get("warnings") or []]
+    warnings += [w for p in inputs.get("warnings") or [] if (w := f"{p['file']}: {p['problem']}") not in said]
     more = len(warnings) - MAX_LISTED_WARNINGS
     items = "".join(f"<li>{escaped(w)}</li>" for w in warnings[:MAX_LISTED_WARNINGS])
     if more > 0:
         items += f"<li>… and {more} more (see --json)</li>"
     warn_html = (f'<h3>Input warnings</h3><ul class="warnings">{items}</ul>' if warnings
                  else note("No input warnings."))
-    return f'<header id="job"><h1>rankscope report</h1>{kv_table(rows)}{warn_html}</header>'
+    issues = (capture or {}).get("issues") or []
+    capture_html = (f'<ul class="capture{" partial" if capture.get("partial") else ""}">'
+                    + "".join(f"<li><code>{escaped(i.get('kind'))}</code> {escaped(i.get('detail'))}</li>" for i in issues)
+                    + "</ul>") if issues else ""
+    return f'<header id="job"><h1>rankscope report</h1>{kv_table(rows)}{capture_html}{warn_html}</header>'
+
+
+def _no_device_words(report: dict) -> str:
+    """What a job without device events is: CPU-only, unless kernels were launched and not captured."""
+    issues = ((report.get("job") or {}).get("capture") or {}).get("issues") or []
+    return ("no GPU activity captured" if any(i.get("kind") == "kernels_not_captured" for i in issues)
+            else "CPU-only job")
+
+
+def _capture_text(capture: dict) -> str:
+    """The header's capture row: complete, or PARTIAL and how many issues (listed under the table)."""
+    if capture.get("complete"):
+        return "complete (no trace cut, no value dropped, every launch's kernel captured, steps marked)"
+    n = len(capture.get("issues") or [])
+    return (f"PARTIAL: {n} issue{'s' if n != 1 else ''} (what the traces miss or mix"
+            + ("; findings drawn from it are marked)" if capture.get("partial") else ")"))
 
 
 def _findings(report: dict) -> str:
@@ -144,7 +168,7 @@ def _breakdown(report: dict, figures: dict) -> str:
     data = _bars_by_rank(ranks, "breakdown_ms", colors, CATEGORY_LABELS, "ms per step")
     return (head + note("Mean ms per step on each rank; each instant goes to one category, the parts sum to "
                         "the step. " + html_legend(*(BREAKDOWN[c] for c in BREAKDOWN_CATEGORIES))
-                        + (" CPU-only job: the training thread plays the device, gloo spans play "
+                        + (f" {_no_device_words(report)}: the training thread plays the device, gloo spans play "
                            "communication." if cpu_only else ""))
             + note(capped)
             + one_chart(figures, "chart-breakdown", data, chart_layout("rank", "ms per step", slots=len(ranks)))
@@ -161,7 +185,8 @@ def _parallel(report: dict, figures: dict) -> str:
     """The parallel layout: dimensions and groups, communication per dimension, the pipeline, the experts."""
     par = report.get("parallelism") or {}
     dims = par.get("dims") or []
-    if not dims:
+    # one dimension over the whole job (plain DDP / FSDP): the header's layout row says it all
+    if not (len(dims) > 1 or report.get("pipeline") or report.get("experts")):
         return ""
     out = [f'<section id="parallel"><h2>Parallel layout: {escaped(par.get("layout") or "")}</h2>',
            html_table(["dimension", "size", "groups (global ranks)", "from"],
@@ -405,7 +430,7 @@ def _idle(report: dict, figures: dict) -> str:
                      f"the host's activity during the gap. " + html_legend(*GAPS.values())),
                 one_chart(figures, "chart-idle-gaps", data, chart_layout("rank", "ms", 340, len(ranks)))]
     if len(out) == 2:
-        out.append(note("No device idle figures (no GPU events: CPU-only job)."))
+        out.append(note(f"No device idle figures (no GPU events: {_no_device_words(report)})."))
     return "".join(out) + "</section>"
 
 
@@ -419,7 +444,7 @@ def _rank_detail(report: dict, figures: dict) -> str:
     options = "".join(f'<option value="{r["rank"]}"{" selected" if str(r["rank"]) == initial else ""}>'
                       f'rank {r["rank"]}</option>' for r in ranks)
     charts = []
-    kernels = _kernels(ranks, initial, figures, charts)
+    kernels = _kernels(ranks, initial, figures, charts, report)
     gaps = _top_gaps(ranks, initial)
     memory = _memory(ranks, initial, figures, charts)
     select = (f'<p><label>Rank: <select id="rank-select" data-group="rank" data-charts="{" ".join(charts)}">'
@@ -435,10 +460,10 @@ def _member(initial: str, key: str, inner: str) -> str:
     return f'<div data-member-of="rank" data-key="{escaped(key)}"{hidden}>{inner}</div>'
 
 
-def _kernels(ranks: list[dict], initial: str, figures: dict, charts: list[str]) -> str:
+def _kernels(ranks: list[dict], initial: str, figures: dict, charts: list[str], report: dict | None = None) -> str:
     head = '<h3 id="kernels">Kernels by class</h3>'
     if not any(r.get("kernels") for r in ranks):
-        return head + note("No device kernels (CPU-only job).")
+        return head + note(f"No device kernels ({_no_device_words(report or {})}).")
     variants, tables = {}, []
     for r in ranks:
         key = str(r["rank"])

@@ -63,6 +63,8 @@ table.kv th { color: #5e6c84; font-weight: 500; padding-right: 16px; white-space
 .name { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 12px; overflow-wrap: anywhere; }
 .chart { width: 100%; min-height: 200px; }
 ul.warnings { color: #974f0c; margin: 4px 0; padding-left: 20px; }
+ul.capture { margin: 4px 0; padding-left: 20px; } ul.capture.partial { color: #c62828; }
+ul.capture code { font-size: 12px; color: #5e6c84; }
 .finding { border: 1px solid #dfe1e6; border-left: 5px solid #9e9e9e; border-radius: 4px; padding: 8px 14px;
            margin: 10px 0; }
 .finding.sev-high { border-left-color: #c62828; } .finding.sev-medium { border-left-color: #ef6c00; }

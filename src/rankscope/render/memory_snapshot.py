@@ -37,6 +37,9 @@ def _device_dict(d: DeviceMemory) -> dict[str, Any]:
         "device": d.device, "segments": d.segments, "reserved_mb": _mb(d.reserved), "allocated_mb": _mb(d.allocated),
         "free_cached_mb": _mb(d.free_cached), "largest_free_block_mb": _mb(d.largest_free_block),
         "free_blocks": d.free_blocks, "fragmentation_pct": round(d.fragmentation_pct, 2), "live_blocks": d.live_blocks,
+        "fragmentation_judged": None if d.judged is None else {
+            "at": d.judged.at, "reserved_mb": _mb(d.judged.reserved), "allocated_mb": _mb(d.judged.allocated),
+            "free_cached_mb": _mb(d.judged.free_cached), "pct_of_reserved": round(d.judged.pct_of_reserved, 2)},
         "live_by_category_mb": _mb_dict(d.live_by_category),
         "trace": None if r is None else {
             "events": r.events, "actions": r.actions, "window_start_us": r.window_start_us, "window_s": r.window_s,
@@ -73,8 +76,16 @@ class MemoryJson(JsonRenderer):
     """`memory --json`: the `rankscope.memory_snapshot/1` object."""
 
     def to_dict(self, result: MemoryResult) -> dict[str, Any]:
-        return {"schema": SCHEMA, "snapshots": [_report_dict(r) for r in result.reports],
-                "inputs": {"skipped": problem_list(result.skipped)}}
+        out = {"schema": SCHEMA, "snapshots": [_report_dict(r) for r in result.reports],
+               "inputs": {"skipped": problem_list(result.skipped)}}
+        if hasattr(result, "findings"):
+            out["findings"] = [f.as_dict() for f in _findings_of(result)]
+        return out
+
+
+def _findings_of(result: MemoryResult) -> list:
+    """The result's findings (`memory_fragmentation`), when the pipeline judged the snapshots."""
+    return list(getattr(result, "findings", None) or [])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -94,6 +105,19 @@ class MemoryTerminal(TerminalRenderer):
     def render(self, result: MemoryResult, out: Console) -> None:
         for report in result.reports:
             _report(report, out)
+        if hasattr(result, "findings"):
+            _findings(_findings_of(result), out)
+
+
+def _findings(findings: list, console: Console) -> None:
+    if not findings:
+        console.print("Findings: none: no threshold crossed (`rankscope thresholds` lists them)")
+        return
+    console.print(f"[bold]Findings[/] ({len(findings)}):")
+    for i, f in enumerate(findings, 1):
+        console.print(f"{i}. [bold]{f.severity.upper()}[/] {f.id}: {literal(f.summary)}")
+        console.print(f"   why: {literal(f.explanation)}")
+        console.print(f"   fix: {literal(f.fix)}")
 
 
 def _report(report: MemoryReport, console: Console) -> None:
@@ -102,7 +126,8 @@ def _report(report: MemoryReport, console: Console) -> None:
         console.print(f"  cuda:{d.device} reserved [bold]{_mb_text(d.reserved)} MB[/] in {d.segments} segments; "
                       f"allocated [bold]{_mb_text(d.allocated)} MB[/]")
         console.print(f"    free cached {_mb_text(d.free_cached)} MB in {d.free_blocks} blocks, largest "
-                      f"{_mb_text(d.largest_free_block)} MB: fragmentation {d.fragmentation_pct:.1f}%")
+                      f"{_mb_text(d.largest_free_block)} MB: scattered {d.fragmentation_pct:.1f}% (free memory "
+                      "outside the largest free block)")
         r = d.replay
         if r:
             at = (f" at +{(r.peak_time_us - r.window_start_us) / 1e6:.3f} s"
@@ -113,6 +138,12 @@ def _report(report: MemoryReport, console: Console) -> None:
                           "allocated before the recording")
         else:
             console.print("    no allocation history (torch.cuda.memory._record_memory_history() was off)")
+        j = d.judged
+        if j is not None:
+            when = "at peak allocated" if j.at == "peak_allocated" else "at the snapshot (peak unknown)"
+            console.print(f"    fragmentation {when}: [bold]{_mb_text(j.free_cached)} MB[/] cached but not "
+                          f"allocated, {j.pct_of_reserved:.1f}% of the {_mb_text(j.reserved)} MB reserved then "
+                          "(reserved - allocated)")
     _categories(report, console)
     _blocks(report, console)
     _ooms(report, console)

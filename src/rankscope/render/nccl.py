@@ -30,7 +30,11 @@ def _run_dict(run: NcclRun) -> dict[str, Any]:
                                                 "kind": p.kind, "channels": p.channels})
     return {
         "file": run.file, "nccl_version": run.nccl_version, "cuda_driver_version": log.cuda_driver_version,
-        "hosts": run.hosts, "env": log.env, "devices": {str(rank): name for rank, name in sorted(log.devices.items())},
+        "hosts": run.hosts, "env": log.env,
+        "env_vs_reference": [{"name": d.name, "change": d.change, "value": d.value,
+                              "reference_value": d.reference_value, "reference_from": d.reference_from,
+                              "diagnostic": d.diagnostic} for d in run.env_vs_reference],
+        "devices": {str(rank): name for rank, name in sorted(log.devices.items())},
         "comms": [{"comm_id": c.comm_id, "nranks": c.nranks, "nnodes": c.nnodes,
                    "coll_channels": c.coll_channels, "p2p_channels": c.p2p_channels,
                    "nvls_channels": c.nvls_channels, "collnet_channels": c.collnet_channels,
@@ -100,8 +104,16 @@ def _run(run: NcclRun, console: Console) -> None:
         head.append(f"CUDA driver {log.cuda_driver_version}")
     head.append(f"host{'s' if len(run.hosts) != 1 else ''} {', '.join(run.hosts) or '?'}")
     console.print(f"[bold]{literal(_name(run.file))}[/]: {literal(', '.join(head))}")
+    differs = {d.name: d for d in run.env_vs_reference}
     for name, value in log.env.items():
-        console.print(f"  env {literal(name)}={literal(value)}")
+        d = differs.get(name)
+        note = ("" if d is None else f" (not set in {_name(d.reference_from)})" if d.change == "set_only_here"
+                else f" ({_name(d.reference_from)}: {d.reference_value})")
+        console.print(f"  env {literal(name)}={literal(value)}{literal(note)}")
+    for d in run.env_vs_reference:
+        if d.change == "unset_only_here":
+            console.print(f"  env {literal(d.name)} not set ({literal(_name(d.reference_from))}: "
+                          f"{literal(d.name)}={literal(d.reference_value or '')})")
     if log.devices:
         counts = ", ".join(f"{n} x{list(log.devices.values()).count(n)}" for n in run.devices)
         console.print(f"  devices: {literal(counts)}")

@@ -27,6 +27,7 @@ class AnalysisTerminal(TerminalRenderer):
 
     def render(self, result: Analysis, out: Console) -> None:
         _header(result, out)
+        _capture(result, out)
         _warnings(result, out)
         if not self.brief:
             _tables(result, out)
@@ -55,13 +56,41 @@ def _header(a: Analysis, console: Console) -> None:
                   f"   cache: {cached}/{len(a.ranks)} ranks   engine: {a.engine}")
 
 
+def _capture(a: Analysis, console: Console) -> None:
+    """The header's capture line (docs/concepts.md "Capture quality"), then one line per issue."""
+    c = a.job.capture
+    if c is None:
+        return
+    line = Text("capture: ")
+    if c.complete:
+        line.append("complete (no trace cut, no value dropped, every launch's kernel captured, steps marked)")
+    else:
+        n = len(c.issues)
+        line.append("PARTIAL", style="bold red" if c.partial else "bold yellow")
+        line.append(f": {n} issue{'s' if n != 1 else ''} (what the traces miss or mix"
+                    + ("; findings drawn from it are marked)" if c.partial else ")"))
+    console.print(Padding(line, (0, 0, 0, 2)))
+    for issue in c.issues:
+        console.print(Padding(Text(printable(f"{issue.kind}: {issue.detail}")), (0, 0, 0, 4)))
+
+
+def _no_device_words(a: Analysis) -> str:
+    """What a job without device events is: CPU-only, unless kernels were launched and not captured."""
+    c = a.job.capture
+    return ("no GPU activity captured" if c and any(i.kind == "kernels_not_captured" for i in c.issues)
+            else "CPU-only job")
+
+
 #: Warnings listed in the report (all are on stderr and in --json).
 MAX_WARNINGS = 10
 
 
 def _warnings(a: Analysis, console: Console) -> None:
-    """The job's warnings and the input problems (files skipped, salvaged, the cache), as stderr has them."""
-    lines = a.job.warnings + [f"skipped {p}" if p.fatal else str(p) for p in a.problems]
+    """The job's warnings and the input problems (files skipped, salvaged, the cache), as stderr has them;
+    those a capture issue says already are not repeated."""
+    said = set(a.job.capture.restated_warnings) if a.job.capture else set()
+    lines = [w for w in a.job.warnings if w not in said]
+    lines += [f"skipped {p}" if p.fatal else str(p) for p in a.problems if p.fatal or str(p) not in said]
     if not lines:
         return
     console.print(f"[bold yellow]Warnings[/] ({len(lines)}):")
@@ -240,7 +269,7 @@ def _breakdown_table(a: Analysis, shown: list, console: Console) -> None:
     title = "Where step time went, mean ms per step (parts sum to the step)"
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
                   caption=legend(BREAKDOWN)
-                  + ("; CPU-only job: the training thread plays the device" if cpu_only else ""),
+                  + (f"; {_no_device_words(a)}: the training thread plays the device" if cpu_only else ""),
                   caption_justify="left")
     table.add_column("rank", justify="right")
     for f in BREAKDOWN.values():

@@ -5,8 +5,14 @@ Contract: `analyze_snapshot(snapshot, params=None, param_bytes=4) -> MemoryRepor
 Sizes are bytes.
 
 - At the snapshot (segments): reserved = sum of segment sizes; allocated = sum of `allocated_size`;
-  free cached = reserved - allocated; fragmentation = 1 - largest free block / free cached in
-  blocks (0%: one free hole; near 100%: free memory in crumbs no large tensor fits in).
+  free cached = reserved - allocated; scattered free memory (`fragmentation_pct`, the JSON's name)
+  = 1 - largest free block / free cached in blocks (0%: one free hole; near 100%: free memory in
+  crumbs no large tensor fits in).
+- Fragmentation judged (`judged`, the `memory_fragmentation` finding; the definition of the trace
+  figure, docs/concepts.md): reserved - allocated when allocated memory peaks, and its share of
+  the memory reserved then. With an allocation history it is judged at the replayed peak
+  (`at = "peak_allocated"`); without one only the segments at the snapshot are known, so it is
+  judged there (`at = "snapshot"`).
 - Over the recorded window (device_traces): replayed from the end, since the trace may start after
   the program did: allocated before the window = the blocks still live at the snapshot that the
   trace never allocated + the blocks the trace frees without having allocated them. Then alloc
@@ -90,6 +96,7 @@ class TraceReplay:
     peak_by_category: dict[str, int]
     peak_reserved: int
     actions: dict[str, int]
+    reserved_at_peak: int = 0           # reserved memory when allocated peaked
 
 
 @dataclass
@@ -100,6 +107,16 @@ class Oom:
     device_free: int | None
     allocated_at_oom: int
     events_before: list[dict]           # oldest first: action, size, addr, time_us, category, frame
+
+
+@dataclass
+class JudgedFragmentation:
+    """reserved - allocated at one moment: the peak allocated of the recorded window, else the snapshot."""
+    at: str                             # "peak_allocated" | "snapshot"
+    reserved: int
+    allocated: int
+    free_cached: int                    # reserved - allocated
+    pct_of_reserved: float
 
 
 @dataclass
@@ -115,6 +132,17 @@ class DeviceMemory:
     live_blocks: int
     live_by_category: dict[str, int]
     replay: TraceReplay | None
+    judged: JudgedFragmentation | None = None
+
+
+def judged_fragmentation(reserved: int, allocated: int, replay: TraceReplay | None) -> JudgedFragmentation:
+    """Fragmentation (module docstring) at the replayed peak when there is one, else at the snapshot."""
+    at = "snapshot"
+    if replay is not None and replay.peak_allocated > allocated:
+        at, reserved, allocated = "peak_allocated", max(replay.reserved_at_peak, replay.peak_allocated), \
+            replay.peak_allocated
+    free = max(reserved - allocated, 0)
+    return JudgedFragmentation(at, reserved, allocated, free, 100.0 * free / reserved if reserved > 0 else 0.0)
 
 
 @dataclass
@@ -190,7 +218,8 @@ def _device(snap: MemorySnapshot, device: int) -> tuple[DeviceMemory, list[Oom]]
     events = snap.device_traces.get(device) or []
     replay, ooms = _replay(events, live, reserved, device) if events else (None, [])
     return DeviceMemory(device, len(segments), reserved, allocated, reserved - allocated, largest, len(free),
-                        fragmentation, len(live), dict(by_category), replay), ooms
+                        fragmentation, len(live), dict(by_category), replay,
+                        judged_fragmentation(reserved, allocated, replay)), ooms
 
 
 def _replay(events: list[TraceEvent], live_at_end: list, reserved_end: int, device: int) -> tuple[TraceReplay, list[Oom]]:
@@ -216,17 +245,19 @@ def _replay(events: list[TraceEvent], live_at_end: list, reserved_end: int, devi
     reserved_delta = sum(_segment_delta(e) for e in events)
     reserved = reserved_end - reserved_delta
     peak, peak_time, peak_cats, peak_reserved = allocated, events[0].time_us, dict(by_category), reserved
+    reserved_at_peak = reserved
     live: dict[int, tuple[int, str]] = {}
     recent: list[TraceEvent] = []
     ooms = []
     for e in events:
+        new_peak = False
         if e.action == "alloc":
             category = classify_frames(e.frames)
             live[e.addr] = (e.size, category)
             allocated += e.size
             by_category[category] += e.size
             if allocated > peak:
-                peak, peak_time, peak_cats = allocated, e.time_us, dict(by_category)
+                peak, peak_time, peak_cats, new_peak = allocated, e.time_us, dict(by_category), True
         elif e.action == free_action:
             size, category = live.pop(e.addr, (e.size, "unknown"))
             allocated -= size
@@ -236,6 +267,8 @@ def _replay(events: list[TraceEvent], live_at_end: list, reserved_end: int, devi
                             [_event_row(x) for x in recent[-EVENTS_BEFORE_OOM:]]))
         reserved += _segment_delta(e)
         peak_reserved = max(peak_reserved, reserved)
+        if new_peak:
+            reserved_at_peak = reserved
         recent.append(e)
         if len(recent) > 4 * EVENTS_BEFORE_OOM:
             del recent[:-EVENTS_BEFORE_OOM]
@@ -243,7 +276,7 @@ def _replay(events: list[TraceEvent], live_at_end: list, reserved_end: int, devi
     replay = TraceReplay(events=len(events), window_start_us=min(times) if times else None, window_s=(max(times) - min(times)) / 1e6 if times else None,
                          allocated_before_window=sum(before.values()), peak_allocated=peak, peak_time_us=peak_time,
                          peak_by_category=peak_cats, peak_reserved=max(peak_reserved, reserved_end),
-                         actions=dict(Counter(e.action for e in events)))
+                         actions=dict(Counter(e.action for e in events)), reserved_at_peak=reserved_at_peak)
     return replay, ooms
 
 

@@ -14,9 +14,16 @@ each of these is set against its best peer, as a percentage, for `findings.nccl_
   uses (P2P > SHM > NET/IB > COLLNET > NET/Socket), in its run and for the same pair in other runs;
 - bus bandwidth: nccl-tests busbw (out-of-place) vs the best run at the same test and message
   size, median over the sizes both ran (the best run: highest "Avg bus bandwidth").
+
+Environment: each run's NCCL_* variables (the log's "NCCL_X set by environment to Y" lines) against
+the reference run's (the best run; without bus bandwidth, the first log): the variables set only
+in one of the two, or set to different values (`NcclRun.env_vs_reference`). Variables that only
+change what NCCL writes (`NCCL_DEBUG*`, `NCCL_*DUMP_FILE`) are marked `diagnostic`; a degraded
+run's findings name the others as a likely cause.
 """
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from statistics import median
@@ -56,6 +63,29 @@ class PeerLink:
     channels: int
 
 
+#: NCCL variables that change only what NCCL logs or dumps, never how it communicates.
+DIAGNOSTIC_ENV_PATTERN = re.compile(r"^NCCL_(DEBUG\w*|\w*DUMP\w*)$")
+
+
+@dataclass
+class EnvDifference:
+    """An NCCL_* variable that differs between a run and the reference run (None: not set)."""
+    name: str
+    value: str | None
+    reference_value: str | None
+    reference_from: str                    # the reference run's file
+    diagnostic: bool                       # only changes NCCL's logging / dumps (DIAGNOSTIC_ENV_PATTERN)
+
+    @property
+    def change(self) -> str:
+        """"set_only_here" | "unset_only_here" | "different_value"."""
+        if self.reference_value is None:
+            return "set_only_here"
+        if self.value is None:
+            return "unset_only_here"
+        return "different_value"
+
+
 @dataclass
 class NcclRun:
     file: str
@@ -71,6 +101,7 @@ class NcclRun:
     nvls: bool
     collnet: bool
     log: NcclLog
+    env_vs_reference: list[EnvDifference] = field(default_factory=list)   # vs the reference run's NCCL_* env
 
 
 @dataclass
@@ -137,7 +168,18 @@ def compare_nccl_logs(logs: list[NcclLog]) -> NcclReport:
     with_busbw = [r for r in runs if r.avg_busbw_gbps is not None]
     best = max(with_busbw, key=lambda r: r.avg_busbw_gbps) if with_busbw else None
     comparisons = (_channels(runs) + _links(runs) + _transports(runs) + (_busbw(runs, best) if best else []))
+    reference = best or (runs[0] if runs else None)
+    for run in runs:
+        if reference is not None and run is not reference:
+            run.env_vs_reference = env_differences(run.log.env, reference.log.env, reference.file)
     return NcclReport(runs=runs, best_run=best.file if best else None, comparisons=comparisons)
+
+
+def env_differences(env: dict[str, str], reference: dict[str, str], reference_from: str) -> list[EnvDifference]:
+    """The NCCL_* variables set in only one of `env` and `reference`, or to different values."""
+    return [EnvDifference(name, env.get(name), reference.get(name), reference_from,
+                          bool(DIAGNOSTIC_ENV_PATTERN.match(name)))
+            for name in sorted(set(env) | set(reference)) if env.get(name) != reference.get(name)]
 
 
 def _bus_key(bus: str) -> str:

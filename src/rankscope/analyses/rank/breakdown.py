@@ -7,8 +7,11 @@ Each instant of a step window goes to exactly one category, first match wins:
   memcpy           MEM (memcpy/memset) only
   dataloader       device idle, host inside `enumerate(DataLoader)#...__next__`
   sync             device idle, host blocked in cuda*/hip* Device/Stream/Event Synchronize
-  host             device idle, host inside a CPU op or a runtime/driver call
-  idle_other       the rest: device idle and the host outside any profiled op (Python, GC, sleep)
+  host             device idle, host inside a CPU op or a runtime/driver call, or running Python
+                   (inside a `python_function` event of a `with_stack=True` trace, not one that
+                   sleeps or waits: PYTHON_WAIT_PATTERN)
+  idle_other       the rest: device idle and the host outside any profiled op (untraced Python,
+                   GC, sleep, waits)
 
 How: the boundaries of every interval set and step window cut time into elementary segments;
 each segment's membership is looked up once per set (searchsorted on the set's disjoint union)
@@ -51,6 +54,11 @@ CATEGORIES = ("compute", "comm_overlapped", "comm_exposed", "memcpy", "dataloade
               "idle_other")
 #: Host ops that are collectives, not computation (CPU-only jobs).
 HOST_COLLECTIVE_PATTERN = r"^(c10d::|record_param_comms|gloo:|nccl:)"
+#: `python_function` events (traces taken with `with_stack=True`) in which the host thread sleeps
+#: or blocks rather than computes: `time.sleep`, lock / condition / thread waits, select / poll.
+#: Time inside them stays `idle_other`; time inside any other Python function is `host`.
+PYTHON_WAIT_PATTERN = (r"<built-in (function|method) (sleep|acquire|wait|select|poll|epoll)\b"
+                       r"|threading\.py\(\d+\): (wait|join|_wait_for_tstate_lock)$|\(\d+\): (sleep|wait)$")
 
 
 @dataclass
@@ -84,6 +92,16 @@ def _intervals(df: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return union(ts, ts + df["dur_ns"].to_numpy())
 
 
+def _python_sets(ev: pl.DataFrame, tid: int | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Python running on the host (`python_function` events, on thread `tid` when given) and the
+    Python functions among them that sleep or wait (PYTHON_WAIT_PATTERN)."""
+    py = ev.filter(pl.col("kind") == int(Kind.PYTHON_FUNCTION))
+    if tid is not None:
+        py = py.filter(pl.col("tid") == tid)
+    return {"python": _intervals(py),
+            "python_wait": _intervals(py.filter(pl.col("name").is_in(names_matching(py, PYTHON_WAIT_PATTERN))))}
+
+
 def _device_sets(ev: pl.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     dev = ev.filter(pl.col("kind").is_in([int(k) for k in DEVICE_KINDS]))
     marks = names_matching(ev, PROFILER_STEP_PATTERN) + names_matching(ev, DATALOADER_PATTERN)
@@ -97,6 +115,7 @@ def _device_sets(ev: pl.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         "sync": _intervals(ev.filter((pl.col("kind") == int(Kind.RUNTIME))
                                      & pl.col("name").is_in(names_matching(ev, BLOCKING_SYNC_PATTERN)))),
         "host": _intervals(host),
+        **_python_sets(ev),
     }
 
 
@@ -132,6 +151,8 @@ def _cpu_only_sets(ev: pl.DataFrame) -> tuple[dict[str, tuple[np.ndarray, np.nda
         "dataloader": _intervals(dataloader_spans(ev)),
         "sync": empty,
         "host": _intervals(ops.filter(pl.col("kind") == int(Kind.CPU_OP))),
+        # Python on the training thread is its CPU time too (host, never compute)
+        **_python_sets(ev, tid_or_none),
     }, tid
 
 
@@ -186,8 +207,9 @@ def classify_timeline(trace: RankTrace, cuts: list[np.ndarray] | None = None) ->
     m = {name: _member(u, left) for name, u in sets.items()}
     comp = m["comp"] & ~m["not_comp"] if cpu_only else m["comp"]
     comm, mem = m["comm"], m["mem"]
+    host = m["host"] | (m["python"] & ~m["python_wait"])
     category = np.select(
-        [comp & ~comm, comp & comm, comm, mem, m["dataloader"], m["sync"], m["host"]],
+        [comp & ~comm, comp & comm, comm, mem, m["dataloader"], m["sync"], host],
         [0, 1, 2, 3, 4, 5, 6], default=7).astype(np.int8)
     return Timeline(left, length, category, comp, comm, "cpu_only" if cpu_only else "device", tid)
 

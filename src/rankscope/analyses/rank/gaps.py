@@ -6,7 +6,9 @@ between two device activities inside a step. For each gap:
     host, idle_other; `analyses.breakdown`) and the dominant one;
   - the CPU op that ended it: the innermost CPU op enclosing the runtime call that launched the
     device activity starting at the gap's end (tb-profiler's attribution of kernels to ops);
-  - the CPU op most present during the gap on the launching thread (largest overlap).
+  - the CPU op most present during the gap on the launching thread (largest overlap); where no CPU
+    op runs then, the Python function most present (`with_stack=True` traces; the innermost of
+    equal overlap).
 Per rank the result keeps the total gap time per dominant category and the TOP_GAPS longest gaps.
 """
 from __future__ import annotations
@@ -86,6 +88,7 @@ def idle_gaps(trace: RankTrace, windows: StepWindows | None = None, timeline: Ti
     nxt = ev[next_row[longest]]
     launch_of = _launches(ev, nxt["correlation"].to_list())
     ops_by_tid = _host_ops_by_thread(ev, {tid for _, tid in launch_of.values()})
+    py_by_tid = _host_ops_by_thread(ev, {tid for _, tid in launch_of.values()}, [int(Kind.PYTHON_FUNCTION)])
     top_gaps = []
     for i, name, corr in zip(longest, nxt["name"].cast(pl.String), nxt["correlation"]):
         launched_by = busy = None
@@ -94,6 +97,9 @@ def idle_gaps(trace: RankTrace, windows: StepWindows | None = None, timeline: Ti
             op_ts, op_end, op_names = ops_by_tid[tid]
             launched_by = _innermost(op_ts, op_end, op_names, t_launch)
             busy = _most_present(op_ts, op_end, op_names, int(gap_s[i]), int(gap_e[i]))
+            if busy is None:
+                py_ts, py_end, py_names = py_by_tid[tid]
+                busy = _most_present(py_ts, py_end, py_names, int(gap_s[i]), int(gap_e[i]), innermost=True)
         top_gaps.append(Gap(
             step=int(w["step"][int(step_i[i])]),
             start_in_step_ms=float(gap_s[i] - w_start[step_i[i]]) / 1e6,
@@ -112,11 +118,13 @@ def _launches(ev: pl.DataFrame, correlations: list[int]) -> dict[int, tuple[int,
     return {c: (t, tid) for c, t, tid in zip(rows["correlation"], rows["ts_ns"], rows["tid"])}
 
 
-def _host_ops_by_thread(ev: pl.DataFrame, tids: set[int]) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """CPU ops and annotations that say what the host does (not the step / DataLoader marks),
-    per thread: (start, end, names)."""
+def _host_ops_by_thread(ev: pl.DataFrame, tids: set[int], kinds: list[int] | None = None,
+                        ) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """CPU ops and annotations (or the given kinds) that say what the host does (not the step /
+    DataLoader marks), per thread: (start, end, names)."""
     names = names_matching(ev, f"{PROFILER_STEP_PATTERN}|{DATALOADER_PATTERN}")
-    ops = ev.filter(pl.col("kind").is_in(_HOST_OPS) & ~pl.col("name").is_in(names) & pl.col("tid").is_in(list(tids)))
+    ops = ev.filter(pl.col("kind").is_in(kinds or _HOST_OPS) & ~pl.col("name").is_in(names)
+                    & pl.col("tid").is_in(list(tids)))
     out = {}
     for tid in tids:
         t = ops.filter(pl.col("tid") == tid)
@@ -132,8 +140,14 @@ def _innermost(start: np.ndarray, end: np.ndarray, names: np.ndarray, t: int) ->
     return str(names[around[np.lexsort((end[around], -start[around]))[0]]])
 
 
-def _most_present(start: np.ndarray, end: np.ndarray, names: np.ndarray, a: int, b: int) -> str | None:
+def _most_present(start: np.ndarray, end: np.ndarray, names: np.ndarray, a: int, b: int,
+                  innermost: bool = False) -> str | None:
+    """The event overlapping [a, b) the most (the first of equal overlap; with `innermost`, the
+    shortest of them: Python frames nest, and the outermost covers every gap)."""
     overlap = np.minimum(end, b) - np.maximum(start, a)
     if len(overlap) == 0 or overlap.max() <= 0:
         return None
-    return str(names[int(np.argmax(overlap))])
+    if not innermost:
+        return str(names[int(np.argmax(overlap))])
+    best = np.flatnonzero(overlap == overlap.max())
+    return str(names[int(best[np.argmin((end - start)[best])])])

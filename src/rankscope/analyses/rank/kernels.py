@@ -79,6 +79,14 @@ AMD matrix cores (MFMA: Tensile `_MI16x16x..`, Composable Kernel `xdl`, MIOpen `
 Tensor Cores, also for FP32 MFMA (MI200/MI300 run FP32 on matrix cores); Tensile `Cijk_` kernels
 without an `_MI` tile do not.
 
+Compiler-generated kernels: kernels whose names say a compiler generated them from the model's
+ops (`GENERATED_KERNEL_PATTERN`): TorchInductor's Triton kernels (`torch.compile`:
+`triton_poi_fused_*` pointwise, `triton_red_*` reductions, `triton_per_*` persistent reductions,
+`triton_tem_*` templates) and nvFuser's (`nvfuser_*`).
+  generated_kernel_pct       = their time / all kernel time
+  generated_kernel_count_pct = their launches / all kernel launches
+The findings read these to leave torch.compile out of a fix for a model that is compiled already.
+
 Pure functions: no printing, no file I/O. Results are small (top-N) tables.
 """
 from __future__ import annotations
@@ -338,6 +346,10 @@ class KernelNames(msgspec.Struct):
     tc_rule: list[str | None]
 
 
+#: Kernels a compiler generated (module docstring): TorchInductor's Triton kernels, nvFuser's.
+GENERATED_KERNEL_PATTERN = r"^triton_|(^|::)nvfuser_"
+
+
 class KernelStats(msgspec.Struct):
     """Per kernel name (top `top_n` by total time) and job-level Tensor Core figures."""
     kernels: KernelNames
@@ -353,6 +365,8 @@ class KernelStats(msgspec.Struct):
     occupancy_pct: float | None         # duration-weighted over kernels with a value
     occupancy_source: str | None        # "trace" | "computed" | "mixed" | None
     occupancy_covered_pct: float | None  # share of kernel time with an occupancy value
+    generated_kernel_pct: float | None = None        # compiler-generated kernels' time, % of kernel_ms
+    generated_kernel_count_pct: float | None = None  # their launches, % of kernel_count
 
 
 def kernel_stats(trace: RankTrace, top_n: int = 20) -> KernelStats:
@@ -429,7 +443,11 @@ def kernel_stats(trace: RankTrace, top_n: int = 20) -> KernelStats:
         *[pl.col(c).replace(-1, None) for c in ("grid_blocks", "block_threads", "registers_per_thread",
                                                 "shared_memory_bytes")],
         "gemm_like", "tensor_core", "tc_rule"))
+    generated = pl.col("name").is_in(names_matching(per, GENERATED_KERNEL_PATTERN))
+    generated_count = int(per.filter(generated)["count"].sum())
     return KernelStats(
+        generated_kernel_pct=100.0 * _ms(generated) * NS_PER_MS / kernel_ns if kernel_ns else None,
+        generated_kernel_count_pct=100.0 * generated_count / k.height,
         kernels=KernelNames(**kernels.to_dict(as_series=False)), kernel_count=k.height, kernel_ms=kernel_ns / NS_PER_MS,
         gemm_ms=_ms(gemm), gemm_tensor_core_ms=gemm_tc, gemm_fp32_ms=gemm_fp32,
         gemm_unknown_ms=_ms(gemm & pl.col("tensor_core").is_null()),

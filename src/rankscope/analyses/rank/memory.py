@@ -16,9 +16,11 @@
     workers) that reports its own totals; mixing them into one curve would draw false dips, so they
     are left out of the CPU curve and counted in `other_allocator_samples`.
   - peak allocated / peak reserved: maximum over the samples, at the FIRST sample that reaches it.
-  - fragmentation: reserved - allocated at the peak-reserved moment (the first sample where the
-    pool reaches its maximum, i.e. when the allocator had to grow the pool although
-    `reserved - allocated` bytes sat cached and free): MB and % of the peak reserved.
+  - fragmentation: reserved - allocated at the peak-allocated moment (the first sample where
+    allocated reaches its maximum): the cached free memory the pool held while the job needed the
+    most, MB and % of the reserved memory at that moment. Judged there, not at peak reserved: after
+    the peak the job frees its activations and reserved - allocated grows to most of the pool
+    however well the pool served the peak.
   - capacity: `deviceProperties[id].totalGlobalMem` of the matching accelerator (None for the CPU);
     peaks as % of capacity.
   - timeline: per device at most `max_points` samples, chosen by min/max decimation in equal time
@@ -87,8 +89,9 @@ class DeviceMemory(msgspec.Struct):
     peak_reserved_ts_ns: int | None = None
     peak_reserved_at_ms: float | None = None
     peak_reserved_step: int | None = None
-    fragmentation_mb: float | None = None        # reserved - allocated at the peak-reserved moment
-    fragmentation_pct: float | None = None       # of the peak reserved
+    fragmentation_mb: float | None = None        # reserved - allocated at the peak-allocated moment
+    fragmentation_pct: float | None = None       # of the reserved memory at that moment
+    reserved_at_peak_allocated_mb: float | None = None   # reserved memory at the peak-allocated moment
     capacity_mb: float | None = None             # deviceProperties totalGlobalMem
     peak_allocated_pct_of_capacity: float | None = None
     peak_reserved_pct_of_capacity: float | None = None
@@ -240,9 +243,11 @@ def _one_device(part: pl.DataFrame, dtype: int, did: int, origin: int, capacitie
         dm.peak_reserved_ts_ns = int(ts[i_res])
         dm.peak_reserved_at_ms = (int(ts[i_res]) - origin) / NS_PER_MS
         dm.peak_reserved_step = _step_at(int(ts[i_res]), starts, ends, steps)
-        frag = max(peak_res - int(allocated[i_res]), 0)
+        res_at_peak = int(reserved[i_alloc])
+        frag = max(res_at_peak - int(allocated[i_alloc]), 0)
+        dm.reserved_at_peak_allocated_mb = res_at_peak / BYTES_PER_MB
         dm.fragmentation_mb = frag / BYTES_PER_MB
-        dm.fragmentation_pct = 100.0 * frag / peak_res if peak_res > 0 else 0.0
+        dm.fragmentation_pct = 100.0 * frag / res_at_peak if res_at_peak > 0 else 0.0
         if capacity:
             dm.peak_reserved_pct_of_capacity = 100.0 * peak_res / capacity
 

@@ -21,7 +21,7 @@ from rankscope.analyses.rank.flops import RankFlops, rank_flops
 from rankscope.analyses.rank.idle import IdleTimeBreakdown, idle_time_breakdown
 from rankscope.analyses.rank.kernels import KernelBreakdown, KernelStats, kernel_breakdown, kernel_stats
 from rankscope.analyses.rank.operators import OperatorStats, operator_stats
-from rankscope.analyses.rank.launch import (KernelLaunchStats, MemoryBandwidthStats, QueueLengthStats,
+from rankscope.analyses.rank.launch import (LAUNCH_NAMES, KernelLaunchStats, MemoryBandwidthStats, QueueLengthStats,
                                             kernel_launch_stats, memory_bandwidth, queue_length)
 from rankscope.analyses.rank.memory import MemcpyReport, MemoryTimeline, memory_timeline, pageable_memcpy
 from rankscope.analyses.rank.overlap import CommCompOverlap, comm_comp_overlap
@@ -118,6 +118,7 @@ class RankSummary(msgspec.Struct):
     name_totals: RankNameTotals | None = None
     grad_sync: GradSyncSchedule | None = None     # gradient collectives vs backward
     flops: RankFlops | None = None                # traced FLOPs per step (for MFU)
+    kernel_launches: int = 0          # host kernel-launch calls (launch.LAUNCH_NAMES), with or without their kernel
     from_cache: bool = False
 
     @property
@@ -164,7 +165,15 @@ def summarize_rank(trace: RankTrace) -> RankSummary:
         name_totals=RankNameTotals(kernels=name_totals(dev), ops=name_totals(_host_ops(ev))),
         grad_sync=gradient_sync_schedule(trace),
         flops=rank_flops(trace),
+        kernel_launches=_kernel_launches(ev),
     )
+
+
+def _kernel_launches(ev: pl.DataFrame) -> int:
+    """Host kernel-launch calls (runtime / driver events named in launch.LAUNCH_NAMES)."""
+    calls = ev.filter(pl.col("kind").is_in([int(Kind.RUNTIME), int(Kind.DRIVER)]))
+    names = [n for n in calls["name"].unique().cast(pl.String).to_list() if n in LAUNCH_NAMES]
+    return calls.filter(pl.col("name").is_in(names)).height if names else 0
 
 
 def name_totals(events: pl.DataFrame) -> NameTotals:
