@@ -247,7 +247,7 @@ def test_launches_with_their_kernels_and_a_job_without_launches(corpus: Path, tm
 
 def test_trace_without_profiler_steps_is_no_steps_and_exit_0(tmp_path: Path):
     """Two kernels and no ProfilerStep#N: a no_steps issue (not partial data: exit 0); the header
-    says PARTIAL with one issue and the no-steps warning is not listed again."""
+    says complete with one note (nothing was lost) and the no-steps warning is not listed again."""
     job = tmp_path / "job"
     job.mkdir()
     TraceBuilder().kernel("sgemm", 10, 20, 100).kernel("relu", 130, 140, 50).write(job / "rank0.pt.trace.json")
@@ -255,7 +255,7 @@ def test_trace_without_profiler_steps_is_no_steps_and_exit_0(tmp_path: Path):
     assert_no_traceback(proc)
     assert proc.returncode == 0, proc.stderr
     block = _capture_lines(proc.stdout)
-    assert block[0].startswith("  capture: PARTIAL: 1 issue")
+    assert block[0].startswith("  capture: complete, 1 note (nothing lost")
     assert block[1].startswith("no_steps: rank 0: no ProfilerStep#N marks")
     assert "have no ProfilerStep marks" not in proc.stdout and "partial input" not in proc.stderr
     result = api.analyze(job, use_cache=False, engine="inprocess")
@@ -310,8 +310,9 @@ def test_clean_set_is_complete_and_exits_0(corpus: Path, tmp_path: Path):
     assert _capture_lines(term.stdout)[0].startswith("  capture: complete")
     _fits_80_columns(term.stdout)
     out = json.loads(as_json.stdout)
-    assert out["job"]["capture"] == {"complete": True, "partial": False, "issues": [], "partial_ranks": [],
-                                     "restated_warnings": []}
+    capture = out["job"]["capture"]
+    assert capture.pop("headline").startswith("complete (no trace cut")
+    assert capture == {"complete": True, "partial": False, "issues": [], "partial_ranks": [], "restated_warnings": []}
     assert all("partial_input" not in f["evidence"] for f in out["findings"])
 
 

@@ -158,10 +158,11 @@ class NcclResult(Result):
 
 @dataclass
 class MemoryResult(Result):
-    """What `memory` finds in CUDA memory snapshots: one report per snapshot read, the problems
-    (`skipped`: the unusable snapshots)."""
+    """What `memory` finds in CUDA memory snapshots: one report per snapshot read, their findings,
+    the problems (`skipped`: the unusable snapshots)."""
     reports: list[MemoryReport]
     problems: list[InputProblem] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
 
     @property
     def usable(self) -> bool:

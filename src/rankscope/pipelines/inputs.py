@@ -32,14 +32,19 @@ def analyze_nccl_logs(logs: list[str | Path], thresholds: Mapping[str, float] | 
 
 
 def analyze_memory_snapshots(snapshots: list[str | Path], params: int | None = None,
-                             param_bytes: int = 4) -> MemoryResult:
+                             param_bytes: int = 4, thresholds: Mapping[str, float] | None = None) -> MemoryResult:
     """CUDA memory snapshots (torch.cuda.memory._dump_snapshot pickles, read without running any
-    code), each analysed; `params` (model parameters of `param_bytes` each) adds the theoretical
-    breakdown."""
+    code), each analysed and judged against `thresholds` (as `analyze_nccl_logs`); `params` (model
+    parameters of `param_bytes` each) adds the theoretical breakdown."""
     from rankscope.analyses.inputs.memory_snapshot import analyze_snapshot
+    from rankscope.findings.inputs import memory_snapshot_findings
     from rankscope.ingest.memory_snapshot import read_memory_snapshot
+    from rankscope.thresholds import resolve
+    with checking_arguments():
+        values = resolve(thresholds)
     parsed, problems = _read(snapshots, read_memory_snapshot)
-    return MemoryResult([analyze_snapshot(s, params=params, param_bytes=param_bytes) for s in parsed], problems)
+    reports = [analyze_snapshot(s, params=params, param_bytes=param_bytes) for s in parsed]
+    return MemoryResult(reports, problems, memory_snapshot_findings(reports, values))
 
 
 def _read(paths: list[str | Path], reader: Callable) -> tuple[list, list[InputProblem]]:

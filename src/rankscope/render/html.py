@@ -99,7 +99,7 @@ def _header(report: dict) -> str:
         rows.append(("missing ranks", ranges(job["missing_ranks"])))
     capture = job.get("capture")
     if capture:
-        rows.append(("capture", _capture_text(capture)))
+        rows.append(("capture", capture.get("headline") or ""))
     said = set((capture or {}).get("restated_warnings") or [])
     warnings = [w for w in job.get("warnings") or [] if w not in said]
     warnings += [f"skipped {p['file']}: {p['problem']}" for p in inputs.get("skipped") or []]
@@ -122,15 +122,6 @@ def _no_device_words(report: dict) -> str:
     issues = ((report.get("job") or {}).get("capture") or {}).get("issues") or []
     return ("no GPU activity captured" if any(i.get("kind") == "kernels_not_captured" for i in issues)
             else "CPU-only job")
-
-
-def _capture_text(capture: dict) -> str:
-    """The header's capture row: complete, or PARTIAL and how many issues (listed under the table)."""
-    if capture.get("complete"):
-        return "complete (no trace cut, no value dropped, every launch's kernel captured, steps marked)"
-    n = len(capture.get("issues") or [])
-    return (f"PARTIAL: {n} issue{'s' if n != 1 else ''} (what the traces miss or mix"
-            + ("; findings drawn from it are marked)" if capture.get("partial") else ")"))
 
 
 def _findings(report: dict) -> str:

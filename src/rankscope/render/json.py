@@ -117,7 +117,7 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
             "world_size": j.world_size, "ranks": j.ranks, "backend": j.backend, "steps": j.steps,
             "steps_source": j.steps_source, "devices": j.devices, "hosts": j.hosts,
             "span_ms": rounded(j.span_ms, 3), "missing_ranks": j.missing_ranks, "warnings": j.warnings,
-            "capture": to_plain(j.capture),
+            "capture": {**to_plain(j.capture), "headline": j.capture.headline} if j.capture else None,
         },
         "inputs": {
             "skipped": [{"file": p.file, "problem": p.problem} for p in a.problems if p.fatal],

@@ -62,13 +62,9 @@ def _capture(a: Analysis, console: Console) -> None:
     if c is None:
         return
     line = Text("capture: ")
-    if c.complete:
-        line.append("complete (no trace cut, no value dropped, every launch's kernel captured, steps marked)")
-    else:
-        n = len(c.issues)
-        line.append("PARTIAL", style="bold red" if c.partial else "bold yellow")
-        line.append(f": {n} issue{'s' if n != 1 else ''} (what the traces miss or mix"
-                    + ("; findings drawn from it are marked)" if c.partial else ")"))
+    head, _, rest = c.headline.partition(" ")
+    line.append(head, style="bold red" if c.partial else "bold yellow" if not c.complete else "")
+    line.append(" " + rest)
     console.print(Padding(line, (0, 0, 0, 2)))
     for issue in c.issues:
         console.print(Padding(Text(printable(f"{issue.kind}: {issue.detail}")), (0, 0, 0, 4)))

@@ -73,6 +73,18 @@ class Capture(msgspec.Struct):
             return mixed
         return sorted(set(self.partial_ranks) & set(ranks)) if ranks else list(self.partial_ranks)
 
+    @property
+    def headline(self) -> str:
+        """The header's capture line: complete; complete with notes (nothing lost: the format, no step
+        marks); or PARTIAL with how many issues."""
+        n = len(self.issues)
+        if self.complete:
+            return "complete (no trace cut, no value dropped, every launch's kernel captured, steps marked)"
+        if not self.partial:
+            return f"complete, {n} note{'s' if n != 1 else ''} (nothing lost; read below how it was recorded)"
+        return (f"PARTIAL: {n} issue{'s' if n != 1 else ''} (what the traces miss or mix; findings drawn from it "
+                f"are marked)")
+
     def reason(self) -> str | None:
         """Why the input is partial, one line (None when it is not)."""
         by_kind: dict[str, set[int]] = {}
