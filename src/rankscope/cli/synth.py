@@ -17,8 +17,16 @@ import click
 @click.option("--twin", type=click.Path(file_okay=False), default=None,
               help="Also write the job without its injections to this folder: the fault-free twin (the same "
                    "random draws), to check a what-if's prediction against.")
-def command(out, ranks, steps, seed, injections, scale, no_gzip, twin) -> None:
+@click.option("--layout", "layout", default=None, metavar="SPEC",
+              help="Write a job of this parallel layout instead of the DDP job, e.g. "
+                   "pp=4,dp=2,tp=2,schedule=1f1b,microbatches=8,names=mesh (keys and faults: "
+                   "`rankscope synth --layout help`). --ranks, --inject and --scale do not apply; "
+                   "--steps defaults to 3 there.")
+def command(out, ranks, steps, seed, injections, scale, no_gzip, twin, layout) -> None:
     """Write a synthetic Kineto job (one trace per rank) and its ground_truth.json."""
+    if layout is not None:
+        _layout_job(out, layout, steps, seed, injections, no_gzip, twin)
+        return
     from rankscope.synth import generate_job, parse_injection
     try:
         parsed = [parse_injection(text) for text in injections]
@@ -31,3 +39,26 @@ def command(out, ranks, steps, seed, injections, scale, no_gzip, twin) -> None:
     click.echo(f"wrote {ranks} rank traces and ground_truth.json to {out} "
                f"({len(truth.get('injections', []))} injection(s))"
                + (f"; its fault-free twin to {twin}" if twin else ""))
+
+
+def _layout_job(out, text, steps, seed, injections, no_gzip, twin) -> None:
+    """`--layout SPEC`: rankscope.synth.layouts (a pipeline / data / expert / tensor parallel job)."""
+    from rankscope.synth.layouts import LAYOUT_HELP, generate_layout_job, parse_layout
+    if text.strip() in ("help", "?"):
+        click.echo(LAYOUT_HELP)
+        return
+    if injections:
+        raise click.UsageError("--inject does not apply to --layout jobs: give the faults in SPEC "
+                               "(slow_stage=S, no_prefetch=1, exposed_tp=1, expert_skew=R; see --layout help)")
+    ctx = click.get_current_context()
+    layout_steps = steps if ctx.get_parameter_source("steps") == click.core.ParameterSource.COMMANDLINE else 3
+    try:
+        spec = parse_layout(text)
+        truth = generate_layout_job(out, spec, steps=layout_steps, seed=seed, gzip=not no_gzip)
+        if twin:
+            generate_layout_job(twin, spec.healthy(), steps=layout_steps, seed=seed, gzip=not no_gzip)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    click.echo(f"wrote {truth['world_size']} rank traces of {truth['spec']} and ground_truth.json to {out} "
+               f"(faults: {', '.join(truth['faults']) or 'none'})"
+               + (f"; its healthy twin to {twin}" if twin else ""))

@@ -38,6 +38,13 @@ Modules, in dependency order:
 - `kineto`: event sinks, the trace file's event order, header and JSON/gzip encoding;
 - `simulation`: one rank's simulation, the network, the timing pass and the per-rank event pass;
 - `job`: `generate_job`, the ground truth, `expected_findings`, `demo_job_dir`.
+
+Parallel layouts (`rankscope synth OUT --layout SPEC`): `layouts.generate_layout_job` writes an NCCL
+job of a pipeline x data (DDP or FSDP) x expert x tensor parallel layout, with process groups named
+as a DeviceMesh, Megatron or nothing names them, a 1F1B / GPipe / interleaved schedule, and the
+faults slow_stage, no_prefetch, exposed_tp, expert_skew; its ground truth gives the dimensions and
+groups, the pipeline and the findings each fault must raise (`layouts_spec`: the SPEC grammar, the
+mesh, the process groups and the schedules; `layouts`: the simulation and the files).
 """
 from rankscope.synth.constants import (
     AUTOGRAD_GAP_US,
