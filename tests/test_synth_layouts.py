@@ -239,19 +239,12 @@ def test_expert_skew_load_matches_the_routing(root):
 # Where the analysis disagrees with the ground truth today (reported; strict: a fix makes these pass,
 # and then the marker goes)
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="pipeline_analysis keeps the point-to-point count (v m + (v-1) m sends "
-                          "per step on the first rank) as m on a 2-stage interleaved pipeline, "
-                          "although the schedule's marks give m")
 def test_two_stage_interleaved_microbatches_from_marks(tmp_path):
     truth = generate_layout_job(tmp_path, "pp=2,schedule=interleaved,virtual=2,microbatches=4", steps=STEPS, seed=SEED)
     p = analyze(tmp_path, use_cache=False, engine="inprocess").cross.parallel.pipeline
     assert (p.schedule, p.microbatches) == ("interleaved", truth["pipeline"]["microbatches"])
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="with m <= pp the first stage of 1F1B runs every forward before its first "
-                          "backward, as GPipe does; the schedule is read from the first stage only")
 def test_one_f_one_b_with_few_microbatches(tmp_path):
     truth = generate_layout_job(tmp_path, "pp=4,schedule=1f1b,microbatches=4", steps=STEPS, seed=SEED)
     p = analyze(tmp_path, use_cache=False, engine="inprocess").cross.parallel.pipeline

@@ -10,8 +10,9 @@ Reduce over the ranks' `RankCollectives` and the job's `Layout` (analyses/job/la
     The schedule's own marks, where the trace has them (`PIPELINE_MARKS` of
     analyses/rank/collectives.py: torch.distributed.pipelining's `PP:<stage>F<microbatch>` and
     `Forward <microbatch>`), give m and the model chunks per rank v exactly;
-  - schedule: "gpipe" when, in every step, the first stage sends all its activations before it
-    receives its first gradient; "1f1b" when gradients arrive between them; "interleaved" as above;
+  - schedule: "gpipe" when, in every step, the last stage receives all its activations before it
+    sends its first gradient (the first stage all its sends before its first receive, where the
+    last stage has no traffic); "1f1b" when they alternate; "interleaved" as above;
     "unknown" when the first stage has no point-to-point traffic;
   - per stage: compute ms per step (compute running, alone or beside communication: the step
     breakdown's compute + comm_overlapped), and the bubble: the time the stage waits on its pipeline
@@ -91,7 +92,7 @@ def pipeline_analysis(ranks: Sequence[RankCollectives], layout: Layout, comm: Se
     marks = [(by_rank[r].pipeline_stages, by_rank[r].pipeline_microbatches) for st in stage_ranks for r in st
              if by_rank[r].pipeline_microbatches > 0]
     chunks = int(np.median([v for v, _ in marks])) if marks else 1
-    if marks and (m is None or schedule == "interleaved"):
+    if marks:                      # the schedule's own marks count the microbatches exactly
         m = int(np.median([mb for _, mb in marks]))
     if chunks > 1:
         schedule = "interleaved"
@@ -130,11 +131,19 @@ def _schedule(stage_ranks: list[list[int]], by_rank: dict[int, RankCollectives],
         middle = [seq.count("send") for r in stage_ranks[1] for seq in per_step(r).values()]
         if middle and np.median(middle) < 1.5 * m:
             return "interleaved", None
-    gpipe = all(_sends_first(seq) for steps in first for seq in steps.values())
+    # the last stage tells GPipe from 1F1B even with m <= p (where the first stage's warm-up holds
+    # every forward): under GPipe it receives every activation before it sends its first gradient
+    last = [per_step(r) for r in stage_ranks[-1]] if stage_ranks[-1] else []
+    seqs = [seq for steps in last for seq in steps.values() if "send" in seq and "recv" in seq]
+    if seqs:
+        gpipe = all(_all_before(seq, "recv", "send") for seq in seqs)
+    else:
+        gpipe = all(_all_before(seq, "send", "recv") for steps in first for seq in steps.values())
     return ("gpipe" if gpipe else "1f1b"), m
 
 
-def _sends_first(seq: list[str]) -> bool:
-    last_send = max((i for i, t in enumerate(seq) if t == "send"), default=-1)
-    first_recv = min((i for i, t in enumerate(seq) if t == "recv"), default=len(seq))
-    return last_send < first_recv
+def _all_before(seq: list[str], first: str, then: str) -> bool:
+    """Every `first` of the sequence comes before its first `then`."""
+    last_first = max((i for i, t in enumerate(seq) if t == first), default=-1)
+    first_then = min((i for i, t in enumerate(seq) if t == then), default=len(seq))
+    return last_first < first_then
