@@ -251,10 +251,6 @@ def test_one_f_one_b_with_few_microbatches(tmp_path):
     assert p.schedule == truth["pipeline"]["schedule"] == "1f1b"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="unnamed groups: a plain all_reduce in the only all_reduce group is taken "
-                          "for dp, so tensor parallel without a DDP all_reduce (FSDP, or dp = 1) is "
-                          "named dp")
 def test_unnamed_tensor_parallel_beside_fsdp(tmp_path):
     truth = generate_layout_job(tmp_path, "pp=2,dp=2,tp=2,fsdp=1,names=none,schedule=gpipe,microbatches=4",
                                 steps=STEPS, seed=SEED)

@@ -631,9 +631,15 @@ def _assign_dims(out: RankCollectives, meta, rank: int, functional: list[bool],
     name_of = {ranks: next(d for d in ROLE_PRECEDENCE if d in rs) for ranks, rs in roles_on.items()}
     # plain all_reduce in two groups (Megatron calls all_reduce for tensor parallel too): the
     # closest-together group is tp, by locality
-    dp_groups = sorted((r for r, d in name_of.items() if d == "dp" and len(r) >= 2),
-                       key=lambda r: (Group(r, None, None, None).stride, len(r)))
+    stride = {r: (Group(r, None, None, None).stride, len(r)) for r in name_of}
+    dp_groups = sorted((r for r, d in name_of.items() if d == "dp" and len(r) >= 2), key=stride.get)
     if len(dp_groups) >= 2 and "tp" not in name_of.values():
+        name_of[dp_groups[0]] = "tp"
+    # ... and plain all_reduce closer together than the sharded data-parallel group (FSDP beside
+    # Megatron-style tensor parallel): tp, by locality too
+    sharded = [r for r, d in name_of.items() if d == "dp_shard"]
+    if len(dp_groups) == 1 and sharded and "tp" not in name_of.values() and \
+            stride[dp_groups[0]] < min(stride[r] for r in sharded):
         name_of[dp_groups[0]] = "tp"
     seen: dict[tuple, list] = {(g.dim, g.ranks): [g.dim, "pg_desc", *g.ranks] for g in groups
                                if g.dim and len(g.ranks) >= 2}
