@@ -283,3 +283,18 @@ def test_sequence_parallel_gathers_go_to_the_tp_group():
     _assign_dims(out, meta, 0, [True, True, False], [None] * 3)
     assert out.dim == ["tp", "tp", "dp"]
     assert out.pg == ["mesh_tp:0,1", "mesh_tp:0,1", "mesh_dp:0,2"]
+
+
+def test_a_user_can_name_their_own_groups():
+    """`extend_dim_patterns`: a team's own group names read as dimensions (ahead of the built-in table)."""
+    from rankscope.analyses.rank import groups
+    saved = list(groups.DIM_PATTERNS)
+    try:
+        assert dim_of_desc("my_team_shards") is None
+        groups.extend_dim_patterns(r"team_shards", "dp_shard")
+        assert dim_of_desc("my_team_shards") == "dp_shard"
+        with pytest.raises(ValueError, match="unknown dimension"):
+            groups.extend_dim_patterns("x", "zz")
+    finally:
+        groups.DIM_PATTERNS[:] = saved
+        groups._compiled.clear()

@@ -289,7 +289,7 @@ def test_nccl_env_difference_named_in_findings(corpus):
     judged = [f for f in result.findings if f.evidence.get("file") == str(faulty)]
     assert {f.id for f in judged} == {"low_bus_bandwidth", "degraded_nccl_link"}
     for f in judged:
-        assert f"NCCL_TOPO_FILE is set only in the degraded run" in f.fix and topo in f.fix
+        assert "NCCL_TOPO_FILE is set only in the degraded run" in f.fix and topo in f.fix
         assert "check or unset it" in f.fix
         assert f.evidence["env_differences"] == [{"name": "NCCL_TOPO_FILE", "change": "set_only_here", "value": topo,
                                                   "reference_value": None, "reference_from": str(healthy)}]

@@ -230,8 +230,6 @@ def job_ep4_alltoall_skewed(rank: int, world: int, outdir: str) -> None:
     torch.manual_seed(SEED + 10 + rank)  # this rank's experts (one per layer)
     experts = nn.ModuleList([Block(dim, hidden) for _ in range(n_layers)])
     opt = torch.optim.SGD(list(shared.parameters()) + list(experts.parameters()), lr=1e-3)
-    # Token -> expert assignment of this rank, fixed, laid out sorted by expert.
-    expert_of_token = torch.repeat_interleave(torch.arange(world), torch.tensor(in_splits))
     perm = torch.randperm(tokens, generator=torch.Generator().manual_seed(SEED + rank))
     g = torch.Generator().manual_seed(SEED + 1000 + rank)
     x = torch.randn(tokens, dim, generator=g)

@@ -48,10 +48,6 @@ class Layout:
     def dim(self, name: str) -> Dim | None:
         return next((d for d in self.dims if d.name == name), None)
 
-    def group_of(self, name: str, rank: int) -> list[int] | None:
-        d = self.dim(name)
-        return next((g for g in d.groups if rank in g), None) if d else None
-
 
 def parallel_layout(ranks: Sequence[RankCollectives]) -> Layout:
     """The union of the groups the ranks report, per dimension. A dimension named by a group's

@@ -19,9 +19,6 @@ class ParallelReport:
     pipeline: Pipeline | None = None
     experts: ExpertLoad | None = None
 
-    def comm_of(self, rank: int) -> RankDimComm | None:
-        return next((c for c in self.comm if c.rank == rank), None)
-
     def as_dict(self) -> dict:
         """The JSON contract (docs/json-schema.md "Parallel layout")."""
         return {

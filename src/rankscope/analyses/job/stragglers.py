@@ -371,7 +371,6 @@ def _evaluate(ranks: Sequence[RankCollectives], table: CollectiveTable, progress
     # per-step figures are averaged over the steps that have collectives (collectives outside every
     # step window are matched and listed, but the what-if is per step)
     n_steps_with_coll = max(1, coll.filter(pl.col("step") >= 0)["step"].n_unique()) if coll.height else 1
-    share_min = 100.0 * last_share_min(n, t)
     per, imposed, lead_share, group_n = {}, {}, {}, {}
     if mem.height:
         # chance of arriving last is 1 / members of the collective's group, not 1 / ranks of the job
