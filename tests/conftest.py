@@ -129,27 +129,36 @@ def gunzip_prefix(data: bytes) -> bytes:
 _EVENTS_KEY = re.compile(r'"traceEvents"\s*:\s*\[')
 
 
-def complete_events_in_prefix(text: bytes | str) -> int:
-    """How many complete trace events a (possibly truncated) JSON trace text holds before its end:
-    the elements of the "traceEvents" array that `json.JSONDecoder.raw_decode` can read whole.
-    Independent of rankscope (standard library only)."""
+def complete_events(text: bytes | str) -> tuple[list, int]:
+    """The complete trace events a (possibly truncated) JSON trace text holds before its end: the
+    elements of the "traceEvents" array that `json.JSONDecoder.raw_decode` can read whole, and the
+    byte offset just after the last of them (after the array's '[' when there is none; 0 without
+    the array). Independent of rankscope (standard library only)."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
     m = _EVENTS_KEY.search(text)
     if not m:
-        return 0
+        return [], 0
     dec = json.JSONDecoder()
-    i, n = m.end(), 0
+    i = end = m.end()
+    events = []
     while True:
         while i < len(text) and text[i] in " \t\r\n,":
             i += 1
         if i >= len(text) or text[i] == "]":
-            return n
+            break
         try:
-            _, i = dec.raw_decode(text, i)
+            e, i = dec.raw_decode(text, i)
         except json.JSONDecodeError:
-            return n
-        n += 1
+            break
+        events.append(e)
+        end = i
+    return events, len(text[:end].encode())
+
+
+def complete_events_in_prefix(text: bytes | str) -> int:
+    """How many complete trace events a (possibly truncated) JSON trace text holds (`complete_events`)."""
+    return len(complete_events(text)[0])
 
 
 def sha256_tree(folder: Path) -> dict[str, str]:

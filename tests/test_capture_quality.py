@@ -17,8 +17,8 @@ from types import SimpleNamespace
 import pytest
 from rich.cells import cell_len
 
-from conftest import (DLRM, GLOO_HEALTHY, assert_no_traceback, complete_events_in_prefix, copy_files, corpus_files,
-                      fresh_json, raw_text, run_cli, shared_cache_dir, write_trace, x_events)
+from conftest import (DLRM, GLOO_HEALTHY, assert_no_traceback, complete_events, complete_events_in_prefix, copy_files,
+                      corpus_files, fresh_json, raw_text, run_cli, shared_cache_dir, write_trace, x_events)
 from tracebuilder import TraceBuilder
 
 from rankscope import api
@@ -38,36 +38,9 @@ def _fits_80_columns(text: str) -> None:
         assert line == line.rstrip(), f"trailing spaces: {line!r}"
 
 
-def _end_of_complete_events(text: bytes) -> int:
-    """Byte offset just after the last complete event of a cut trace (json.raw_decode)."""
-    s = text.decode()
-    dec = json.JSONDecoder()
-    i = end = s.index("[", s.index('"traceEvents"')) + 1
-    while True:
-        while s[i] in " \t\r\n,":
-            i += 1
-        try:
-            _, i = dec.raw_decode(s, i)
-        except json.JSONDecodeError:
-            return len(s[:end].encode())
-        end = i
-
-
 def _complete_x_events(text: bytes) -> list[dict]:
-    """The complete 'X' events of a cut trace text (json.raw_decode, one by one)."""
-    s = text.decode()
-    dec = json.JSONDecoder()
-    i = s.index("[", s.index('"traceEvents"')) + 1
-    out = []
-    while True:
-        while s[i] in " \t\r\n,":
-            i += 1
-        try:
-            e, i = dec.raw_decode(s, i)
-        except json.JSONDecodeError:
-            return out
-        if isinstance(e, dict) and e.get("ph") == "X":
-            out.append(e)
+    """The complete 'X' events of a cut trace text (`complete_events`: json.raw_decode, one by one)."""
+    return [e for e in complete_events(text)[0] if isinstance(e, dict) and e.get("ph") == "X"]
 
 
 def _capture_lines(stdout: str) -> list[str]:
@@ -98,7 +71,7 @@ def cut_job(corpus: Path, tmp_path: Path) -> dict:
     cut_file.write_bytes(prefix)
     others = [x_events(fresh_json(f)) for f in files if f != rank3]
     mine = _complete_x_events(prefix)
-    return {"dir": job, "file": cut_file, "size": len(prefix), "cut": _end_of_complete_events(prefix),
+    return {"dir": job, "file": cut_file, "size": len(prefix), "cut": complete_events(prefix)[1],
             "events": complete_events_in_prefix(prefix),
             "others_end_us": max(e["ts"] + e["dur"] for ev in others for e in ev),
             "start_us": min(e["ts"] for ev in others + [mine] for e in ev),

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (DLRM, assert_no_traceback, complete_events_in_prefix, corpus_files, fresh_json, raw_text,
-                      run_cli, write_trace, x_events)
+from conftest import (DLRM, assert_no_traceback, complete_events, complete_events_in_prefix, corpus_files, fresh_json,
+                      raw_text, run_cli, write_trace, x_events)
 from rankscope import api
 from rankscope.ingest.consistency import different_jobs
 from rankscope.ingest.kineto import read_kineto
@@ -215,20 +215,7 @@ def test_truncated_file_is_marked_in_its_metadata(dlrm_dir: Path, tmp_path: Path
         assert rank7.from_cache == from_cache
         meta = rank7.meta
         assert meta.salvaged and meta.cut_reason == "file ends mid-event (truncated)"
-        assert meta.cut_at_byte == _end_of_complete_events(text)
+        assert meta.cut_at_byte == complete_events(text)[1]
         assert meta.events_total == complete_events_in_prefix(text)
 
 
-def _end_of_complete_events(text: bytes) -> int:
-    """Byte offset just after the last complete event of a cut trace (json.raw_decode)."""
-    s = text.decode()
-    dec = json.JSONDecoder()
-    i = end = s.index("[", s.index('"traceEvents"')) + 1
-    while True:
-        while s[i] in " \t\r\n,":
-            i += 1
-        try:
-            _, i = dec.raw_decode(s, i)
-        except json.JSONDecodeError:
-            return len(s[:end].encode())
-        end = i

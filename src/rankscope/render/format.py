@@ -18,7 +18,7 @@ from rich.measure import Measurement
 from rich.table import Column, Table
 
 from rankscope.model import InputProblem
-from rankscope.numbers import rounded
+from rankscope.numbers import ranges, rounded  # noqa: F401  (ranges: the renderers take it from here)
 
 __all__ = ["distinct_shortened", "escaped", "literal", "natural_width", "number", "p_value_text", "percent",
            "print_table", "printable", "problem_list", "ranges", "rounded", "shortened", "value_text"]
@@ -44,19 +44,6 @@ def p_value_text(p: float | None) -> str:
     return "n/a" if p is None else ("<0.001" if p < 0.001 else f"{p:.3f}")
 
 
-def ranges(values: list[int]) -> str:
-    """[0,1,2,5,7,8] -> '0-2, 5, 7-8'"""
-    if not values:
-        return "-"
-    out, start, prev = [], values[0], values[0]
-    for v in values[1:] + [None]:
-        if v is not None and v == prev + 1:
-            prev = v
-            continue
-        out.append(f"{start}-{prev}" if prev > start else f"{start}")
-        if v is not None:
-            start = prev = v
-    return ", ".join(out)
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")

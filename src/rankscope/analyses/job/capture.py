@@ -27,6 +27,7 @@ import msgspec
 
 from rankscope.ingest.consistency import CLOCK_SKEW_NS
 from rankscope.model import RankMeta
+from rankscope.numbers import ranges
 from rankscope.units import NS_PER_MS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -103,15 +104,7 @@ def ranks_text(ranks: Sequence[int]) -> str:
     ranks = sorted(ranks)
     if not ranks:
         return "no rank"
-    out, start, prev = [], ranks[0], ranks[0]
-    for v in ranks[1:] + [None]:
-        if v is not None and v == prev + 1:
-            prev = v
-            continue
-        out.append(f"{start}-{prev}" if prev > start else f"{start}")
-        if v is not None:
-            start = prev = v
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(out)
+    return ("rank " if len(ranks) == 1 else "ranks ") + ranges(ranks)
 
 
 def launches_not_captured(launches: int, ranks: Sequence[int] | None = None) -> str:
