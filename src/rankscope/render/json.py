@@ -18,15 +18,15 @@ from rankscope.results import Analysis, to_plain
 SCHEMA = "rankscope.analysis/1"
 
 
-def _cross(a: Analysis) -> dict:
-    """collectives and stragglers (stable), plus the clock alignment, load balance and per-rank
-    straggler statistics (extras)."""
-    if a.cross is None:
+def _cross(d: dict | None) -> dict:
+    """collectives and stragglers (stable), plus the clock alignment, load balance, per-rank
+    straggler statistics, parallel layout and critical path (extras), from the cross-rank result's
+    plain data (None: no cross-rank result)."""
+    if d is None:
         return {"collectives": {"count": 0, "by_type": [], "alpha_beta": []}, "stragglers": [],
                 "straggler_verdict": "no collectives in the trace: nothing to compare across ranks",
                 "load_balance": None, "clock": None, "rank_stats": [],
                 "parallelism": {"layout": "", "dims": []}, "pipeline": None, "experts": None, "critical_path": None}
-    d = to_plain(a.cross.as_dict())
     return {"collectives": d["collectives"], "stragglers": d["stragglers"],
             "straggler_verdict": d["straggler_verdict"], "load_balance": d["load_balance"],
             "clock": d["clock"], "rank_stats": d["ranks"], "straggler_thresholds": d["thresholds"],
@@ -72,7 +72,8 @@ class AnalysisJson(JsonRenderer):
 def analysis_to_dict(a: Analysis) -> dict[str, Any]:
     """The `rankscope.analysis/1` object of an Analysis (also what the HTML report lays out)."""
     j = a.job
-    comm_by_dim = to_plain(a.cross.parallel.as_dict()["comm_by_dim_ms"]) if a.cross and a.cross.parallel else {}
+    cross = to_plain(a.cross.as_dict()) if a.cross is not None else None
+    comm_by_dim = cross["comm_by_dim_ms"] if cross else {}           # rank (a string key) -> dimensions
     ranks = []
     steps = []
     for s in a.ranks:
@@ -89,7 +90,7 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
             "gpu_busy_pct": rounded(st.device_busy_pct, 2),
             "breakdown_ms": _rounded(s.breakdown_mean_ms) if s.steps else None,
             "breakdown_mode": s.breakdown_mode,
-            "comm_by_dim_ms": comm_by_dim.get(str(s.rank), comm_by_dim.get(s.rank)),
+            "comm_by_dim_ms": comm_by_dim.get(str(s.rank)),
             "overlap_efficiency": rounded(s.overlap_efficiency, 4),
             "temporal_pct": _temporal_pct(s.hta),
             "overlap_pct": s.hta.overlap.overlap_pct if s.hta else None,
@@ -125,6 +126,6 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
         },
         "ranks": ranks,
         "steps": steps,
-        **_cross(a),
+        **_cross(cross),
         "findings": [f.as_dict() for f in a.findings],
     }

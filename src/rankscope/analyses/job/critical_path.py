@@ -141,7 +141,7 @@ class _Rank:
         self.by_step: dict[int, list[int]] = {}
         for i in np.argsort(self.a, kind="stable"):
             self.by_step.setdefault(int(self.step[i]), []).append(int(i))
-        bd = np.asarray(rc.step_breakdown_ns, dtype=np.int64).reshape(-1, _N)
+        bd = rc.breakdown_matrix()
         self.compute_ns = float(bd[:, list(_COMPUTE)].sum(axis=1).mean()) if len(bd) else 0.0
         order = np.argsort(self.e, kind="stable")
         self.ends_sorted = self.e[order]
@@ -390,8 +390,11 @@ def _retime(s: int, rk: dict[int, _Rank], links: _Links, mult: dict[int, np.ndar
         start = rank.steps[s][0]
         w = int(rank.w[i])
         dep = rank.latest_end_at_or_before(w) if w > start else None
-        base = end_of((r, dep)) if dep is not None and dep != i and rank.step[dep] == s else float(start)
-        if dep is not None and dep != i and rank.step[dep] != s:
+        if dep is None or dep == i:
+            base = float(start)
+        elif rank.step[dep] == s:
+            base = end_of((r, dep))
+        else:                          # it ended in an earlier step: a fixed time
             base = float(max(w, start))
         new_a[(r, i)] = base + float(rank.pre[i] @ mult.get(r, one))
     ends, starts = [], []

@@ -97,7 +97,7 @@ def comm_by_dim(ranks: Sequence[RankCollectives]) -> list[RankDimComm]:
             key = d or "other"
             per[key] += (o, e)
             per_type[(key, t)] += (o, e)
-        bd = np.asarray(rc.step_breakdown_ns, dtype=np.int64).reshape(-1, len(CATEGORIES))
+        bd = rc.breakdown_matrix()
         total = np.array([bd[:, _OVL].sum(), bd[:, _EXP].sum()], dtype=np.int64)
         rest = total - sum(per.values(), np.zeros(2, dtype=np.int64))
         if (rest > 0).any():

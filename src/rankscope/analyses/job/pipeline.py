@@ -78,7 +78,7 @@ def pipeline_analysis(ranks: Sequence[RankCollectives], layout: Layout, comm: Se
         compute, bubble, step = [], [], []
         for r in members:
             rc = by_rank[r]
-            bd = np.asarray(rc.step_breakdown_ns, dtype=np.int64).reshape(-1, len(CATEGORIES))
+            bd = rc.breakdown_matrix()
             n = max(len(bd), 1)
             compute.append(float(bd[:, list(_COMP)].sum()) / NS_PER_MS / n)
             step.append(float(bd.sum()) / NS_PER_MS / n)

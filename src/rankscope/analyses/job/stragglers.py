@@ -202,8 +202,7 @@ def _step_table(ranks: Sequence[RankCollectives]) -> pl.DataFrame:
     idle_idx = [CATEGORIES.index(c) for c in IDLE_CATEGORIES]
     exposed = CATEGORIES.index("comm_exposed")
     for rc in ranks:
-        bd = np.asarray(rc.step_breakdown_ns, dtype=np.int64).reshape(-1, len(CATEGORIES)) \
-            if rc.step_breakdown_ns else np.zeros((len(rc.steps), len(CATEGORIES)), np.int64)
+        bd = rc.breakdown_matrix() if rc.step_breakdown_ns else np.zeros((len(rc.steps), len(CATEGORIES)), np.int64)
         for i, (s, a, b) in enumerate(zip(rc.steps, rc.step_start_ns, rc.step_end_ns)):
             rows["rank"].append(rc.rank)
             rows["step"].append(s)

@@ -249,6 +249,10 @@ class RankCollectives:
         """`since_step_ns` as an (instances, len(CATEGORIES)) int64 array, compacted or not."""
         return _matrix(self.since_step_ns, len(self))
 
+    def breakdown_matrix(self) -> np.ndarray:
+        """`step_breakdown_ns` as a (steps, len(CATEGORIES)) int64 array."""
+        return np.asarray(self.step_breakdown_ns, dtype=np.int64).reshape(-1, len(CATEGORIES))
+
     def owned_ns(self) -> tuple[np.ndarray, np.ndarray]:
         """(`owned_overlapped_ns`, `owned_exposed_ns`) as int64 arrays; zeros for a summary without them."""
         n = len(self)
