@@ -93,7 +93,7 @@ def layout_of(result) -> dict[str, list[list[int]]]:
 def check(truth: dict, result) -> dict:
     """What the analysis got right on one job, and the details of what it did not."""
     exp = truth["expected"]
-    out: dict = {"spec": truth["spec"], "seed": truth["seed"], "world": truth["world_size"], "misses": []}
+    out: dict = {"spec": truth["spec"], "seed": truth["random_seed"], "world": truth["world_size"], "misses": []}
     want_layout = {k: sorted(sorted(g) for g in v) for k, v in exp["layout"].items()}
     got_layout = layout_of(result)
     out["layout_ok"] = got_layout == want_layout

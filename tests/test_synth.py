@@ -93,7 +93,7 @@ def test_one_file_per_rank_with_kineto_header(jobs, healthy):
         assert isinstance(base_time, int) and doc["displayTimeUnit"] == "ms"
         assert doc["traceName"].startswith("/tmp/tmp") and doc["traceName"].endswith(".json")
     assert truth["schema"] == "rankscope.ground_truth/1"
-    assert truth["world_size"] == RANKS and truth["seed"] == SEED
+    assert truth["world_size"] == RANKS and truth["random_seed"] == SEED
     assert truth["steps"] == [5, 6, 7]
     assert truth["expected"]["stragglers"] == [] and truth["expected"]["findings"] == []
     assert truth["expected"]["possible_findings"] == []

@@ -133,11 +133,11 @@ def _rank_truth(path: Path, sim: _RankSim, events: list[dict], faults: _RankFaul
             "clock_offset_ms": faults.clock_offset_ns / 1e6, "truncated": faults.truncated}
 
 
-def _ground_truth(seed: int, world: int, steps: int, injections: list[Injection], faults: _JobFaults,
+def _ground_truth(random_seed: int, world: int, steps: int, injections: list[Injection], faults: _JobFaults,
                   program: Program, timeline: _Timeline, baseline: _Timeline, per_rank: dict) -> dict:
     return {
         "schema": GROUND_TRUTH_SCHEMA, "generator": GENERATOR, "generator_version": GENERATOR_VERSION,
-        "seed": seed, "world_size": world, "steps": [FIRST_STEP + i for i in range(steps)],
+        "random_seed": random_seed, "world_size": world, "steps": [FIRST_STEP + i for i in range(steps)],
         "injections": [{"kind": inj.kind, "params": inj.params} for inj in injections],
         "model": {"layers": program.layers, "parameters": sum(b.nelems for b in program.buckets),
                   "dtype": "BFloat16", "allreduce_nelems": [b.nelems for b in program.buckets],

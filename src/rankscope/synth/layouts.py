@@ -851,7 +851,8 @@ def _expected_layout(spec: LayoutSpec) -> dict[str, list[list[int]]]:
     return out
 
 
-def _ground_truth(spec: LayoutSpec, steps: int, seed: int, groups: list[ProcessGroup], per_rank: dict) -> dict:
+def _ground_truth(spec: LayoutSpec, steps: int, random_seed: int, groups: list[ProcessGroup],
+                  per_rank: dict) -> dict:
     dims = []
     for dim in ("pp", "dp", "ep", "tp"):
         if spec.size(dim) >= 2:
@@ -888,7 +889,7 @@ def _ground_truth(spec: LayoutSpec, steps: int, seed: int, groups: list[ProcessG
     absent_high = sorted(set(LAYOUT_FINDINGS) - set(expected) - set(possible))
     return {
         "schema": GROUND_TRUTH_SCHEMA, "generator": GENERATOR, "generator_version": GENERATOR_VERSION,
-        "kind": "layout", "seed": seed, "spec": spec.text, "world_size": spec.world,
+        "kind": "layout", "random_seed": random_seed, "spec": spec.text, "world_size": spec.world,
         "steps": [FIRST_STEP + i for i in range(steps)],
         "faults": spec.faults, "names": spec.names, "fsdp": spec.fsdp,
         "dims": dims, "pipeline": pipeline, "experts": experts,
