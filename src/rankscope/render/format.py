@@ -194,3 +194,9 @@ def _part(table: Table, columns: list[Column], title=None, caption=None) -> Tabl
     part.columns = [dataclasses.replace(c, _index=i) for i, c in enumerate(columns)]
     part.title, part.caption = title, caption
     return part
+
+
+def no_device_words(issue_kinds) -> str:
+    """What a job without device events is, from its capture issues' kinds: CPU-only, unless kernels
+    were launched and not captured."""
+    return "no GPU activity captured" if "kernels_not_captured" in set(issue_kinds) else "CPU-only job"

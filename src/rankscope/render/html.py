@@ -17,7 +17,7 @@ from rankscope.analyses.rank.breakdown import CATEGORIES as BREAKDOWN_CATEGORIES
 from rankscope.render.base import HtmlRenderer
 from rankscope.render.figures import (BREAKDOWN, COMM_BY_DIM, COMM_BY_DIM_NOTE, DETAILS, GAPS, PIPELINE_STAGE,
                                       STRAGGLER, html_legend)
-from rankscope.render.format import escaped, ranges, value_text
+from rankscope.render.format import escaped, no_device_words, ranges, value_text
 from rankscope.render.html_parts import (CATEGORY_COLORS, CATEGORY_LABELS, chart, chart_label, chart_layout,
                                          html_table, kv_table, name_cell, note, one_chart, page)
 from rankscope.render.json import analysis_to_dict
@@ -118,10 +118,8 @@ def _header(report: dict) -> str:
 
 
 def _no_device_words(report: dict) -> str:
-    """What a job without device events is: CPU-only, unless kernels were launched and not captured."""
     issues = ((report.get("job") or {}).get("capture") or {}).get("issues") or []
-    return ("no GPU activity captured" if any(i.get("kind") == "kernels_not_captured" for i in issues)
-            else "CPU-only job")
+    return no_device_words(i.get("kind") for i in issues)
 
 
 def _findings(report: dict) -> str:

@@ -14,8 +14,8 @@ from rankscope.analyses.rank.breakdown import CATEGORIES
 from rankscope.render.base import TerminalRenderer
 from rankscope.render.figures import (BREAKDOWN, COMM_BY_DIM, COMM_BY_DIM_NOTE, DETAILS, PIPELINE_STAGE, STEP_TIME,
                                       STRAGGLER, legend)
-from rankscope.render.format import (distinct_shortened, literal, number, percent, print_table, printable, ranges,
-                                     shortened)
+from rankscope.render.format import (distinct_shortened, literal, no_device_words, number, percent, print_table,
+                                     printable, ranges, shortened)
 from rankscope.results import Analysis
 
 
@@ -71,10 +71,7 @@ def _capture(a: Analysis, console: Console) -> None:
 
 
 def _no_device_words(a: Analysis) -> str:
-    """What a job without device events is: CPU-only, unless kernels were launched and not captured."""
-    c = a.job.capture
-    return ("no GPU activity captured" if c and any(i.kind == "kernels_not_captured" for i in c.issues)
-            else "CPU-only job")
+    return no_device_words(i.kind for i in a.job.capture.issues) if a.job.capture else no_device_words(())
 
 
 #: Warnings listed in the report (all are on stderr and in --json).
