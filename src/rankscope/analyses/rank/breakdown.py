@@ -46,8 +46,7 @@ from rankscope.analyses.intervals import covered_between, sorted_unique, union
 from rankscope.analyses.rank.steps import StepWindows, step_windows
 from rankscope.analyses.rank.dataloader import dataloader_spans
 from rankscope.model import (BLOCKING_SYNC_PATTERN, DATALOADER_PATTERN, DEVICE_KINDS, HOST_COMM_PATTERN,
-                             PROFILER_STEP_PATTERN, Kind,
-                             KernelClass, RankTrace, names_matching)
+                             PROFILER_STEP_PATTERN, Kind, KernelClass, RankTrace, names_matching)
 from rankscope.units import NS_PER_MS
 
 CATEGORIES = ("compute", "comm_overlapped", "comm_exposed", "memcpy", "dataloader", "sync", "host",
