@@ -206,7 +206,7 @@ def dlrm_dir(corpus: Path, tmp_path: Path) -> Path:
 # The command line, as a user runs it
 def rankscope_cmd() -> list[str]:
     script = Path(sys.executable).with_name("rankscope")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "rankscope.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "rankscope"]
 
 
 def run_cli(args: list[str], tmp_path: Path, env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:

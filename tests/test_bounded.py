@@ -346,3 +346,47 @@ def test_ctrl_c_stops_an_sqlite_query(tmp_path: Path):
     proc = _interrupt(["analyze", folder, "--engine", "inprocess", "--no-cache", "-q"], folder, after_s=1.0)
     assert_no_traceback(proc)
     assert proc.returncode == 130 and proc.stderr.strip() == "rankscope: interrupted"
+
+
+@pytest.mark.parametrize("after_s", [0.2, 0.5, 0.8])
+def test_ctrl_c_at_any_moment_of_start_up(busy_job: Path, after_s: float):
+    """Ctrl-C while the commands are still being imported, or while the worker processes start
+    (before any file is open): the same one line, no traceback from the driver or a worker, no
+    semaphore reported leaked."""
+    proc = subprocess.Popen(rankscope_cmd() + ["analyze", str(busy_job), "--engine", "processes", "--workers", "2",
+                                               "--no-cache", "-q"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    time.sleep(after_s)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip() == "rankscope: interrupted"
+
+
+BIG_RESULTS = '''
+import os, signal, sys, threading
+from rankscope.engine import map_ranks
+
+def result_of_200_mb(i):
+    return b"x" * (200 << 20)
+
+if __name__ == "__main__":
+    threading.Timer(float(sys.argv[1]), lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    try:
+        map_ranks(result_of_200_mb, range(8), engine="processes", workers=2)
+    except KeyboardInterrupt:
+        print("interrupted")
+'''
+
+
+@pytest.mark.parametrize("after_s", [0.8, 1.2])
+def test_ctrl_c_while_a_worker_sends_its_result(tmp_path: Path, after_s: float):
+    """A worker terminated half-way through sending a 200 MB result (a pipe write of many
+    rounds) left the pool waiting for the rest of the message for ever (seen as a hung Ctrl-C in
+    CI). The driver must get its KeyboardInterrupt back promptly, and leave no semaphore behind."""
+    script = tmp_path / "big_results.py"
+    script.write_text(BIG_RESULTS)
+    proc = subprocess.run([sys.executable, str(script), str(after_s)], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path)
+    assert proc.stdout.strip() == "interrupted", proc.stderr
+    assert proc.stderr == ""

@@ -22,12 +22,14 @@ CLI exits without them).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
 import os
 import signal
 import socket
 import sys
+import threading
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from typing import Callable, Iterable, TypeVar
 
@@ -43,6 +45,8 @@ RAY_TASK_RETRIES = 2
 RAY_CONNECT_TIMEOUT_S = 10.0
 #: Below this much input (bytes on disk), process start-up costs more than it saves.
 AUTO_INPROCESS_BELOW_BYTES = 16 << 20
+#: On Ctrl-C, how long to wait for each terminated worker process and for the pool to wind down.
+STOP_WAIT_S = 5.0
 
 
 def default_workers() -> int:
@@ -92,11 +96,14 @@ def map_ranks(fn: Callable[[T], R], items: Iterable[T], engine: str = "local", w
     pool: Executor
     if engine == "processes":
         ctx = mp.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
+        if ctx.get_start_method() == "forkserver":
+            _start_forkserver_ignoring_sigint()
         pool = ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_ignore_sigint)
     else:
         pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="rankscope")
     try:
-        futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
+        with _sigint_held():
+            futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
         for fut in as_completed(futures):
             i = futures[fut]
             results[i] = fut.result()
@@ -113,13 +120,58 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+@contextlib.contextmanager
+def _sigint_held():
+    """A Ctrl-C inside the block is raised as it ends: submitting starts worker processes, and
+    one interrupted between its start and the pool's record of it would outlive the pool (and
+    print a traceback once the pool's queues are gone). Only the main thread can hold it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught and callable(previous):
+        previous(signal.SIGINT, caught[0])
+
+
+def _start_forkserver_ignoring_sigint() -> None:
+    """Workers are forked from the forkserver with its signal handlers: started while SIGINT is
+    ignored, it gives workers that ignore it from birth, not only once their initializer has run
+    (a Ctrl-C while a worker still imports would print that worker's traceback). Only the main
+    thread can set a handler; elsewhere the initializer alone does it."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    from multiprocessing import forkserver
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _stop(pool: Executor) -> None:
     """Cancel the pool's pending work; terminate its worker processes and wait for them (threads
-    cannot be stopped: they are not waited for)."""
+    cannot be stopped: they are not waited for).
+
+    A worker killed while it was sending its result leaves half a message in the result pipe; the
+    pool's manager thread would wait for the rest for ever, since this process still holds a
+    writing end. Closing that end once the workers are dead turns the wait into an end of file,
+    and the pool winds down (its semaphores released, so none is reported leaked at exit)."""
     processes = list((getattr(pool, "_processes", None) or {}).values())    # ProcessPoolExecutor's, by pid
     for p in processes:
         p.terminate()
-    pool.shutdown(wait=bool(processes), cancel_futures=True)
+    for p in processes:
+        p.join(STOP_WAIT_S)
+    manager = getattr(pool, "_executor_manager_thread", None)
+    if processes:
+        pool._result_queue._writer.close()
+    pool.shutdown(wait=False, cancel_futures=True)
+    if manager is not None:
+        manager.join(STOP_WAIT_S)
 
 
 def _map_ray(fn, items: list, workers: int | None, on_done, address: str | None, on_lost) -> list:

@@ -6,18 +6,16 @@ codes: 0 ok, 1 inputs skipped, 2 nothing usable or bad arguments) is in common.p
 from __future__ import annotations
 
 import gc
-import os
-import sys
 
 import click
 
+from rankscope.__main__ import exit_interrupted
 from rankscope.version import __version__
 from rankscope.cli import analyze, calibrate, diff, export, memory, mfu, nccl, synth, thresholds, validate
 
 
 class _Main(click.Group):
-    """Ctrl-C in any command: one line `rankscope: interrupted`, exit code 130, no traceback. The
-    exit is immediate (os._exit): worker threads still parsing are not waited for."""
+    """Ctrl-C in any command: one line `rankscope: interrupted`, exit code 130, no traceback."""
 
     def invoke(self, ctx: click.Context):
         try:
@@ -25,12 +23,7 @@ class _Main(click.Group):
         except KeyboardInterrupt:
             pass
         gc.collect()       # what the interrupted command held, now out of the traceback (process pools' semaphores)
-        click.echo("rankscope: interrupted", err=True)
-        try:
-            sys.stdout.flush()
-        except OSError:
-            pass
-        os._exit(130)
+        exit_interrupted()
 
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})

@@ -1,4 +1,0 @@
-"""`python -m rankscope.cli ...`: the `rankscope` command."""
-from rankscope.cli import main
-
-main()
