@@ -331,18 +331,19 @@ def warm_page_cache(files: list[Path]) -> None:
 
 # ----------------------------------------------------------------------------------------------- runs
 def bench_size(mb: float, args, rs_cmd, rs_env, hta_py) -> dict:
-    data_dir = (Path(args.data_dir) / f"{args.ranks}x{mb:g}MB") if args.data_dir else make_scale_set.default_out(args.ranks, mb)
-    stamp = make_scale_set.build(mb, args.ranks, data_dir)
+    name = make_scale_set.set_name(args.ranks, mb, args.keep_step_numbers)
+    data_dir = Path(args.data_dir) / name if args.data_dir else make_scale_set.default_out(args.ranks, mb, args.keep_step_numbers)
+    stamp = make_scale_set.build(mb, args.ranks, data_dir, keep_step_numbers=args.keep_step_numbers)
     files = sorted(data_dir / f for f in stamp["files"])
     total_bytes = sum(p.stat().st_size for p in files)
     largest = max(p.stat().st_size for p in files)
     warm_page_cache(files)
     logdir = Path(tempfile.mkdtemp(prefix="bench-load-logs-"))
-    res = {"mb_target": mb, "ranks": args.ranks, "data_dir": str(data_dir), "files": len(files),
+    res = {"set": name, "mb_target": mb, "ranks": args.ranks, "data_dir": str(data_dir), "files": len(files),
            "total_bytes": total_bytes, "largest_file_bytes": largest, "copies_of_base": stamp.get("copies"),
            "events_per_rank": stamp.get("events_per_rank"), "runs": {"rankscope_cold": [], "rankscope_cached": [], "rankscope_analyze_cold": [],
                     "rankscope_analyze_cached": [], "hta": []}}
-    label = f"{args.ranks}x{mb:g}MB"
+    label = name
     for rep in range(args.repeat):
         if not args.skip_rankscope:
             # load = read every rank into the cache (`validate`: parse, no analyses), as HTA's
@@ -425,7 +426,7 @@ def summarize(res: dict, cores: dict) -> list[dict]:
         good = [r for r in runs if run_ok(kind, r)]
         if not runs:
             continue
-        row = {"tool": kind, "size": f"{res['ranks']}x{res['mb_target']:g}MB", "n": len(runs),
+        row = {"tool": kind, "size": res["set"], "n": len(runs),
                "ok": len(good) == len(runs)}
         if good:
             walls = [r["wall_s"] for r in good]
@@ -462,7 +463,7 @@ def targets(results: list[dict]) -> list[str]:
     out = []
     for res in results:
         rows = {r["tool"]: r for r in res["summary"]}
-        size = f"{res['ranks']}x{res['mb_target']:g}MB"
+        size = res["set"]
         if not rows:
             continue
         cold, cached = rows.get("rankscope_cold", {}), rows.get("rankscope_cached", {})
@@ -517,7 +518,7 @@ def print_table(results: list[dict], tgt: list[str]) -> None:
     for res in results:
         chk = res.get("rankscope_check")
         hta_runs = [r for r in res["runs"]["hta"] if r.get("hta")]
-        size = f"{res['ranks']}x{res['mb_target']:g}MB"
+        size = res["set"]
         print(f"{size}: {res['files']} files, {res['total_bytes'] / MB:.0f} MB total, largest {res['largest_file_bytes'] / MB:.1f} MB, "
               f"{res['copies_of_base']} copies of the base ({res['events_per_rank']} events/rank)")
         if hta_runs:
@@ -535,6 +536,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mb", type=float, nargs="+", default=[50.0, 200.0], help="MB per rank to run (default 50 200)")
     ap.add_argument("--ranks", type=int, default=8)
+    ap.add_argument("--keep-step-numbers", action="store_true",
+                    help="the time-replicated copies keep the base's step numbers (fewer, longer steps)")
     ap.add_argument("--repeat", type=int, default=1, help="runs per tool and size (table: median wall, max RSS)")
     ap.add_argument("--skip-hta", action="store_true")
     ap.add_argument("--skip-rankscope", action="store_true")
