@@ -180,9 +180,10 @@ def _kernel_launches(trace: RankTrace) -> int:
 
 def name_totals(events: pl.DataFrame) -> NameTotals:
     """Per event name (every name): calls, summed and summed squared duration."""
-    t = (events.group_by(pl.col("name").cast(pl.String))
+    t = (events.group_by("name")                       # by category code; the few names cast after
          .agg(pl.len().cast(pl.Int64).alias("count"), pl.col("dur_ns").sum().cast(pl.Int64).alias("total_ns"),
               (pl.col("dur_ns").cast(pl.Float64) ** 2).sum().alias("sumsq_ns2"))
+         .with_columns(pl.col("name").cast(pl.String))
          .sort("name"))
     return NameTotals(**t.to_dict(as_series=False))
 
