@@ -368,7 +368,8 @@ class _StepPlan:
     the instances in arrival order, what each one's window started after (the step start, an
     earlier instance of the step, or a fixed time in an earlier step), its pre-arrival window per
     category, its link, and per rank the last instance and the tail. Instances are numbered by
-    arrival; a link member outside the step is number n, which never arrives."""
+    arrival and re-timed in that order; a link member outside the step is number n, which never
+    arrives."""
 
     def __init__(self, s: int, rk: dict[int, _Rank], links: _Links):
         self.ranks = list(rk)
@@ -384,6 +385,7 @@ class _StepPlan:
         self.dim = [rk[r].dim[i] for r, i in keys]
         self.after: list[tuple[int, float | int]] = []     # (0, start) | (1, earlier instance) | (2, fixed time)
         self.members: list[list[int] | None] = []
+        self.last_member: list[int] = []                    # the link's latest-numbered member (n: none)
         self.transfer: list[float] = []                     # after the link's last arrival
         for r, i in keys:
             rank = rk[r]
@@ -397,7 +399,9 @@ class _StepPlan:
             else:                          # it ended in an earlier step: a fixed time
                 self.after.append((2, float(max(w, start))))
             cid = links.of.get((r, i))
-            self.members.append(None if cid is None else [pos.get(m, n) for m in links.members[cid]])
+            members = None if cid is None else [pos.get(m, n) for m in links.members[cid]]
+            self.members.append(members)
+            self.last_member.append(n if members is None else max(members))
             self.transfer.append(0.0 if cid is None else float(max(rank.e[i] - links.last_arrival[cid], 0)))
         self.ends = []                     # per rank: (row, its last instance, step start, tail per category)
         for r in rk.values():
@@ -410,23 +414,24 @@ class _StepPlan:
         by mult[k] and the collectives of `free_dims` costing no transfer."""
         window = np.einsum("ij,ij->i", self.pre, mult[self.rank_row]).tolist()
         n = len(window)
-        new_a: list[float | None] = [None] * (n + 1)
+        new_a: list[float] = list(self.arrival)
         new_e: list[float | None] = [None] * n
+        arrived = 0                        # instances 0 .. arrived-1 have their new arrival
 
         def end_of(k: int) -> float:
             v = new_e[k]
             if v is None:
-                members = self.members[k]
-                if members is None or any(new_a[m] is None for m in members):
-                    a = new_a[k]
-                    v = (self.arrival[k] if a is None else a) + self.duration[k]
+                if self.last_member[k] >= arrived:       # not a link, or a member has not arrived yet
+                    v = (new_a[k] if k < arrived else self.arrival[k]) + self.duration[k]
                 else:
-                    v = max(new_a[m] for m in members) + (0.0 if self.dim[k] in free_dims else self.transfer[k])
+                    v = max(map(new_a.__getitem__, self.members[k])) + (
+                        0.0 if self.dim[k] in free_dims else self.transfer[k])
                 new_e[k] = v
             return v
 
         for k, (kind, value) in enumerate(self.after):
             new_a[k] = (end_of(value) if kind == 1 else value) + window[k]
+            arrived = k + 1
         ends = [(end_of(last) if last is not None else start) + (float(tail @ mult[row]) if tail is not None else 0.0)
                 for row, last, start, tail in self.ends]
         return max(ends) - min(start for _, _, start, _ in self.ends)
