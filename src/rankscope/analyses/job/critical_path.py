@@ -386,6 +386,7 @@ class _StepPlan:
         self.after: list[tuple[int, float | int]] = []     # (0, start) | (1, earlier instance) | (2, fixed time)
         self.members: list[list[int] | None] = []
         self.last_member: list[int] = []                    # the link's latest-numbered member (n: none)
+        numbered: dict[int, tuple[list[int], int]] = {}
         self.transfer: list[float] = []                     # after the link's last arrival
         for r, i in keys:
             rank = rk[r]
@@ -399,9 +400,12 @@ class _StepPlan:
             else:                          # it ended in an earlier step: a fixed time
                 self.after.append((2, float(max(w, start))))
             cid = links.of.get((r, i))
-            members = None if cid is None else [pos.get(m, n) for m in links.members[cid]]
+            if cid is not None and cid not in numbered:     # one list per link, shared by its members
+                members = [pos.get(m, n) for m in links.members[cid]]
+                numbered[cid] = (members, max(members))
+            members, last = numbered[cid] if cid is not None else (None, n)
             self.members.append(members)
-            self.last_member.append(n if members is None else max(members))
+            self.last_member.append(last)
             self.transfer.append(0.0 if cid is None else float(max(rank.e[i] - links.last_arrival[cid], 0)))
         self.ends = []                     # per rank: (row, its last instance, step start, tail per category)
         for r in rk.values():
@@ -455,21 +459,14 @@ def _retime(s: int, rk: dict[int, _Rank], links: _Links, mult: dict[int, np.ndar
 
 def _what_ifs(cp: CriticalPath, rk: dict[int, _Rank], links: _Links, steps: list[int],
               parallel: ParallelReport | None, t: Thresholds) -> list[WhatIf]:
-    plans = [_StepPlan(s, rk, links) for s in steps]
-    baseline = [p.retime(p.scales({})) for p in plans]
-
-    def saved(mult: dict[int, np.ndarray], free: frozenset = frozenset()) -> float:
-        diffs = [b - p.retime(p.scales(mult), free) for b, p in zip(baseline, plans)]
-        return round(float(np.mean(diffs)) / NS_PER_MS, 3) if diffs else 0.0
-
-    out = []
+    changes: list[tuple[WhatIf, dict[int, np.ndarray], frozenset]] = []    # each: its scales, its free dims
     min_ms = t["critical_path_what_if_min_pct"] * cp.step_ms / 100.0
     for x in cp.by_rank_category:
         c = "idle_other" if x.category == "host_idle" else x.category
-        if c in REMOVABLE and x.ms_per_step >= min_ms and len(out) < 4:
+        if c in REMOVABLE and x.ms_per_step >= min_ms and len(changes) < 4:
             m = np.ones(_N)
             m[CATEGORIES.index(c)] = 0.0
-            out.append(WhatIf(x.rank, f"rank {x.rank}: {REMOVABLE[c]}", saved({x.rank: m})))
+            changes.append((WhatIf(x.rank, f"rank {x.rank}: {REMOVABLE[c]}", 0.0), {x.rank: m}, frozenset()))
     # the ranks most on the path, when they compute more than the median rank: at its pace
     median_compute = float(np.median([r.compute_ns for r in rk.values()]))
     on_path: dict[int, float] = {}
@@ -480,13 +477,13 @@ def _what_ifs(cp: CriticalPath, rk: dict[int, _Rank], links: _Links, steps: list
         if len(rk) > 1 and own > median_compute * (1.0 + t["critical_path_what_if_min_pct"] / 100.0):
             m = np.ones(_N)
             m[list(_COMPUTE)] = median_compute / own
-            out.append(WhatIf(r, f"rank {r}: compute at the median rank's pace ({own / NS_PER_MS:,.1f} -> "
-                                 f"{median_compute / NS_PER_MS:,.1f} ms per step)", saved({r: m})))
+            changes.append((WhatIf(r, f"rank {r}: compute at the median rank's pace ({own / NS_PER_MS:,.1f} -> "
+                                      f"{median_compute / NS_PER_MS:,.1f} ms per step)", 0.0), {r: m}, frozenset()))
     if parallel is not None:
         for d in parallel.layout.dims:
             if d.name != "pp":
-                out.append(WhatIf(None, f"{d.name} communication fully overlapped (each collective costs only the "
-                                        f"wait for its last member)", saved({}, frozenset({d.name}))))
+                changes.append((WhatIf(None, f"{d.name} communication fully overlapped (each collective costs only "
+                                             f"the wait for its last member)", 0.0), {}, frozenset({d.name})))
         p = parallel.pipeline
         if p is not None and len(p.stages) > 1 and p.bottleneck_stage is not None:
             mean = float(np.mean([st.compute_ms_per_step for st in p.stages]))
@@ -497,5 +494,15 @@ def _what_ifs(cp: CriticalPath, rk: dict[int, _Rank], links: _Links, steps: list
                     m = np.ones(_N)
                     m[list(_COMPUTE)] = f
                     mult[r] = m
-            out.append(WhatIf(None, "pipeline stages balanced (each stage's compute at the stages' mean)", saved(mult)))
-    return out
+            changes.append((WhatIf(None, "pipeline stages balanced (each stage's compute at the stages' mean)", 0.0),
+                            mult, frozenset()))
+    # saved = the unchanged re-timing minus the changed one, mean over the steps; one step's plan at a time
+    saved = np.zeros((len(steps), len(changes)))
+    for k, s in enumerate(steps):
+        plan = _StepPlan(s, rk, links)
+        unchanged = plan.retime(plan.scales({}))
+        for c, (_, mult, free) in enumerate(changes):
+            saved[k, c] = unchanged - plan.retime(plan.scales(mult), free)
+    for c, (what, _, _) in enumerate(changes):
+        what.step_ms_saved = round(float(saved[:, c].mean()) / NS_PER_MS, 3) if len(steps) else 0.0
+    return [what for what, _, _ in changes]
