@@ -81,6 +81,8 @@ def share_strings(obj: Any, pool: dict[str, str]) -> Any:
     synth ranks, 49 KB of a summary's 127 KB of Python objects outside its collectives are strings,
     35 KB of them the same on every rank. Dicts and tuples are rebuilt, lists, msgspec Structs and
     (non-frozen) dataclasses changed in place; everything else is left as it is."""
+    if type(obj) in _NUMBERS:
+        return obj
     if isinstance(obj, str):
         return pool.setdefault(obj, obj)
     if isinstance(obj, dict):
