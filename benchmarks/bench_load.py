@@ -363,19 +363,22 @@ def bench_size(mb: float, args, rs_cmd, rs_env, hta_py) -> dict:
             # load = read every rank into the cache (`validate`: parse, no analyses), as HTA's
             # TraceAnalysis(trace_dir) loads; analyze = load + every per-rank and cross-rank analysis
             caches = []
+            variants = [("", rs_cmd, rs_env)] + ([("baseline_", *rankscope_cmd(args.baseline))] if args.baseline else [])
             for verb, kinds in (("validate", ("rankscope_cold", "rankscope_cached")),
                                 ("analyze", ("rankscope_analyze_cold", "rankscope_analyze_cached"))):
-                cache = Path(tempfile.mkdtemp(prefix="rankscope-bench-cache-"))
-                caches.append(cache)
-                cmd = rs_cmd + [verb, str(data_dir), "--json", "--cache-dir", str(cache)]
-                for kind in kinds:
-                    print(f"[{label} #{rep + 1}] {kind}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
-                    with open(os.devnull, "wb") as devnull:
-                        r = run_measured(cmd, env=rs_env, stdout=devnull, timeout=args.timeout, interval=args.interval,
-                                         stderr_path=logdir / f"{kind}-{rep}.err", with_pss=args.pss,
-                                         settle_s=args.settle)
-                    _report_run(kind, r)
-                    res["runs"][kind].append(r)
+                for prefix, command, env in variants:      # the baseline right after, under the same load
+                    cache = Path(tempfile.mkdtemp(prefix="rankscope-bench-cache-"))
+                    caches.append(cache)
+                    cmd = command + [verb, str(data_dir), "--json", "--cache-dir", str(cache)]
+                    for kind in (prefix + k for k in kinds):
+                        print(f"[{label} #{rep + 1}] {kind}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
+                        with open(os.devnull, "wb") as devnull:
+                            r = run_measured(cmd, env=env, stdout=devnull, timeout=args.timeout,
+                                             interval=args.interval, stderr_path=logdir / f"{kind}-{rep}.err",
+                                             with_pss=args.pss, settle_s=args.settle)
+                        _report_run(kind, r)
+                        res["runs"].setdefault(kind, []).append(r)
+            cmd = rs_cmd + ["analyze", str(data_dir), "--json", "--cache-dir", str(caches[-len(variants)])]
             if not args.no_verify and run_ok("rankscope_analyze_cached", res["runs"]["rankscope_analyze_cached"][-1]):
                 chk = res["rankscope_check"] = verify_rankscope(cmd, rs_env, args.timeout)
                 if chk.get("error") or chk.get("n_rank_rows") != args.ranks:
@@ -518,6 +521,14 @@ def _analysis_targets(res: dict, rows: dict) -> list[str]:
                                                           "rankscope_analyze_cached"))
     if "wall_s" not in an_cold or "wall_s" not in cold:
         return out
+    for kind in ("rankscope_cold", "rankscope_cached", "rankscope_analyze_cold", "rankscope_analyze_cached"):
+        base = rows.get("baseline_" + kind, {})
+        if "wall_s" in base and "wall_s" in rows.get(kind, {}):
+            out.append(f"{size}: {kind} {rows[kind]['wall_s']:.2f} s against the baseline's {base['wall_s']:.2f} s "
+                       f"({base['wall_s'] / rows[kind]['wall_s']:.2f}x)")
+    base_cold, base_an = rows.get("baseline_rankscope_cold", {}), rows.get("baseline_rankscope_analyze_cold", {})
+    if "wall_s" in base_cold and "wall_s" in base_an:
+        out.append(f"{size}: baseline analyze cold = {base_an['wall_s'] / base_cold['wall_s']:.2f}x its validate cold")
     one_rank = res["ranks"] == 1
     limit = TARGET_ANALYZE_PER_VALIDATE_ONE_RANK if one_rank else TARGET_ANALYZE_PER_VALIDATE
     ratio = an_cold["wall_s"] / cold["wall_s"]
@@ -599,6 +610,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run HTA's load followed by its temporal, idle-time, overlap and kernel breakdowns")
     ap.add_argument("--skip-rankscope", action="store_true")
     ap.add_argument("--rankscope", default=None, help="command to run instead of the project's rankscope, e.g. 'rankscope'")
+    ap.add_argument("--baseline", default=None, metavar="CMD",
+                    help="another rankscope command (e.g. an older checkout: 'env PYTHONPATH=/path/to/old/src "
+                         ".venv/bin/python -m rankscope') run right after each rankscope row, as baseline_* rows")
     ap.add_argument("--no-verify", action="store_true", help="skip the untimed rankscope run that checks all ranks loaded")
     ap.add_argument("--data-dir", default=None, help="where scale sets live (default benchmarks/data)")
     ap.add_argument("--interval", type=float, default=0.02, help="RSS polling interval, s (default 0.02)")
