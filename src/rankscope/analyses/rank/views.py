@@ -6,12 +6,12 @@ persisted), the summary of a rank no longer filters its event frame dozens of ti
 """
 from __future__ import annotations
 
-import re
 from typing import Callable, Iterable, TypeVar
 
 import numpy as np
 import polars as pl
 
+from rankscope import model
 from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, RankTrace
 
 T = TypeVar("T")
@@ -43,15 +43,13 @@ def host_ops(trace: RankTrace) -> pl.DataFrame:
 
 def distinct_names(trace: RankTrace) -> list[str]:
     """Every event name of the rank, once."""
-    return memo(trace, ("distinct_names",),
-                lambda: [n for n in trace.events["name"].unique().cast(pl.String).to_list() if n])
+    return model.distinct_names(trace.events)
 
 
 def names_matching(trace: RankTrace, pattern: str) -> list[str]:
     """The rank's distinct names that match `pattern` (regex search), for `pl.col("name").is_in(...)`
     on any of its frames."""
-    return memo(trace, ("names_matching", pattern),
-                lambda: [n for n in distinct_names(trace) if re.search(pattern, n)])
+    return memo(trace, ("names_matching", pattern), lambda: model.names_matching(trace.events, pattern))
 
 
 def column(trace: RankTrace, frame: Callable[[RankTrace], pl.DataFrame], name: str) -> np.ndarray:
