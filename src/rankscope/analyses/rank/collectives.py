@@ -39,11 +39,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
+from rankscope.analyses.rank import views
 from rankscope.analyses.rank.breakdown import CATEGORIES, Timeline, classify_timeline
 from rankscope.analyses.rank.groups import (ROLE_PRECEDENCE, Group, assign_unnamed, dim_of_desc, parse_ranks,
                                           rank_groups, role_dim)
 from rankscope.analyses.rank.steps import step_windows
-from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, Kind, KernelClass, RankTrace, names_matching
+from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, KernelClass, RankTrace, names_matching
 
 DEFAULT_PG = "default"
 
@@ -416,8 +417,7 @@ def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows
     orphan = [False] * n
     host = ev.filter(pl.col("kind").is_in([int(k) for k in HOST_OP_KINDS]))
     if out.source == "device":
-        launch = ev.filter(pl.col("kind").is_in([int(Kind.RUNTIME), int(Kind.DRIVER)]) & (pl.col("correlation") >= 0)) \
-            .select("correlation", "pid", "tid", pl.col("ts_ns").alias("t_ns")).unique("correlation", keep="first")
+        launch = views.first_launches(trace).select("correlation", "pid", "tid", pl.col("ts_ns").alias("t_ns"))
         pts = inst.with_row_index("idx").select(pl.col("idx").cast(pl.Int64), "correlation") \
             .join(launch, on="correlation", how="inner").select("idx", "pid", "tid", "t_ns") \
             .with_columns(pl.col("pid", "tid", "t_ns").cast(pl.Int64))
