@@ -37,7 +37,7 @@ communication than compute (up to their scopes: steps here, HTA's trace scope th
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
@@ -175,6 +175,7 @@ class Timeline:
     comm: np.ndarray
     mode: str                       # "device" | "cpu_only"
     training_tid: int | None = None
+    _by_category: list | None = field(default=None, init=False, repr=False, compare=False)
 
     def in_windows(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """ns per category inside each window [a_i, b_i) (windows may overlap): (n, 8) int64.
@@ -183,11 +184,17 @@ class Timeline:
         a = np.asarray(a, dtype=np.int64)
         b = np.asarray(b, dtype=np.int64)
         out = np.zeros((len(a), len(CATEGORIES)), dtype=np.int64)
-        end = self.start_ns + self.length_ns
-        for c in range(len(CATEGORIES)):
-            sel = self.category == c
-            out[:, c] = covered_between(self.start_ns[sel], end[sel], a, b)
+        for c, (s, e) in enumerate(self._segments_by_category()):
+            out[:, c] = covered_between(s, e, a, b)
         return out
+
+    def _segments_by_category(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(starts, ends) of each category's segments, taken once (a rank asks for many windows)."""
+        if self._by_category is None:
+            end = self.start_ns + self.length_ns
+            self._by_category = [(self.start_ns[self.category == c], end[self.category == c])
+                                 for c in range(len(CATEGORIES))]
+        return self._by_category
 
 
 def classify_timeline(trace: RankTrace, cuts: list[np.ndarray] | None = None) -> Timeline:
