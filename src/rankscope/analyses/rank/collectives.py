@@ -30,7 +30,9 @@ The cross-rank matching of these records is `analyses/job/matching.py`.
 """
 from __future__ import annotations
 
+import functools
 import json
+import math
 import re
 import sys
 import zlib
@@ -270,6 +272,7 @@ def _matrix(v, n: int) -> np.ndarray:
     return flat.reshape(n, len(CATEGORIES))
 
 
+@functools.lru_cache(maxsize=4096)              # ops repeat the same shapes
 def _first_tensor_nelems(dims_json: str | None) -> int:
     """Elements of the first argument of `Input Dims`: a tensor ([d0, d1]) or a tensor list
     ([[d0], [d1]]): the product, or the sum of products. -1 when absent."""
@@ -285,13 +288,14 @@ def _first_tensor_nelems(dims_json: str | None) -> int:
     if not isinstance(first, list) or not first:
         return -1
     if all(isinstance(d, int) for d in first):
-        return int(np.prod(first)) if first else -1
+        return math.prod(first) if first else -1
     if all(isinstance(t, list) and all(isinstance(d, int) for d in t) for t in first):
-        total = sum(int(np.prod(t)) for t in first if t)
+        total = sum(math.prod(t) for t in first if t)
         return total if total > 0 else -1
     return -1
 
 
+@functools.lru_cache(maxsize=4096)
 def _first_type(types_json: str | None) -> str | None:
     if not types_json:
         return None
