@@ -99,6 +99,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import union
+from rankscope.analyses.rank import views
 from rankscope.model import (DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, KernelClass,
                              RankTrace, names_matching)
 from rankscope.units import NS_PER_US, NS_PER_MS
@@ -215,8 +216,7 @@ _OVERLAP_FRAME = {"kernel_types": pl.String, "time_ms": pl.Float64, "share_pct":
 
 
 def _device_events(trace: RankTrace) -> pl.DataFrame:
-    return trace.events.with_row_index("row").filter(
-        pl.col("kind").is_in(_DEVICE) & pl.col("kclass").is_in([int(c) for c in _CLASSES]))
+    return views.with_rows(trace, _DEVICE).filter(pl.col("kclass").is_in([int(c) for c in _CLASSES]))
 
 
 def kernel_breakdown(trace: RankTrace, top_k: int = 10, hta_filter: bool = False) -> KernelBreakdown:
@@ -303,15 +303,16 @@ def _top_kernels(dev: pl.DataFrame, top_k: int) -> pl.DataFrame:
            .with_columns(pl.col("sum_ns").rank("ordinal", descending=True).over("kclass").alias("rank"),
                          (pl.col("sum_ns") / pl.col("sum_ns").sum().over("kclass")).alias("share")))
     keep = per.filter(pl.col("rank") <= top_k).select("kclass", "name", "rank")
-    ev = dev.join(keep, on=["kclass", "name"], how="left").with_columns(
-        pl.when(pl.col("rank").is_null()).then(pl.lit("others")).otherwise(pl.col("name").cast(pl.String))
-        .alias("label"),
-        pl.col("rank").fill_null(top_k + 1))
+    # grouped by (class, rank): a rank up to top_k is one kernel, top_k + 1 the others; labels after
+    ev = dev.join(keep, on=["kclass", "name"], how="left").with_columns(pl.col("rank").fill_null(top_k + 1))
+    labels = keep.select("kclass", "rank", pl.col("name").cast(pl.String).alias("label"))
     d = pl.col("dur_ns").cast(pl.Float64) / NS_PER_US
-    out = (ev.group_by("kclass", "label", "rank")
+    out = (ev.group_by("kclass", "rank")
            .agg(pl.len().cast(pl.Int64).alias("count"), d.sum().alias("sum_us"), d.mean().alias("mean_us"),
                 d.min().alias("min_us"), d.max().alias("max_us"), d.std(ddof=1).fill_null(0.0).alias("std_us"))
-           .with_columns((100.0 * pl.col("sum_us") / pl.col("sum_us").sum().over("kclass"))
+           .join(labels, on=["kclass", "rank"], how="left")
+           .with_columns(pl.col("label").fill_null("others"),
+                         (100.0 * pl.col("sum_us") / pl.col("sum_us").sum().over("kclass"))
                          .alias("share_of_class_pct"))
            .sort(["kclass", "rank", "sum_us"], descending=[False, False, True]))
     return out.select(
