@@ -17,6 +17,7 @@ import msgspec
 import numpy as np
 import polars as pl
 
+from rankscope.analyses.rank import views
 from rankscope.analyses.rank.breakdown import CATEGORIES, Timeline, classify_timeline
 from rankscope.analyses.intervals import union
 from rankscope.analyses.rank.steps import StepWindows, step_windows
@@ -52,7 +53,7 @@ def idle_gaps(trace: RankTrace, windows: StepWindows | None = None, timeline: Ti
               gap_min_us: float = GAP_MIN_US, top: int = TOP_GAPS) -> GapSummary:
     empty = GapSummary(gap_min_us, 0, 0.0, {c: 0.0 for c in _IDLE_CATEGORIES})
     ev = trace.events
-    dev = ev.with_row_index("row").filter(pl.col("kind").is_in([int(k) for k in DEVICE_KINDS]))
+    dev = views.with_rows(trace, DEVICE_KINDS)
     if dev.is_empty():
         return empty
     windows = windows or step_windows(trace)
@@ -119,9 +120,9 @@ def _launches(ev: pl.DataFrame, correlations: list[int]) -> dict[int, tuple[int,
 
 
 def _host_ops_by_thread(ev: pl.DataFrame, tids: set[int], kinds: list[int] | None = None,
-                        ) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+                        ) -> dict[int, tuple[np.ndarray, np.ndarray, pl.Series]]:
     """CPU ops and annotations (or the given kinds) that say what the host does (not the step /
-    DataLoader marks), per thread: (start, end, names)."""
+    DataLoader marks), per thread: (start, end, names; a few are read, so not all made text)."""
     names = names_matching(ev, f"{PROFILER_STEP_PATTERN}|{DATALOADER_PATTERN}")
     ops = ev.filter(pl.col("kind").is_in(kinds or _HOST_OPS) & ~pl.col("name").is_in(names)
                     & pl.col("tid").is_in(list(tids)))
@@ -129,18 +130,18 @@ def _host_ops_by_thread(ev: pl.DataFrame, tids: set[int], kinds: list[int] | Non
     for tid in tids:
         t = ops.filter(pl.col("tid") == tid)
         start = t["ts_ns"].to_numpy()
-        out[tid] = (start, start + t["dur_ns"].to_numpy(), t["name"].cast(pl.String).to_numpy())
+        out[tid] = (start, start + t["dur_ns"].to_numpy(), t["name"])
     return out
 
 
-def _innermost(start: np.ndarray, end: np.ndarray, names: np.ndarray, t: int) -> str | None:
+def _innermost(start: np.ndarray, end: np.ndarray, names: pl.Series, t: int) -> str | None:
     around = np.flatnonzero((start <= t) & (end > t))
     if len(around) == 0:
         return None
-    return str(names[around[np.lexsort((end[around], -start[around]))[0]]])
+    return str(names[int(around[np.lexsort((end[around], -start[around]))[0]])])
 
 
-def _most_present(start: np.ndarray, end: np.ndarray, names: np.ndarray, a: int, b: int,
+def _most_present(start: np.ndarray, end: np.ndarray, names: pl.Series, a: int, b: int,
                   innermost: bool = False) -> str | None:
     """The event overlapping [a, b) the most (the first of equal overlap; with `innermost`, the
     shortest of them: Python frames nest, and the outermost covers every gap)."""
