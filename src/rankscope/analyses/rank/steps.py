@@ -12,6 +12,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import covered_between, union
+from rankscope.analyses.rank import views
 from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace, names_matching
 
 _DEVICE = [int(k) for k in DEVICE_KINDS]
@@ -27,9 +28,7 @@ class StepWindows:
 
 def step_windows(trace: RankTrace) -> StepWindows:
     """Computed once per trace (every per-step analysis needs them)."""
-    if "step_windows" not in trace.derived:
-        trace.derived["step_windows"] = _step_windows(trace)
-    return trace.derived["step_windows"]
+    return views.memo(trace, ("step_windows",), lambda: _step_windows(trace))
 
 
 def _step_windows(trace: RankTrace) -> StepWindows:

@@ -34,6 +34,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import union
+from rankscope.analyses.rank import views
 from rankscope.model import DEVICE_KINDS, Kind, KernelClass, RankTrace, distinct_names
 from rankscope.units import NS_PER_MS
 
@@ -48,10 +49,7 @@ def hta_scope(trace: RankTrace, include_last_step: bool = False) -> pl.DataFrame
 
     HTA's device side is "has a stream and a correlation id" (plus Event/Context Sync); everything else is
     host side. Order of rows is kept. Computed once per trace (several analyses use it)."""
-    key = ("hta_scope", include_last_step)
-    if key not in trace.derived:
-        trace.derived[key] = _hta_scope(trace, include_last_step)
-    return trace.derived[key]
+    return views.memo(trace, ("hta_scope", include_last_step), lambda: _hta_scope(trace, include_last_step))
 
 
 def _hta_scope(trace: RankTrace, include_last_step: bool) -> pl.DataFrame:

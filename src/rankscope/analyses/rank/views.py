@@ -24,9 +24,13 @@ def memo(trace: RankTrace, key: tuple, make: Callable[[], T]) -> T:
     return trace.derived[key]
 
 
+def _kind_key(kinds: Iterable[int]) -> tuple[int, ...]:
+    return tuple(sorted({int(k) for k in kinds}))
+
+
 def of_kinds(trace: RankTrace, kinds: Iterable[int]) -> pl.DataFrame:
     """The events of these kinds, in the frame's order."""
-    wanted = tuple(sorted({int(k) for k in kinds}))
+    wanted = _kind_key(kinds)
     return memo(trace, ("of_kinds", wanted),
                 lambda: trace.events.filter(pl.col("kind").is_in(list(wanted))))
 
@@ -55,7 +59,7 @@ def names_matching(trace: RankTrace, pattern: str) -> list[str]:
 def with_rows(trace: RankTrace, kinds: Iterable[int]) -> pl.DataFrame:
     """The events of these kinds with their position in the rank's event frame (`row`, Int64: the
     key of the side frames' rows)."""
-    wanted = tuple(sorted({int(k) for k in kinds}))
+    wanted = _kind_key(kinds)
 
     def make() -> pl.DataFrame:
         mask = trace.events["kind"].is_in(list(wanted))
