@@ -494,19 +494,19 @@ def targets(results: list[dict]) -> list[str]:
         tag = "" if res["mb_target"] >= 200 else "  (target is stated for 8x200 MB)"
         if "speedup_vs_hta" in cold:
             s = cold["speedup_vs_hta"]
-            out.append(f"{size}: cold load {s:.1f}x faster than HTA; target >= {TARGET_COLD_SPEEDUP:g}x "
-                       f"(aim {AIM_COLD_SPEEDUP:g}x): {'PASS' if s >= TARGET_COLD_SPEEDUP else 'FAIL'}{tag}")
+            out.append(_verdict(f"{size}: cold load {s:.1f}x faster than HTA; target >= {TARGET_COLD_SPEEDUP:g}x "
+                                f"(aim {AIM_COLD_SPEEDUP:g}x)", s >= TARGET_COLD_SPEEDUP) + tag)
         else:
             out.append(f"{size}: cold speedup vs HTA: n/a (target >= {TARGET_COLD_SPEEDUP:g}x, aim {AIM_COLD_SPEEDUP:g}x)")
         for name, row in (("cold", cold), ("cached", cached)):
             if "rss_per_largest_file" in row:
                 v = row["rss_per_largest_file"]
-                out.append(f"{size}: {name} peak RSS = {v:.2f}x largest rank file; target <= "
-                           f"{TARGET_RSS_PER_LARGEST_FILE:g}x: {'PASS' if v <= TARGET_RSS_PER_LARGEST_FILE else 'FAIL'}")
+                out.append(_verdict(f"{size}: {name} peak RSS = {v:.2f}x largest rank file; target <= "
+                                    f"{TARGET_RSS_PER_LARGEST_FILE:g}x", v <= TARGET_RSS_PER_LARGEST_FILE))
         if "wall_s" in cached:
             w = cached["wall_s"]
-            out.append(f"{size}: cached load {w:.2f} s; target <= {TARGET_CACHED_S:g} s: "
-                       f"{'PASS' if w <= TARGET_CACHED_S else 'FAIL'}")
+            out.append(_verdict(f"{size}: cached load {w:.2f} s; target <= {TARGET_CACHED_S:g} s",
+                                w <= TARGET_CACHED_S))
         elif cached or cold:
             out.append(f"{size}: rankscope rows failed; targets not evaluated")
         out += _analysis_targets(res, rows)
@@ -532,22 +532,25 @@ def _analysis_targets(res: dict, rows: dict) -> list[str]:
     one_rank = res["ranks"] == 1
     limit = TARGET_ANALYZE_PER_VALIDATE_ONE_RANK if one_rank else TARGET_ANALYZE_PER_VALIDATE
     ratio = an_cold["wall_s"] / cold["wall_s"]
-    out.append(f"{size}: analyze cold = {ratio:.2f}x validate cold; target <= {limit:g}x: "
-               f"{'PASS' if ratio <= limit else 'FAIL'}")
+    out.append(_verdict(f"{size}: analyze cold = {ratio:.2f}x validate cold; target <= {limit:g}x", ratio <= limit))
     if one_rank:
         v = an_cold["rss_per_largest_file"]
-        out.append(f"{size}: analyze cold peak RSS = {v:.2f}x the file; target <= {TARGET_RSS_PER_LARGEST_FILE:g}x: "
-                   f"{'PASS' if v <= TARGET_RSS_PER_LARGEST_FILE else 'FAIL'}")
+        out.append(_verdict(f"{size}: analyze cold peak RSS = {v:.2f}x the file; target <= "
+                            f"{TARGET_RSS_PER_LARGEST_FILE:g}x", v <= TARGET_RSS_PER_LARGEST_FILE))
         return out
     if "speedup_vs_hta_analyses" in an_cold:
         x = an_cold["speedup_vs_hta_analyses"]
-        out.append(f"{size}: analyze cold {x:.1f}x faster than HTA load + analyses; target >= "
-                   f"{TARGET_ANALYZE_SPEEDUP:g}x (aim {AIM_COLD_SPEEDUP:g}x): {'PASS' if x >= TARGET_ANALYZE_SPEEDUP else 'FAIL'}")
+        out.append(_verdict(f"{size}: analyze cold {x:.1f}x faster than HTA load + analyses; target >= "
+                            f"{TARGET_ANALYZE_SPEEDUP:g}x (aim {AIM_COLD_SPEEDUP:g}x)", x >= TARGET_ANALYZE_SPEEDUP))
     if "wall_s" in an_cached:
         w = an_cached["wall_s"]
-        out.append(f"{size}: cached analyze {w:.2f} s; target <= {TARGET_ANALYZE_CACHED_S:g} s: "
-                   f"{'PASS' if w <= TARGET_ANALYZE_CACHED_S else 'FAIL'}")
+        out.append(_verdict(f"{size}: cached analyze {w:.2f} s; target <= {TARGET_ANALYZE_CACHED_S:g} s",
+                            w <= TARGET_ANALYZE_CACHED_S))
     return out
+
+
+def _verdict(what: str, met: bool) -> str:
+    return f"{what}: {'PASS' if met else 'FAIL'}"
 
 
 def _fmt(v, spec, missing="-"):
