@@ -3,21 +3,59 @@
 A step is a `ProfilerStep#N` span on the CPU. Its window ends at max(CPU end, end of the last
 device activity launched inside it), clipped at the next step's start. A trace without steps
 is one step spanning the whole trace (`source == "whole_trace"`), and callers say so.
+
+Also the per-event numpy views that this module and the breakdown, gaps, dataloader, memory and
+kernel analyses start from (`event_end_ns`, `kind_mask`, `name_mask`, `device_union`): arrays
+aligned with `trace.events`, made once per trace.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Iterable
 
 import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import covered_between, union
-from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace, names_matching
+from rankscope.analyses.rank.views import memo, names_matching
+from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace
 
-_DEVICE = [int(k) for k in DEVICE_KINDS]
-_LAUNCH = [int(Kind.RUNTIME), int(Kind.DRIVER)]
+_LAUNCH = (Kind.RUNTIME, Kind.DRIVER)
 
 
+# ----------------------------------------------------------------------------------------------
+# Per-event arrays, aligned with trace.events
+def event_end_ns(trace: RankTrace) -> np.ndarray:
+    """ts_ns + dur_ns of every event."""
+    return memo(trace, ("steps", "event_end_ns"),
+                lambda: trace.events["ts_ns"].to_numpy() + trace.events["dur_ns"].to_numpy())
+
+
+def kind_mask(trace: RankTrace, kinds: Iterable[int]) -> np.ndarray:
+    """Whether each event is of one of these kinds."""
+    kind = trace.events["kind"].to_numpy()
+    out = np.zeros(len(kind), dtype=bool)
+    for k in kinds:
+        out |= kind == int(k)
+    return out
+
+
+def name_mask(trace: RankTrace, pattern: str) -> np.ndarray:
+    """Whether each event's name matches `pattern` (regex search)."""
+    return memo(trace, ("steps", "name_mask", pattern),
+                lambda: trace.events["name"].is_in(names_matching(trace, pattern)).fill_null(False).to_numpy())
+
+
+def device_union(trace: RankTrace) -> tuple[np.ndarray, np.ndarray]:
+    """The time with at least one kernel, memcpy or memset running: sorted disjoint intervals."""
+    def make():
+        dev = kind_mask(trace, DEVICE_KINDS)
+        return union(trace.events["ts_ns"].to_numpy()[dev], event_end_ns(trace)[dev])
+    return memo(trace, ("steps", "device_union"), make)
+
+
+# ----------------------------------------------------------------------------------------------
 @dataclass
 class StepWindows:
     """`frame` columns: step, start_ns, cpu_end_ns, end_ns, duration_ns (one row per step)."""
@@ -34,29 +72,26 @@ def step_windows(trace: RankTrace) -> StepWindows:
 
 def _step_windows(trace: RankTrace) -> StepWindows:
     ev = trace.events
-    step_names = names_matching(ev, PROFILER_STEP_PATTERN)
-    marks = (
-        ev.filter(pl.col("kind").is_in([int(k) for k in HOST_OP_KINDS]) & pl.col("name").is_in(step_names))
-        .select(
-            pl.col("name").cast(pl.String).str.extract(PROFILER_STEP_PATTERN, 1).cast(pl.Int64).alias("step"),
-            "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns")).alias("cpu_end_ns"),
-        )
-        # one span per step number (some traces record it as cpu_op and as annotation)
-        .group_by("step").agg(pl.col("ts_ns").min(), pl.col("cpu_end_ns").max())
-        .sort("ts_ns")
-    )
-    if marks.is_empty():
+    rows = np.flatnonzero(kind_mask(trace, HOST_OP_KINDS) & name_mask(trace, PROFILER_STEP_PATTERN))
+    if len(rows) == 0:
         if ev.is_empty():
             frame = _frame(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
             return StepWindows(frame, "whole_trace")
         start = int(ev["ts_ns"].min())
-        end = int((ev["ts_ns"] + ev["dur_ns"]).max())
+        end = int(event_end_ns(trace).max())
         return StepWindows(_frame(np.array([0]), np.array([start]), np.array([end]), np.array([end])), "whole_trace")
 
-    steps = marks["step"].to_numpy()
-    starts = marks["ts_ns"].to_numpy()
-    cpu_ends = marks["cpu_end_ns"].to_numpy()
-    device_end = _last_launched_device_end(ev, starts, cpu_ends)
+    # one span per step number (some traces record it as cpu_op and as annotation)
+    number = np.array([int(re.search(PROFILER_STEP_PATTERN, n).group(1))
+                       for n in ev["name"].gather(rows).cast(pl.String).to_list()], dtype=np.int64)
+    steps, which = np.unique(number, return_inverse=True)
+    starts = np.full(len(steps), np.iinfo(np.int64).max, dtype=np.int64)
+    cpu_ends = np.full(len(steps), np.iinfo(np.int64).min, dtype=np.int64)
+    np.minimum.at(starts, which, ev["ts_ns"].to_numpy()[rows])
+    np.maximum.at(cpu_ends, which, event_end_ns(trace)[rows])
+    order = np.argsort(starts, kind="stable")
+    steps, starts, cpu_ends = steps[order], starts[order], cpu_ends[order]
+    device_end = _last_launched_device_end(trace, starts, cpu_ends)
     ends = np.maximum(cpu_ends, device_end)
     ends[:-1] = np.minimum(ends[:-1], starts[1:])
     return StepWindows(_frame(steps, starts, cpu_ends, ends), "profiler_step")
@@ -69,27 +104,35 @@ def _frame(steps, starts, cpu_ends, ends) -> pl.DataFrame:
                                 "end_ns": pl.Int64, "duration_ns": pl.Int64})
 
 
-def _last_launched_device_end(ev: pl.DataFrame, starts: np.ndarray, cpu_ends: np.ndarray) -> np.ndarray:
+def _last_launched_device_end(trace: RankTrace, starts: np.ndarray, cpu_ends: np.ndarray) -> np.ndarray:
     """Per step: the latest end of device activity whose launch (runtime call) lies inside the
     step's CPU span; int64 min where none."""
     out = np.full(len(starts), np.iinfo(np.int64).min, dtype=np.int64)
-    launches = ev.filter(pl.col("kind").is_in(_LAUNCH) & (pl.col("correlation") >= 0)).select(
-        "correlation", pl.col("ts_ns").alias("launch_ns"))
-    device = ev.filter(pl.col("kind").is_in(_DEVICE) & (pl.col("correlation") >= 0)).select(
-        "correlation", (pl.col("ts_ns") + pl.col("dur_ns")).alias("device_end_ns"))
-    if launches.is_empty() or device.is_empty():
+    correlation = trace.events["correlation"].to_numpy()
+    linked = correlation >= 0
+    launch = np.flatnonzero(kind_mask(trace, _LAUNCH) & linked)
+    device = np.flatnonzero(kind_mask(trace, DEVICE_KINDS) & linked)
+    if len(launch) == 0 or len(device) == 0:
         return out
-    linked = launches.join(device, on="correlation", how="inner")
-    launch_ns = linked["launch_ns"].to_numpy()
+    # device events and launches sorted together by correlation id (device events first within an
+    # id): each launch takes the latest end among the device events of its id
+    corr = np.concatenate([correlation[device], correlation[launch]])
+    end = np.concatenate([event_end_ns(trace)[device], np.full(len(launch), np.iinfo(np.int64).min)])
+    order = np.argsort(corr, kind="stable")
+    corr, end = corr[order], end[order]
+    new_id = np.r_[True, corr[1:] != corr[:-1]]
+    latest_end = np.maximum.reduceat(end, np.flatnonzero(new_id))[np.cumsum(new_id) - 1]
+    launch_end = np.empty(len(launch), dtype=np.int64)
+    launch_end[order[order >= len(device)] - len(device)] = latest_end[order >= len(device)]
+    launch_ns = trace.events["ts_ns"].to_numpy()[launch]
     i = np.searchsorted(starts, launch_ns, side="right") - 1
-    inside = (i >= 0) & (launch_ns < cpu_ends[np.maximum(i, 0)])
-    np.maximum.at(out, i[inside], linked["device_end_ns"].to_numpy()[inside])
+    inside = (launch_end > np.iinfo(np.int64).min) & (i >= 0) & (launch_ns < cpu_ends[np.maximum(i, 0)])
+    np.maximum.at(out, i[inside], launch_end[inside])
     return out
 
 
 def device_busy_ns(trace: RankTrace, windows: StepWindows) -> np.ndarray:
     """Per step: time with at least one kernel, memcpy or memset running (union of intervals)."""
-    dev = trace.events.filter(pl.col("kind").is_in(_DEVICE))
-    s, e = union(dev["ts_ns"].to_numpy(), (dev["ts_ns"] + dev["dur_ns"]).to_numpy())
+    s, e = device_union(trace)
     f = windows.frame
     return covered_between(s, e, f["start_ns"].to_numpy(), f["end_ns"].to_numpy())
