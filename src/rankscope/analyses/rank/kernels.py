@@ -99,7 +99,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import union
-from rankscope.analyses.rank.steps import kind_mask
+from rankscope.analyses.rank.steps import gpu_args_at, kind_mask
 from rankscope.analyses.rank.views import device_events, names_matching
 from rankscope.model import HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, KernelClass, RankTrace
 from rankscope.units import NS_PER_US, NS_PER_MS
@@ -387,57 +387,55 @@ class KernelStats(msgspec.Struct):
 
 
 def kernel_stats(trace: RankTrace, top_n: int = 20) -> KernelStats:
-    if not kind_mask(trace, [Kind.KERNEL]).any():
+    rows = np.flatnonzero(kind_mask(trace, [Kind.KERNEL]))
+    if len(rows) == 0:
         return KernelStats(KernelNames(**{c: [] for c in KernelNames.__struct_fields__}), 0, 0.0, 0.0, 0.0, 0.0, 0.0,
                            None, 0.0, None, None, None, None)
     launch = ("grid_blocks", "block_threads", "registers_per_thread", "shared_memory_bytes")
-    k = (trace.events.lazy().with_row_index("row").filter(pl.col("kind") == int(Kind.KERNEL))
-         .select(pl.col("row").cast(pl.Int64), "name", "kclass", "dur_ns", "device")
-         .join(trace.gpu_args.lazy().select("row", *launch, "est_occupancy_pct"), on="row", how="left",
-               maintain_order="left")
-         .with_columns(*[pl.col(c).fill_null(-1).cast(pl.Int64) for c in launch],      # -1: not in the trace
-                       pl.col("est_occupancy_pct").fill_null(np.nan))
-         .collect())
-    config = {c: k[c].to_numpy() for c in launch}
-    theo, achieved = launch_occupancy(k["device"].to_numpy(), *config.values(), trace.meta.devices)
-    trace_occ = k["est_occupancy_pct"].to_numpy()
-    kineto_failed = (trace_occ == 0) & (config["shared_memory_bytes"] > KINETO_SMEM_OPTIN_BYTES)
+    args = gpu_args_at(trace, rows, [*launch, "est_occupancy_pct"])
+    theo, achieved = launch_occupancy(trace.events["device"].to_numpy()[rows], *(args[c] for c in launch),
+                                      trace.meta.devices)
+    trace_occ = args["est_occupancy_pct"]
+    kineto_failed = (trace_occ == 0) & (args["shared_memory_bytes"] > KINETO_SMEM_OPTIN_BYTES)
     from_trace = ~np.isnan(trace_occ) & ~(kineto_failed & ~np.isnan(achieved))
     occ = np.where(from_trace, trace_occ, achieved)
     src = np.where(from_trace, 1, np.where(np.isnan(achieved), 0, 2)).astype(np.int8)
-    k = k.with_columns(pl.Series("occ", occ), pl.Series("src", src), pl.Series("theo", theo))
+    dur = trace.events["dur_ns"].to_numpy()[rows]
 
-    # Tensor Core inference per distinct name
-    names = k["name"].unique().cast(pl.String).to_list()
-    inferred = [tensor_core_rule(n) for n in names]
-    tc_frame = pl.DataFrame({"name": names, "tensor_core": [t for t, _, _ in inferred],
-                             "tc_rule": [r for _, r, _ in inferred], "gemm_like": [g for _, _, g in inferred]},
-                            schema={"name": pl.String, "tensor_core": pl.Boolean, "tc_rule": pl.String,
-                                    "gemm_like": pl.Boolean})
-    dur = pl.col("dur_ns").cast(pl.Float64)
-    occ_known = pl.col("occ").is_not_nan()
-    theo_known = pl.col("theo").is_not_nan()
-    longest = pl.col("dur_ns").arg_max()
-    per = (k.lazy().group_by("name", "kclass").agg(
-        pl.len().cast(pl.Int64).alias("count"), pl.col("dur_ns").sum().alias("sum_ns"),
-        ((pl.col("occ") * dur).filter(occ_known).sum() / dur.filter(occ_known).sum()).alias("occupancy_pct"),
-        (pl.col("src").filter(pl.col("src") > 0).min()).alias("src_min"),
-        (pl.col("src").filter(pl.col("src") > 0).max()).alias("src_max"),
-        ((pl.col("theo") * dur).filter(theo_known).sum() / dur.filter(theo_known).sum())
-        .alias("theoretical_occupancy_pct"),
-        *[pl.col(c).get(longest) for c in launch])
-        .with_columns(pl.col("name").cast(pl.String))
-        .join(tc_frame.lazy(), on="name", how="left")
-        .collect())
+    # per kernel name: g, the name's index of each launch
+    kclass = trace.events["kclass"].to_numpy()[rows].astype(np.int64)
+    key = (kclass << 32) | trace.events["name"].to_physical().to_numpy()[rows]
+    per = np.unique(key)
+    g = np.searchsorted(per, key)
+    n = len(per)
+    first = np.full(n, len(rows))
+    np.minimum.at(first, g, np.arange(len(rows)))
+    names = trace.events["name"].gather(rows[first]).cast(pl.String).to_list()
+    count = np.bincount(g, minlength=n)
+    sum_ns = np.zeros(n, np.int64)
+    np.add.at(sum_ns, g, dur)
+    weight = dur.astype(np.float64)
 
-    # time sums over the names, by Tensor Core use and origin
-    sum_ns = per["sum_ns"].to_numpy()
-    gemm = per["gemm_like"].to_numpy()
-    tc_yes = per["tensor_core"].fill_null(False).to_numpy()
-    tc_no = (~per["tensor_core"]).fill_null(False).to_numpy()
-    tc_unknown = per["tensor_core"].is_null().to_numpy()
-    generated_names = set(names_matching(trace, GENERATED_KERNEL_PATTERN))
-    generated = np.array([n in generated_names for n in per["name"].to_list()], dtype=bool)
+    def weighted_mean(x: np.ndarray) -> np.ndarray:          # per name, duration-weighted, NaN where unknown
+        known = ~np.isnan(x)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return (np.bincount(g[known], weights=(x * weight)[known], minlength=n)
+                    / np.bincount(g[known], weights=weight[known], minlength=n))
+
+    src_min, src_max = np.full(n, 3, np.int8), np.zeros(n, np.int8)
+    np.minimum.at(src_min, g[src > 0], src[src > 0])
+    np.maximum.at(src_max, g[src > 0], src[src > 0])
+    longest_ns = np.zeros(n, np.int64)
+    np.maximum.at(longest_ns, g, dur)
+    longest = np.full(n, len(rows))                          # each name's first launch of its longest duration
+    is_longest = dur == longest_ns[g]
+    np.minimum.at(longest, g[is_longest], np.flatnonzero(is_longest))
+    inferred = [tensor_core_rule(name) for name in names]
+    tensor_core = [t for t, _, _ in inferred]
+    gemm = np.array([gm for _, _, gm in inferred], dtype=bool)
+    tc_yes = np.array([t is True for t in tensor_core])
+    tc_no = np.array([t is False for t in tensor_core])
+    generated = np.array([re.search(GENERATED_KERNEL_PATTERN, name) is not None for name in names], dtype=bool)
     kernel_ns = float(sum_ns.sum())
 
     def _ms(sel: np.ndarray) -> float:
@@ -447,40 +445,39 @@ def kernel_stats(trace: RankTrace, top_n: int = 20) -> KernelStats:
     tc_ms = _ms(tc_yes)
     known = gemm_tc + gemm_fp32
 
-    kernel_dur = k["dur_ns"].to_numpy()
     with_occ = ~np.isnan(occ)
-    occ_dur_ns = int(kernel_dur[with_occ].sum())
-    occ_all = (float((occ[with_occ] * kernel_dur[with_occ].astype(np.float64)).sum() / occ_dur_ns)
-               if occ_dur_ns > 0 else None)
+    occ_dur_ns = int(dur[with_occ].sum())
+    occ_all = float((occ[with_occ] * weight[with_occ]).sum() / occ_dur_ns) if occ_dur_ns > 0 else None
     srcs = set(np.unique(src[src > 0]).tolist())
     source = _source_label(min(srcs), max(srcs)) if srcs else None
 
-    kernels = (per.sort([pl.col("sum_ns"), pl.col("name").cast(pl.String)], descending=[True, False])
-               .head(top_n).select(
-        "name",
-        pl.col("kclass").replace_strict({int(c): c.name for c in KernelClass}, return_dtype=pl.String)
-        .alias("kernel_class"),
-        "count", (pl.col("sum_ns") / NS_PER_MS).alias("total_ms"),
-        (pl.col("sum_ns") / pl.col("count") / NS_PER_US).alias("mean_us"),
-        (100.0 * pl.col("sum_ns") / kernel_ns if kernel_ns else pl.lit(0.0)).alias("share_pct"),
-        pl.col("occupancy_pct").fill_nan(None),
-        pl.when(pl.col("src_min").is_null()).then(None)
-        .when(pl.col("src_min") != pl.col("src_max")).then(pl.lit("mixed"))
-        .when(pl.col("src_min") == 1).then(pl.lit("trace")).otherwise(pl.lit("computed"))
-        .alias("occupancy_source"),
-        pl.col("theoretical_occupancy_pct").fill_nan(None),
-        *[pl.col(c).replace(-1, None) for c in launch],
-        "gemm_like", "tensor_core", "tc_rule"))
+    top = sorted(range(n), key=lambda i: (-sum_ns[i], names[i]))[:top_n]
+    occupancy, theoretical = weighted_mean(occ), weighted_mean(theo)
+    kernels = KernelNames(
+        name=[names[i] for i in top], kernel_class=[KernelClass(int(per[i] >> 32)).name for i in top],
+        count=[int(count[i]) for i in top], total_ms=[float(sum_ns[i]) / NS_PER_MS for i in top],
+        mean_us=[float(sum_ns[i]) / float(count[i]) / NS_PER_US for i in top],
+        share_pct=[100.0 * float(sum_ns[i]) / kernel_ns if kernel_ns else 0.0 for i in top],
+        occupancy_pct=[_known(occupancy[i]) for i in top],
+        occupancy_source=[_source_label(int(src_min[i]), int(src_max[i])) if src_max[i] else None for i in top],
+        theoretical_occupancy_pct=[_known(theoretical[i]) for i in top],
+        **{c: [int(args[c][longest[i]]) if args[c][longest[i]] != -1 else None for i in top] for c in launch},
+        gemm_like=[bool(gemm[i]) for i in top], tensor_core=[tensor_core[i] for i in top],
+        tc_rule=[inferred[i][1] for i in top])
     return KernelStats(
         generated_kernel_pct=100.0 * _ms(generated) * NS_PER_MS / kernel_ns if kernel_ns else None,
-        generated_kernel_count_pct=100.0 * int(per["count"].to_numpy()[generated].sum()) / k.height,
-        kernels=KernelNames(**kernels.to_dict(as_series=False)), kernel_count=k.height, kernel_ms=kernel_ns / NS_PER_MS,
+        generated_kernel_count_pct=100.0 * int(count[generated].sum()) / len(rows),
+        kernels=kernels, kernel_count=len(rows), kernel_ms=kernel_ns / NS_PER_MS,
         gemm_ms=_ms(gemm), gemm_tensor_core_ms=gemm_tc, gemm_fp32_ms=gemm_fp32,
-        gemm_unknown_ms=_ms(gemm & tc_unknown),
+        gemm_unknown_ms=_ms(gemm & ~tc_yes & ~tc_no),
         fp32_gemm_share_pct=100.0 * gemm_fp32 / known if known > 0 else None,
         tensor_core_ms=tc_ms, tensor_core_pct=100.0 * tc_ms * NS_PER_MS / kernel_ns if kernel_ns else None,
         occupancy_pct=occ_all, occupancy_source=source,
         occupancy_covered_pct=100.0 * occ_dur_ns / kernel_ns if kernel_ns else None)
+
+
+def _known(x: float) -> float | None:
+    return None if np.isnan(x) else float(x)
 
 
 def _source_label(lo: int, hi: int) -> str:

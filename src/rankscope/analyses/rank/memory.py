@@ -59,7 +59,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import covered_between, sorted_unique, union
-from rankscope.analyses.rank.steps import StepWindows, kind_mask, step_windows
+from rankscope.analyses.rank.steps import StepWindows, gpu_args_at, kind_mask, step_windows
 from rankscope.model import Kind, RankTrace
 from rankscope.units import NS_PER_MS
 
@@ -406,7 +406,7 @@ def pageable_memcpy(trace: RankTrace, windows: StepWindows | None = None) -> Mem
     rows = np.flatnonzero(kind_mask(trace, [Kind.MEMCPY]))
     ts = trace.events["ts_ns"].to_numpy()[rows]
     dur = trace.events["dur_ns"].to_numpy()[rows]
-    nbytes = _copy_bytes(trace, rows)
+    nbytes = gpu_args_at(trace, rows, ["bytes"])["bytes"]
     kinds = [classify_memcpy(n) for n in trace.events["name"].gather(rows).cast(pl.String).to_list()]
     direction = np.array([d for d, _ in kinds], dtype=object)
     host_memory = np.array([h for _, h in kinds], dtype=object)
@@ -465,18 +465,3 @@ def pageable_memcpy(trace: RankTrace, windows: StepWindows | None = None) -> Mem
         pageable_pct_of_host_copy_time=100.0 * pageable.total_ms / host_total_ms if host_total_ms > 0 else None,
         step_time_ms=step_total_ns / NS_PER_MS, steps_source=windows.source,
         per_step=PageableSteps(**per_step.to_dict(as_series=False)))
-
-
-def _copy_bytes(trace: RankTrace, rows: np.ndarray) -> np.ndarray:
-    """The `bytes` arg of the events at these rows of trace.events; -1 where the trace has none."""
-    out = np.full(len(rows), -1, dtype=np.int64)
-    args = trace.gpu_args
-    if not len(rows) or args.is_empty() or "bytes" not in args.columns or "row" not in args.columns:
-        return out
-    arg_row = args["row"].to_numpy()
-    arg_bytes = args["bytes"].fill_null(-1).to_numpy()
-    order = np.argsort(arg_row, kind="stable")
-    at = np.minimum(np.searchsorted(arg_row[order], rows), len(order) - 1)
-    found = arg_row[order][at] == rows
-    out[found] = arg_bytes[order][at[found]]
-    return out

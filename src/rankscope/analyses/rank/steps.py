@@ -5,8 +5,8 @@ device activity launched inside it), clipped at the next step's start. A trace w
 is one step spanning the whole trace (`source == "whole_trace"`), and callers say so.
 
 Also the per-event numpy views that this module and the breakdown, gaps, dataloader, memory and
-kernel analyses start from (`event_end_ns`, `kind_mask`, `name_mask`, `device_union`): arrays
-aligned with `trace.events`, made once per trace.
+kernel analyses start from (`event_end_ns`, `kind_mask`, `name_mask`, `gpu_args_at`,
+`device_union`): arrays aligned with `trace.events` (the costly ones made once per trace).
 """
 from __future__ import annotations
 
@@ -45,6 +45,27 @@ def name_mask(trace: RankTrace, pattern: str) -> np.ndarray:
     """Whether each event's name matches `pattern` (regex search)."""
     return memo(trace, ("steps", "name_mask", pattern),
                 lambda: trace.events["name"].is_in(names_matching(trace, pattern)).fill_null(False).to_numpy())
+
+
+def gpu_args_at(trace: RankTrace, rows: np.ndarray, columns: Iterable[str]) -> dict[str, np.ndarray]:
+    """These columns of `trace.gpu_args` (launch details, keyed by `row`) for the events at `rows`
+    of trace.events: int64 with -1, or float64 with NaN, where the trace has no value."""
+    args = trace.gpu_args
+    float_columns = {c for c, t in args.schema.items() if t.is_float()}
+    out = {c: np.full(len(rows), np.nan) if c in float_columns else np.full(len(rows), -1, dtype=np.int64)
+           for c in columns}
+    present = [c for c in out if c in args.columns]
+    if not len(rows) or args.is_empty() or "row" not in args.columns or not present:
+        return out
+    args = args.select("row", *[pl.col(c).cast(pl.Float64).fill_null(np.nan) if c in float_columns
+                                else pl.col(c).cast(pl.Int64).fill_null(-1) for c in present])
+    arg_row = args["row"].to_numpy()
+    order = np.argsort(arg_row, kind="stable")
+    at = np.minimum(np.searchsorted(arg_row[order], rows), len(order) - 1)
+    found = arg_row[order][at] == rows
+    for c in present:
+        out[c][found] = args[c].to_numpy()[order][at[found]]
+    return out
 
 
 def device_union(trace: RankTrace) -> tuple[np.ndarray, np.ndarray]:
