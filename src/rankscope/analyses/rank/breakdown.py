@@ -190,11 +190,12 @@ class Timeline:
     def _by_category(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """Per category: its segments' starts and ends, and the time of its first k segments
         (k = 0..n), made on the first `in_windows`."""
+        order = np.argsort(self.category, kind="stable")
+        start, length = self.start_ns[order], self.length_ns[order]
+        bounds = np.searchsorted(self.category[order], np.arange(len(CATEGORIES) + 1))
         out = []
-        for c in range(len(CATEGORIES)):
-            sel = self.category == c
-            start, length = self.start_ns[sel], self.length_ns[sel]
-            out.append((start, start + length, np.concatenate(([0], np.cumsum(length)))))
+        for i, j in zip(bounds[:-1], bounds[1:]):
+            out.append((start[i:j], start[i:j] + length[i:j], np.concatenate(([0], np.cumsum(length[i:j])))))
         return out
 
 

@@ -135,20 +135,17 @@ def _last_launched_device_end(trace: RankTrace, starts: np.ndarray, cpu_ends: np
     device = np.flatnonzero(kind_mask(trace, DEVICE_KINDS) & linked)
     if len(launch) == 0 or len(device) == 0:
         return out
-    # device events and launches sorted together by correlation id (device events first within an
-    # id): each launch takes the latest end among the device events of its id
-    corr = np.concatenate([correlation[device], correlation[launch]])
-    end = np.concatenate([event_end_ns(trace)[device], np.full(len(launch), np.iinfo(np.int64).min)])
-    order = np.argsort(corr, kind="stable")
-    corr, end = corr[order], end[order]
-    new_id = np.r_[True, corr[1:] != corr[:-1]]
-    latest_end = np.maximum.reduceat(end, np.flatnonzero(new_id))[np.cumsum(new_id) - 1]
-    launch_end = np.empty(len(launch), dtype=np.int64)
-    launch_end[order[order >= len(device)] - len(device)] = latest_end[order >= len(device)]
-    launch_ns = trace.events["ts_ns"].to_numpy()[launch]
+    # every (launch, device event) pair of one correlation id: the launches sorted by id, each device
+    # event's range of launches found by binary search, then the ranges expanded
+    by_id = launch[np.argsort(correlation[launch], kind="stable")]
+    lo = np.searchsorted(correlation[by_id], correlation[device], side="left")
+    n = np.searchsorted(correlation[by_id], correlation[device], side="right") - lo
+    pair_launch = by_id[np.repeat(lo - np.cumsum(n) + n, n) + np.arange(n.sum())]
+    pair_end = np.repeat(event_end_ns(trace)[device], n)
+    launch_ns = trace.events["ts_ns"].to_numpy()[pair_launch]
     i = np.searchsorted(starts, launch_ns, side="right") - 1
-    inside = (launch_end > np.iinfo(np.int64).min) & (i >= 0) & (launch_ns < cpu_ends[np.maximum(i, 0)])
-    np.maximum.at(out, i[inside], launch_end[inside])
+    inside = (i >= 0) & (launch_ns < cpu_ends[np.maximum(i, 0)])
+    np.maximum.at(out, i[inside], pair_end[inside])
     return out
 
 
