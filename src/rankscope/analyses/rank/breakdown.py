@@ -14,8 +14,9 @@ Each instant of a step window goes to exactly one category, first match wins:
                    GC, sleep, waits)
 
 How: the boundaries of every interval set and step window cut time into elementary segments;
-each segment's membership is looked up once per set (searchsorted on the set's disjoint union)
-and its category follows the priority above (`classify_timeline`). Any window's breakdown is
+one sweep over the sorted boundaries gives each segment the sets it lies in (a bit per set, up at
+the set's interval starts and down at its ends), and its category follows the priority above
+(`classify_timeline`, through a table over the combinations of sets). Any window's breakdown is
 then a sum of segment lengths per category (`Timeline.in_windows`): steps here, the time before
 each collective in the cross-rank analysis. The parts add up to the window exactly (integer ns).
 
