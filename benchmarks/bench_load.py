@@ -8,6 +8,9 @@ then, side by side in this one run, each in a fresh subprocess:
 * ``rankscope cold``  : ``rankscope analyze DIR --json --cache-dir <fresh empty dir>`` (stdout -> /dev/null)
 * ``rankscope cached``: the same command again on the now warm cache dir
 * ``HTA``             : ``TraceAnalysis(trace_dir=DIR)`` in ``benchmarks/.venv-hta`` (created here if missing)
+* ``HTA + analyses``  : with ``--hta-analyses``, the same load followed by HTA's temporal, idle-time,
+                        communication/computation overlap and kernel breakdowns (what ``rankscope analyze``
+                        is compared with)
 
 Measured per run: wall time, CPU time of the whole process tree (getrusage of reaped children), peak RSS of
 the whole process tree (RSS of the process + all descendants summed, polled every ``--interval`` s).
@@ -48,6 +51,11 @@ TARGET_COLD_SPEEDUP = 30.0  # cold load >= 30x faster than HTA on 8 x 200 MB
 AIM_COLD_SPEEDUP = 50.0
 TARGET_RSS_PER_LARGEST_FILE = 1.5  # peak RSS <= 1.5 x the largest rank file
 TARGET_CACHED_S = 1.0  # cached load <= 1 s
+# analyses (every per-rank and cross-rank analysis on top of the load)
+TARGET_ANALYZE_PER_VALIDATE = 1.5         # analyze cold <= 1.5 x validate cold on 8 x 200 MB
+TARGET_ANALYZE_PER_VALIDATE_ONE_RANK = 2.0  # one 1 GB rank: analyze cold <= 2 x its validate cold
+TARGET_ANALYZE_SPEEDUP = 30.0             # analyze cold >= 30x HTA load + analyses (aim 50x)
+TARGET_ANALYZE_CACHED_S = 0.5             # cached analyze <= 0.5 s on 8 x 200 MB
 
 HTA_SCRIPT = r"""
 import json, sys, time
@@ -57,9 +65,15 @@ import hta.version
 t1 = time.perf_counter()
 a = TraceAnalysis(trace_dir=sys.argv[1])
 t2 = time.perf_counter()
+if sys.argv[2:] == ["analyses"]:
+    a.get_temporal_breakdown(visualize=False)
+    a.get_idle_time_breakdown(visualize=False)
+    a.get_comm_comp_overlap(visualize=False)
+    a.get_gpu_kernel_breakdown(visualize=False)
+t3 = time.perf_counter()
 traces = a.t.traces
 print(json.dumps({"hta_version": ".".join(map(str, getattr(hta.version, "__version_tuple__", ()))) or "?", "import_s": t1 - t0,
-                  "load_s": t2 - t1, "ranks": sorted(int(r) for r in traces),
+                  "load_s": t2 - t1, "analyses_s": t3 - t2, "ranks": sorted(int(r) for r in traces),
                   "rows_per_rank": {str(r): int(len(df)) for r, df in traces.items()}}))
 """
 
@@ -266,7 +280,7 @@ def run_ok(kind: str, r: dict) -> bool:
     """rankscope: exit 0, or 1 = 'ran, some inputs skipped' (but not a Python crash, which also exits 1)."""
     if r.get("error") or r["timed_out"]:
         return False
-    if kind == "hta":
+    if kind.startswith("hta"):
         return r["rc"] == 0
     return r["rc"] == 0 or (r["rc"] == 1 and not r["traceback"])
 
@@ -331,36 +345,40 @@ def warm_page_cache(files: list[Path]) -> None:
 
 # ----------------------------------------------------------------------------------------------- runs
 def bench_size(mb: float, args, rs_cmd, rs_env, hta_py) -> dict:
-    data_dir = (Path(args.data_dir) / f"{args.ranks}x{mb:g}MB") if args.data_dir else make_scale_set.default_out(args.ranks, mb)
-    stamp = make_scale_set.build(mb, args.ranks, data_dir)
+    name = make_scale_set.set_name(args.ranks, mb, args.keep_step_numbers)
+    data_dir = Path(args.data_dir) / name if args.data_dir else make_scale_set.default_out(args.ranks, mb, args.keep_step_numbers)
+    stamp = make_scale_set.build(mb, args.ranks, data_dir, keep_step_numbers=args.keep_step_numbers)
     files = sorted(data_dir / f for f in stamp["files"])
     total_bytes = sum(p.stat().st_size for p in files)
     largest = max(p.stat().st_size for p in files)
     warm_page_cache(files)
     logdir = Path(tempfile.mkdtemp(prefix="bench-load-logs-"))
-    res = {"mb_target": mb, "ranks": args.ranks, "data_dir": str(data_dir), "files": len(files),
+    res = {"set": name, "mb_target": mb, "ranks": args.ranks, "data_dir": str(data_dir), "files": len(files),
            "total_bytes": total_bytes, "largest_file_bytes": largest, "copies_of_base": stamp.get("copies"),
            "events_per_rank": stamp.get("events_per_rank"), "runs": {"rankscope_cold": [], "rankscope_cached": [], "rankscope_analyze_cold": [],
-                    "rankscope_analyze_cached": [], "hta": []}}
-    label = f"{args.ranks}x{mb:g}MB"
+                    "rankscope_analyze_cached": [], "hta": [], "hta_analyses": []}}
+    label = name
     for rep in range(args.repeat):
         if not args.skip_rankscope:
             # load = read every rank into the cache (`validate`: parse, no analyses), as HTA's
             # TraceAnalysis(trace_dir) loads; analyze = load + every per-rank and cross-rank analysis
             caches = []
+            variants = [("", rs_cmd, rs_env)] + ([("baseline_", *rankscope_cmd(args.baseline))] if args.baseline else [])
             for verb, kinds in (("validate", ("rankscope_cold", "rankscope_cached")),
                                 ("analyze", ("rankscope_analyze_cold", "rankscope_analyze_cached"))):
-                cache = Path(tempfile.mkdtemp(prefix="rankscope-bench-cache-"))
-                caches.append(cache)
-                cmd = rs_cmd + [verb, str(data_dir), "--json", "--cache-dir", str(cache)]
-                for kind in kinds:
-                    print(f"[{label} #{rep + 1}] {kind}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
-                    with open(os.devnull, "wb") as devnull:
-                        r = run_measured(cmd, env=rs_env, stdout=devnull, timeout=args.timeout, interval=args.interval,
-                                         stderr_path=logdir / f"{kind}-{rep}.err", with_pss=args.pss,
-                                         settle_s=args.settle)
-                    _report_run(kind, r)
-                    res["runs"][kind].append(r)
+                for prefix, command, env in variants:      # the baseline right after, under the same load
+                    cache = Path(tempfile.mkdtemp(prefix="rankscope-bench-cache-"))
+                    caches.append(cache)
+                    cmd = command + [verb, str(data_dir), "--json", "--cache-dir", str(cache)]
+                    for kind in (prefix + k for k in kinds):
+                        print(f"[{label} #{rep + 1}] {kind}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
+                        with open(os.devnull, "wb") as devnull:
+                            r = run_measured(cmd, env=env, stdout=devnull, timeout=args.timeout,
+                                             interval=args.interval, stderr_path=logdir / f"{kind}-{rep}.err",
+                                             with_pss=args.pss, settle_s=args.settle)
+                        _report_run(kind, r)
+                        res["runs"].setdefault(kind, []).append(r)
+            cmd = rs_cmd + ["analyze", str(data_dir), "--json", "--cache-dir", str(caches[-len(variants)])]
             if not args.no_verify and run_ok("rankscope_analyze_cached", res["runs"]["rankscope_analyze_cached"][-1]):
                 chk = res["rankscope_check"] = verify_rankscope(cmd, rs_env, args.timeout)
                 if chk.get("error") or chk.get("n_rank_rows") != args.ranks:
@@ -370,23 +388,25 @@ def bench_size(mb: float, args, rs_cmd, rs_env, hta_py) -> dict:
                             res["runs"][kind][-1]["error"] = f"output check: {why}"
             for cache in caches:
                 shutil.rmtree(cache, ignore_errors=True)
-        if hta_py is not None:
-            cmd = [str(hta_py), "-c", HTA_SCRIPT, str(data_dir)]
-            print(f"[{label} #{rep + 1}] hta: TraceAnalysis(trace_dir={str(data_dir)!r})", file=sys.stderr, flush=True)
-            out_path = logdir / f"hta-{rep}.out"
+        for kind in (["hta", "hta_analyses"] if args.hta_analyses else ["hta"]) if hta_py is not None else []:
+            extra = ["analyses"] if kind == "hta_analyses" else []
+            cmd = [str(hta_py), "-c", HTA_SCRIPT, str(data_dir)] + extra
+            print(f"[{label} #{rep + 1}] {kind}: TraceAnalysis(trace_dir={str(data_dir)!r})"
+                  + (" + temporal, idle, overlap, kernel breakdowns" if extra else ""), file=sys.stderr, flush=True)
+            out_path = logdir / f"{kind}-{rep}.out"
             with open(out_path, "wb") as out:
                 r = run_measured(cmd, env=dict(os.environ), stdout=out, timeout=args.timeout,
-                                 interval=args.interval, stderr_path=logdir / f"hta-{rep}.err", with_pss=args.pss,
+                                 interval=args.interval, stderr_path=logdir / f"{kind}-{rep}.err", with_pss=args.pss,
                                  settle_s=args.settle)
-            r["cmd"] = [str(hta_py), "-c", "<HTA_SCRIPT>", str(data_dir)]
+            r["cmd"] = [str(hta_py), "-c", "<HTA_SCRIPT>", str(data_dir)] + extra
             try:
                 r["hta"] = json.loads(out_path.read_text().strip().splitlines()[-1])
             except (ValueError, IndexError):
                 r["hta"] = None
             if r["rc"] == 0 and (not r["hta"] or len(r["hta"]["ranks"]) != args.ranks):
                 r["error"] = f"HTA parsed {len((r['hta'] or {}).get('ranks', []))} of {args.ranks} ranks"
-            _report_run("hta", r)
-            res["runs"]["hta"].append(r)
+            _report_run(kind, r)
+            res["runs"][kind].append(r)
     shutil.rmtree(logdir, ignore_errors=True)
     return res
 
@@ -425,7 +445,7 @@ def summarize(res: dict, cores: dict) -> list[dict]:
         good = [r for r in runs if run_ok(kind, r)]
         if not runs:
             continue
-        row = {"tool": kind, "size": f"{res['ranks']}x{res['mb_target']:g}MB", "n": len(runs),
+        row = {"tool": kind, "size": res["set"], "n": len(runs),
                "ok": len(good) == len(runs)}
         if good:
             walls = [r["wall_s"] for r in good]
@@ -435,7 +455,7 @@ def summarize(res: dict, cores: dict) -> list[dict]:
             row["peak_rss_bytes"] = max(r["peak_rss_bytes"] for r in good)
             pss = [r["peak_pss_bytes"] for r in good if r.get("peak_pss_bytes")]
             row["peak_pss_bytes"] = max(pss) if pss else None
-            c = cores["hta" if kind == "hta" else "rankscope"]
+            c = cores["hta" if kind.startswith("hta") else "rankscope"]
             row["cores_assumed"] = c
             row["cores_busy"] = row["cpu_s"] / row["wall_s"]
             row["mb_per_s_per_core"] = res["total_bytes"] / MB / row["wall_s"] / c
@@ -455,6 +475,11 @@ def summarize(res: dict, cores: dict) -> list[dict]:
             if "wall_s" in row:
                 row["speedup_vs_hta"] = hta_wall / row["wall_s"]
                 row["rss_vs_hta"] = row["peak_rss_bytes"] / hta_rss
+    hta_an = by_kind.get("hta_analyses")
+    if hta_an and "wall_s" in hta_an:
+        for row in rows:
+            if "wall_s" in row:
+                row["speedup_vs_hta_analyses"] = hta_an["wall_s"] / row["wall_s"]
     return rows
 
 
@@ -462,7 +487,7 @@ def targets(results: list[dict]) -> list[str]:
     out = []
     for res in results:
         rows = {r["tool"]: r for r in res["summary"]}
-        size = f"{res['ranks']}x{res['mb_target']:g}MB"
+        size = res["set"]
         if not rows:
             continue
         cold, cached = rows.get("rankscope_cold", {}), rows.get("rankscope_cached", {})
@@ -484,6 +509,44 @@ def targets(results: list[dict]) -> list[str]:
                        f"{'PASS' if w <= TARGET_CACHED_S else 'FAIL'}")
         elif cached or cold:
             out.append(f"{size}: rankscope rows failed; targets not evaluated")
+        out += _analysis_targets(res, rows)
+    return out
+
+
+def _analysis_targets(res: dict, rows: dict) -> list[str]:
+    """The targets of the fast-analysis issue: analyze against validate in the same run, against
+    HTA's load + analyses, cached analyze; for one rank, analyze against its validate and memory."""
+    out, size = [], res["set"]
+    cold, an_cold, an_cached = (rows.get(k, {}) for k in ("rankscope_cold", "rankscope_analyze_cold",
+                                                          "rankscope_analyze_cached"))
+    if "wall_s" not in an_cold or "wall_s" not in cold:
+        return out
+    for kind in ("rankscope_cold", "rankscope_cached", "rankscope_analyze_cold", "rankscope_analyze_cached"):
+        base = rows.get("baseline_" + kind, {})
+        if "wall_s" in base and "wall_s" in rows.get(kind, {}):
+            out.append(f"{size}: {kind} {rows[kind]['wall_s']:.2f} s against the baseline's {base['wall_s']:.2f} s "
+                       f"({base['wall_s'] / rows[kind]['wall_s']:.2f}x)")
+    base_cold, base_an = rows.get("baseline_rankscope_cold", {}), rows.get("baseline_rankscope_analyze_cold", {})
+    if "wall_s" in base_cold and "wall_s" in base_an:
+        out.append(f"{size}: baseline analyze cold = {base_an['wall_s'] / base_cold['wall_s']:.2f}x its validate cold")
+    one_rank = res["ranks"] == 1
+    limit = TARGET_ANALYZE_PER_VALIDATE_ONE_RANK if one_rank else TARGET_ANALYZE_PER_VALIDATE
+    ratio = an_cold["wall_s"] / cold["wall_s"]
+    out.append(f"{size}: analyze cold = {ratio:.2f}x validate cold; target <= {limit:g}x: "
+               f"{'PASS' if ratio <= limit else 'FAIL'}")
+    if one_rank:
+        v = an_cold["rss_per_largest_file"]
+        out.append(f"{size}: analyze cold peak RSS = {v:.2f}x the file; target <= {TARGET_RSS_PER_LARGEST_FILE:g}x: "
+                   f"{'PASS' if v <= TARGET_RSS_PER_LARGEST_FILE else 'FAIL'}")
+        return out
+    if "speedup_vs_hta_analyses" in an_cold:
+        x = an_cold["speedup_vs_hta_analyses"]
+        out.append(f"{size}: analyze cold {x:.1f}x faster than HTA load + analyses; target >= "
+                   f"{TARGET_ANALYZE_SPEEDUP:g}x (aim {AIM_COLD_SPEEDUP:g}x): {'PASS' if x >= TARGET_ANALYZE_SPEEDUP else 'FAIL'}")
+    if "wall_s" in an_cached:
+        w = an_cached["wall_s"]
+        out.append(f"{size}: cached analyze {w:.2f} s; target <= {TARGET_ANALYZE_CACHED_S:g} s: "
+                   f"{'PASS' if w <= TARGET_ANALYZE_CACHED_S else 'FAIL'}")
     return out
 
 
@@ -493,17 +556,18 @@ def _fmt(v, spec, missing="-"):
 
 def print_table(results: list[dict], tgt: list[str]) -> None:
     head = ["set", "tool", "wall s", "MB/s/core", "cores", "busy", "peak RSS MB", "RSS/file", "speedup", "RSS/HTA",
-            "(PSS MB)"]
+            "vs HTA+an", "(PSS MB)"]
     lines = []
     for res in results:
         for r in res["summary"]:
             if "wall_s" not in r:
-                lines.append([r["size"], r["tool"], "FAILED", r.get("error", "")[:70], "", "", "", "", "", "", ""])
+                lines.append([r["size"], r["tool"], "FAILED", r.get("error", "")[:70], "", "", "", "", "", "", "", ""])
                 continue
             lines.append([r["size"], r["tool"], _fmt(r["wall_s"], ".2f"), _fmt(r["mb_per_s_per_core"], ".1f"),
                           str(r["cores_assumed"]), _fmt(r["cores_busy"], ".2f"), _fmt(r["peak_rss_bytes"] / MB, ".0f"),
                           _fmt(r["rss_per_largest_file"], ".2f"), (_fmt(r.get("speedup_vs_hta"), ".1f") + "x" if r.get("speedup_vs_hta") else "-"),
                           _fmt(r.get("rss_vs_hta"), ".2f"),
+                          (_fmt(r.get("speedup_vs_hta_analyses"), ".1f") + "x" if r.get("speedup_vs_hta_analyses") else "-"),
                           _fmt(r["peak_pss_bytes"] / MB if r.get("peak_pss_bytes") else None, ".0f")])
     widths = [max(len(h), *(len(l[i]) for l in lines if l[2] != "FAILED" or i < 3)) if lines else len(h)
               for i, h in enumerate(head)]
@@ -517,13 +581,16 @@ def print_table(results: list[dict], tgt: list[str]) -> None:
     for res in results:
         chk = res.get("rankscope_check")
         hta_runs = [r for r in res["runs"]["hta"] if r.get("hta")]
-        size = f"{res['ranks']}x{res['mb_target']:g}MB"
+        size = res["set"]
         print(f"{size}: {res['files']} files, {res['total_bytes'] / MB:.0f} MB total, largest {res['largest_file_bytes'] / MB:.1f} MB, "
               f"{res['copies_of_base']} copies of the base ({res['events_per_rank']} events/rank)")
         if hta_runs:
             h = hta_runs[-1]["hta"]
             print(f"    HTA {h['hta_version']}: parsed ranks {h['ranks']}, import {h['import_s']:.1f} s, "
                   f"load {h['load_s']:.1f} s, rows/rank {sorted(set(h['rows_per_rank'].values()))}")
+        for r in res["runs"]["hta_analyses"][-1:]:
+            if r.get("hta"):
+                print(f"    HTA + analyses: load {r['hta']['load_s']:.1f} s, analyses {r['hta']['analyses_s']:.1f} s")
         if chk:
             print(f"    rankscope check: {json.dumps(chk)[:200]}")
     print("targets (from the issue):")
@@ -535,10 +602,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mb", type=float, nargs="+", default=[50.0, 200.0], help="MB per rank to run (default 50 200)")
     ap.add_argument("--ranks", type=int, default=8)
+    ap.add_argument("--keep-step-numbers", action="store_true",
+                    help="the time-replicated copies keep the base's step numbers (fewer, longer steps)")
     ap.add_argument("--repeat", type=int, default=1, help="runs per tool and size (table: median wall, max RSS)")
     ap.add_argument("--skip-hta", action="store_true")
+    ap.add_argument("--hta-analyses", action="store_true",
+                    help="also run HTA's load followed by its temporal, idle-time, overlap and kernel breakdowns")
     ap.add_argument("--skip-rankscope", action="store_true")
     ap.add_argument("--rankscope", default=None, help="command to run instead of the project's rankscope, e.g. 'rankscope'")
+    ap.add_argument("--baseline", default=None, metavar="CMD",
+                    help="another rankscope command (e.g. an older checkout: 'env PYTHONPATH=/path/to/old/src "
+                         ".venv/bin/python -m rankscope') run right after each rankscope row, as baseline_* rows")
     ap.add_argument("--no-verify", action="store_true", help="skip the untimed rankscope run that checks all ranks loaded")
     ap.add_argument("--data-dir", default=None, help="where scale sets live (default benchmarks/data)")
     ap.add_argument("--interval", type=float, default=0.02, help="RSS polling interval, s (default 0.02)")

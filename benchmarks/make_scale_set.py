@@ -21,6 +21,9 @@ How a rank file is made
   is offset by ``k * id_stride`` (one stride for all of them, so equalities between fields such as
   flow ``id`` == ``correlation`` survive).
 * ``ProfilerStep#N`` becomes ``ProfilerStep#(N + k * steps_per_copy)``: step numbers keep increasing.
+  With ``--keep-step-numbers`` every copy keeps the base's numbers (ProfilerStep#550..554 again and
+  again): the same events in fewer, longer steps, so that a cost per step shows against a cost per
+  event (folder suffix ``-samesteps``).
 * Trace-level events appear once: metadata (``ph: M``), the ``Iteration Start`` instant and the
   ``cat: Trace`` span (its ``dur`` stretched over all copies) come from copy 0; ``Record Window End`` is
   moved after the last copy.
@@ -81,8 +84,12 @@ def default_corpus() -> Path:
     return base / "hta-negative-queue" / "rank0.json.gz"
 
 
-def default_out(ranks: int, mb: float) -> Path:
-    return HERE / "data" / f"{ranks}x{mb:g}MB"
+def set_name(ranks: int, mb: float, keep_step_numbers: bool = False) -> str:
+    return f"{ranks}x{mb:g}MB" + ("-samesteps" if keep_step_numbers else "")
+
+
+def default_out(ranks: int, mb: float, keep_step_numbers: bool = False) -> Path:
+    return HERE / "data" / set_name(ranks, mb, keep_step_numbers)
 
 
 def stamp_path(out: Path) -> Path:
@@ -232,7 +239,8 @@ def shift_event_text(text: str, obj: dict, ts_shift: int, dur_add: int = 0) -> s
     return text
 
 
-def write_rank(base: Base, path: Path, rank: int, world: int, copies: int, seed: int) -> int:
+def write_rank(base: Base, path: Path, rank: int, world: int, copies: int, seed: int,
+               keep_step_numbers: bool = False) -> int:
     shifts = shifts_for(rank, copies, base, seed)
     n_slots = len(base.vals)
     parts: list[str] = [None] * (2 * n_slots + 1)  # type: ignore[list-item]
@@ -250,7 +258,7 @@ def write_rank(base: Base, path: Path, rank: int, world: int, copies: int, seed:
             if k:
                 put(base.sep)
             new = base.vals + shift * base.is_ts + (k * base.id_stride) * base.is_id \
-                + (k * base.steps_per_copy) * base.is_step
+                + (0 if keep_step_numbers else k * base.steps_per_copy) * base.is_step
             parts[1::2] = list(map(str, new.tolist()))
             put("".join(parts))
         last_shift = shifts[-1]
@@ -273,14 +281,16 @@ def file_digest(path: Path) -> str:
 
 
 def build(mb: float, ranks: int, out: Path | None = None, base_path: Path | None = None,
-          seed: int = 0, force: bool = False, quiet: bool = False) -> dict:
+          seed: int = 0, force: bool = False, quiet: bool = False, keep_step_numbers: bool = False) -> dict:
     """Make (or reuse) the set; returns the stamp dict (params, files, sizes)."""
     base_path = Path(base_path or default_corpus())
-    out = Path(out or default_out(ranks, mb))
+    out = Path(out or default_out(ranks, mb, keep_step_numbers))
     if not base_path.exists():
         raise SystemExit(f"base trace not found: {base_path} (set RANKSCOPE_CORPUS or --base)")
     params = {"generator_version": GENERATOR_VERSION, "base_sha256": file_digest(base_path),
               "mb": mb, "ranks": ranks, "seed": seed, "gap_us": GAP_US, "jitter_max_us": JITTER_MAX_US}
+    if keep_step_numbers:
+        params["keep_step_numbers"] = True
     sp = stamp_path(out)
     if not force and sp.exists():
         try:
@@ -305,7 +315,7 @@ def build(mb: float, ranks: int, out: Path | None = None, base_path: Path | None
     files = {}
     for r in range(ranks):
         p = out / f"rank{r}.pt.trace.json"
-        files[p.name] = write_rank(base, p, r, ranks, copies, seed)
+        files[p.name] = write_rank(base, p, r, ranks, copies, seed, keep_step_numbers)
         if not quiet:
             print(f"  wrote {p} ({files[p.name] / MB:.1f} MB)", file=sys.stderr)
     stamp = {
@@ -315,7 +325,8 @@ def build(mb: float, ranks: int, out: Path | None = None, base_path: Path | None
         "base_bytes": base.size,
         "base_events": base.n_events,
         "events_per_rank": len(base.first) + len(base.last) + copies * (base.n_events - len(base.first) - len(base.last)),
-        "steps_per_rank": [base.steps[0], base.steps[0] + copies * base.steps_per_copy - 1] if base.steps else [],
+        "steps_per_rank": ([base.steps[0], base.steps[-1] if keep_step_numbers else
+                            base.steps[0] + copies * base.steps_per_copy - 1] if base.steps else []),
         "id_stride": base.id_stride,
         "files": files,
         "total_bytes": sum(files.values()),
@@ -340,13 +351,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base", type=Path, default=None, help="base rank trace (.json or .json.gz)")
     ap.add_argument("--seed", type=int, default=0, help="jitter seed")
     ap.add_argument("--force", action="store_true", help="regenerate even if the stamp matches")
+    ap.add_argument("--keep-step-numbers", action="store_true",
+                    help="every copy keeps the base's step numbers (fewer, longer steps); folder suffix -samesteps")
     a = ap.parse_args(argv)
     if a.out and len(a.mb) > 1:
         ap.error("--out takes a single --mb")
     if a.ranks < 1:
         ap.error("--ranks must be >= 1")
     for mb in a.mb:
-        build(mb, a.ranks, a.out, a.base, a.seed, a.force)
+        build(mb, a.ranks, a.out, a.base, a.seed, a.force, keep_step_numbers=a.keep_step_numbers)
     return 0
 
 

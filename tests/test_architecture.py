@@ -20,6 +20,7 @@ ALLOWED: dict[str, set[str]] = {
     "numbers": set(),
     "hardware": set(),
     "thresholds": set(),
+    "interrupt": set(),
     "model": {"units"},
     "synth": set(),
     "ingest": {"files", "model", "units", "numbers"},

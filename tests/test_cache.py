@@ -9,6 +9,8 @@ import os
 import re
 import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -261,3 +263,33 @@ def test_read_only_populated_cache_is_still_read(rank0: Path, tmp_path: Path):
     finally:
         for p in [cache.root, *cache.root.rglob("*")]:
             p.chmod(p.stat().st_mode | stat.S_IWUSR)
+
+
+CONCURRENT_DECODE = '''
+import sys, threading
+from rankscope.pipelines.job import decode_summary
+blobs = [open(p, "rb").read() for p in sys.argv[1:]]
+barrier = threading.Barrier(8)
+def decode(k):
+    barrier.wait()
+    assert decode_summary(blobs[k % len(blobs)]) is not None
+threads = [threading.Thread(target=decode, args=(k,)) for k in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+'''
+
+
+def test_cached_summaries_decoded_by_threads_at_once(corpus: Path, tmp_path: Path):
+    """Eight worker threads decoding cached summaries at the same instant, first thing in a fresh
+    process (what a cached `analyze` with the thread engine does): with one msgpack decode per
+    thread, msgspec's first-use set-up raced and crashed the process in about half of these runs."""
+    cache = tmp_path / "cache"
+    assert run_cli(["analyze", corpus / DLRM, "--cache-dir", cache, "--json"], tmp_path).returncode == 0
+    blobs = sorted(cache.rglob("summary-*.msgpack"))
+    assert len(blobs) == len(corpus_files(corpus, DLRM))
+    for _ in range(6):
+        proc = subprocess.run([sys.executable, "-c", CONCURRENT_DECODE] + [str(b) for b in blobs],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]

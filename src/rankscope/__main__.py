@@ -1,25 +1,10 @@
 """`rankscope ...` and `python -m rankscope ...`: the command line.
 
 Importing the commands (numpy, polars) takes most of a second; a Ctrl-C in that time ends as one
-during a command does: one line `rankscope: interrupted`, exit code 130, no traceback."""
+during a command does (`rankscope.interrupt`)."""
 from __future__ import annotations
 
-import os
-import sys
-
-INTERRUPTED_EXIT_CODE = 130
-
-
-def exit_interrupted() -> None:
-    """Say so in one line and leave at once (os._exit: worker threads still parsing are not
-    waited for)."""
-    try:
-        sys.stderr.write("rankscope: interrupted\n")
-        sys.stderr.flush()
-        sys.stdout.flush()
-    except (OSError, ValueError):
-        pass
-    os._exit(INTERRUPTED_EXIT_CODE)
+from rankscope.interrupt import exit_interrupted
 
 
 def run() -> None:

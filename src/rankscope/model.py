@@ -16,6 +16,7 @@ Per rank, `RankTrace` holds polars frames:
 from __future__ import annotations
 
 import re
+import weakref
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -121,7 +122,22 @@ def names_matching(frame: pl.DataFrame, pattern: str | re.Pattern) -> list[str]:
     """The distinct names of `frame` that match `pattern` (regex search). Filter rows with
     `pl.col("name").is_in(...)` on these instead of a string match on every row."""
     rx = re.compile(pattern) if isinstance(pattern, str) else pattern
-    return [n for n in frame["name"].unique().cast(pl.String).to_list() if n and rx.search(n)]
+    return [n for n in distinct_names(frame) if rx.search(n)]
+
+
+_distinct_names: dict[int, list[str]] = {}
+
+
+def distinct_names(frame: pl.DataFrame) -> list[str]:
+    """The non-empty distinct names of `frame`, found once per frame while it lives (the analyses
+    of a rank ask a dozen patterns of the same event frame; frames are never changed in place)."""
+    key = id(frame)
+    names = _distinct_names.get(key)
+    if names is None:
+        names = [n for n in frame["name"].unique().cast(pl.String).to_list() if n]
+        _distinct_names[key] = names
+        weakref.finalize(frame, _distinct_names.pop, key, None)
+    return names
 
 
 #: Step annotation, DataLoader span and synchronization names (used by analyses).

@@ -63,13 +63,14 @@ def covered_between(u_starts: np.ndarray, u_ends: np.ndarray, a: np.ndarray, b: 
     """Length of [a_i, b_i) covered by the disjoint sorted intervals (output of `union`)."""
     a = np.asarray(a, dtype=np.int64)
     b = np.asarray(b, dtype=np.int64)
-    return np.maximum(_covered_before(u_starts, u_ends, b) - _covered_before(u_starts, u_ends, a), 0)
+    if len(u_starts) == 0:
+        return np.zeros(len(a), dtype=np.int64)
+    prefix = np.concatenate(([0], np.cumsum(u_ends - u_starts)))
+    return np.maximum(_covered_before(u_starts, u_ends, prefix, b) - _covered_before(u_starts, u_ends, prefix, a), 0)
 
 
-def _covered_before(s: np.ndarray, e: np.ndarray, t: np.ndarray) -> np.ndarray:
-    if len(s) == 0:
-        return np.zeros(len(t), dtype=np.int64)
-    prefix = np.concatenate(([0], np.cumsum(e - s)))
+def _covered_before(s: np.ndarray, e: np.ndarray, prefix: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Length of the intervals covered before t; `prefix`: the cumulative lengths, 0 first."""
     i = np.searchsorted(e, t, side="right")          # intervals ending at or before t
     partial = np.zeros(len(t), dtype=np.int64)
     inside = i < len(s)

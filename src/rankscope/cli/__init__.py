@@ -9,7 +9,7 @@ import gc
 
 import click
 
-from rankscope.__main__ import exit_interrupted
+from rankscope.interrupt import exit_interrupted
 from rankscope.version import __version__
 from rankscope.cli import analyze, calibrate, diff, export, memory, mfu, nccl, synth, thresholds, validate
 

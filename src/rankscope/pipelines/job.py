@@ -10,6 +10,7 @@ import ctypes
 import dataclasses
 import functools
 import gc
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -80,6 +81,8 @@ def share_strings(obj: Any, pool: dict[str, str]) -> Any:
     synth ranks, 49 KB of a summary's 127 KB of Python objects outside its collectives are strings,
     35 KB of them the same on every rank. Dicts and tuples are rebuilt, lists, msgspec Structs and
     (non-frozen) dataclasses changed in place; everything else is left as it is."""
+    if type(obj) in _NUMBERS:
+        return obj
     if isinstance(obj, str):
         return pool.setdefault(obj, obj)
     if isinstance(obj, dict):
@@ -130,23 +133,40 @@ def _trim_heap() -> None:
         pass
 
 
+_summary_decoder: msgspec.msgpack.Decoder | None = None
+_summary_decoder_lock = threading.Lock()
+
+
+def decode_summary(blob: bytes) -> RankSummary | None:
+    """A cached summary; None when damaged or from an older layout. One decoder serves every
+    thread, made under a lock: msgspec works out how to decode a type on its first use, and two
+    worker threads doing that at once crashed the process (a segmentation fault in about one
+    cached `analyze` in 40, msgspec 0.22)."""
+    global _summary_decoder
+    with _summary_decoder_lock:
+        if _summary_decoder is None:
+            from rankscope.analyses.rank.summary import RankSummary
+            _summary_decoder = msgspec.msgpack.Decoder(RankSummary)
+    try:
+        return _summary_decoder.decode(blob)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
 def _summary(task: _Task) -> RankSummary:
     from rankscope.analyses import code_fingerprint
-    from rankscope.analyses.rank.summary import RankSummary, summarize_rank
+    from rankscope.analyses.rank.summary import summarize_rank
     if not task.use_cache:
         return summarize_rank(read_trace(task.path)[0])
     cache = Cache(task.cache_dir)
     key = content_key(task.path)
     blob_name = f"summary-{code_fingerprint()}.msgpack"
     blob = cache.get_blob(key, blob_name)
-    if blob is not None:
-        try:
-            summary = msgspec.msgpack.decode(blob, type=RankSummary)
-            summary.meta.file = task.path
-            summary.from_cache = True
-            return summary
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            pass                      # damaged, or from an older layout: recompute and rewrite
+    summary = decode_summary(blob) if blob is not None else None
+    if summary is not None:           # else: none, damaged or from an older layout: recompute and rewrite
+        summary.meta.file = task.path
+        summary.from_cache = True
+        return summary
     trace, cached = load_rank(task.path, cache, key=key)
     summary = summarize_rank(trace)
     cache.put_blob(key, blob_name, msgspec.msgpack.encode(summary))

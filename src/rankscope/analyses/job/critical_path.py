@@ -363,67 +363,110 @@ def _last_in_step(r: _Rank, s: int) -> int | None:
 
 
 # ---------------------------------------------------------------------------------------- what-if
+class _StepPlan:
+    """What re-timing step s needs that no change alters, taken once and re-timed per what-if:
+    the instances in arrival order, what each one's window started after (the step start, an
+    earlier instance of the step, or a fixed time in an earlier step), its pre-arrival window per
+    category, its link, and per rank the last instance and the tail. Instances are numbered by
+    arrival and re-timed in that order; a link member outside the step is number n, which never
+    arrives."""
+
+    def __init__(self, s: int, rk: dict[int, _Rank], links: _Links):
+        self.ranks = list(rk)
+        row_of = {r: k for k, r in enumerate(self.ranks)}
+        keys = [(r, i) for _, r, i in sorted((int(r.a[i]), r.rank, i) for r in rk.values()
+                                                for i in r.by_step.get(s, []))]
+        n = len(keys)
+        pos = {key: k for k, key in enumerate(keys)}
+        self.rank_row = np.array([row_of[r] for r, _ in keys], dtype=np.int64)
+        self.pre = np.array([rk[r].pre[i] for r, i in keys], dtype=np.float64) if keys else np.zeros((0, _N))
+        self.arrival = [float(rk[r].a[i]) for r, i in keys]
+        self.duration = [float(rk[r].e[i] - rk[r].a[i]) for r, i in keys]
+        self.dim = [rk[r].dim[i] for r, i in keys]
+        self.after: list[tuple[int, float | int]] = []     # (0, start) | (1, earlier instance) | (2, fixed time)
+        self.members: list[list[int] | None] = []
+        self.last_member: list[int] = []                    # the link's latest-numbered member (n: none)
+        numbered: dict[int, tuple[list[int], int]] = {}
+        self.transfer: list[float] = []                     # after the link's last arrival
+        for r, i in keys:
+            rank = rk[r]
+            start = rank.steps[s][0]
+            w = int(rank.w[i])
+            dep = rank.latest_end_at_or_before(w) if w > start else None
+            if dep is None or dep == i:
+                self.after.append((0, float(start)))
+            elif rank.step[dep] == s:
+                self.after.append((1, pos[(r, dep)]))
+            else:                          # it ended in an earlier step: a fixed time
+                self.after.append((2, float(max(w, start))))
+            cid = links.of.get((r, i))
+            if cid is not None and cid not in numbered:     # one list per link, shared by its members
+                members = [pos.get(m, n) for m in links.members[cid]]
+                numbered[cid] = (members, max(members))
+            members, last = numbered[cid] if cid is not None else (None, n)
+            self.members.append(members)
+            self.last_member.append(last)
+            self.transfer.append(0.0 if cid is None else float(max(rank.e[i] - links.last_arrival[cid], 0)))
+        self.ends = []                     # per rank: (row, its last instance, step start, tail per category)
+        for r in rk.values():
+            last = _last_in_step(r, s)
+            self.ends.append((row_of[r.rank], pos[(r.rank, last)] if last is not None else None,
+                              float(r.steps[s][0]), r.tail.get(s)))
+
+    def retime(self, mult: np.ndarray, free_dims: frozenset = frozenset()) -> float:
+        """The step's duration (ns, latest end - earliest start) with rank row k's categories scaled
+        by mult[k] and the collectives of `free_dims` costing no transfer."""
+        window = np.einsum("ij,ij->i", self.pre, mult[self.rank_row]).tolist()
+        n = len(window)
+        new_a: list[float] = list(self.arrival)
+        new_e: list[float | None] = [None] * n
+        arrived = 0                        # instances 0 .. arrived-1 have their new arrival
+
+        def end_of(k: int) -> float:
+            v = new_e[k]
+            if v is None:
+                if self.last_member[k] >= arrived:       # not a link, or a member has not arrived yet
+                    v = (new_a[k] if k < arrived else self.arrival[k]) + self.duration[k]
+                else:
+                    v = max(map(new_a.__getitem__, self.members[k])) + (
+                        0.0 if self.dim[k] in free_dims else self.transfer[k])
+                new_e[k] = v
+            return v
+
+        for k, (kind, value) in enumerate(self.after):
+            new_a[k] = (end_of(value) if kind == 1 else value) + window[k]
+            arrived = k + 1
+        ends = [(end_of(last) if last is not None else start) + (float(tail @ mult[row]) if tail is not None else 0.0)
+                for row, last, start, tail in self.ends]
+        return max(ends) - min(start for _, _, start, _ in self.ends)
+
+    def scales(self, mult: dict[int, np.ndarray]) -> np.ndarray:
+        """Per rank row, its categories' scale (1 where `mult` says nothing)."""
+        out = np.ones((len(self.ranks), _N))
+        for k, r in enumerate(self.ranks):
+            if r in mult:
+                out[k] = mult[r]
+        return out
+
+
 def _retime(s: int, rk: dict[int, _Rank], links: _Links, mult: dict[int, np.ndarray],
             free_dims: frozenset = frozenset()) -> float:
     """The job's step s re-timed (ns, latest end - earliest start) with each rank's categories scaled
     by `mult[rank]` (default 1) and the collectives of `free_dims` costing no transfer."""
-    one = np.ones(_N)
-    order = sorted(((int(r.a[i]), r.rank, i) for r in rk.values() for i in r.by_step.get(s, [])))
-    new_a: dict[tuple[int, int], float] = {}
-    new_e: dict[tuple[int, int], float] = {}
-
-    def end_of(key: tuple[int, int]) -> float:
-        if key in new_e:
-            return new_e[key]
-        r, i = key
-        cid = links.of.get(key)
-        if cid is None or any(m not in new_a for m in links.members[cid]):
-            v = new_a.get(key, float(rk[r].a[i])) + float(rk[r].e[i] - rk[r].a[i])
-        else:
-            transfer = 0.0 if rk[r].dim[i] in free_dims else float(max(rk[r].e[i] - links.last_arrival[cid], 0))
-            v = max(new_a[m] for m in links.members[cid]) + transfer
-        new_e[key] = v
-        return v
-
-    for _, r, i in order:
-        rank = rk[r]
-        start = rank.steps[s][0]
-        w = int(rank.w[i])
-        dep = rank.latest_end_at_or_before(w) if w > start else None
-        if dep is None or dep == i:
-            base = float(start)
-        elif rank.step[dep] == s:
-            base = end_of((r, dep))
-        else:                          # it ended in an earlier step: a fixed time
-            base = float(max(w, start))
-        new_a[(r, i)] = base + float(rank.pre[i] @ mult.get(r, one))
-    ends, starts = [], []
-    for r in rk.values():
-        start, end = r.steps[s]
-        last = _last_in_step(r, s)
-        base = end_of((r.rank, last)) if last is not None else float(start)
-        tail = r.tail.get(s)
-        ends.append(base + (float(tail @ mult.get(r.rank, one)) if tail is not None else 0.0))
-        starts.append(start)
-    return max(ends) - min(starts)
+    plan = _StepPlan(s, rk, links)
+    return plan.retime(plan.scales(mult), free_dims)
 
 
 def _what_ifs(cp: CriticalPath, rk: dict[int, _Rank], links: _Links, steps: list[int],
               parallel: ParallelReport | None, t: Thresholds) -> list[WhatIf]:
-    baseline = {s: _retime(s, rk, links, {}) for s in steps}
-
-    def saved(mult: dict[int, np.ndarray], free: frozenset = frozenset()) -> float:
-        diffs = [baseline[s] - _retime(s, rk, links, mult, free) for s in steps]
-        return round(float(np.mean(diffs)) / NS_PER_MS, 3) if diffs else 0.0
-
-    out = []
+    changes: list[tuple[WhatIf, dict[int, np.ndarray], frozenset]] = []    # each: its scales, its free dims
     min_ms = t["critical_path_what_if_min_pct"] * cp.step_ms / 100.0
     for x in cp.by_rank_category:
         c = "idle_other" if x.category == "host_idle" else x.category
-        if c in REMOVABLE and x.ms_per_step >= min_ms and len(out) < 4:
+        if c in REMOVABLE and x.ms_per_step >= min_ms and len(changes) < 4:
             m = np.ones(_N)
             m[CATEGORIES.index(c)] = 0.0
-            out.append(WhatIf(x.rank, f"rank {x.rank}: {REMOVABLE[c]}", saved({x.rank: m})))
+            changes.append((WhatIf(x.rank, f"rank {x.rank}: {REMOVABLE[c]}", 0.0), {x.rank: m}, frozenset()))
     # the ranks most on the path, when they compute more than the median rank: at its pace
     median_compute = float(np.median([r.compute_ns for r in rk.values()]))
     on_path: dict[int, float] = {}
@@ -434,13 +477,13 @@ def _what_ifs(cp: CriticalPath, rk: dict[int, _Rank], links: _Links, steps: list
         if len(rk) > 1 and own > median_compute * (1.0 + t["critical_path_what_if_min_pct"] / 100.0):
             m = np.ones(_N)
             m[list(_COMPUTE)] = median_compute / own
-            out.append(WhatIf(r, f"rank {r}: compute at the median rank's pace ({own / NS_PER_MS:,.1f} -> "
-                                 f"{median_compute / NS_PER_MS:,.1f} ms per step)", saved({r: m})))
+            changes.append((WhatIf(r, f"rank {r}: compute at the median rank's pace ({own / NS_PER_MS:,.1f} -> "
+                                      f"{median_compute / NS_PER_MS:,.1f} ms per step)", 0.0), {r: m}, frozenset()))
     if parallel is not None:
         for d in parallel.layout.dims:
             if d.name != "pp":
-                out.append(WhatIf(None, f"{d.name} communication fully overlapped (each collective costs only the "
-                                        f"wait for its last member)", saved({}, frozenset({d.name}))))
+                changes.append((WhatIf(None, f"{d.name} communication fully overlapped (each collective costs only "
+                                             f"the wait for its last member)", 0.0), {}, frozenset({d.name})))
         p = parallel.pipeline
         if p is not None and len(p.stages) > 1 and p.bottleneck_stage is not None:
             mean = float(np.mean([st.compute_ms_per_step for st in p.stages]))
@@ -451,5 +494,15 @@ def _what_ifs(cp: CriticalPath, rk: dict[int, _Rank], links: _Links, steps: list
                     m = np.ones(_N)
                     m[list(_COMPUTE)] = f
                     mult[r] = m
-            out.append(WhatIf(None, "pipeline stages balanced (each stage's compute at the stages' mean)", saved(mult)))
-    return out
+            changes.append((WhatIf(None, "pipeline stages balanced (each stage's compute at the stages' mean)", 0.0),
+                            mult, frozenset()))
+    # saved = the unchanged re-timing minus the changed one, mean over the steps; one step's plan at a time
+    saved = np.zeros((len(steps), len(changes)))
+    for k, s in enumerate(steps):
+        plan = _StepPlan(s, rk, links)
+        unchanged = plan.retime(plan.scales({}))
+        for c, (_, mult, free) in enumerate(changes):
+            saved[k, c] = unchanged - plan.retime(plan.scales(mult), free)
+    for c, (what, _, _) in enumerate(changes):
+        what.step_ms_saved = round(float(saved[:, c].mean()) / NS_PER_MS, 3) if len(steps) else 0.0
+    return [what for what, _, _ in changes]

@@ -84,6 +84,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import msgspec
 import numpy as np
 import polars as pl
 
@@ -693,7 +694,7 @@ class CrossRank:
             "clock": self.clock.as_dict(),
             "ranks": [dataclasses.asdict(r) for r in rep.ranks],
             "thresholds": dict(rep.thresholds),
-            "critical_path": dataclasses.asdict(self.critical_path) if self.critical_path else None,
+            "critical_path": msgspec.to_builtins(self.critical_path) if self.critical_path else None,   # asdict: 12x slower
             **(self.parallel.as_dict() if self.parallel else
                {"parallelism": {"layout": "", "dims": []}, "pipeline": None, "experts": None, "comm_by_dim_ms": {}}),
         }

@@ -30,7 +30,9 @@ The cross-rank matching of these records is `analyses/job/matching.py`.
 """
 from __future__ import annotations
 
+import functools
 import json
+import math
 import re
 import sys
 import zlib
@@ -39,11 +41,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
+from rankscope.analyses.rank import views
 from rankscope.analyses.rank.breakdown import CATEGORIES, Timeline, classify_timeline
 from rankscope.analyses.rank.groups import (ROLE_PRECEDENCE, Group, assign_unnamed, dim_of_desc, parse_ranks,
                                           rank_groups, role_dim)
 from rankscope.analyses.rank.steps import step_windows
-from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, Kind, KernelClass, RankTrace, names_matching
+from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, KernelClass, RankTrace, names_matching
 
 DEFAULT_PG = "default"
 
@@ -269,6 +272,7 @@ def _matrix(v, n: int) -> np.ndarray:
     return flat.reshape(n, len(CATEGORIES))
 
 
+@functools.lru_cache(maxsize=4096)              # ops repeat the same shapes
 def _first_tensor_nelems(dims_json: str | None) -> int:
     """Elements of the first argument of `Input Dims`: a tensor ([d0, d1]) or a tensor list
     ([[d0], [d1]]): the product, or the sum of products. -1 when absent."""
@@ -284,13 +288,14 @@ def _first_tensor_nelems(dims_json: str | None) -> int:
     if not isinstance(first, list) or not first:
         return -1
     if all(isinstance(d, int) for d in first):
-        return int(np.prod(first)) if first else -1
+        return math.prod(first) if first else -1
     if all(isinstance(t, list) and all(isinstance(d, int) for d in t) for t in first):
-        total = sum(int(np.prod(t)) for t in first if t)
+        total = sum(math.prod(t) for t in first if t)
         return total if total > 0 else -1
     return -1
 
 
+@functools.lru_cache(maxsize=4096)
 def _first_type(types_json: str | None) -> str | None:
     if not types_json:
         return None
@@ -416,8 +421,7 @@ def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows
     orphan = [False] * n
     host = ev.filter(pl.col("kind").is_in([int(k) for k in HOST_OP_KINDS]))
     if out.source == "device":
-        launch = ev.filter(pl.col("kind").is_in([int(Kind.RUNTIME), int(Kind.DRIVER)]) & (pl.col("correlation") >= 0)) \
-            .select("correlation", "pid", "tid", pl.col("ts_ns").alias("t_ns")).unique("correlation", keep="first")
+        launch = views.first_launches(trace).select("correlation", "pid", "tid", pl.col("ts_ns").alias("t_ns"))
         pts = inst.with_row_index("idx").select(pl.col("idx").cast(pl.Int64), "correlation") \
             .join(launch, on="correlation", how="inner").select("idx", "pid", "tid", "t_ns") \
             .with_columns(pl.col("pid", "tid", "t_ns").cast(pl.Int64))

@@ -14,8 +14,9 @@ import msgspec
 import numpy as np
 import polars as pl
 
+from rankscope.analyses.rank import views
 from rankscope.analyses.rank.steps import step_windows
-from rankscope.model import DEVICE_KINDS, Kind, RankTrace
+from rankscope.model import Kind, RankTrace
 from rankscope.units import NS_PER_MS
 
 #: GEMM ops -> positions of the two matrices in `Input Dims` (torch's with_flops: mat1, mat2).
@@ -42,19 +43,18 @@ class RankFlops(msgspec.Struct):
 
 def rank_flops(trace: RankTrace) -> RankFlops:
     """Steps, device and per-step traced FLOPs of one rank (see module docstring)."""
-    ev = trace.events.with_row_index("row").with_columns(pl.col("row").cast(pl.Int64))
     wf = step_windows(trace).frame
-    out = rank_steps(trace.meta.rank, trace.meta.devices, _kernel_device(ev), wf["step"].to_list(),
+    out = rank_steps(trace.meta.rank, trace.meta.devices, _kernel_device(trace), wf["step"].to_list(),
                       (wf["duration_ns"].to_numpy() / NS_PER_MS).tolist())
-    ops = ev.filter(pl.col("kind") == int(Kind.CPU_OP)).select("row", "name", "ts_ns")
-    args = trace.op_args.select("row", "flops", pl.col("input_dims").cast(pl.String),
-                                pl.col("input_types").cast(pl.String))
+    ops = views.with_rows(trace, [Kind.CPU_OP]).select("row", "name", "ts_ns")
+    args = trace.op_args.select("row", "flops", "input_dims", "input_types")
+    as_text = pl.col("input_dims", "input_types").cast(pl.String)      # on the few rows kept, not on all
     with_flops = ops.join(args.filter(pl.col("flops").is_not_nan() & (pl.col("flops") > 0)), on="row")
     if with_flops.height:
         out.source, ts, flops = "flops_args", with_flops["ts_ns"].to_numpy(), with_flops["flops"].to_numpy()
-        gemms = with_flops.filter(pl.col("name").cast(pl.String).is_in(list(GEMM_INPUTS)))
+        gemms = with_flops.filter(pl.col("name").is_in(list(GEMM_INPUTS))).with_columns(as_text)
     else:
-        gemms = ops.filter(pl.col("name").cast(pl.String).is_in(list(GEMM_INPUTS))).join(args, on="row")
+        gemms = ops.filter(pl.col("name").is_in(list(GEMM_INPUTS))).join(args, on="row").with_columns(as_text)
         gemms = gemms.with_columns(pl.Series("flops", [_gemm_flops(n, d) for n, d in
                                                        zip(gemms["name"].cast(pl.String), gemms["input_dims"])],
                                              dtype=pl.Float64)).filter(pl.col("flops") > 0)
@@ -79,8 +79,8 @@ def rank_steps(rank: int, devices: list[dict], device_id: int | None, steps: lis
                      step_ms=step_ms)
 
 
-def _kernel_device(ev: pl.DataFrame) -> int | None:
-    dev = ev.filter(pl.col("kind").is_in([int(k) for k in DEVICE_KINDS]) & (pl.col("device") >= 0))["device"]
+def _kernel_device(trace: RankTrace) -> int | None:
+    dev = views.device_events(trace).filter(pl.col("device") >= 0)["device"]
     return int(dev.mode().sort()[0]) if len(dev) else None
 
 

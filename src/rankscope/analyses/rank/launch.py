@@ -46,6 +46,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import sorted_unique, union
+from rankscope.analyses.rank import views
 from rankscope.analyses.rank.temporal import hta_scope
 from rankscope.model import DEVICE_KINDS, Kind, KernelClass, RankTrace
 from rankscope.units import NS_PER_US, NS_PER_MS
@@ -158,17 +159,21 @@ def _downsample(t: np.ndarray, v: np.ndarray, bins: int) -> dict[str, np.ndarray
     return {"start": edges[:-1], "max": mx, "mean": mean}
 
 
-def _linked_launches(ev: pl.DataFrame, names: list[str]) -> pl.DataFrame:
-    """Host launch calls named in `names` joined with their device events (one row per device event)."""
-    calls = ev.filter(pl.col("kind").is_in(_HOST_CALLS) & (pl.col("correlation") >= 0)
-                      & pl.col("name").cast(pl.String).is_in(names))
-    dev = ev.filter(pl.col("kind").is_in(_DEVICE) & (pl.col("correlation") >= 0))
-    return (calls.select("correlation", pl.col("ts_ns").alias("cpu_ts_ns"), pl.col("dur_ns").alias("cpu_dur_ns"),
-                         pl.col("name").cast(pl.String).alias("launch_name"))
-            .unique("correlation", keep="first", maintain_order=True)
-            .join(dev.select("correlation", "row", "device", "stream", pl.col("ts_ns").alias("gpu_ts_ns"),
-                             pl.col("dur_ns").alias("gpu_dur_ns"), pl.col("name").cast(pl.String).alias("kernel")),
-                  on="correlation", how="inner"))
+def _linked_launches(trace: RankTrace, include_last_step: bool, names: list[str]) -> pl.DataFrame:
+    """Host launch calls named in `names` joined with their device events (one row per device
+    event), in HTA's event scope; made once per trace for the launch statistics and the queue length."""
+    def make() -> pl.DataFrame:
+        ev = hta_scope(trace, include_last_step)
+        calls = ev.filter(pl.col("kind").is_in(_HOST_CALLS) & (pl.col("correlation") >= 0)
+                          & pl.col("name").is_in(names))
+        dev = ev.filter(pl.col("kind").is_in(_DEVICE) & (pl.col("correlation") >= 0))
+        return (calls.filter(pl.col("correlation").is_first_distinct())
+                .select("correlation", pl.col("ts_ns").alias("cpu_ts_ns"), pl.col("dur_ns").alias("cpu_dur_ns"),
+                        pl.col("name").cast(pl.String).alias("launch_name"))
+                .join(dev.select("correlation", "row", "device", "stream", pl.col("ts_ns").alias("gpu_ts_ns"),
+                                 pl.col("dur_ns").alias("gpu_dur_ns"), pl.col("name").cast(pl.String).alias("kernel")),
+                      on="correlation", how="inner"))
+    return views.memo(trace, ("launch.linked", include_last_step, tuple(names)), make)
 
 
 def _t_ms(start_ns: np.ndarray, origin_ns: int) -> list[float]:
@@ -231,7 +236,7 @@ def kernel_launch_stats(trace: RankTrace, runtime_cutoff_us: float = RUNTIME_CUT
         names = list(launch_names)
     else:
         names = list(LAUNCH_NAMES) + (list(MEMORY_LAUNCH_NAMES) if include_memory_events else [])
-    j = _linked_launches(hta_scope(trace, include_last_step), names)
+    j = _linked_launches(trace, include_last_step, names)
     if j.is_empty():
         return result
     rc, lc = runtime_cutoff_us * NS_PER_US, launch_delay_cutoff_us * NS_PER_US
@@ -303,7 +308,7 @@ def queue_length_changes(trace: RankTrace, include_last_step: bool = False,
                          launch_names: Sequence[str] | None = None) -> pl.DataFrame:
     """The per-stream counter at each change point: device, stream, ts_ns, queue_length (can be large)."""
     names = list(launch_names) if launch_names is not None else list(LAUNCH_NAMES) + list(MEMORY_LAUNCH_NAMES)
-    j = _linked_launches(hta_scope(trace, include_last_step), names)
+    j = _linked_launches(trace, include_last_step, names)
     if j.is_empty():
         return pl.DataFrame(schema={"device": pl.Int32, "stream": pl.Int64, "ts_ns": pl.Int64,
                                     "queue_length": pl.Int64})

@@ -56,7 +56,8 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import sorted_unique
-from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace, names_matching
+from rankscope.analyses.rank import views
+from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace
 from rankscope.units import NS_PER_MS
 
 _HOST = [int(k) for k in HOST_OP_KINDS]
@@ -133,32 +134,28 @@ def operator_stats(trace: RankTrace, top_n: int = 20, group_by: str = "name",
         raise ValueError(f"group_by must be one of {GROUPINGS}, not {group_by!r}")
     if stack_frame not in ("user", "top"):
         raise ValueError(f"stack_frame must be 'user' or 'top', not {stack_frame!r}")
-    ev = trace.events.with_row_index("row").with_columns(pl.col("row").cast(pl.Int64))
-    ops = ev.filter(pl.col("kind").is_in(_HOST)).select("row", "name", "ts_ns", "dur_ns", "pid", "tid")
-    launches = (ev.filter(pl.col("kind").is_in(_LAUNCH) & (pl.col("correlation") >= 0))
-                .unique("correlation", keep="first").select("correlation", "ts_ns", "pid", "tid"))
-    device = ev.filter(pl.col("kind").is_in(_DEVICE)).select("correlation", "dur_ns")
-    pyf = (ev.filter((pl.col("kind") == int(Kind.PYTHON_FUNCTION)) & (pl.col("dur_ns") > 0))
+    ops = views.with_rows(trace, _HOST).select("row", "name", "ts_ns", "dur_ns", "pid", "tid")
+    launches = views.first_launches(trace).select("correlation", "ts_ns", "pid", "tid")
+    device = views.device_events(trace).select("correlation", "dur_ns")
+    pyf = (views.with_rows(trace, [Kind.PYTHON_FUNCTION]).filter(pl.col("dur_ns") > 0)
            .select("row", "name", "ts_ns", "dur_ns", "pid", "tid")) if group_by == "stack" else None
 
     # one thread id space for ops, launches and Python frames
-    parts = [ops.select("pid", "tid"), launches.select("pid", "tid")]
+    parts = [ops.select("pid", "tid").unique(), launches.select("pid", "tid").unique()]
     if pyf is not None:
-        parts.append(pyf.select("pid", "tid"))
+        parts.append(pyf.select("pid", "tid").unique())
     threads = (pl.concat(parts).unique().sort("pid", "tid").with_row_index("g")
                .with_columns(pl.col("g").cast(pl.Int64)))
     ops = ops.join(threads, on=["pid", "tid"], how="left")
     launches = launches.join(threads, on=["pid", "tid"], how="left")
 
     # ---- nesting of positive-duration ops; zero-duration ops hang under the op around them
-    ops = ops.sort("g", "ts_ns", pl.col("dur_ns"), "row", descending=[False, False, True, False])
-    pos = ops.filter(pl.col("dur_ns") > 0)
-    zero = ops.filter(pl.col("dur_ns") <= 0)
-    ops = pl.concat([pos, zero])
+    ops = ops.sort(pl.col("dur_ns") <= 0, "g", "ts_ns", pl.col("dur_ns"), "row",
+                   descending=[False, False, False, True, False])          # positive durations first
+    n_pos = int((ops["dur_ns"] > 0).sum())
     g = ops["g"].to_numpy()
     s = ops["ts_ns"].to_numpy()
     e = s + np.maximum(ops["dur_ns"].to_numpy(), 0)
-    n_pos = pos.height
     forest = _Forest(g[:n_pos], s[:n_pos], e[:n_pos])
     parent = np.concatenate([forest.parent, forest.innermost(g[n_pos:], s[n_pos:])])
     n = len(g)
@@ -201,17 +198,19 @@ def operator_stats(trace: RankTrace, top_n: int = 20, group_by: str = "name",
     else:
         keys = ["name"]
 
-    step_names = names_matching(ops, PROFILER_STEP_PATTERN)
-    frame = frame.filter(~pl.col("name").is_in(step_names)).with_columns(pl.col("name").cast(pl.String))
+    frame = frame.filter(~pl.col("name").is_in(views.names_matching(trace, PROFILER_STEP_PATTERN)))
     agg = [pl.len().cast(pl.Int64).alias("calls"),
            (pl.col("dur_ns").sum() / NS_PER_MS).alias("total_cpu_ms"),
            (pl.col("self_cpu_ns").sum() / NS_PER_MS).alias("self_cpu_ms"),
            (pl.col("self_dev_ns").sum() / NS_PER_MS).alias("self_device_ms"),
            (pl.col("total_dev_ns").sum() / NS_PER_MS).alias("total_device_ms"),
            pl.col("dev_events").sum().cast(pl.Int64).alias("device_events")]
+    # grouped by the name's category code; the names of the groups cast to text after
     grouped = frame.group_by(keys).agg(agg)
+    if "name" in keys:
+        grouped = grouped.with_columns(pl.col("name").cast(pl.String))
     if group_by == "stack":      # top_op: the op name with the most self time at that location
-        best = (frame.group_by("location", "name")
+        best = (frame.with_columns(pl.col("name").cast(pl.String)).group_by("location", "name")
                 .agg((pl.col("self_cpu_ns") + pl.col("self_dev_ns")).sum().alias("t"))
                 .sort(["t", "name"], descending=[True, False])
                 .unique("location", keep="first", maintain_order=True)

@@ -26,9 +26,9 @@ from rankscope.analyses.rank.launch import (LAUNCH_NAMES, KernelLaunchStats, Mem
 from rankscope.analyses.rank.memory import MemcpyReport, MemoryTimeline, memory_timeline, pageable_memcpy
 from rankscope.analyses.rank.overlap import CommCompOverlap, comm_comp_overlap
 from rankscope.analyses.rank.temporal import TemporalBreakdown, temporal_breakdown
+from rankscope.analyses.rank import views
 from rankscope.analyses.rank.steps import device_busy_ns, step_windows
-from rankscope.model import (DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, KernelClass, RankMeta,
-                             RankTrace, names_matching)
+from rankscope.model import PROFILER_STEP_PATTERN, Kind, KernelClass, RankMeta, RankTrace
 from rankscope.units import NS_PER_MS
 
 #: Memory samples kept per device in the summary (peaks kept exactly): enough for a chart.
@@ -145,7 +145,7 @@ def summarize_rank(trace: RankTrace) -> RankSummary:
     ]
     counts = ev.group_by("kind").len()
     kind_counts = {Kind(int(k)).name.lower(): int(n) for k, n in zip(counts["kind"], counts["len"])}
-    dev = ev.filter(pl.col("kind").is_in([int(k) for k in DEVICE_KINDS]))
+    dev = views.device_events(trace)
     return RankSummary(
         meta=trace.meta, steps=steps, steps_source=windows.source, kind_counts=kind_counts,
         device_events=len(dev), step_time=step_time_stats(steps, has_device=len(dev) > 0),
@@ -162,33 +162,35 @@ def summarize_rank(trace: RankTrace) -> RankSummary:
         if len(dev) else None,
         operators=operator_stats(trace, top_n=TOP_N),
         collectives=rank_collectives(trace, timeline, windows),
-        name_totals=RankNameTotals(kernels=name_totals(dev), ops=name_totals(_host_ops(ev))),
+        name_totals=RankNameTotals(kernels=name_totals(dev), ops=name_totals(_host_ops(trace))),
         grad_sync=gradient_sync_schedule(trace),
         flops=rank_flops(trace),
-        kernel_launches=_kernel_launches(ev),
+        kernel_launches=_kernel_launches(trace),
     )
 
 
-def _kernel_launches(ev: pl.DataFrame) -> int:
+def _kernel_launches(trace: RankTrace) -> int:
     """Host kernel-launch calls (runtime / driver events named in launch.LAUNCH_NAMES)."""
-    calls = ev.filter(pl.col("kind").is_in([int(Kind.RUNTIME), int(Kind.DRIVER)]))
-    names = [n for n in calls["name"].unique().cast(pl.String).to_list() if n in LAUNCH_NAMES]
-    return calls.filter(pl.col("name").is_in(names)).height if names else 0
+    names = [n for n in views.distinct_names(trace) if n in LAUNCH_NAMES]
+    if not names:
+        return 0
+    calls = views.of_kinds(trace, (Kind.RUNTIME, Kind.DRIVER))
+    return int(calls["name"].is_in(names).sum())
 
 
 def name_totals(events: pl.DataFrame) -> NameTotals:
     """Per event name (every name): calls, summed and summed squared duration."""
-    t = (events.group_by(pl.col("name").cast(pl.String))
+    t = (events.group_by("name")                       # by category code; the few names cast after
          .agg(pl.len().cast(pl.Int64).alias("count"), pl.col("dur_ns").sum().cast(pl.Int64).alias("total_ns"),
               (pl.col("dur_ns").cast(pl.Float64) ** 2).sum().alias("sumsq_ns2"))
+         .with_columns(pl.col("name").cast(pl.String))
          .sort("name"))
     return NameTotals(**t.to_dict(as_series=False))
 
 
-def _host_ops(ev: pl.DataFrame) -> pl.DataFrame:
+def _host_ops(trace: RankTrace) -> pl.DataFrame:
     """Host ops (CPU ops, user annotations) without the ProfilerStep spans."""
-    ops = ev.filter(pl.col("kind").is_in([int(k) for k in HOST_OP_KINDS]))
-    return ops.filter(~pl.col("name").is_in(names_matching(ops, PROFILER_STEP_PATTERN)))
+    return views.host_ops(trace).filter(~pl.col("name").is_in(views.names_matching(trace, PROFILER_STEP_PATTERN)))
 
 
 def _hta_parity(trace: RankTrace) -> HtaParity:

@@ -34,7 +34,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import union
-from rankscope.model import DEVICE_KINDS, Kind, KernelClass, RankTrace
+from rankscope.model import DEVICE_KINDS, Kind, KernelClass, RankTrace, distinct_names
 from rankscope.units import NS_PER_MS
 
 #: HTA treats these cuda_sync events as device-side even without a correlation id (trace_filter.py).
@@ -58,14 +58,13 @@ def _hta_scope(trace: RankTrace, include_last_step: bool) -> pl.DataFrame:
     ev = trace.events.with_row_index("row")
     if ev.is_empty():
         return ev
-    names = ev["name"].unique().cast(pl.String).drop_nulls().to_list()
-    step_names = [n for n in names if _STEP_MARK in n]
+    step_names = [n for n in distinct_names(trace.events) if _STEP_MARK in n]
     if len(step_names) < 2:
         return ev
     device_side = (((pl.col("stream") >= 0) & (pl.col("correlation") >= 0))
-                   | pl.col("name").cast(pl.String).is_in(list(_HTA_DEVICE_SYNC_NAMES)))
+                   | pl.col("name").is_in(list(_HTA_DEVICE_SYNC_NAMES)))
     host = ev.filter(~device_side)
-    marks = host.filter(pl.col("name").cast(pl.String).is_in(step_names))
+    marks = host.filter(pl.col("name").is_in(step_names))
     if marks.is_empty():
         return ev
     if include_last_step:

@@ -6,13 +6,13 @@ persisted), the summary of a rank no longer filters its event frame dozens of ti
 """
 from __future__ import annotations
 
-import re
 from typing import Callable, Iterable, TypeVar
 
 import numpy as np
 import polars as pl
 
-from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, RankTrace
+from rankscope import model
+from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, Kind, RankTrace
 
 T = TypeVar("T")
 
@@ -43,17 +43,28 @@ def host_ops(trace: RankTrace) -> pl.DataFrame:
 
 def distinct_names(trace: RankTrace) -> list[str]:
     """Every event name of the rank, once."""
-    return memo(trace, ("distinct_names",),
-                lambda: [n for n in trace.events["name"].unique().cast(pl.String).to_list() if n])
+    return model.distinct_names(trace.events)
 
 
 def names_matching(trace: RankTrace, pattern: str) -> list[str]:
     """The rank's distinct names that match `pattern` (regex search), for `pl.col("name").is_in(...)`
     on any of its frames."""
-    return memo(trace, ("names_matching", pattern),
-                lambda: [n for n in distinct_names(trace) if re.search(pattern, n)])
+    return memo(trace, ("names_matching", pattern), lambda: model.names_matching(trace.events, pattern))
 
 
-def column(trace: RankTrace, frame: Callable[[RankTrace], pl.DataFrame], name: str) -> np.ndarray:
-    """One column of one of the frames above as a numpy array (no copy where polars allows)."""
-    return memo(trace, ("column", frame.__name__, name), lambda: frame(trace)[name].to_numpy())
+def with_rows(trace: RankTrace, kinds: Iterable[int]) -> pl.DataFrame:
+    """The events of these kinds with their position in the rank's event frame (`row`, Int64: the
+    key of the side frames' rows)."""
+    wanted = tuple(sorted({int(k) for k in kinds}))
+
+    def make() -> pl.DataFrame:
+        mask = trace.events["kind"].is_in(list(wanted))
+        return of_kinds(trace, wanted).with_columns(pl.Series("row", np.flatnonzero(mask.to_numpy()), pl.Int64))
+    return memo(trace, ("with_rows", wanted), make)
+
+
+def first_launches(trace: RankTrace) -> pl.DataFrame:
+    """The host's launch calls (runtime and driver events) with a correlation id, the first of each
+    id, in frame order: what a device event's `correlation` points back to."""
+    return memo(trace, ("first_launches",), lambda: of_kinds(trace, (Kind.RUNTIME, Kind.DRIVER))
+                .filter((pl.col("correlation") >= 0) & pl.col("correlation").is_first_distinct()))
