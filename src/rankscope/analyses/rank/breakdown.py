@@ -14,8 +14,9 @@ Each instant of a step window goes to exactly one category, first match wins:
                    GC, sleep, waits)
 
 How: the boundaries of every interval set and step window cut time into elementary segments;
-each segment's membership is looked up once per set (searchsorted on the set's disjoint union)
-and its category follows the priority above (`classify_timeline`). Any window's breakdown is
+one sweep over the sorted boundaries gives each segment the sets it lies in (a bit per set, up at
+the set's interval starts and down at its ends), and its category follows the priority above
+(`classify_timeline`, through a table over the combinations of sets). Any window's breakdown is
 then a sum of segment lengths per category (`Timeline.in_windows`): steps here, the time before
 each collective in the cross-rank analysis. The parts add up to the window exactly (integer ns).
 
@@ -37,16 +38,17 @@ communication than compute (up to their scopes: steps here, HTA's trace scope th
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import polars as pl
 
-from rankscope.analyses.intervals import covered_between, sorted_unique, union
-from rankscope.analyses.rank.steps import StepWindows, step_windows
+from rankscope.analyses.intervals import union
+from rankscope.analyses.rank.steps import StepWindows, event_end_ns, kind_mask, name_mask, step_windows
 from rankscope.analyses.rank.dataloader import dataloader_spans
 from rankscope.model import (BLOCKING_SYNC_PATTERN, DATALOADER_PATTERN, DEVICE_KINDS, HOST_COMM_PATTERN,
-                             PROFILER_STEP_PATTERN, Kind, KernelClass, RankTrace, names_matching)
+                             HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, KernelClass, RankTrace, names_matching)
 from rankscope.units import NS_PER_MS
 
 CATEGORIES = ("compute", "comm_overlapped", "comm_exposed", "memcpy", "dataloader", "sync", "host",
@@ -101,20 +103,25 @@ def _python_sets(ev: pl.DataFrame, tid: int | None = None) -> dict[str, tuple[np
             "python_wait": _intervals(py.filter(pl.col("name").is_in(names_matching(py, PYTHON_WAIT_PATTERN))))}
 
 
-def _device_sets(ev: pl.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    dev = ev.filter(pl.col("kind").is_in([int(k) for k in DEVICE_KINDS]))
-    marks = names_matching(ev, PROFILER_STEP_PATTERN) + names_matching(ev, DATALOADER_PATTERN)
-    host = ev.filter(pl.col("kind").is_in([int(Kind.CPU_OP), int(Kind.RUNTIME), int(Kind.DRIVER)])
-                     & ~pl.col("name").is_in(marks))
+def _device_sets(trace: RankTrace) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    ts, end = trace.events["ts_ns"].to_numpy(), event_end_ns(trace)
+    kclass = trace.events["kclass"].to_numpy()
+    dev = kind_mask(trace, DEVICE_KINDS)
+    marks = name_mask(trace, PROFILER_STEP_PATTERN) | name_mask(trace, DATALOADER_PATTERN)
+    python = kind_mask(trace, [Kind.PYTHON_FUNCTION])
+
+    def intervals(sel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return union(ts[sel], end[sel])
+
     return {
-        "comp": _intervals(dev.filter(pl.col("kclass") == int(KernelClass.COMP))),
-        "comm": _intervals(dev.filter(pl.col("kclass") == int(KernelClass.COMM))),
-        "mem": _intervals(dev.filter(pl.col("kclass") == int(KernelClass.MEM))),
-        "dataloader": _intervals(dataloader_spans(ev)),
-        "sync": _intervals(ev.filter((pl.col("kind") == int(Kind.RUNTIME))
-                                     & pl.col("name").is_in(names_matching(ev, BLOCKING_SYNC_PATTERN)))),
-        "host": _intervals(host),
-        **_python_sets(ev),
+        "comp": intervals(dev & (kclass == int(KernelClass.COMP))),
+        "comm": intervals(dev & (kclass == int(KernelClass.COMM))),
+        "mem": intervals(dev & (kclass == int(KernelClass.MEM))),
+        "dataloader": intervals(kind_mask(trace, HOST_OP_KINDS) & name_mask(trace, DATALOADER_PATTERN)),
+        "sync": intervals(kind_mask(trace, [Kind.RUNTIME]) & name_mask(trace, BLOCKING_SYNC_PATTERN)),
+        "host": intervals(kind_mask(trace, [Kind.CPU_OP, Kind.RUNTIME, Kind.DRIVER]) & ~marks),
+        "python": intervals(python),
+        "python_wait": intervals(python & name_mask(trace, PYTHON_WAIT_PATTERN)),
     }
 
 
@@ -155,14 +162,6 @@ def _cpu_only_sets(ev: pl.DataFrame) -> tuple[dict[str, tuple[np.ndarray, np.nda
     }, tid
 
 
-def _member(u: tuple[np.ndarray, np.ndarray], points: np.ndarray) -> np.ndarray:
-    s, e = u
-    if len(s) == 0:
-        return np.zeros(len(points), dtype=bool)
-    i = np.searchsorted(s, points, side="right") - 1
-    return (i >= 0) & (points < e[np.maximum(i, 0)])
-
-
 @dataclass
 class Timeline:
     """The rank's time, cut into elementary segments, each with one category (index into
@@ -175,7 +174,6 @@ class Timeline:
     comm: np.ndarray
     mode: str                       # "device" | "cpu_only"
     training_tid: int | None = None
-    _by_category: list | None = field(default=None, init=False, repr=False, compare=False)
 
     def in_windows(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """ns per category inside each window [a_i, b_i) (windows may overlap): (n, 8) int64.
@@ -184,40 +182,72 @@ class Timeline:
         a = np.asarray(a, dtype=np.int64)
         b = np.asarray(b, dtype=np.int64)
         out = np.zeros((len(a), len(CATEGORIES)), dtype=np.int64)
-        for c, (s, e) in enumerate(self._segments_by_category()):
-            out[:, c] = covered_between(s, e, a, b)
+        for c, (start, end, before) in enumerate(self._by_category):
+            if len(start):
+                out[:, c] = np.maximum(_time_before(start, end, before, b) - _time_before(start, end, before, a), 0)
         return out
 
-    def _segments_by_category(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """(starts, ends) of each category's segments, taken once (a rank asks for many windows)."""
-        if self._by_category is None:
-            end = self.start_ns + self.length_ns
-            self._by_category = [(self.start_ns[self.category == c], end[self.category == c])
-                                 for c in range(len(CATEGORIES))]
-        return self._by_category
+    @cached_property
+    def _by_category(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Per category: its segments' starts and ends, and the time of its first k segments
+        (k = 0..n), made on the first `in_windows`."""
+        order = np.argsort(self.category, kind="stable")
+        start, length = self.start_ns[order], self.length_ns[order]
+        bounds = np.searchsorted(self.category[order], np.arange(len(CATEGORIES) + 1))
+        out = []
+        for i, j in zip(bounds[:-1], bounds[1:]):
+            out.append((start[i:j], start[i:j] + length[i:j], np.concatenate(([0], np.cumsum(length[i:j])))))
+        return out
+
+
+def _time_before(start: np.ndarray, end: np.ndarray, before: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Time of the sorted disjoint segments [start, end) before each t (`before`: their cumulated
+    lengths)."""
+    i = np.searchsorted(end, t, side="right")          # segments ending at or before t
+    partial = np.zeros(len(t), dtype=np.int64)
+    cut = i < len(start)
+    partial[cut] = np.clip(t[cut] - start[i[cut]], 0, None)
+    return before[i] + partial
 
 
 def classify_timeline(trace: RankTrace, cuts: list[np.ndarray] | None = None) -> Timeline:
     """Classify every instant of the trace's span (plus the given cut points) by the priority
     rule of this module."""
-    ev = trace.events
-    cpu_only = not trace.has_device_activity()
+    cpu_only = not kind_mask(trace, DEVICE_KINDS).any()
     if cpu_only:
-        sets, tid = _cpu_only_sets(ev)
+        sets, tid = _cpu_only_sets(trace.events)
     else:
-        sets, tid = _device_sets(ev), None
-    points = [a for u in sets.values() for a in u] + list(cuts or [])
-    points = [p for p in points if len(p)]
-    bounds = sorted_unique(np.concatenate(points)) if points else np.zeros(0, np.int64)
-    left, length = bounds[:-1], np.diff(bounds)
-    m = {name: _member(u, left) for name, u in sets.items()}
+        sets, tid = _device_sets(trace), None
+    bounds, inside = _sweep(list(sets.values()), cuts or [])
+    # the category of every combination of sets (bit i: inside the i-th set), then of each segment
+    names = list(sets)
+    states = np.arange(1 << len(names))
+    m = {name: (states >> i) & 1 == 1 for i, name in enumerate(names)}
     comp = m["comp"] & ~m["not_comp"] if cpu_only else m["comp"]
     comm, mem = m["comm"], m["mem"]
     host = m["host"] | (m["python"] & ~m["python_wait"])
     category = np.select(
         [comp & ~comm, comp & comm, comm, mem, m["dataloader"], m["sync"], host],
         [0, 1, 2, 3, 4, 5, 6], default=7).astype(np.int8)
-    return Timeline(left, length, category, comp, comm, "cpu_only" if cpu_only else "device", tid)
+    return Timeline(bounds[:-1], np.diff(bounds), category[inside], comp[inside], comm[inside],
+                    "cpu_only" if cpu_only else "device", tid)
+
+
+def _sweep(sets: list[tuple[np.ndarray, np.ndarray]], cuts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The sorted distinct edges of the sets' intervals and the cut points, and for each segment
+    between two consecutive edges the sets it lies in (bit i: the i-th set; each set's intervals
+    are disjoint, so its bit goes up at each of its starts and down at each of its ends)."""
+    edges = [a for u in sets for a in u] + list(cuts)
+    change = [np.full(len(a), sign << i, np.int64) for i, (s, e) in enumerate(sets)
+              for a, sign in ((s, 1), (e, -1))] + [np.zeros(len(c), np.int64) for c in cuts]
+    if not any(len(a) for a in edges):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    t = np.concatenate(edges).astype(np.int64, copy=False)
+    order = np.argsort(t, kind="stable")
+    t = t[order]
+    first = np.flatnonzero(np.r_[True, t[1:] != t[:-1]])
+    inside = np.cumsum(np.add.reduceat(np.concatenate(change)[order], first))
+    return t[first], inside[:-1]
 
 
 def step_breakdown(trace: RankTrace, windows: StepWindows | None = None,

@@ -29,7 +29,8 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import covered_between, union
-from rankscope.analyses.rank.steps import StepWindows, step_windows
+from rankscope.analyses.rank import views
+from rankscope.analyses.rank.steps import StepWindows, event_end_ns, kind_mask, name_mask, step_windows
 from rankscope.model import DATALOADER_PATTERN, HOST_OP_KINDS, RankTrace, names_matching
 from rankscope.units import NS_PER_MS
 
@@ -79,12 +80,10 @@ def dataloader_spans(events: pl.DataFrame) -> pl.DataFrame:
 def dataloader_share(trace: RankTrace, windows: StepWindows | None = None) -> DataLoaderShare:
     if windows is None:
         windows = step_windows(trace)
-    ev = trace.events
     wf = windows.frame
-    spans = dataloader_spans(ev)
-    ts = spans["ts_ns"].to_numpy()
-    te = ts + spans["dur_ns"].to_numpy()
-    u_s, u_e = union(ts, te)
+    spans = np.flatnonzero(kind_mask(trace, HOST_OP_KINDS) & name_mask(trace, DATALOADER_PATTERN))
+    ts = trace.events["ts_ns"].to_numpy()[spans]
+    u_s, u_e = union(ts, event_end_ns(trace)[spans])
 
     starts, ends = wf["start_ns"].to_numpy(), wf["end_ns"].to_numpy()
     dur = wf["duration_ns"].to_numpy()
@@ -102,9 +101,9 @@ def dataloader_share(trace: RankTrace, windows: StepWindows | None = None) -> Da
     total_dl = int(inside.sum())
     total_steps = int(dur.sum())
     total_union = int((u_e - u_s).sum())
-    dl_names = spans["name"].unique().cast(pl.String).to_list()
+    dl_names = trace.events["name"].gather(spans).unique().cast(pl.String).to_list()
     iterators = sorted({m.group(1) for n in dl_names if n and (m := _ITERATOR.match(n))})
-    if not spans.height:
+    if not len(spans):
         mp, workers, source = None, None, "none"
     elif any(MULTI_PROCESS_ITER in it for it in iterators):
         mp, workers, source = True, None, "unknown"
@@ -112,10 +111,10 @@ def dataloader_share(trace: RankTrace, windows: StepWindows | None = None) -> Da
         mp, workers, source = False, 0, "iterator_class"
     else:
         mp, workers, source = None, None, "unknown"
-    pin_names = names_matching(ev, "^(" + "|".join(re.escape(n) for n in PIN_MEMORY_OPS) + ")$")
-    pin_ops = ev.filter(pl.col("name").is_in(pin_names)).height if pin_names else 0
+    pin_pattern = "^(" + "|".join(re.escape(n) for n in PIN_MEMORY_OPS) + ")$"
+    pin_ops = int(name_mask(trace, pin_pattern).sum()) if views.names_matching(trace, pin_pattern) else 0
     return DataLoaderShare(
-        steps=steps, steps_source=windows.source, spans=spans.height,
+        steps=steps, steps_source=windows.source, spans=len(spans),
         dataloader_ms=total_dl / NS_PER_MS, step_time_ms=total_steps / NS_PER_MS,
         share_pct=100.0 * total_dl / total_steps if total_steps > 0 else None,
         mean_step_share_pct=float(share.mean()) if len(share) else None,

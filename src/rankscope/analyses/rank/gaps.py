@@ -13,21 +13,21 @@ Per rank the result keeps the total gap time per dominant category and the TOP_G
 """
 from __future__ import annotations
 
+from typing import Iterable
+
 import msgspec
 import numpy as np
 import polars as pl
 
-from rankscope.analyses.rank import views
 from rankscope.analyses.rank.breakdown import CATEGORIES, Timeline, classify_timeline
 from rankscope.analyses.intervals import union
-from rankscope.analyses.rank.steps import StepWindows, step_windows
-from rankscope.model import DATALOADER_PATTERN, DEVICE_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace, names_matching
+from rankscope.analyses.rank.steps import StepWindows, event_end_ns, kind_mask, name_mask, step_windows
+from rankscope.model import DATALOADER_PATTERN, DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace
 
 #: Shorter idle stretches are launch jitter, not gaps (tb-profiler's GPU-idle view shows >= 0.1 ms).
 GAP_MIN_US = 100.0
 TOP_GAPS = 20
 _IDLE_CATEGORIES = ("dataloader", "sync", "host", "idle_other")
-_HOST_OPS = [int(Kind.CPU_OP), int(Kind.USER_ANNOTATION)]
 
 
 class Gap(msgspec.Struct):
@@ -52,22 +52,24 @@ class GapSummary(msgspec.Struct):
 def idle_gaps(trace: RankTrace, windows: StepWindows | None = None, timeline: Timeline | None = None,
               gap_min_us: float = GAP_MIN_US, top: int = TOP_GAPS) -> GapSummary:
     empty = GapSummary(gap_min_us, 0, 0.0, {c: 0.0 for c in _IDLE_CATEGORIES})
-    ev = trace.events
-    dev = views.with_rows(trace, DEVICE_KINDS)
-    if dev.is_empty():
+    dev_rows = np.flatnonzero(kind_mask(trace, DEVICE_KINDS))
+    if len(dev_rows) == 0:
         return empty
     windows = windows or step_windows(trace)
     w = windows.frame
     w_start, w_end = w["start_ns"].to_numpy(), w["end_ns"].to_numpy()
 
+    ts_all, end_all = trace.events["ts_ns"].to_numpy(), event_end_ns(trace)
+    device = trace.events["device"].to_numpy()[dev_rows]
     starts, ends, nxt = [], [], []
-    for _, d in dev.group_by("device"):
-        ts = d["ts_ns"].to_numpy()
-        s, e = union(ts, ts + d["dur_ns"].to_numpy())
+    for d in np.unique(device):
+        rows = dev_rows[device == d]
+        ts = ts_all[rows]
+        s, e = union(ts, end_all[rows])
         gap_s, gap_e = e[:-1], s[1:]
         keep = (gap_e - gap_s) >= gap_min_us * 1e3
         order = np.argsort(ts, kind="stable")
-        first_at = d["row"].to_numpy()[order][np.searchsorted(ts[order], gap_e[keep])]
+        first_at = rows[order][np.searchsorted(ts[order], gap_e[keep])]
         starts.append(gap_s[keep])
         ends.append(gap_e[keep])
         nxt.append(first_at)
@@ -86,69 +88,76 @@ def idle_gaps(trace: RankTrace, windows: StepWindows | None = None, timeline: Ti
     by_activity = {c: float((gap_e - gap_s)[dominant == i].sum()) / 1e6 for i, c in enumerate(_IDLE_CATEGORIES)}
 
     longest = np.argsort(gap_s - gap_e, kind="stable")[:top]
-    nxt = ev[next_row[longest]]
-    launch_of = _launches(ev, nxt["correlation"].to_list())
-    ops_by_tid = _host_ops_by_thread(ev, {tid for _, tid in launch_of.values()})
-    py_by_tid = _host_ops_by_thread(ev, {tid for _, tid in launch_of.values()}, [int(Kind.PYTHON_FUNCTION)])
+    nxt = trace.events[next_row[longest]]
+    launch_of = _launches(trace, nxt["correlation"].to_list())
+    tids = {tid for _, tid in launch_of.values()}
+    ops_by_tid = _host_ops_by_thread(trace, tids, HOST_OP_KINDS)
+    py_by_tid = _host_ops_by_thread(trace, tids, [Kind.PYTHON_FUNCTION])
+    names = trace.events["name"]
     top_gaps = []
     for i, name, corr in zip(longest, nxt["name"].cast(pl.String), nxt["correlation"]):
         launched_by = busy = None
         if corr in launch_of:
             t_launch, tid = launch_of[corr]
-            op_ts, op_end, op_names = ops_by_tid[tid]
-            launched_by = _innermost(op_ts, op_end, op_names, t_launch)
-            busy = _most_present(op_ts, op_end, op_names, int(gap_s[i]), int(gap_e[i]))
+            op_ts, op_end, op_rows = ops_by_tid[tid]
+            launched_by = _innermost(op_ts, op_end, op_rows, t_launch)
+            busy = _most_present(op_ts, op_end, op_rows, int(gap_s[i]), int(gap_e[i]))
             if busy is None:
-                py_ts, py_end, py_names = py_by_tid[tid]
-                busy = _most_present(py_ts, py_end, py_names, int(gap_s[i]), int(gap_e[i]), innermost=True)
+                py_ts, py_end, py_rows = py_by_tid[tid]
+                busy = _most_present(py_ts, py_end, py_rows, int(gap_s[i]), int(gap_e[i]), innermost=True)
         top_gaps.append(Gap(
             step=int(w["step"][int(step_i[i])]),
             start_in_step_ms=float(gap_s[i] - w_start[step_i[i]]) / 1e6,
             duration_ms=float(gap_e[i] - gap_s[i]) / 1e6,
             host_activity=_IDLE_CATEGORIES[int(dominant[i])],
             host_ms={c: float(idle[i, k]) / 1e6 for k, c in enumerate(_IDLE_CATEGORIES)},
-            next_device_op=str(name), launched_by=launched_by, busy_host_op=busy,
+            next_device_op=str(name),
+            launched_by=None if launched_by is None else str(names[int(launched_by)]),
+            busy_host_op=None if busy is None else str(names[int(busy)]),
         ))
     return GapSummary(gap_min_us, len(gap_s), float((gap_e - gap_s).sum()) / 1e6, by_activity, top_gaps)
 
 
-def _launches(ev: pl.DataFrame, correlations: list[int]) -> dict[int, tuple[int, int]]:
+def _launches(trace: RankTrace, correlations: list[int]) -> dict[int, tuple[int, int]]:
     """correlation -> (ts_ns, tid) of the runtime call that launched it."""
     wanted = [c for c in correlations if c is not None and c >= 0]
-    rows = ev.filter(pl.col("kind").is_in([int(Kind.RUNTIME), int(Kind.DRIVER)]) & pl.col("correlation").is_in(wanted))
-    return {c: (t, tid) for c, t, tid in zip(rows["correlation"], rows["ts_ns"], rows["tid"])}
+    rows = np.flatnonzero(kind_mask(trace, [Kind.RUNTIME, Kind.DRIVER]))
+    rows = rows[np.isin(trace.events["correlation"].to_numpy()[rows], wanted)]
+    ev = trace.events
+    return {int(c): (int(t), int(tid)) for c, t, tid in zip(ev["correlation"].to_numpy()[rows],
+                                                           ev["ts_ns"].to_numpy()[rows], ev["tid"].to_numpy()[rows])}
 
 
-def _host_ops_by_thread(ev: pl.DataFrame, tids: set[int], kinds: list[int] | None = None,
-                        ) -> dict[int, tuple[np.ndarray, np.ndarray, pl.Series]]:
-    """CPU ops and annotations (or the given kinds) that say what the host does (not the step /
-    DataLoader marks), per thread: (start, end, names; a few are read, so not all made text)."""
-    names = names_matching(ev, f"{PROFILER_STEP_PATTERN}|{DATALOADER_PATTERN}")
-    ops = ev.filter(pl.col("kind").is_in(kinds or _HOST_OPS) & ~pl.col("name").is_in(names)
-                    & pl.col("tid").is_in(list(tids)))
+def _host_ops_by_thread(trace: RankTrace, tids: set[int], kinds: Iterable[int],
+                        ) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The events of these kinds that say what the host does (not the step / DataLoader marks),
+    per thread: (start, end, row in trace.events)."""
+    marks = name_mask(trace, PROFILER_STEP_PATTERN) | name_mask(trace, DATALOADER_PATTERN)
+    ops = kind_mask(trace, kinds) & ~marks
+    tid = trace.events["tid"].to_numpy()
     out = {}
-    for tid in tids:
-        t = ops.filter(pl.col("tid") == tid)
-        start = t["ts_ns"].to_numpy()
-        out[tid] = (start, start + t["dur_ns"].to_numpy(), t["name"])
+    for t in tids:
+        rows = np.flatnonzero(ops & (tid == t))
+        out[t] = (trace.events["ts_ns"].to_numpy()[rows], event_end_ns(trace)[rows], rows)
     return out
 
 
-def _innermost(start: np.ndarray, end: np.ndarray, names: pl.Series, t: int) -> str | None:
+def _innermost(start: np.ndarray, end: np.ndarray, rows: np.ndarray, t: int) -> int | None:
+    """The row of the innermost event around t."""
     around = np.flatnonzero((start <= t) & (end > t))
     if len(around) == 0:
         return None
-    return str(names[int(around[np.lexsort((end[around], -start[around]))[0]])])
+    return int(rows[around[np.lexsort((end[around], -start[around]))[0]]])
 
 
-def _most_present(start: np.ndarray, end: np.ndarray, names: pl.Series, a: int, b: int,
-                  innermost: bool = False) -> str | None:
-    """The event overlapping [a, b) the most (the first of equal overlap; with `innermost`, the
-    shortest of them: Python frames nest, and the outermost covers every gap)."""
+def _most_present(start: np.ndarray, end: np.ndarray, rows: np.ndarray, a: int, b: int,
+                  innermost: bool = False) -> int | None:
+    """The row of the event overlapping [a, b) the most (the first of equal overlap; with
+    `innermost`, the shortest of them: Python frames nest, and the outermost covers every gap)."""
     overlap = np.minimum(end, b) - np.maximum(start, a)
     if len(overlap) == 0 or overlap.max() <= 0:
         return None
     if not innermost:
-        return str(names[int(np.argmax(overlap))])
+        return int(rows[int(np.argmax(overlap))])
     best = np.flatnonzero(overlap == overlap.max())
-    return str(names[int(best[np.argmin((end - start)[best])])])
+    return int(rows[int(best[np.argmin((end - start)[best])])])

@@ -99,12 +99,11 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import union
-from rankscope.analyses.rank import views
-from rankscope.model import (DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, KernelClass,
-                             RankTrace, names_matching)
+from rankscope.analyses.rank.steps import gpu_args_at, kind_mask
+from rankscope.analyses.rank.views import device_events, names_matching
+from rankscope.model import HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, KernelClass, RankTrace
 from rankscope.units import NS_PER_US, NS_PER_MS
 
-_DEVICE = [int(k) for k in DEVICE_KINDS]
 _HOST = [int(k) for k in HOST_OP_KINDS]
 _LAUNCH = [int(Kind.RUNTIME), int(Kind.DRIVER)]
 _CLASSES = (KernelClass.COMP, KernelClass.COMM, KernelClass.MEM)
@@ -215,12 +214,10 @@ _CLASS_FRAME = {"kernel_class": pl.String, "count": pl.Int64, "sum_ms": pl.Float
 _OVERLAP_FRAME = {"kernel_types": pl.String, "time_ms": pl.Float64, "share_pct": pl.Float64}
 
 
-def _device_events(trace: RankTrace) -> pl.DataFrame:
-    return views.with_rows(trace, _DEVICE).filter(pl.col("kclass").is_in([int(c) for c in _CLASSES]))
-
-
 def kernel_breakdown(trace: RankTrace, top_k: int = 10, hta_filter: bool = False) -> KernelBreakdown:
-    dev = _device_events(trace)
+    dev = device_events(trace)
+    if (dev["kclass"].to_numpy() == int(KernelClass.NONE)).any():
+        dev = dev.filter(pl.col("kclass").is_in([int(c) for c in _CLASSES]))
     if hta_filter:
         dev = _hta_selection(trace, dev)
     dev = dev.select("kclass", "name", "ts_ns", "dur_ns")
@@ -228,18 +225,19 @@ def kernel_breakdown(trace: RankTrace, top_k: int = 10, hta_filter: bool = False
         return KernelBreakdown(KernelClasses([], [], [], [], []), KernelOverlap([], [], []),
                                TopKernels(**{c: [] for c in TopKernels.__struct_fields__}), 0.0, 0.0)
     ts = dev["ts_ns"].to_numpy()
-    end = ts + dev["dur_ns"].to_numpy()
+    dur = dev["dur_ns"].to_numpy()
+    end = ts + dur
     kc = dev["kclass"].to_numpy()
 
     # classes: plain sums and per-class union
     unions = {c: union(ts[kc == int(c)], end[kc == int(c)]) for c in _CLASSES}
-    total_sum = int(dev["dur_ns"].sum())
+    total_sum = int(dur.sum())
     rows = []
     for c in _CLASSES:
         sel = kc == int(c)
         if not sel.any():
             continue
-        s = int(dev["dur_ns"].to_numpy()[sel].sum())
+        s = int(dur[sel].sum())
         us, ue = unions[c]
         rows.append({"kernel_class": c.name, "count": int(sel.sum()), "sum_ms": s / NS_PER_MS,
                      "share_pct": 100.0 * s / total_sum if total_sum else 0.0,
@@ -252,12 +250,12 @@ def kernel_breakdown(trace: RankTrace, top_k: int = 10, hta_filter: bool = False
     top = _top_kernels(dev, top_k)
     return KernelBreakdown(KernelClasses(**classes.to_dict(as_series=False)),
                            KernelOverlap(**overlap.to_dict(as_series=False)),
-                           TopKernels(**top.to_dict(as_series=False)), total_sum / NS_PER_MS, busy / NS_PER_MS)
+                           top, total_sum / NS_PER_MS, busy / NS_PER_MS)
 
 
 def _hta_selection(trace: RankTrace, dev: pl.DataFrame) -> pl.DataFrame:
     ev = trace.events
-    step_names = names_matching(ev, PROFILER_STEP_PATTERN)
+    step_names = names_matching(trace, PROFILER_STEP_PATTERN)
     if len(step_names) < 2:
         return dev
     last_start = ev.filter(pl.col("name").is_in(step_names) & pl.col("kind").is_in(_HOST))["ts_ns"].max()
@@ -295,30 +293,48 @@ def _overlap_sweep(unions: dict) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=_OVERLAP_FRAME).sort("time_ms", descending=True)
 
 
-def _top_kernels(dev: pl.DataFrame, top_k: int) -> pl.DataFrame:
-    per = (dev.group_by("kclass", "name")
-           .agg(pl.len().cast(pl.Int64).alias("count"), pl.col("dur_ns").sum().alias("sum_ns"))
-           .sort([pl.col("kclass"), pl.col("sum_ns"), pl.col("name").cast(pl.String)],
-                 descending=[False, True, False])          # ties in a deterministic order
-           .with_columns(pl.col("sum_ns").rank("ordinal", descending=True).over("kclass").alias("rank"),
-                         (pl.col("sum_ns") / pl.col("sum_ns").sum().over("kclass")).alias("share")))
-    keep = per.filter(pl.col("rank") <= top_k).select("kclass", "name", "rank")
-    # grouped by (class, rank): a rank up to top_k is one kernel, top_k + 1 the others; labels after
-    ev = dev.join(keep, on=["kclass", "name"], how="left").with_columns(pl.col("rank").fill_null(top_k + 1))
-    labels = keep.select("kclass", "rank", pl.col("name").cast(pl.String).alias("label"))
-    d = pl.col("dur_ns").cast(pl.Float64) / NS_PER_US
-    out = (ev.group_by("kclass", "rank")
-           .agg(pl.len().cast(pl.Int64).alias("count"), d.sum().alias("sum_us"), d.mean().alias("mean_us"),
-                d.min().alias("min_us"), d.max().alias("max_us"), d.std(ddof=1).fill_null(0.0).alias("std_us"))
-           .join(labels, on=["kclass", "rank"], how="left")
-           .with_columns(pl.col("label").fill_null("others"),
-                         (100.0 * pl.col("sum_us") / pl.col("sum_us").sum().over("kclass"))
-                         .alias("share_of_class_pct"))
-           .sort(["kclass", "rank", "sum_us"], descending=[False, False, True]))
-    return out.select(
-        pl.col("kclass").map_elements(lambda c: KernelClass(c).name, return_dtype=pl.String).alias("kernel_class"),
-        pl.col("label").alias("name"), "count", "sum_us", "mean_us", "min_us", "max_us", "std_us",
-        "share_of_class_pct")
+def _top_kernels(dev: pl.DataFrame, top_k: int) -> TopKernels:
+    """Per class its `top_k` names by summed duration (ties by name), then one "others" row for the
+    remaining names; each row's stats are over its events, in microseconds."""
+    kclass = dev["kclass"].to_numpy().astype(np.int64)
+    dur = dev["dur_ns"].to_numpy()
+    # per (class, name): summed duration, and the name's rank in its class
+    key = (kclass << 32) | dev["name"].to_physical().to_numpy()
+    per = np.unique(key)
+    of_event = np.searchsorted(per, key)
+    first = np.full(len(per), len(dev))
+    np.minimum.at(first, of_event, np.arange(len(dev)))
+    names = dev["name"].gather(first).cast(pl.String).to_list()
+    sums = np.zeros(len(per), np.int64)
+    np.add.at(sums, of_event, dur)
+    rank = np.zeros(len(per), np.int64)
+    ranked: dict[int, int] = {}
+    label: dict[tuple[int, int], str] = {}
+    for g in sorted(range(len(per)), key=lambda g: (per[g] >> 32, -sums[g], names[g])):
+        c = int(per[g] >> 32)
+        rank[g] = ranked[c] = ranked.get(c, 0) + 1
+        label[(c, int(rank[g]))] = names[g]
+    # the events of each (class, top name or others) row, in rank order
+    row_key = kclass * (top_k + 2) + np.minimum(rank, top_k + 1)[of_event]
+    order = np.argsort(row_key, kind="stable")
+    row_key, us = row_key[order], dur[order].astype(np.float64) / NS_PER_US
+    bounds = np.flatnonzero(np.r_[True, row_key[1:] != row_key[:-1]])
+    out = {c: [] for c in TopKernels.__struct_fields__}
+    class_us: dict[str, float] = {}
+    for i, j in zip(bounds, np.r_[bounds[1:], len(us)]):
+        c, r = divmod(int(row_key[i]), top_k + 2)
+        x = us[i:j]
+        out["kernel_class"].append(KernelClass(c).name)
+        out["name"].append(label[(c, r)] if r <= top_k else "others")
+        out["count"].append(len(x))
+        out["sum_us"].append(float(x.sum()))
+        out["mean_us"].append(float(x.mean()))
+        out["min_us"].append(float(x.min()))
+        out["max_us"].append(float(x.max()))
+        out["std_us"].append(float(x.std(ddof=1)) if len(x) > 1 else 0.0)
+        class_us[KernelClass(c).name] = class_us.get(KernelClass(c).name, 0.0) + float(x.sum())
+    out["share_of_class_pct"] = [100.0 * s / class_us[c] for s, c in zip(out["sum_us"], out["kernel_class"])]
+    return TopKernels(**out)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -371,101 +387,103 @@ class KernelStats(msgspec.Struct):
 
 
 def kernel_stats(trace: RankTrace, top_n: int = 20) -> KernelStats:
-    k = (trace.events.with_row_index("row").filter(pl.col("kind") == int(Kind.KERNEL))
-         .select(pl.col("row").cast(pl.Int64), "name", "kclass", "dur_ns", "device"))
-    if k.is_empty():
+    rows = np.flatnonzero(kind_mask(trace, [Kind.KERNEL]))
+    if len(rows) == 0:
         return KernelStats(KernelNames(**{c: [] for c in KernelNames.__struct_fields__}), 0, 0.0, 0.0, 0.0, 0.0, 0.0,
                            None, 0.0, None, None, None, None)
-    args = trace.gpu_args.select("row", "grid_blocks", "block_threads", "registers_per_thread",
-                                 "shared_memory_bytes", "est_occupancy_pct")
-    k = k.join(args, on="row", how="left")
-    theo, achieved = launch_occupancy(
-        k["device"].to_numpy(), _np_int(k["grid_blocks"]), _np_int(k["block_threads"]),
-        _np_int(k["registers_per_thread"]), _np_int(k["shared_memory_bytes"]), trace.meta.devices)
-    trace_occ = k["est_occupancy_pct"].fill_null(np.nan).to_numpy()
-    kineto_failed = (trace_occ == 0) & (_np_int(k["shared_memory_bytes"]) > KINETO_SMEM_OPTIN_BYTES)
+    launch = ("grid_blocks", "block_threads", "registers_per_thread", "shared_memory_bytes")
+    args = gpu_args_at(trace, rows, [*launch, "est_occupancy_pct"])
+    theo, achieved = launch_occupancy(trace.events["device"].to_numpy()[rows], *(args[c] for c in launch),
+                                      trace.meta.devices)
+    trace_occ = args["est_occupancy_pct"]
+    kineto_failed = (trace_occ == 0) & (args["shared_memory_bytes"] > KINETO_SMEM_OPTIN_BYTES)
     from_trace = ~np.isnan(trace_occ) & ~(kineto_failed & ~np.isnan(achieved))
     occ = np.where(from_trace, trace_occ, achieved)
     src = np.where(from_trace, 1, np.where(np.isnan(achieved), 0, 2)).astype(np.int8)
-    k = k.with_columns(pl.Series("occ", occ), pl.Series("src", src), pl.Series("theo", theo))
+    dur = trace.events["dur_ns"].to_numpy()[rows]
 
-    # Tensor Core inference per distinct name
-    names = k["name"].unique().cast(pl.String).to_list()
-    inferred = [tensor_core_rule(n) for n in names]
-    tc_frame = pl.DataFrame({"name": names, "tensor_core": [t for t, _, _ in inferred],
-                             "tc_rule": [r for _, r, _ in inferred], "gemm_like": [g for _, _, g in inferred]},
-                            schema={"name": pl.String, "tensor_core": pl.Boolean, "tc_rule": pl.String,
-                                    "gemm_like": pl.Boolean})
-    dur = pl.col("dur_ns").cast(pl.Float64)
-    occ_known = pl.col("occ").is_not_nan()
-    theo_known = pl.col("theo").is_not_nan()
-    longest = pl.col("dur_ns").arg_max()
-    per = (k.group_by("name", "kclass").agg(
-        pl.len().cast(pl.Int64).alias("count"), pl.col("dur_ns").sum().alias("sum_ns"),
-        ((pl.col("occ") * dur).filter(occ_known).sum() / dur.filter(occ_known).sum()).alias("occupancy_pct"),
-        (pl.col("src").filter(pl.col("src") > 0).min()).alias("src_min"),
-        (pl.col("src").filter(pl.col("src") > 0).max()).alias("src_max"),
-        ((pl.col("theo") * dur).filter(theo_known).sum() / dur.filter(theo_known).sum())
-        .alias("theoretical_occupancy_pct"),
-        pl.col("grid_blocks").get(longest), pl.col("block_threads").get(longest),
-        pl.col("registers_per_thread").get(longest), pl.col("shared_memory_bytes").get(longest))
-        .with_columns(pl.col("name").cast(pl.String))
-        .join(tc_frame, on="name", how="left"))
-    kernel_ns = float(per["sum_ns"].sum())
+    # per kernel name: g, the name's index of each launch
+    kclass = trace.events["kclass"].to_numpy()[rows].astype(np.int64)
+    key = (kclass << 32) | trace.events["name"].to_physical().to_numpy()[rows]
+    per = np.unique(key)
+    g = np.searchsorted(per, key)
+    n = len(per)
+    first = np.full(n, len(rows))
+    np.minimum.at(first, g, np.arange(len(rows)))
+    names = trace.events["name"].gather(rows[first]).cast(pl.String).to_list()
+    count = np.bincount(g, minlength=n)
+    sum_ns = np.zeros(n, np.int64)
+    np.add.at(sum_ns, g, dur)
+    weight = dur.astype(np.float64)
 
-    def _ms(expr) -> float:
-        return float(per.filter(expr)["sum_ns"].sum()) / NS_PER_MS
+    def weighted_mean(x: np.ndarray) -> np.ndarray:          # per name, duration-weighted, NaN where unknown
+        known = ~np.isnan(x)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return (np.bincount(g[known], weights=(x * weight)[known], minlength=n)
+                    / np.bincount(g[known], weights=weight[known], minlength=n))
 
-    gemm, tc = pl.col("gemm_like"), pl.col("tensor_core")
-    gemm_tc, gemm_fp32 = _ms(gemm & tc.eq(True)), _ms(gemm & tc.eq(False))
-    tc_ms = _ms(tc.eq(True))
+    src_min, src_max = np.full(n, 3, np.int8), np.zeros(n, np.int8)
+    np.minimum.at(src_min, g[src > 0], src[src > 0])
+    np.maximum.at(src_max, g[src > 0], src[src > 0])
+    longest_ns = np.zeros(n, np.int64)
+    np.maximum.at(longest_ns, g, dur)
+    longest = np.full(n, len(rows))                          # each name's first launch of its longest duration
+    is_longest = dur == longest_ns[g]
+    np.minimum.at(longest, g[is_longest], np.flatnonzero(is_longest))
+    inferred = [tensor_core_rule(name) for name in names]
+    tensor_core = [t for t, _, _ in inferred]
+    gemm = np.array([gm for _, _, gm in inferred], dtype=bool)
+    tc_yes = np.array([t is True for t in tensor_core])
+    tc_no = np.array([t is False for t in tensor_core])
+    generated = np.array([re.search(GENERATED_KERNEL_PATTERN, name) is not None for name in names], dtype=bool)
+    kernel_ns = float(sum_ns.sum())
+
+    def _ms(sel: np.ndarray) -> float:
+        return float(sum_ns[sel].sum()) / NS_PER_MS
+
+    gemm_tc, gemm_fp32 = _ms(gemm & tc_yes), _ms(gemm & tc_no)
+    tc_ms = _ms(tc_yes)
     known = gemm_tc + gemm_fp32
 
-    occ_weight = k.filter(occ_known)
-    occ_all = (float((occ_weight["occ"] * occ_weight["dur_ns"].cast(pl.Float64)).sum()
-                     / occ_weight["dur_ns"].sum()) if not occ_weight.is_empty() and occ_weight["dur_ns"].sum() > 0
-               else None)
+    with_occ = ~np.isnan(occ)
+    occ_dur_ns = int(dur[with_occ].sum())
+    occ_all = float((occ[with_occ] * weight[with_occ]).sum() / occ_dur_ns) if occ_dur_ns > 0 else None
     srcs = set(np.unique(src[src > 0]).tolist())
     source = _source_label(min(srcs), max(srcs)) if srcs else None
 
-    kernels = (per.sort([pl.col("sum_ns"), pl.col("name").cast(pl.String)], descending=[True, False])
-               .head(top_n).select(
-        "name",
-        pl.col("kclass").map_elements(lambda c: KernelClass(c).name, return_dtype=pl.String).alias("kernel_class"),
-        "count", (pl.col("sum_ns") / NS_PER_MS).alias("total_ms"),
-        (pl.col("sum_ns") / pl.col("count") / NS_PER_US).alias("mean_us"),
-        (100.0 * pl.col("sum_ns") / kernel_ns if kernel_ns else pl.lit(0.0)).alias("share_pct"),
-        pl.col("occupancy_pct").fill_nan(None),
-        pl.when(pl.col("src_min").is_null()).then(None)
-        .when(pl.col("src_min") != pl.col("src_max")).then(pl.lit("mixed"))
-        .when(pl.col("src_min") == 1).then(pl.lit("trace")).otherwise(pl.lit("computed"))
-        .alias("occupancy_source"),
-        pl.col("theoretical_occupancy_pct").fill_nan(None),
-        *[pl.col(c).replace(-1, None) for c in ("grid_blocks", "block_threads", "registers_per_thread",
-                                                "shared_memory_bytes")],
-        "gemm_like", "tensor_core", "tc_rule"))
-    generated = pl.col("name").is_in(names_matching(per, GENERATED_KERNEL_PATTERN))
-    generated_count = int(per.filter(generated)["count"].sum())
+    top = sorted(range(n), key=lambda i: (-sum_ns[i], names[i]))[:top_n]
+    occupancy, theoretical = weighted_mean(occ), weighted_mean(theo)
+    kernels = KernelNames(
+        name=[names[i] for i in top], kernel_class=[KernelClass(int(per[i] >> 32)).name for i in top],
+        count=[int(count[i]) for i in top], total_ms=[float(sum_ns[i]) / NS_PER_MS for i in top],
+        mean_us=[float(sum_ns[i]) / float(count[i]) / NS_PER_US for i in top],
+        share_pct=[100.0 * float(sum_ns[i]) / kernel_ns if kernel_ns else 0.0 for i in top],
+        occupancy_pct=[_known(occupancy[i]) for i in top],
+        occupancy_source=[_source_label(int(src_min[i]), int(src_max[i])) if src_max[i] else None for i in top],
+        theoretical_occupancy_pct=[_known(theoretical[i]) for i in top],
+        **{c: [int(args[c][longest[i]]) if args[c][longest[i]] != -1 else None for i in top] for c in launch},
+        gemm_like=[bool(gemm[i]) for i in top], tensor_core=[tensor_core[i] for i in top],
+        tc_rule=[inferred[i][1] for i in top])
     return KernelStats(
         generated_kernel_pct=100.0 * _ms(generated) * NS_PER_MS / kernel_ns if kernel_ns else None,
-        generated_kernel_count_pct=100.0 * generated_count / k.height,
-        kernels=KernelNames(**kernels.to_dict(as_series=False)), kernel_count=k.height, kernel_ms=kernel_ns / NS_PER_MS,
+        generated_kernel_count_pct=100.0 * int(count[generated].sum()) / len(rows),
+        kernels=kernels, kernel_count=len(rows), kernel_ms=kernel_ns / NS_PER_MS,
         gemm_ms=_ms(gemm), gemm_tensor_core_ms=gemm_tc, gemm_fp32_ms=gemm_fp32,
-        gemm_unknown_ms=_ms(gemm & pl.col("tensor_core").is_null()),
+        gemm_unknown_ms=_ms(gemm & ~tc_yes & ~tc_no),
         fp32_gemm_share_pct=100.0 * gemm_fp32 / known if known > 0 else None,
         tensor_core_ms=tc_ms, tensor_core_pct=100.0 * tc_ms * NS_PER_MS / kernel_ns if kernel_ns else None,
         occupancy_pct=occ_all, occupancy_source=source,
-        occupancy_covered_pct=(100.0 * float(occ_weight["dur_ns"].sum()) / kernel_ns if kernel_ns else None))
+        occupancy_covered_pct=100.0 * occ_dur_ns / kernel_ns if kernel_ns else None)
+
+
+def _known(x: float) -> float | None:
+    return None if np.isnan(x) else float(x)
 
 
 def _source_label(lo: int, hi: int) -> str:
     if lo == hi:
         return "trace" if lo == 1 else "computed"
     return "mixed"
-
-
-def _np_int(s: pl.Series) -> np.ndarray:
-    return s.fill_null(-1).to_numpy().astype(np.int64)
 
 
 def launch_occupancy(device: np.ndarray, grid_blocks: np.ndarray, block_threads: np.ndarray,

@@ -59,7 +59,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import covered_between, sorted_unique, union
-from rankscope.analyses.rank.steps import StepWindows, step_windows
+from rankscope.analyses.rank.steps import StepWindows, gpu_args_at, kind_mask, step_windows
 from rankscope.model import Kind, RankTrace
 from rankscope.units import NS_PER_MS
 
@@ -403,73 +403,64 @@ def pageable_memcpy(trace: RankTrace, windows: StepWindows | None = None) -> Mem
     w_start, w_end = wf["start_ns"].to_numpy(), wf["end_ns"].to_numpy()
     step_total_ns = int(wf["duration_ns"].sum()) if wf.height else 0
 
-    ev = trace.events.with_row_index("row").filter(pl.col("kind") == int(Kind.MEMCPY))
-    if ev.height and "bytes" in trace.gpu_args.columns and "row" in trace.gpu_args.columns:
-        ga = trace.gpu_args.select(pl.col("row").cast(pl.UInt32), "bytes")
-        ev = ev.join(ga, on="row", how="left")
-    else:
-        ev = ev.with_columns(pl.lit(None, dtype=pl.Int64).alias("bytes"))
-    names = ev["name"].cast(pl.String).unique().to_list() if ev.height else []
-    table = pl.DataFrame({"name": names,
-                          "direction": [classify_memcpy(n or "")[0] for n in names],
-                          "host_memory": [classify_memcpy(n or "")[1] for n in names]},
-                         schema={"name": pl.String, "direction": pl.String, "host_memory": pl.String})
-    copies = (ev.select(pl.col("name").cast(pl.String), "ts_ns", "dur_ns",
-                        pl.col("bytes").fill_null(-1).cast(pl.Int64))
-              .join(table, on="name", how="left"))
+    rows = np.flatnonzero(kind_mask(trace, [Kind.MEMCPY]))
+    ts = trace.events["ts_ns"].to_numpy()[rows]
+    dur = trace.events["dur_ns"].to_numpy()[rows]
+    nbytes = gpu_args_at(trace, rows, ["bytes"])["bytes"]
+    kinds = [classify_memcpy(n) for n in trace.events["name"].gather(rows).cast(pl.String).to_list()]
+    direction = np.array([d for d, _ in kinds], dtype=object)
+    host_memory = np.array([h for _, h in kinds], dtype=object)
 
-    def summarise(sel: pl.DataFrame) -> CopySummary:
-        if sel.is_empty():
+    def summarise(sel: np.ndarray) -> CopySummary:
+        if not sel.any():
             return CopySummary(step_share_pct=0.0 if step_total_ns > 0 else None)
-        dur = sel["dur_ns"].to_numpy()
-        nbytes = sel["bytes"].to_numpy()
-        has = nbytes >= 0
-        bw_ns = int(dur[has].sum())
-        s, e = union(sel["ts_ns"].to_numpy(), sel["ts_ns"].to_numpy() + dur)
+        d, b = dur[sel], nbytes[sel]
+        has = b >= 0
+        bw_ns = int(d[has].sum())
+        s, e = union(ts[sel], ts[sel] + d)
         covered = int(covered_between(s, e, w_start, w_end).sum()) if len(w_start) else 0
-        bulk = nbytes >= BULK_COPY_BYTES
-        bulk_ns = int(dur[bulk].sum())
+        bulk = b >= BULK_COPY_BYTES
+        bulk_ns = int(d[bulk].sum())
         return CopySummary(
             bulk_count=int(bulk.sum()),
-            bulk_bandwidth_gbps=float(nbytes[bulk].sum()) / bulk_ns if bulk_ns > 0 else None,
-            count=sel.height, total_ms=float(dur.sum()) / NS_PER_MS, bytes=int(nbytes[has].sum()),
+            bulk_bandwidth_gbps=float(b[bulk].sum()) / bulk_ns if bulk_ns > 0 else None,
+            count=int(sel.sum()), total_ms=float(d.sum()) / NS_PER_MS, bytes=int(b[has].sum()),
             bytes_missing=int((~has).sum()),
-            mean_bandwidth_gbps=float(nbytes[has].sum()) / bw_ns if bw_ns > 0 else None,
+            mean_bandwidth_gbps=float(b[has].sum()) / bw_ns if bw_ns > 0 else None,
             step_share_pct=100.0 * covered / step_total_ns if step_total_ns > 0 else None)
 
     rows = []
-    for (direction, host), sel in copies.group_by(["direction", "host_memory"], maintain_order=True):
-        c = summarise(sel)
-        rows.append({"direction": direction, "host_memory": host, "count": c.count, "total_ms": c.total_ms,
+    for kind in dict.fromkeys(kinds):                      # in order of first appearance
+        c = summarise((direction == kind[0]) & (host_memory == kind[1]))
+        rows.append({"direction": kind[0], "host_memory": kind[1], "count": c.count, "total_ms": c.total_ms,
                      "bytes": c.bytes, "bytes_missing": c.bytes_missing,
                      "mean_bandwidth_gbps": c.mean_bandwidth_gbps, "step_share_pct": c.step_share_pct})
     by_kind = (pl.DataFrame(rows, schema=_BY_KIND_SCHEMA).sort("total_ms", descending=True)
                if rows else pl.DataFrame(schema=_BY_KIND_SCHEMA))
 
-    host_dev = copies.filter(pl.col("direction").is_in(list(HOST_DEVICE)))
-    pageable_rows = host_dev.filter(pl.col("host_memory") == "pageable")
-    pageable = summarise(pageable_rows)
-    pinned = summarise(host_dev.filter(pl.col("host_memory") == "pinned"))
+    host_dev = np.isin(direction, list(HOST_DEVICE))
+    pageable_sel = host_dev & (host_memory == "pageable")
+    pageable = summarise(pageable_sel)
+    pinned = summarise(host_dev & (host_memory == "pinned"))
     ratio = (pinned.bulk_bandwidth_gbps / pageable.bulk_bandwidth_gbps
              if pinned.bulk_bandwidth_gbps and pageable.bulk_bandwidth_gbps else None)
-    host_total_ms = float(host_dev["dur_ns"].sum()) / NS_PER_MS if host_dev.height else 0.0
+    host_total_ms = float(dur[host_dev].sum()) / NS_PER_MS if host_dev.any() else 0.0
 
     # per step: pageable copy time inside each window
     if len(w_start):
-        s, e = union(pageable_rows["ts_ns"].to_numpy(),
-                     (pageable_rows["ts_ns"] + pageable_rows["dur_ns"]).to_numpy())
+        s, e = union(ts[pageable_sel], ts[pageable_sel] + dur[pageable_sel])
         cov = covered_between(s, e, w_start, w_end)
-        dur = wf["duration_ns"].to_numpy()
+        step_dur = wf["duration_ns"].to_numpy()
         per_step = pl.DataFrame({
-            "step": wf["step"], "duration_ms": dur / NS_PER_MS, "pageable_ms": cov / NS_PER_MS,
-            "pageable_share_pct": np.where(dur > 0, 100.0 * cov / np.maximum(dur, 1), 0.0)})
+            "step": wf["step"], "duration_ms": step_dur / NS_PER_MS, "pageable_ms": cov / NS_PER_MS,
+            "pageable_share_pct": np.where(step_dur > 0, 100.0 * cov / np.maximum(step_dur, 1), 0.0)})
     else:
         per_step = pl.DataFrame(schema={"step": pl.Int64, "duration_ms": pl.Float64, "pageable_ms": pl.Float64,
                                         "pageable_share_pct": pl.Float64})
     return MemcpyReport(
         by_kind=CopyKinds(**by_kind.to_dict(as_series=False)), pageable=pageable,
-        pageable_htod=summarise(pageable_rows.filter(pl.col("direction") == "HtoD")),
-        pageable_dtoh=summarise(pageable_rows.filter(pl.col("direction") == "DtoH")),
+        pageable_htod=summarise(pageable_sel & (direction == "HtoD")),
+        pageable_dtoh=summarise(pageable_sel & (direction == "DtoH")),
         pinned=pinned, pinned_vs_pageable_bandwidth_ratio=ratio,
         pageable_pct_of_host_copy_time=100.0 * pageable.total_ms / host_total_ms if host_total_ms > 0 else None,
         step_time_ms=step_total_ns / NS_PER_MS, steps_source=windows.source,

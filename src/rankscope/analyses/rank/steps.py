@@ -3,22 +3,80 @@
 A step is a `ProfilerStep#N` span on the CPU. Its window ends at max(CPU end, end of the last
 device activity launched inside it), clipped at the next step's start. A trace without steps
 is one step spanning the whole trace (`source == "whole_trace"`), and callers say so.
+
+Also the per-event numpy views that this module and the breakdown, gaps, dataloader, memory and
+kernel analyses start from (`event_end_ns`, `kind_mask`, `name_mask`, `gpu_args_at`,
+`device_union`): arrays aligned with `trace.events` (the costly ones made once per trace).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Iterable
 
 import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import covered_between, union
-from rankscope.analyses.rank import views
-from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace, names_matching
+from rankscope.analyses.rank.views import memo, names_matching
+from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace
 
-_DEVICE = [int(k) for k in DEVICE_KINDS]
-_LAUNCH = [int(Kind.RUNTIME), int(Kind.DRIVER)]
+_LAUNCH = (Kind.RUNTIME, Kind.DRIVER)
 
 
+# ----------------------------------------------------------------------------------------------
+# Per-event arrays, aligned with trace.events
+def event_end_ns(trace: RankTrace) -> np.ndarray:
+    """ts_ns + dur_ns of every event."""
+    return memo(trace, ("steps", "event_end_ns"),
+                lambda: trace.events["ts_ns"].to_numpy() + trace.events["dur_ns"].to_numpy())
+
+
+def kind_mask(trace: RankTrace, kinds: Iterable[int]) -> np.ndarray:
+    """Whether each event is of one of these kinds."""
+    kind = trace.events["kind"].to_numpy()
+    out = np.zeros(len(kind), dtype=bool)
+    for k in kinds:
+        out |= kind == int(k)
+    return out
+
+
+def name_mask(trace: RankTrace, pattern: str) -> np.ndarray:
+    """Whether each event's name matches `pattern` (regex search)."""
+    return memo(trace, ("steps", "name_mask", pattern),
+                lambda: trace.events["name"].is_in(names_matching(trace, pattern)).fill_null(False).to_numpy())
+
+
+def gpu_args_at(trace: RankTrace, rows: np.ndarray, columns: Iterable[str]) -> dict[str, np.ndarray]:
+    """These columns of `trace.gpu_args` (launch details, keyed by `row`) for the events at `rows`
+    of trace.events: int64 with -1, or float64 with NaN, where the trace has no value."""
+    args = trace.gpu_args
+    float_columns = {c for c, t in args.schema.items() if t.is_float()}
+    out = {c: np.full(len(rows), np.nan) if c in float_columns else np.full(len(rows), -1, dtype=np.int64)
+           for c in columns}
+    present = [c for c in out if c in args.columns]
+    if not len(rows) or args.is_empty() or "row" not in args.columns or not present:
+        return out
+    args = args.select("row", *[pl.col(c).cast(pl.Float64).fill_null(np.nan) if c in float_columns
+                                else pl.col(c).cast(pl.Int64).fill_null(-1) for c in present])
+    arg_row = args["row"].to_numpy()
+    order = np.argsort(arg_row, kind="stable")
+    at = np.minimum(np.searchsorted(arg_row[order], rows), len(order) - 1)
+    found = arg_row[order][at] == rows
+    for c in present:
+        out[c][found] = args[c].to_numpy()[order][at[found]]
+    return out
+
+
+def device_union(trace: RankTrace) -> tuple[np.ndarray, np.ndarray]:
+    """The time with at least one kernel, memcpy or memset running: sorted disjoint intervals."""
+    def make():
+        dev = kind_mask(trace, DEVICE_KINDS)
+        return union(trace.events["ts_ns"].to_numpy()[dev], event_end_ns(trace)[dev])
+    return memo(trace, ("steps", "device_union"), make)
+
+
+# ----------------------------------------------------------------------------------------------
 @dataclass
 class StepWindows:
     """`frame` columns: step, start_ns, cpu_end_ns, end_ns, duration_ns (one row per step)."""
@@ -28,34 +86,31 @@ class StepWindows:
 
 def step_windows(trace: RankTrace) -> StepWindows:
     """Computed once per trace (every per-step analysis needs them)."""
-    return views.memo(trace, ("step_windows",), lambda: _step_windows(trace))
+    return memo(trace, ("step_windows",), lambda: _step_windows(trace))
 
 
 def _step_windows(trace: RankTrace) -> StepWindows:
     ev = trace.events
-    step_names = names_matching(ev, PROFILER_STEP_PATTERN)
-    marks = (
-        ev.filter(pl.col("kind").is_in([int(k) for k in HOST_OP_KINDS]) & pl.col("name").is_in(step_names))
-        .select(
-            pl.col("name").cast(pl.String).str.extract(PROFILER_STEP_PATTERN, 1).cast(pl.Int64).alias("step"),
-            "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns")).alias("cpu_end_ns"),
-        )
-        # one span per step number (some traces record it as cpu_op and as annotation)
-        .group_by("step").agg(pl.col("ts_ns").min(), pl.col("cpu_end_ns").max())
-        .sort("ts_ns")
-    )
-    if marks.is_empty():
+    rows = np.flatnonzero(kind_mask(trace, HOST_OP_KINDS) & name_mask(trace, PROFILER_STEP_PATTERN))
+    if len(rows) == 0:
         if ev.is_empty():
             frame = _frame(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
             return StepWindows(frame, "whole_trace")
         start = int(ev["ts_ns"].min())
-        end = int((ev["ts_ns"] + ev["dur_ns"]).max())
+        end = int(event_end_ns(trace).max())
         return StepWindows(_frame(np.array([0]), np.array([start]), np.array([end]), np.array([end])), "whole_trace")
 
-    steps = marks["step"].to_numpy()
-    starts = marks["ts_ns"].to_numpy()
-    cpu_ends = marks["cpu_end_ns"].to_numpy()
-    device_end = _last_launched_device_end(ev, starts, cpu_ends)
+    # one span per step number (some traces record it as cpu_op and as annotation)
+    number = np.array([int(re.search(PROFILER_STEP_PATTERN, n).group(1))
+                       for n in ev["name"].gather(rows).cast(pl.String).to_list()], dtype=np.int64)
+    steps, which = np.unique(number, return_inverse=True)
+    starts = np.full(len(steps), np.iinfo(np.int64).max, dtype=np.int64)
+    cpu_ends = np.full(len(steps), np.iinfo(np.int64).min, dtype=np.int64)
+    np.minimum.at(starts, which, ev["ts_ns"].to_numpy()[rows])
+    np.maximum.at(cpu_ends, which, event_end_ns(trace)[rows])
+    order = np.argsort(starts, kind="stable")
+    steps, starts, cpu_ends = steps[order], starts[order], cpu_ends[order]
+    device_end = _last_launched_device_end(trace, starts, cpu_ends)
     ends = np.maximum(cpu_ends, device_end)
     ends[:-1] = np.minimum(ends[:-1], starts[1:])
     return StepWindows(_frame(steps, starts, cpu_ends, ends), "profiler_step")
@@ -68,27 +123,32 @@ def _frame(steps, starts, cpu_ends, ends) -> pl.DataFrame:
                                 "end_ns": pl.Int64, "duration_ns": pl.Int64})
 
 
-def _last_launched_device_end(ev: pl.DataFrame, starts: np.ndarray, cpu_ends: np.ndarray) -> np.ndarray:
+def _last_launched_device_end(trace: RankTrace, starts: np.ndarray, cpu_ends: np.ndarray) -> np.ndarray:
     """Per step: the latest end of device activity whose launch (runtime call) lies inside the
     step's CPU span; int64 min where none."""
     out = np.full(len(starts), np.iinfo(np.int64).min, dtype=np.int64)
-    launches = ev.filter(pl.col("kind").is_in(_LAUNCH) & (pl.col("correlation") >= 0)).select(
-        "correlation", pl.col("ts_ns").alias("launch_ns"))
-    device = ev.filter(pl.col("kind").is_in(_DEVICE) & (pl.col("correlation") >= 0)).select(
-        "correlation", (pl.col("ts_ns") + pl.col("dur_ns")).alias("device_end_ns"))
-    if launches.is_empty() or device.is_empty():
+    correlation = trace.events["correlation"].to_numpy()
+    linked = correlation >= 0
+    launch = np.flatnonzero(kind_mask(trace, _LAUNCH) & linked)
+    device = np.flatnonzero(kind_mask(trace, DEVICE_KINDS) & linked)
+    if len(launch) == 0 or len(device) == 0:
         return out
-    linked = launches.join(device, on="correlation", how="inner")
-    launch_ns = linked["launch_ns"].to_numpy()
+    # every (launch, device event) pair of one correlation id: the launches sorted by id, each device
+    # event's range of launches found by binary search, then the ranges expanded
+    by_id = launch[np.argsort(correlation[launch], kind="stable")]
+    lo = np.searchsorted(correlation[by_id], correlation[device], side="left")
+    n = np.searchsorted(correlation[by_id], correlation[device], side="right") - lo
+    pair_launch = by_id[np.repeat(lo - np.cumsum(n) + n, n) + np.arange(n.sum())]
+    pair_end = np.repeat(event_end_ns(trace)[device], n)
+    launch_ns = trace.events["ts_ns"].to_numpy()[pair_launch]
     i = np.searchsorted(starts, launch_ns, side="right") - 1
     inside = (i >= 0) & (launch_ns < cpu_ends[np.maximum(i, 0)])
-    np.maximum.at(out, i[inside], linked["device_end_ns"].to_numpy()[inside])
+    np.maximum.at(out, i[inside], pair_end[inside])
     return out
 
 
 def device_busy_ns(trace: RankTrace, windows: StepWindows) -> np.ndarray:
     """Per step: time with at least one kernel, memcpy or memset running (union of intervals)."""
-    dev = trace.events.filter(pl.col("kind").is_in(_DEVICE))
-    s, e = union(dev["ts_ns"].to_numpy(), (dev["ts_ns"] + dev["dur_ns"]).to_numpy())
+    s, e = device_union(trace)
     f = windows.frame
     return covered_between(s, e, f["start_ns"].to_numpy(), f["end_ns"].to_numpy())
