@@ -43,7 +43,7 @@ from rankscope.analyses.rank.breakdown import CATEGORIES, Timeline, classify_tim
 from rankscope.analyses.rank.groups import (ROLE_PRECEDENCE, Group, assign_unnamed, dim_of_desc, parse_ranks,
                                           rank_groups, role_dim)
 from rankscope.analyses.rank.steps import step_windows
-from rankscope.analyses.rank.views import names_matching
+from rankscope.analyses.rank.views import distinct_names
 from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, Kind, KernelClass, RankTrace
 
 DEFAULT_PG = "default"
@@ -93,6 +93,12 @@ PIPELINE_MARKS = re.compile(r"^(?:PP:(\d+)F(\d+)|Forward (\d+))$")
 _FUNCTIONAL_RX = re.compile(r"^_?c10d_functional::")
 #: The c10d ops that issue a collective (not its wait).
 _ISSUE_RX = re.compile(r"^c10d::(?!.*wait)")
+#: Names the collectives of a rank are found by, by class: metadata around a kernel launch
+#: (record_param_comms, nccl:* annotation, c10d::* op), functional collectives, the c10d ops that
+#: issue one, gloo spans, pipeline schedule marks.
+_NAME_CLASSES = {"rpc": re.compile(f"^{re.escape(_RPC_NAME)}$"), "ann": _ANNOTATION_RX, "op": _OP_RX,
+                 "functional": _FUNCTIONAL_RX, "issue": _ISSUE_RX, "gloo": _GLOO_RX, "pipeline": PIPELINE_MARKS}
+_ANY_CLASS = re.compile("|".join(f"(?:{rx.pattern})" for rx in _NAME_CLASSES.values()))
 #: gloo span type -> types of the c10d ops that may have issued it (gloo runs reduce_scatter as an
 #: all_reduce).
 _GLOO_ISSUERS = {"all_reduce": ("all_reduce", "reduce_scatter")}
@@ -327,13 +333,15 @@ def _latest_at_or_before(p_keys: list[tuple], p_t: np.ndarray, s_keys: list[tupl
 
 @dataclass
 class _Spans:
-    """Events as parallel arrays: their rows in `trace.events`, names, threads, start and end ns."""
+    """Events as parallel arrays: their rows in `trace.events`, names, threads, start and end ns,
+    correlation and External ids."""
     row: np.ndarray
     name: list[str]
     pid: np.ndarray
     tid: np.ndarray
     ts_ns: np.ndarray
     end_ns: np.ndarray
+    correlation: list[int | None]
     external_id: list[int | None]
 
     @classmethod
@@ -341,12 +349,13 @@ class _Spans:
         ts = frame["ts_ns"].to_numpy().astype(np.int64)
         return cls(frame["row"].to_numpy().astype(np.int64), frame["name"].to_list(),
                    frame["pid"].to_numpy().astype(np.int64), frame["tid"].to_numpy().astype(np.int64), ts,
-                   ts + frame["dur_ns"].to_numpy().astype(np.int64), frame["external_id"].to_list())
+                   ts + frame["dur_ns"].to_numpy().astype(np.int64), frame["correlation"].to_list(),
+                   frame["external_id"].to_list())
 
     def take(self, idx) -> "_Spans":
         idx = np.asarray(idx, dtype=np.int64)
         return _Spans(self.row[idx], [self.name[i] for i in idx], self.pid[idx], self.tid[idx], self.ts_ns[idx],
-                      self.end_ns[idx], [self.external_id[i] for i in idx])
+                      self.end_ns[idx], [self.correlation[i] for i in idx], [self.external_id[i] for i in idx])
 
     def named(self, names: list[str]) -> "_Spans":
         wanted = set(names)
@@ -401,8 +410,8 @@ def _op_shape(trace: RankTrace, rows: list[int]) -> dict[int, tuple[int, str | N
     `Input type` (each distinct pair parsed once)."""
     if not rows or trace.op_args.is_empty():
         return {}
-    oa = trace.op_args.filter(pl.col("row").is_in(rows)).select(
-        "row", pl.col("input_dims").cast(pl.String), pl.col("input_types").cast(pl.String))
+    oa = trace.op_args.lazy().filter(pl.col("row").is_in(rows)).select(
+        "row", pl.col("input_dims").cast(pl.String), pl.col("input_types").cast(pl.String)).collect()
     parsed: dict[tuple, tuple[int, str | None]] = {}
     out = {}
     for r, d, t in oa.iter_rows():
@@ -420,15 +429,28 @@ def _pg_sizes(trace: RankTrace) -> dict[str, int]:
     return out
 
 
-def _candidates(trace: RankTrace, host_names: list[str]) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """In one pass over the events, with their rows: (the COMM device events, the host ops named
-    one of `host_names`), each in event order."""
+def _name_classes(trace: RankTrace) -> dict[str, list[str]]:
+    """The rank's distinct names in each of `_NAME_CLASSES`, in one pass over the names."""
+    out: dict[str, list[str]] = {cls: [] for cls in _NAME_CLASSES}
+    for name in distinct_names(trace):
+        if _ANY_CLASS.search(name):
+            for cls, rx in _NAME_CLASSES.items():
+                if rx.search(name):
+                    out[cls].append(name)
+    return out
+
+
+def _candidates(trace: RankTrace, host_names: list[str]) -> tuple[_Spans, _Spans]:
+    """In one pass over the events: (the COMM device events, the host ops named one of
+    `host_names`), each in event order."""
     comm = pl.col("kind").is_in([int(k) for k in DEVICE_KINDS]) & (pl.col("kclass") == int(KernelClass.COMM))
     found = trace.events.lazy().with_row_index("row").filter(
         comm | (pl.col("kind").is_in([int(k) for k in HOST_OP_KINDS]) & pl.col("name").is_in(host_names))
     ).select(pl.col("row").cast(pl.Int64), pl.col("name").cast(pl.String), "ts_ns", "dur_ns", "pid", "tid",
              "correlation", "external_id", comm.fill_null(False).alias("comm")).collect()
-    return found.filter(pl.col("comm")).drop("comm"), found.filter(~pl.col("comm")).drop("comm")
+    is_comm = found["comm"].to_numpy()
+    spans = _Spans.of(found)
+    return spans.take(np.flatnonzero(is_comm)), spans.take(np.flatnonzero(~is_comm))
 
 
 def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows=None) -> RankCollectives:
@@ -448,32 +470,27 @@ def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows
     s_ids = wf["step"].to_numpy().astype(np.int64)
 
     # the host ops that may carry a collective's metadata or be one (gloo), by class
-    classes = {
-        "rpc": names_matching(trace, f"^{re.escape(_RPC_NAME)}$"),
-        "ann": names_matching(trace, _ANNOTATION_RX.pattern),
-        "op": names_matching(trace, _OP_RX.pattern),
-        "functional": names_matching(trace, _FUNCTIONAL_RX.pattern),
-        "issue": names_matching(trace, _ISSUE_RX.pattern),
-        "gloo": names_matching(trace, _GLOO_RX.pattern),
-    }
-    dev_comm, host_frame = _candidates(trace, sorted({n for names in classes.values() for n in names}))
-    host = _Spans.of(host_frame)
-    if not dev_comm.is_empty():
+    classes = _name_classes(trace)
+    dev_comm, host = _candidates(trace, sorted({n for cls, names in classes.items() if cls != "pipeline"
+                                                for n in names}))
+    if len(dev_comm.row):
         out.source = "device"
-        inst_frame = dev_comm
+        inst = dev_comm
     else:
         # one span per (thread, start, name): some traces record it as op and annotation
-        gloo = host_frame.filter(pl.col("name").is_in(classes["gloo"]))
-        inst_frame = gloo.unique(subset=["tid", "ts_ns", "name"], keep="first", maintain_order=True)
-        if inst_frame.is_empty():
+        gloo, first = set(classes["gloo"]), {}
+        for j, key in enumerate(zip(host.tid.tolist(), host.ts_ns.tolist(), host.name)):
+            if key[2] in gloo:
+                first.setdefault(key, j)
+        inst = host.take(list(first.values()))
+        if not len(inst.row):
             timeline = timeline or classify_timeline(trace, [s_start, s_end])
             out.step_breakdown_ns = _window_breakdowns(timeline, (s_start, s_end))[0].tolist()
             out.step_tail_ns = out.step_breakdown_ns
             return out
         out.source = "host"
-    out.pipeline_stages, out.pipeline_microbatches = _pipeline_marks(trace)
-    inst_frame = inst_frame.sort(["ts_ns", "row"])
-    inst = _Spans.of(inst_frame)
+    out.pipeline_stages, out.pipeline_microbatches = _pipeline_marks(classes["pipeline"])
+    inst = inst.take(np.lexsort((inst.row, inst.ts_ns)))
     n = len(inst.row)
     rows = inst.row.tolist()
     names = inst.name
@@ -485,7 +502,7 @@ def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows
     op_row = [-1] * n
     orphan = [False] * n
     if out.source == "device":
-        pts = _launch_points(trace, inst_frame["correlation"].to_list())
+        pts = _launch_points(trace, inst.correlation)
         launched = set(pts[0].tolist())
         orphan = [i not in launched for i in range(n)]
         for cls, target in (("rpc", rpc_row), ("ann", ann_row), ("op", op_row)):
@@ -617,8 +634,8 @@ def _launch_points(trace: RankTrace, correlations: list[int | None]) -> tuple[np
     """Where each kernel (in `correlations` order) was launched: the first runtime / driver event
     with its correlation id, as (idx, pid, tid, t_ns) of the kernels that have one."""
     wanted = sorted({c for c in correlations if c is not None and c >= 0})
-    calls = trace.events.filter(pl.col("kind").is_in([int(Kind.RUNTIME), int(Kind.DRIVER)])
-                                & pl.col("correlation").is_in(wanted)).select("correlation", "pid", "tid", "ts_ns")
+    calls = trace.events.lazy().filter(pl.col("correlation").is_in(wanted)).filter(
+        pl.col("kind").is_in([int(Kind.RUNTIME), int(Kind.DRIVER)])).select("correlation", "pid", "tid", "ts_ns").collect()
     first: dict[int, tuple] = {}
     for c, pid, tid, t in calls.iter_rows():
         first.setdefault(c, (pid, tid, t))
@@ -627,10 +644,11 @@ def _launch_points(trace: RankTrace, correlations: list[int | None]) -> tuple[np
     return (np.asarray(idx, dtype=np.int64), *(np.asarray([a[f] for a in at], dtype=np.int64) for f in range(3)))
 
 
-def _pipeline_marks(trace: RankTrace) -> tuple[int, int]:
-    """(distinct stages, distinct microbatches) of the rank's forward pipeline actions; -1, -1 without."""
+def _pipeline_marks(marks: list[str]) -> tuple[int, int]:
+    """(distinct stages, distinct microbatches) of the rank's forward pipeline actions (the names
+    `marks` matching `PIPELINE_MARKS`); -1, -1 without."""
     stages, micro = set(), set()
-    for name in names_matching(trace, PIPELINE_MARKS.pattern):
+    for name in marks:
         m = PIPELINE_MARKS.match(name)
         if m.group(3) is not None:
             stages.add(-1)
