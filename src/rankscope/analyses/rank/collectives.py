@@ -30,9 +30,7 @@ The cross-rank matching of these records is `analyses/job/matching.py`.
 """
 from __future__ import annotations
 
-import functools
 import json
-import math
 import re
 import sys
 import zlib
@@ -41,12 +39,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
-from rankscope.analyses.rank import views
 from rankscope.analyses.rank.breakdown import CATEGORIES, Timeline, classify_timeline
 from rankscope.analyses.rank.groups import (ROLE_PRECEDENCE, Group, assign_unnamed, dim_of_desc, parse_ranks,
                                           rank_groups, role_dim)
 from rankscope.analyses.rank.steps import step_windows
-from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, KernelClass, RankTrace, names_matching
+from rankscope.analyses.rank.views import distinct_names
+from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, Kind, KernelClass, RankTrace
 
 DEFAULT_PG = "default"
 
@@ -95,6 +93,12 @@ PIPELINE_MARKS = re.compile(r"^(?:PP:(\d+)F(\d+)|Forward (\d+))$")
 _FUNCTIONAL_RX = re.compile(r"^_?c10d_functional::")
 #: The c10d ops that issue a collective (not its wait).
 _ISSUE_RX = re.compile(r"^c10d::(?!.*wait)")
+#: Names the collectives of a rank are found by, by class: metadata around a kernel launch
+#: (record_param_comms, nccl:* annotation, c10d::* op), functional collectives, the c10d ops that
+#: issue one, gloo spans, pipeline schedule marks.
+_NAME_CLASSES = {"rpc": re.compile(f"^{re.escape(_RPC_NAME)}$"), "ann": _ANNOTATION_RX, "op": _OP_RX,
+                 "functional": _FUNCTIONAL_RX, "issue": _ISSUE_RX, "gloo": _GLOO_RX, "pipeline": PIPELINE_MARKS}
+_ANY_CLASS = re.compile("|".join(f"(?:{rx.pattern})" for rx in _NAME_CLASSES.values()))
 #: gloo span type -> types of the c10d ops that may have issued it (gloo runs reduce_scatter as an
 #: all_reduce).
 _GLOO_ISSUERS = {"all_reduce": ("all_reduce", "reduce_scatter")}
@@ -272,7 +276,6 @@ def _matrix(v, n: int) -> np.ndarray:
     return flat.reshape(n, len(CATEGORIES))
 
 
-@functools.lru_cache(maxsize=4096)              # ops repeat the same shapes
 def _first_tensor_nelems(dims_json: str | None) -> int:
     """Elements of the first argument of `Input Dims`: a tensor ([d0, d1]) or a tensor list
     ([[d0], [d1]]): the product, or the sum of products. -1 when absent."""
@@ -288,14 +291,13 @@ def _first_tensor_nelems(dims_json: str | None) -> int:
     if not isinstance(first, list) or not first:
         return -1
     if all(isinstance(d, int) for d in first):
-        return math.prod(first) if first else -1
+        return int(np.prod(first)) if first else -1
     if all(isinstance(t, list) and all(isinstance(d, int) for d in t) for t in first):
-        total = sum(math.prod(t) for t in first if t)
+        total = sum(int(np.prod(t)) for t in first if t)
         return total if total > 0 else -1
     return -1
 
 
-@functools.lru_cache(maxsize=4096)
 def _first_type(types_json: str | None) -> str | None:
     if not types_json:
         return None
@@ -308,46 +310,91 @@ def _first_type(types_json: str | None) -> str | None:
     return None
 
 
-def _enclosing(points: pl.DataFrame, spans: pl.DataFrame) -> pl.DataFrame:
-    """For each point (idx, pid, tid, t_ns) the span (row, pid, tid, ts_ns, end_ns) on the same
-    thread that started last at or before it and still runs at it: -> (idx, row). Spans of one
-    class do not nest on a thread (they are issued one after the other)."""
-    if points.is_empty() or spans.is_empty():
-        return pl.DataFrame(schema={"idx": pl.Int64, "row": pl.Int64})
-    p = points.sort("t_ns")
-    s = spans.select("row", "pid", "tid", pl.col("ts_ns").alias("t_ns"), "end_ns").sort("t_ns")
-    j = p.join_asof(s, on="t_ns", by=["pid", "tid"], strategy="backward", check_sortedness=False)
-    return j.filter(pl.col("row").is_not_null() & (pl.col("end_ns") > pl.col("t_ns"))).select("idx", "row")
-
-
-def _gloo_issuers(inst: pl.DataFrame, host: pl.DataFrame) -> list[int]:
-    """Per gloo span (in `inst` order): the row of the c10d op that issued it, -1 if none. gloo runs
-    the work on its own threads, so the issuer is the latest c10d op of a fitting type
-    (`_GLOO_ISSUERS`) started in the same process at or before the span."""
-    issue_names = names_matching(host, _ISSUE_RX)
-    out = [-1] * inst.height
-    if not issue_names:
-        return out
-    def typed(frame: pl.DataFrame) -> pl.DataFrame:
-        names = frame["name"].unique().to_list()
-        return frame.with_columns(pl.col("name").replace_strict({v: normalize_collective(v) for v in names},
-                                                                return_dtype=pl.String).alias("type"))
-
-    ops = typed(host.filter(pl.col("name").is_in(issue_names)).select(
-        "row", "pid", pl.col("ts_ns").alias("t_ns"), pl.col("name").cast(pl.String)))
-    spans = typed(inst.with_row_index("idx").select(pl.col("idx").cast(pl.Int64), "pid",
-                                                    pl.col("ts_ns").alias("t_ns"), pl.col("name").cast(pl.String)))
-    for t in spans["type"].unique().to_list():
-        cand = ops.filter(pl.col("type").is_in(list(_GLOO_ISSUERS.get(t, (t,))))) \
-            .select("row", "pid", "t_ns").sort("t_ns")
-        pts = spans.filter(pl.col("type") == t).select("idx", "pid", "t_ns").sort("t_ns")
-        if cand.is_empty() or pts.is_empty():
+def _latest_at_or_before(p_keys: list[tuple], p_t: np.ndarray, s_keys: list[tuple], s_t: np.ndarray) -> np.ndarray:
+    """For each point (key, time): the index of the span (given in event order) with the same key
+    that started last at or before it (the later event on a tie); -1 if none."""
+    out = np.full(len(p_t), -1, dtype=np.int64)
+    spans_of: dict[tuple, list[int]] = {}
+    for j, k in enumerate(s_keys):
+        spans_of.setdefault(k, []).append(j)
+    points_of: dict[tuple, list[int]] = {}
+    for i, k in enumerate(p_keys):
+        points_of.setdefault(k, []).append(i)
+    for k, pi in points_of.items():
+        if k not in spans_of:
             continue
-        for i, r in pts.join_asof(cand, on="t_ns", by="pid", strategy="backward",
-                                  check_sortedness=False).select("idx", "row").iter_rows():
-            if r is not None:
-                out[int(i)] = int(r)
+        sj = np.asarray(spans_of[k], dtype=np.int64)
+        sj = sj[np.argsort(s_t[sj], kind="stable")]
+        pi = np.asarray(pi, dtype=np.int64)
+        pos = np.searchsorted(s_t[sj], p_t[pi], side="right") - 1
+        out[pi] = np.where(pos >= 0, sj[np.maximum(pos, 0)], -1)
     return out
+
+
+@dataclass
+class _Spans:
+    """Events as parallel arrays: their rows in `trace.events`, names, threads, start and end ns,
+    correlation and External ids."""
+    row: np.ndarray
+    name: list[str]
+    pid: np.ndarray
+    tid: np.ndarray
+    ts_ns: np.ndarray
+    end_ns: np.ndarray
+    correlation: list[int | None]
+    external_id: list[int | None]
+
+    @classmethod
+    def of(cls, frame: pl.DataFrame) -> "_Spans":
+        ts = frame["ts_ns"].to_numpy().astype(np.int64)
+        return cls(frame["row"].to_numpy().astype(np.int64), frame["name"].to_list(),
+                   frame["pid"].to_numpy().astype(np.int64), frame["tid"].to_numpy().astype(np.int64), ts,
+                   ts + frame["dur_ns"].to_numpy().astype(np.int64), frame["correlation"].to_list(),
+                   frame["external_id"].to_list())
+
+    def take(self, idx) -> "_Spans":
+        idx = np.asarray(idx, dtype=np.int64)
+        return _Spans(self.row[idx], [self.name[i] for i in idx], self.pid[idx], self.tid[idx], self.ts_ns[idx],
+                      self.end_ns[idx], [self.correlation[i] for i in idx], [self.external_id[i] for i in idx])
+
+    def named(self, names: list[str]) -> "_Spans":
+        wanted = set(names)
+        return self.take([i for i, n in enumerate(self.name) if n in wanted])
+
+
+def _enclosing(points: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], spans: _Spans) -> dict[int, int]:
+    """For each point (idx, pid, tid, t_ns) the span on the same thread that started last at or
+    before it and still runs at it: {idx: row}. Spans of one class do not nest on a thread (they
+    are issued one after the other)."""
+    idx, pid, tid, t = points
+    if not len(idx) or not len(spans.row):
+        return {}
+    j = _latest_at_or_before(list(zip(pid.tolist(), tid.tolist())), t,
+                             list(zip(spans.pid.tolist(), spans.tid.tolist())), spans.ts_ns)
+    hit = (j >= 0) & (spans.end_ns[np.maximum(j, 0)] > t)
+    return dict(zip(idx[hit].tolist(), spans.row[j[hit]].tolist()))
+
+
+def _gloo_issuers(inst: _Spans, ops: _Spans) -> list[int]:
+    """Per gloo span (in `inst` order): the row of the c10d op (one of `ops`, the issuing c10d ops)
+    that issued it, -1 if none. gloo runs the work on its own threads, so the issuer is the latest
+    c10d op of a fitting type (`_GLOO_ISSUERS`) started in the same process at or before the span."""
+    out = np.full(len(inst.row), -1, dtype=np.int64)
+    if not len(ops.row):
+        return out.tolist()
+    type_of = {v: normalize_collective(v) for v in set(inst.name) | set(ops.name)}
+    op_types = [type_of[v] for v in ops.name]
+    span_types = [type_of[v] for v in inst.name]
+    for t in dict.fromkeys(span_types):
+        fitting = _GLOO_ISSUERS.get(t, (t,))
+        cand = ops.take([j for j, u in enumerate(op_types) if u in fitting])
+        pts = np.asarray([i for i, u in enumerate(span_types) if u == t], dtype=np.int64)
+        if not len(cand.row):
+            continue
+        j = _latest_at_or_before([(p,) for p in inst.pid[pts].tolist()], inst.ts_ns[pts],
+                                 [(p,) for p in cand.pid.tolist()], cand.ts_ns)
+        out[pts[j >= 0]] = cand.row[j[j >= 0]]
+    return out.tolist()
 
 
 def _comm_args_by_row(trace: RankTrace) -> dict[int, dict]:
@@ -359,11 +406,19 @@ def _comm_args_by_row(trace: RankTrace) -> dict[int, dict]:
 
 
 def _op_shape(trace: RankTrace, rows: list[int]) -> dict[int, tuple[int, str | None]]:
+    """Per op row: (elements of its first input, its first input's type), from `Input Dims` /
+    `Input type` (each distinct pair parsed once)."""
     if not rows or trace.op_args.is_empty():
         return {}
-    oa = trace.op_args.filter(pl.col("row").is_in(rows)).select(
-        "row", pl.col("input_dims").cast(pl.String), pl.col("input_types").cast(pl.String))
-    return {int(r): (_first_tensor_nelems(d), _first_type(t)) for r, d, t in oa.iter_rows()}
+    oa = trace.op_args.lazy().filter(pl.col("row").is_in(rows)).select(
+        "row", pl.col("input_dims").cast(pl.String), pl.col("input_types").cast(pl.String)).collect()
+    parsed: dict[tuple, tuple[int, str | None]] = {}
+    out = {}
+    for r, d, t in oa.iter_rows():
+        if (d, t) not in parsed:
+            parsed[d, t] = (_first_tensor_nelems(d), _first_type(t))
+        out[int(r)] = parsed[d, t]
+    return out
 
 
 def _pg_sizes(trace: RankTrace) -> dict[str, int]:
@@ -372,6 +427,30 @@ def _pg_sizes(trace: RankTrace) -> dict[str, int]:
         if isinstance(pg, dict) and pg.get("pg_name") is not None and isinstance(pg.get("pg_size"), int):
             out[str(pg["pg_name"])] = int(pg["pg_size"])
     return out
+
+
+def _name_classes(trace: RankTrace) -> dict[str, list[str]]:
+    """The rank's distinct names in each of `_NAME_CLASSES`, in one pass over the names."""
+    out: dict[str, list[str]] = {cls: [] for cls in _NAME_CLASSES}
+    for name in distinct_names(trace):
+        if _ANY_CLASS.search(name):
+            for cls, rx in _NAME_CLASSES.items():
+                if rx.search(name):
+                    out[cls].append(name)
+    return out
+
+
+def _candidates(trace: RankTrace, host_names: list[str]) -> tuple[_Spans, _Spans]:
+    """In one pass over the events: (the COMM device events, the host ops named one of
+    `host_names`), each in event order."""
+    comm = pl.col("kind").is_in([int(k) for k in DEVICE_KINDS]) & (pl.col("kclass") == int(KernelClass.COMM))
+    found = trace.events.lazy().with_row_index("row").filter(
+        comm | (pl.col("kind").is_in([int(k) for k in HOST_OP_KINDS]) & pl.col("name").is_in(host_names))
+    ).select(pl.col("row").cast(pl.Int64), pl.col("name").cast(pl.String), "ts_ns", "dur_ns", "pid", "tid",
+             "correlation", "external_id", comm.fill_null(False).alias("comm")).collect()
+    is_comm = found["comm"].to_numpy()
+    spans = _Spans.of(found)
+    return spans.take(np.flatnonzero(is_comm)), spans.take(np.flatnonzero(~is_comm))
 
 
 def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows=None) -> RankCollectives:
@@ -390,28 +469,31 @@ def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows
     s_end = wf["end_ns"].to_numpy().astype(np.int64)
     s_ids = wf["step"].to_numpy().astype(np.int64)
 
-    ev = trace.events.with_row_index("row").with_columns(pl.col("row").cast(pl.Int64))
-    dev_comm = ev.filter(pl.col("kind").is_in([int(k) for k in DEVICE_KINDS])
-                         & (pl.col("kclass") == int(KernelClass.COMM)))
-    if not dev_comm.is_empty():
+    # the host ops that may carry a collective's metadata or be one (gloo), by class
+    classes = _name_classes(trace)
+    dev_comm, host = _candidates(trace, sorted({n for cls, names in classes.items() if cls != "pipeline"
+                                                for n in names}))
+    if len(dev_comm.row):
         out.source = "device"
         inst = dev_comm
     else:
-        gloo = names_matching(ev, _GLOO_RX)
-        inst = ev.filter(pl.col("kind").is_in([int(k) for k in HOST_OP_KINDS]) & pl.col("name").is_in(gloo))
         # one span per (thread, start, name): some traces record it as op and annotation
-        inst = inst.unique(subset=["tid", "ts_ns", "name"], keep="first", maintain_order=True)
-        if inst.is_empty():
+        gloo, first = set(classes["gloo"]), {}
+        for j, key in enumerate(zip(host.tid.tolist(), host.ts_ns.tolist(), host.name)):
+            if key[2] in gloo:
+                first.setdefault(key, j)
+        inst = host.take(list(first.values()))
+        if not len(inst.row):
             timeline = timeline or classify_timeline(trace, [s_start, s_end])
-            out.step_breakdown_ns = _window_breakdown(timeline, s_start, s_end).tolist()
+            out.step_breakdown_ns = _window_breakdowns(timeline, (s_start, s_end))[0].tolist()
             out.step_tail_ns = out.step_breakdown_ns
             return out
         out.source = "host"
-    out.pipeline_stages, out.pipeline_microbatches = _pipeline_marks(ev)
-    inst = inst.sort(["ts_ns", "row"])
-    n = inst.height
-    rows = inst["row"].to_list()
-    names = inst["name"].cast(pl.String).to_list()
+    out.pipeline_stages, out.pipeline_microbatches = _pipeline_marks(classes["pipeline"])
+    inst = inst.take(np.lexsort((inst.row, inst.ts_ns)))
+    n = len(inst.row)
+    rows = inst.row.tolist()
+    names = inst.name
     comm_args = _comm_args_by_row(trace)
 
     # the host ops around each kernel's launch: record_param_comms, nccl:* annotation, c10d::* op
@@ -419,64 +501,53 @@ def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows
     ann_row = [-1] * n
     op_row = [-1] * n
     orphan = [False] * n
-    host = ev.filter(pl.col("kind").is_in([int(k) for k in HOST_OP_KINDS]))
     if out.source == "device":
-        launch = views.first_launches(trace).select("correlation", "pid", "tid", pl.col("ts_ns").alias("t_ns"))
-        pts = inst.with_row_index("idx").select(pl.col("idx").cast(pl.Int64), "correlation") \
-            .join(launch, on="correlation", how="inner").select("idx", "pid", "tid", "t_ns") \
-            .with_columns(pl.col("pid", "tid", "t_ns").cast(pl.Int64))
-        launched = set(pts["idx"].to_list())
+        pts = _launch_points(trace, inst.correlation)
+        launched = set(pts[0].tolist())
         orphan = [i not in launched for i in range(n)]
-        classes = {
-            "rpc": names_matching(host, f"^{re.escape(_RPC_NAME)}$"),
-            "ann": names_matching(host, _ANNOTATION_RX),
-            "op": names_matching(host, _OP_RX),
-        }
         for cls, target in (("rpc", rpc_row), ("ann", ann_row), ("op", op_row)):
             if not classes[cls]:
                 continue
-            spans = host.filter(pl.col("name").is_in(classes[cls])).select(
-                "row", "pid", "tid", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns"))
-            for i, r in _enclosing(pts, spans).iter_rows():
-                target[int(i)] = int(r)
+            for i, r in _enclosing(pts, host.named(classes[cls])).items():
+                target[i] = r
         # kernels without a launch event: the host op sharing the kernel's External id
         missing = [i for i in range(n) if rpc_row[i] < 0 and ann_row[i] < 0 and op_row[i] < 0]
         if missing:
-            ext = inst["external_id"].to_list()
+            ext = inst.external_id
             by_ext = {}
             wanted = {ext[i] for i in missing if ext[i] is not None and ext[i] >= 0}
-            if wanted:
-                cand = host.filter(pl.col("external_id").is_in(list(wanted))).select(
-                    "row", "external_id", pl.col("name").cast(pl.String))
-                for r, e, nm in cand.iter_rows():
-                    cls = "rpc" if nm == _RPC_NAME else "ann" if _ANNOTATION_RX.search(nm) else \
-                        "op" if _OP_RX.search(nm) else None
-                    if cls:
-                        by_ext.setdefault((e, cls), r)
+            for r, e, nm in zip(host.row.tolist(), host.external_id, host.name):
+                if e not in wanted:
+                    continue
+                cls = "rpc" if nm == _RPC_NAME else "ann" if _ANNOTATION_RX.search(nm) else \
+                    "op" if _OP_RX.search(nm) else None
+                if cls:
+                    by_ext.setdefault((e, cls), r)
             for i in missing:
                 rpc_row[i] = by_ext.get((ext[i], "rpc"), -1)
                 ann_row[i] = by_ext.get((ext[i], "ann"), -1)
                 op_row[i] = by_ext.get((ext[i], "op"), -1)
     else:
         ann_row = list(rows)          # the gloo span is its own annotation
-    if out.source == "host":
-        op_row = _gloo_issuers(inst, host)
-        pairs = pl.DataFrame({"idx": range(n), "row": op_row}, schema={"idx": pl.Int64, "row": pl.Int64})
-        pts = pairs.join(host.select("row", "pid", "tid", pl.col("ts_ns").alias("t_ns")), on="row") \
-            .select("idx", pl.col("pid", "tid", "t_ns").cast(pl.Int64))
-    fn_names = names_matching(host, _FUNCTIONAL_RX)
+        op_row = _gloo_issuers(inst, host.named(classes["issue"]))
+        at = {r: j for j, r in enumerate(host.row.tolist())}
+        issued = [(i, at[r]) for i, r in enumerate(op_row) if r >= 0]
+        js = np.asarray([j for _, j in issued], dtype=np.int64)
+        pts = (np.asarray([i for i, _ in issued], dtype=np.int64), host.pid[js], host.tid[js], host.ts_ns[js])
     functional = [False] * n
-    if fn_names and out.source != "none":
-        spans = host.filter(pl.col("name").is_in(fn_names)).select(
-            "row", "pid", "tid", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns"))
-        for i, _ in _enclosing(pts, spans).iter_rows():
-            functional[int(i)] = True
+    if classes["functional"]:
+        for i in _enclosing(pts, host.named(classes["functional"])):
+            functional[i] = True
     shapes = _op_shape(trace, [r for r in ann_row + op_row if r >= 0])
-    wanted_rows = [r for r in ann_row + op_row if r >= 0]
-    name_of = dict(ev.filter(pl.col("row").is_in(wanted_rows)).select("row", pl.col("name").cast(pl.String))
-                   .iter_rows()) if wanted_rows else {}
+    name_of = dict(zip(host.row.tolist(), host.name))
     pg_sizes = _pg_sizes(trace)
     event_groups: list[Group | None] = []
+    type_of: dict[str | None, str] = {}
+
+    def normalized(name: str | None) -> str:
+        if name not in type_of:
+            type_of[name] = normalize_collective(name)
+        return type_of[name]
 
     for i in range(n):
         own = comm_args.get(rows[i])
@@ -484,17 +555,17 @@ def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows
         metas = [m for m in (own, rpc) if m]
         ctype = "unknown"
         for m in metas:
-            ctype = normalize_collective(m.get("collective"))
+            ctype = normalized(m.get("collective"))
             if ctype != "unknown":
                 break
         if ctype == "unknown" and out.source == "host" and op_row[i] >= 0:
-            ctype = normalize_collective(name_of.get(op_row[i]))
+            ctype = normalized(name_of.get(op_row[i]))
         if ctype == "unknown" and ann_row[i] >= 0:
-            ctype = normalize_collective(name_of.get(ann_row[i]))
+            ctype = normalized(name_of.get(ann_row[i]))
         if ctype == "unknown" and op_row[i] >= 0:
-            ctype = normalize_collective(name_of.get(op_row[i]))
+            ctype = normalized(name_of.get(op_row[i]))
         if ctype == "unknown":
-            ctype = normalize_collective(names[i])
+            ctype = normalized(names[i])
         pg = next((str(m["pg_name"]) for m in metas if m.get("pg_name") not in (None, "")), DEFAULT_PG)
         seq = next((int(m["seq"]) for m in metas if m.get("seq") is not None and m["seq"] >= 0), -1)
         dtype = next((str(m["dtype"]) for m in metas if m.get("dtype")), None)
@@ -524,8 +595,8 @@ def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows
         event_groups.append(_event_group(metas))
     _assign_dims(out, meta, rank, functional, event_groups)
 
-    start = inst["ts_ns"].to_numpy().astype(np.int64)
-    end = start + inst["dur_ns"].to_numpy().astype(np.int64)
+    start = inst.ts_ns
+    end = inst.end_ns
     out.start_ns = start.tolist()
     out.end_ns = end.tolist()
     out.orphan = orphan
@@ -536,32 +607,48 @@ def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows
     step = np.where(in_step, s_ids[np.maximum(k, 0)] if len(s_ids) else -1, -1)
     ends_sorted = np.sort(end)
     j = np.searchsorted(ends_sorted, start, side="right") - 1
-    trace_start = int(ev["ts_ns"].min())
+    trace_start = int(trace.events["ts_ns"].min())
     prev_end = np.where(j >= 0, ends_sorted[np.maximum(j, 0)], trace_start)
     step_start = np.where(in_step, s_start[np.maximum(k, 0)] if len(s_start) else trace_start, trace_start)
     win_start = np.minimum(np.maximum(prev_end, step_start), start)
     if timeline is None:
         timeline = classify_timeline(trace, [s_start, s_end, win_start, start, step_start])
-    pre = _window_breakdown(timeline, win_start, start)
-    since = _window_breakdown(timeline, np.minimum(step_start, start), start)
+    owned_a, owned_b = _owned_windows(start, end, np.where(in_step, s_start[np.maximum(k, 0)] if len(s_start) else 0, 0),
+                                      np.where(in_step, s_end[np.maximum(k, 0)] if len(s_end) else 0, 0))
+    pre, since, per_step, tails, owned = _window_breakdowns(
+        timeline, (win_start, start), (np.minimum(step_start, start), start), (s_start, s_end),
+        (_tail_starts(step, end, s_ids, s_start, s_end), s_end), (owned_a, owned_b))
     out.step = step.astype(np.int64).tolist()
     out.window_start_ns = win_start.tolist()
     out.last_work_ns = _last_work(timeline, start, end).tolist()
     out.pre_ns = pre.tolist()
     out.since_step_ns = since.tolist()
-    out.step_breakdown_ns = _window_breakdown(timeline, s_start, s_end).tolist()
-    out.step_tail_ns = _step_tails(timeline, step, end, s_ids, s_start, s_end).tolist()
-    owned = _owned_comm_ns(timeline, start, end, np.where(in_step, s_start[np.maximum(k, 0)] if len(s_start) else 0, 0),
-                           np.where(in_step, s_end[np.maximum(k, 0)] if len(s_end) else 0, 0))
-    out.owned_overlapped_ns = owned[:, 0].tolist()
-    out.owned_exposed_ns = owned[:, 1].tolist()
+    out.step_breakdown_ns = per_step.tolist()
+    out.step_tail_ns = tails.tolist()
+    out.owned_overlapped_ns = owned[:, CATEGORIES.index("comm_overlapped")].tolist()
+    out.owned_exposed_ns = owned[:, CATEGORIES.index("comm_exposed")].tolist()
     return out
 
 
-def _pipeline_marks(ev: pl.DataFrame) -> tuple[int, int]:
-    """(distinct stages, distinct microbatches) of the rank's forward pipeline actions; -1, -1 without."""
+def _launch_points(trace: RankTrace, correlations: list[int | None]) -> tuple[np.ndarray, ...]:
+    """Where each kernel (in `correlations` order) was launched: the first runtime / driver event
+    with its correlation id, as (idx, pid, tid, t_ns) of the kernels that have one."""
+    wanted = sorted({c for c in correlations if c is not None and c >= 0})
+    calls = trace.events.lazy().filter(pl.col("correlation").is_in(wanted)).filter(
+        pl.col("kind").is_in([int(Kind.RUNTIME), int(Kind.DRIVER)])).select("correlation", "pid", "tid", "ts_ns").collect()
+    first: dict[int, tuple] = {}
+    for c, pid, tid, t in calls.iter_rows():
+        first.setdefault(c, (pid, tid, t))
+    idx = [i for i, c in enumerate(correlations) if c in first]
+    at = [first[correlations[i]] for i in idx]
+    return (np.asarray(idx, dtype=np.int64), *(np.asarray([a[f] for a in at], dtype=np.int64) for f in range(3)))
+
+
+def _pipeline_marks(marks: list[str]) -> tuple[int, int]:
+    """(distinct stages, distinct microbatches) of the rank's forward pipeline actions (the names
+    `marks` matching `PIPELINE_MARKS`); -1, -1 without."""
     stages, micro = set(), set()
-    for name in names_matching(ev, PIPELINE_MARKS):
+    for name in marks:
         m = PIPELINE_MARKS.match(name)
         if m.group(3) is not None:
             stages.add(-1)
@@ -572,16 +659,16 @@ def _pipeline_marks(ev: pl.DataFrame) -> tuple[int, int]:
     return (len(stages), len(micro)) if micro else (-1, -1)
 
 
-def _step_tails(timeline: Timeline, step: np.ndarray, end: np.ndarray, s_ids: np.ndarray, s_start: np.ndarray,
-                s_end: np.ndarray) -> np.ndarray:
-    """Per step window: the breakdown of [the latest end of its collectives (clipped to the
-    window), window end); the whole window when it has none."""
+def _tail_starts(step: np.ndarray, end: np.ndarray, s_ids: np.ndarray, s_start: np.ndarray,
+                 s_end: np.ndarray) -> np.ndarray:
+    """Per step window, where its tail starts: the latest end of its collectives (clipped to the
+    window); the window start when it has none."""
     last = s_start.astype(np.int64).copy()
     for k, sid in enumerate(s_ids):
         mine = end[step == sid]
         if len(mine):
             last[k] = min(max(int(mine.max()), int(s_start[k])), int(s_end[k]))
-    return _window_breakdown(timeline, last, s_end) if len(s_ids) else np.zeros((0, len(CATEGORIES)), np.int64)
+    return last
 
 
 def _event_group(metas: list[dict]) -> Group | None:
@@ -670,26 +757,17 @@ def _assign_dims(out: RankCollectives, meta, rank: int, functional: list[bool],
     out.groups = list(seen.values())
 
 
-def _owned_comm_ns(timeline: Timeline, start: np.ndarray, end: np.ndarray, step_start: np.ndarray,
-                   step_end: np.ndarray) -> np.ndarray:
-    """Per instance (sorted by start): the step-breakdown time it owns, (n, 2) ns of
-    comm_overlapped and comm_exposed. An instant where several instances run belongs to the one
-    that started first; only time inside the instance's own step window counts (step_end = 0:
-    outside every step). Summed over instances: the rank's communication time in its steps,
-    split by instance, so that per-dimension sums add up to the step breakdown."""
-    n = len(start)
-    out = np.zeros((n, 2), dtype=np.int64)
-    if not n:
-        return out
-    prev_max = np.maximum.accumulate(np.concatenate(([np.iinfo(np.int64).min], end[:-1])))
+def _owned_windows(start: np.ndarray, end: np.ndarray, step_start: np.ndarray,
+                   step_end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per instance (sorted by start): the window whose step-breakdown time it owns (its
+    comm_overlapped and comm_exposed ns are `owned_overlapped_ns` / `owned_exposed_ns`). An
+    instant where several instances run belongs to the one that started first; only time inside
+    the instance's own step window counts (step_end = 0: outside every step; an empty window
+    then). Summed over instances: the rank's communication time in its steps, split by instance,
+    so that per-dimension sums add up to the step breakdown."""
+    prev_max = np.maximum.accumulate(np.concatenate(([np.iinfo(np.int64).min], end)))[:-1]
     a = np.maximum(np.maximum(start, prev_max), step_start)
-    b = np.minimum(end, step_end)
-    ok = b > a
-    if ok.any():
-        parts = timeline.in_windows(a[ok], b[ok])
-        out[ok, 0] = parts[:, CATEGORIES.index("comm_overlapped")]
-        out[ok, 1] = parts[:, CATEGORIES.index("comm_exposed")]
-    return out
+    return a, np.maximum(np.minimum(end, step_end), a)
 
 
 def _last_work(timeline: Timeline, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -703,10 +781,11 @@ def _last_work(timeline: Timeline, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.clip(np.where(i >= 0, comp_end[np.maximum(i, 0)], a), a, b)
 
 
-def _window_breakdown(timeline: Timeline, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """ns per category in [a, b); time no segment covers goes to idle_other (as in step_breakdown)."""
+def _window_breakdowns(timeline: Timeline, *windows: tuple[np.ndarray, np.ndarray]) -> list[np.ndarray]:
+    """Per list of windows (a, b): ns per category in each [a_i, b_i); time no segment covers goes
+    to idle_other (as in step_breakdown). All lists in one `in_windows` pass."""
+    a = np.concatenate([np.asarray(w[0], dtype=np.int64) for w in windows])
+    b = np.concatenate([np.asarray(w[1], dtype=np.int64) for w in windows])
     parts = timeline.in_windows(a, b)
     parts[:, CATEGORIES.index("idle_other")] += np.maximum((b - a) - parts.sum(axis=1), 0)
-    return parts
-
-
+    return np.split(parts, np.cumsum([len(w[0]) for w in windows])[:-1])
