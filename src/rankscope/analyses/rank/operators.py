@@ -144,35 +144,36 @@ def operator_stats(trace: RankTrace, top_n: int = 20, group_by: str = "name",
     if group_by == "name":
         group = _group_ids(name_code, keep)
     elif group_by == "shapes":
-        dims = _op_args(trace, t.order, pl.col("input_dims").cast(pl.String))
-        dims_code = _codes(dims.cast(pl.Categorical))
+        dims = _op_args(trace, t.order, "input_dims")
+        dims_code = _codes(dims)
         group = _group_ids(name_code * (int(dims_code.max(initial=0)) + 1) + dims_code, keep)
     else:
         group = _group_ids(location, keep)
     kept = group >= 0
+    member = group[kept]
     n_groups = int(group.max(initial=-1)) + 1
-    first = np.full(n_groups, len(group), dtype=np.int64)
-    np.minimum.at(first, group[kept], np.flatnonzero(kept))
+    first = np.full(n_groups, len(group), dtype=np.int64)       # each group's first op
+    np.minimum.at(first, member, np.flatnonzero(kept))
 
-    def total_ms(values: np.ndarray) -> np.ndarray:    # exact: per-group sums of ns stay below 2**53
-        return np.bincount(group[kept], weights=values[kept], minlength=n_groups) / NS_PER_MS
+    def total(values: np.ndarray) -> np.ndarray:    # exact: per-group sums stay below 2**53
+        return np.bincount(member, weights=values[kept], minlength=n_groups)
 
     key_names = names.gather(first).cast(pl.String)
     if group_by == "name":
         keys = pl.DataFrame({"name": key_names})
     elif group_by == "shapes":
-        keys = pl.DataFrame({"name": key_names, "input_dims": dims.gather(first)})
+        keys = pl.DataFrame({"name": key_names, "input_dims": dims.gather(first).cast(pl.String)})
     else:
         location_labels = pl.Series("location", labels + [None], dtype=pl.String)
         keys = pl.DataFrame({"location": location_labels.gather(location[first])})
         keys = keys.with_columns(_top_ops(location_labels.gather(location[kept]), names.filter(kept),
                                           t.self_cpu[kept] + t.self_dev[kept], keys["location"]))
     grouped = keys.with_columns(
-        pl.Series("calls", np.bincount(group[kept], minlength=n_groups), dtype=pl.Int64),
-        pl.Series("total_cpu_ms", total_ms(t.dur)), pl.Series("self_cpu_ms", total_ms(t.self_cpu)),
-        pl.Series("self_device_ms", total_ms(t.self_dev)), pl.Series("total_device_ms", total_ms(t.total_dev)),
-        pl.Series("device_events", np.bincount(group[kept], weights=t.dev_events[kept], minlength=n_groups),
-                  dtype=pl.Int64))
+        pl.Series("calls", np.bincount(member, minlength=n_groups), dtype=pl.Int64),
+        pl.Series("total_cpu_ms", total(t.dur) / NS_PER_MS), pl.Series("self_cpu_ms", total(t.self_cpu) / NS_PER_MS),
+        pl.Series("self_device_ms", total(t.self_dev) / NS_PER_MS),
+        pl.Series("total_device_ms", total(t.total_dev) / NS_PER_MS),
+        pl.Series("device_events", total(t.dev_events).astype(np.int64)))
     key_cols = keys.columns
     by_dev = grouped.sort(["self_device_ms", "self_cpu_ms", *key_cols],
                           descending=[True, True] + [False] * len(key_cols), nulls_last=True).head(top_n)
@@ -198,19 +199,19 @@ class _OpTimes(NamedTuple):
     self_dev: np.ndarray
     total_dev: np.ndarray
     dev_events: np.ndarray
-    threads: np.ndarray             # (pid, tid) keys of the op threads, sorted (see `_thread_ids`)
+    threads: _Threads               # the op threads; `thread` above numbers them
     conflicts: int                  # partly overlapping op pairs left unnested
     device_ns: int                  # all device events of the trace
     attributed_ns: int              # device events given to an op
 
 
 def _op_times(trace: RankTrace) -> _OpTimes:
-    pid, tid = column(trace, host_ops, "pid"), column(trace, host_ops, "tid")
-    threads = sorted_unique(_thread_keys(pid, tid, pid, tid))
-    g = _thread_ids(threads, pid, tid, pid, tid)
+    threads = _Threads(column(trace, host_ops, "pid"), column(trace, host_ops, "tid"))
+    g = threads.of_ops
     ts, raw_dur = column(trace, host_ops, "ts_ns"), column(trace, host_ops, "dur_ns")
-    order = np.lexsort((-raw_dur, ts, g))           # stable: equal keys stay in trace order
-    order = np.concatenate([order[raw_dur[order] > 0], order[raw_dur[order] <= 0]])
+    order = _nesting_order(g, ts, raw_dur)
+    positive = raw_dur[order] > 0
+    order = np.concatenate([order[positive], order[~positive]])
     g, s = g[order], ts[order]
     dur = np.maximum(raw_dur[order], 0)
     n_pos = int((dur > 0).sum())
@@ -225,8 +226,7 @@ def _op_times(trace: RankTrace) -> _OpTimes:
     at = np.minimum(np.searchsorted(corr_sorted, dev_corr), max(len(corr_sorted) - 1, 0))
     linked = (dev_corr >= 0) & (corr_sorted[at] == dev_corr) if len(corr_sorted) else np.zeros(len(dev_corr), bool)
     first_launch = by_corr[at[linked]]
-    launch_g = _thread_ids(threads, launch["pid"].to_numpy()[first_launch], launch["tid"].to_numpy()[first_launch],
-                           pid, tid)
+    launch_g = threads.ids(launch["pid"].to_numpy()[first_launch], launch["tid"].to_numpy()[first_launch])
     # zero-duration ops hang under the op around them; device events under the op around their launch
     inner = forest.innermost(np.concatenate([g[n_pos:], launch_g]),
                              np.concatenate([s[n_pos:], launch["ts_ns"].to_numpy()[first_launch]]))
@@ -253,37 +253,64 @@ def _op_times(trace: RankTrace) -> _OpTimes:
                     conflicts=forest.conflicts, device_ns=int(dev_dur.sum()), attributed_ns=int(linked_dur[hit].sum()))
 
 
-def _thread_keys(pid: np.ndarray, tid: np.ndarray, op_pid: np.ndarray, op_tid: np.ndarray) -> np.ndarray:
-    """One int per (pid, tid), ordered as (pid, tid) are, over the op threads' pid and tid
-    values; -1 where pid or tid is none of theirs."""
-    pids, tids = sorted_unique(op_pid), sorted_unique(op_tid)
-    p = np.minimum(np.searchsorted(pids, pid), max(len(pids) - 1, 0))
-    t = np.minimum(np.searchsorted(tids, tid), max(len(tids) - 1, 0))
-    if not len(pids):
-        return np.full(len(pid), -1, dtype=np.int64)
-    return np.where((pids[p] == pid) & (tids[t] == tid), p * len(tids) + t, -1)
+class _Threads:
+    """The (pid, tid) threads of the host ops, numbered 0, 1, ... in (pid, tid) order."""
+
+    def __init__(self, pid: np.ndarray, tid: np.ndarray):
+        self.pids, self.tids = sorted_unique(pid), sorted_unique(tid)
+        key = self._key(pid, tid)
+        self.keys = sorted_unique(key)
+        self.of_ops = np.searchsorted(self.keys, key)
+
+    def _key(self, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+        """One int per (pid, tid), ordered as (pid, tid) are; -1 where pid or tid is no op's."""
+        if not len(self.pids):
+            return np.full(len(pid), -1, dtype=np.int64)
+        p = np.minimum(np.searchsorted(self.pids, pid), len(self.pids) - 1)
+        t = np.minimum(np.searchsorted(self.tids, tid), len(self.tids) - 1)
+        return np.where((self.pids[p] == pid) & (self.tids[t] == tid), p * len(self.tids) + t, -1)
+
+    def ids(self, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+        """Number of each (pid, tid) thread, -1 for threads without ops."""
+        key = self._key(pid, tid)
+        if not len(self.keys):
+            return key
+        at = np.minimum(np.searchsorted(self.keys, key), len(self.keys) - 1)
+        return np.where((key >= 0) & (self.keys[at] == key), at, -1)
 
 
-def _thread_ids(threads: np.ndarray, pid: np.ndarray, tid: np.ndarray, op_pid: np.ndarray,
-                op_tid: np.ndarray) -> np.ndarray:
-    """Index in `threads` of each (pid, tid), -1 for threads without ops."""
-    key = _thread_keys(pid, tid, op_pid, op_tid)
-    at = np.minimum(np.searchsorted(threads, key), max(len(threads) - 1, 0))
-    return np.where((key >= 0) & (threads[at] == key), at, -1) if len(threads) else key
+def _nesting_order(g: np.ndarray, s: np.ndarray, dur: np.ndarray) -> np.ndarray:
+    """Positions sorted by (g, s, -dur), ties in position order: np.lexsort's order, made faster
+    for events that come nearly in time order (timsort on s, radix sort on g, then the runs of
+    equal (g, s) sorted by -dur)."""
+    if not len(g):
+        return np.zeros(0, dtype=np.int64)
+    order = np.argsort(s, kind="stable")
+    order = order[np.argsort(g[order].astype(np.min_scalar_type(g.max())), kind="stable")]
+    gs, ss = g[order], s[order]
+    tie = np.flatnonzero((gs[1:] == gs[:-1]) & (ss[1:] == ss[:-1]))
+    if len(tie):
+        run = sorted_unique(np.concatenate([tie, tie + 1]))
+        order[run] = order[run][np.lexsort((-dur[order[run]], ss[run], gs[run]))]
+    return order
 
 
-def _codes(categorical: pl.Series) -> np.ndarray:
-    """An int >= 0 per distinct value (null included) of a Categorical series."""
-    return categorical.to_physical().cast(pl.Int64).fill_null(-1).to_numpy() + 1
+def _codes(texts: pl.Series) -> np.ndarray:
+    """An int >= 0 per distinct value (null included) of a Categorical (or String) series."""
+    return texts.cast(pl.Categorical).to_physical().cast(pl.Int64).fill_null(-1).to_numpy() + 1
 
 
 def _group_ids(key: np.ndarray, keep: np.ndarray) -> np.ndarray:
-    """0, 1, ... for the distinct values of `key` where `keep`, in their order; -1 elsewhere."""
-    distinct = sorted_unique(key[keep])
-    return np.where(keep, np.searchsorted(distinct, key), -1)
+    """0, 1, ... for the distinct values (ints >= 0) of `key` where `keep`, in value order; -1
+    elsewhere."""
+    kept = key[keep]
+    if len(kept) and kept.max() < 8 * len(kept) + 1024:     # small values: count them, no sort
+        number = np.cumsum(np.bincount(kept) > 0) - 1
+        return np.where(keep, number[np.minimum(key, len(number) - 1)], -1)
+    return np.where(keep, np.searchsorted(sorted_unique(kept), key), -1)
 
 
-def _op_args(trace: RankTrace, order: np.ndarray, value: pl.Expr) -> pl.Series:
+def _op_args(trace: RankTrace, order: np.ndarray, value: str) -> pl.Series:
     """One `op_args` value of each host op in `order` (positions in `host_ops(trace)`), null where none."""
     rows = np.flatnonzero(np.isin(trace.events["kind"].to_numpy(), _HOST))[order]
     return (pl.DataFrame({"row": rows}, schema={"row": pl.Int64})
@@ -310,29 +337,50 @@ class _Forest:
     def __init__(self, g: np.ndarray, s: np.ndarray, e: np.ndarray):
         self.g, self.s, self.e = g, s, e
         n = len(g)
-        self.uniq = sorted_unique(np.concatenate([s, e]))
-        self.m = len(self.uniq) + 1
-        self.ks = g * self.m + np.searchsorted(self.uniq, s)
         self.parent = np.full(n, -1, dtype=np.int64)
         self.conflicts = 0
         if n == 0:
             return
-        ke = np.sort(g * self.m + np.searchsorted(self.uniq, e))
-        base = g * self.m
-        first = np.searchsorted(self.ks, base, side="left")
+        self._time_axis(g, s, e)
+        self.ks = self._key(g, s)
+        ke = np.sort(self._key(g, e), kind="stable")      # timsort: the ends come in near order
+        groups = np.arange(g.min(), g.max() + 1)
+        group_start = self._key(groups, np.full(len(groups), self.origin))
+        before = g - g.min()
+        first = np.searchsorted(self.ks, group_start)[before]
         idx = np.arange(n, dtype=np.int64)
-        closed = np.searchsorted(ke, self.ks, side="right") - np.searchsorted(ke, base, side="left")
+        closed = np.searchsorted(ke, self.ks, side="right") - np.searchsorted(ke, group_start)[before]
         depth = (idx - first) - closed
-        k2 = depth * n + idx
-        order2 = np.argsort(k2, kind="stable")
-        k2s = k2[order2]
-        j = np.searchsorted(k2s, (depth - 1) * n + idx, side="left") - 1
+        order2 = np.argsort(depth.astype(np.min_scalar_type(depth.max())), kind="stable")  # by (depth, idx)
+        k2s = (depth * n + idx)[order2]
+        j = np.empty(n, dtype=np.int64)
+        j[order2] = np.searchsorted(k2s, k2s - n) - 1   # last interval before, one level up
         cand = np.where(j >= 0, order2[np.maximum(j, 0)], -1)
         ok = (depth > 0) & (cand >= 0)
         c = np.maximum(cand, 0)
         ok &= (depth[c] == depth - 1) & (g[c] == g) & (s[c] <= s) & (e[c] >= e)
         self.parent = np.where(ok, cand, -1)
         self.conflicts = int(((depth > 0) & ~ok).sum())
+
+    def _time_axis(self, g: np.ndarray, s: np.ndarray, e: np.ndarray) -> None:
+        """Keys (group, time) as one int64, group-major: group * width + time offset. The offset
+        of a time is its distance to the earliest start; where groups that wide would not fit in
+        int64, its rank among the interval bounds (`times`)."""
+        self.origin = int(s.min())
+        self.width = int(e.max()) - self.origin + 1
+        self.times = None
+        if (max(-int(g.min()), int(g.max())) + 2) * self.width >= 2 ** 62:
+            self.times = sorted_unique(np.concatenate([s, e]))
+            self.width = len(self.times)
+
+    def _key(self, g: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """Key of time t in group g; a time outside the bounds counts as just before the first or
+        as the last one, so that it stays inside its group's keys."""
+        if self.times is None:
+            offset = np.clip(t - self.origin, -1, self.width - 1)
+        else:
+            offset = np.searchsorted(self.times, t, side="right") - 1
+        return g * self.width + offset
 
     def innermost(self, qg: np.ndarray, qt: np.ndarray) -> np.ndarray:
         """Index of the innermost interval of group qg that contains time qt (s <= qt < e), or -1."""
@@ -341,8 +389,7 @@ class _Forest:
         out = np.full(len(qg), -1, dtype=np.int64)
         if len(self.g) == 0 or len(qg) == 0:
             return out
-        r = np.searchsorted(self.uniq, qt, side="right") - 1
-        c = np.searchsorted(self.ks, qg * self.m + r, side="right") - 1
+        c = np.searchsorted(self.ks, self._key(qg, qt), side="right") - 1
         ok = (c >= 0) & (qg >= 0)
         ok &= self.g[np.maximum(c, 0)] == qg
         c = np.where(ok, c, -1)
@@ -362,7 +409,7 @@ def _locations(trace: RankTrace, t: _OpTimes, stack_frame: str) -> tuple[np.ndar
     labels; the stack source used."""
     n = len(t.order)
     pick = _pick_user if stack_frame == "user" else _pick_top
-    stacks = _op_args(trace, t.order, pl.col("call_stack").cast(pl.String))
+    stacks = _op_args(trace, t.order, "call_stack").cast(pl.String)
     loc_id = np.full(n, -1, dtype=np.int64)
     labels: list[str] = []
     source = None
@@ -380,8 +427,7 @@ def _locations(trace: RankTrace, t: _OpTimes, stack_frame: str) -> tuple[np.ndar
                   ["lid"].fill_null(-1).to_numpy().copy())
     elif not pyf.is_empty():
         source = "python_function"
-        pg = _thread_ids(t.threads, pyf["pid"].to_numpy(), pyf["tid"].to_numpy(), column(trace, host_ops, "pid"),
-                         column(trace, host_ops, "tid"))
+        pg = t.threads.ids(pyf["pid"].to_numpy(), pyf["tid"].to_numpy())
         ps, pd = pyf["ts_ns"].to_numpy(), pyf["dur_ns"].to_numpy()
         order = np.lexsort((-pd, ps, pg))
         frames = _Forest(pg[order], ps[order], ps[order] + pd[order])
