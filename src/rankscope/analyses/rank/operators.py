@@ -36,7 +36,7 @@ Grouping (`group_by`):
             backward thread of a python_function trace) stay at null.
 
 Method (vectorized, no per-event Python loop): ops of all threads are sorted by (thread, start,
--end). An op's depth = ops before it in that order on its thread minus those that ended at or
+-end); a (thread, time) pair is one int64 key, thread * span + time offset. An op's depth = ops before it in that order on its thread minus those that ended at or
 before its start (two binary searches on the sorted keys); its parent is the last op before it
 with depth - 1, found with one more binary search on (depth, position) keys, then checked for
 containment. Ops that only partly overlap (clock rounding) fail the check and are counted in
