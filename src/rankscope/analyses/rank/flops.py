@@ -14,8 +14,8 @@ import msgspec
 import numpy as np
 import polars as pl
 
-from rankscope.analyses.rank import views
 from rankscope.analyses.rank.steps import step_windows
+from rankscope.analyses.rank.views import column, device_events, names_matching, of_kinds
 from rankscope.model import Kind, RankTrace
 from rankscope.units import NS_PER_MS
 
@@ -46,28 +46,34 @@ def rank_flops(trace: RankTrace) -> RankFlops:
     wf = step_windows(trace).frame
     out = rank_steps(trace.meta.rank, trace.meta.devices, _kernel_device(trace), wf["step"].to_list(),
                       (wf["duration_ns"].to_numpy() / NS_PER_MS).tolist())
-    ops = views.with_rows(trace, [Kind.CPU_OP]).select("row", "name", "ts_ns")
-    args = trace.op_args.select("row", "flops", "input_dims", "input_types")
-    as_text = pl.col("input_dims", "input_types").cast(pl.String)      # on the few rows kept, not on all
-    with_flops = ops.join(args.filter(pl.col("flops").is_not_nan() & (pl.col("flops") > 0)), on="row")
-    if with_flops.height:
-        out.source, ts, flops = "flops_args", with_flops["ts_ns"].to_numpy(), with_flops["flops"].to_numpy()
-        gemms = with_flops.filter(pl.col("name").is_in(list(GEMM_INPUTS))).with_columns(as_text)
+    args = trace.op_args
+    rows = args["row"].to_numpy()
+    cpu_op = trace.events["kind"].to_numpy()[rows] == int(Kind.CPU_OP)     # args of CPU ops only
+    names = trace.events["name"].gather(rows)
+    gemm = cpu_op & names.is_in(list(GEMM_INPUTS)).to_numpy()
+    flops = args["flops"].to_numpy()                                       # null: NaN
+    counted = cpu_op & (flops > 0)
+    if counted.any():
+        out.source = "flops_args"
+        gemm &= counted
     else:
-        gemms = ops.filter(pl.col("name").is_in(list(GEMM_INPUTS))).join(args, on="row").with_columns(as_text)
-        gemms = gemms.with_columns(pl.Series("flops", [_gemm_flops(n, d) for n, d in
-                                                       zip(gemms["name"].cast(pl.String), gemms["input_dims"])],
-                                             dtype=pl.Float64)).filter(pl.col("flops") > 0)
-        if gemms.is_empty():
+        flops = np.full(len(rows), np.nan)
+        flops[gemm] = np.array([_gemm_flops(n, d) for n, d in zip(names.filter(gemm).cast(pl.String),
+                                                                  args["input_dims"].filter(gemm).cast(pl.String))],
+                               dtype=np.float64)
+        gemm &= flops > 0
+        if not gemm.any():
             return out
-        out.source, ts, flops = "gemm_shapes", gemms["ts_ns"].to_numpy(), gemms["flops"].to_numpy()
-        out.uncounted_ops = ops.filter(pl.col("name").cast(pl.String).str.contains(UNCOUNTED_PATTERN)).height
+        out.source, counted = "gemm_shapes", gemm
+        out.uncounted_ops = int(of_kinds(trace, [Kind.CPU_OP])["name"]
+                                .is_in(names_matching(trace, UNCOUNTED_PATTERN)).sum())
+    ts = trace.events["ts_ns"].to_numpy()[rows[counted]]
     starts, ends = wf["start_ns"].to_numpy(), wf["end_ns"].to_numpy()
     k = np.searchsorted(starts, ts, side="right") - 1
     inside = (k >= 0) & (ts < ends[np.maximum(k, 0)])
-    out.flops = np.bincount(k[inside], weights=flops[inside], minlength=len(starts)).tolist()
+    out.flops = np.bincount(k[inside], weights=flops[counted][inside], minlength=len(starts)).tolist()
     out.ops = int(inside.sum())
-    out.dtype = _dtype_of(gemms)
+    out.dtype = _dtype_of(args["input_types"].filter(gemm).cast(pl.String).to_list(), flops[gemm].tolist())
     return out
 
 
@@ -80,8 +86,10 @@ def rank_steps(rank: int, devices: list[dict], device_id: int | None, steps: lis
 
 
 def _kernel_device(trace: RankTrace) -> int | None:
-    dev = views.device_events(trace).filter(pl.col("device") >= 0)["device"]
-    return int(dev.mode().sort()[0]) if len(dev) else None
+    """The device that ran most of the rank's device events (the lowest id on a tie)."""
+    device = column(trace, device_events, "device")
+    device = device[device >= 0]
+    return int(np.bincount(device).argmax()) if len(device) else None
 
 
 def _gemm_flops(name: str, dims_json: str | None) -> float | None:
@@ -97,16 +105,16 @@ def _gemm_flops(name: str, dims_json: str | None) -> float | None:
     return None
 
 
-def _dtype_of(gemms: pl.DataFrame) -> str | None:
+def _dtype_of(input_types: list[str | None], flops: list[float]) -> str | None:
     """The dtype carrying most of the GEMM FLOPs (first input's recorded type)."""
     weight: Counter = Counter()
-    for types, flops in zip(gemms["input_types"], gemms["flops"]):
+    for types, op_flops in zip(input_types, flops):
         try:
             first = [t for t in json.loads(types) if t not in ("", "Scalar")][0] if types else None
         except (ValueError, TypeError, IndexError):
             first = None
         if first in TORCH_DTYPES:
-            weight[TORCH_DTYPES[first]] += flops
+            weight[TORCH_DTYPES[first]] += op_flops
     return weight.most_common(1)[0][0] if weight else None
 
 

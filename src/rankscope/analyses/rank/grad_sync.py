@@ -20,12 +20,12 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import union
-from rankscope.model import Kind, RankTrace, names_matching
+from rankscope.analyses.rank.views import column, host_ops, names_matching
+from rankscope.model import RankTrace
 
 BACKWARD_PATTERN = r"^autograd::engine::evaluate_function"
 C10D_GRAD_COLLECTIVE_PATTERN = r"^c10d::(allreduce_|reduce_scatter|_reduce_scatter_base)"
 NCCL_GRAD_COLLECTIVE_PATTERN = r"^nccl:(all_reduce|reduce_scatter|_reduce_scatter_base)"
-HOST_KINDS = (int(Kind.CPU_OP), int(Kind.USER_ANNOTATION))
 
 
 class GradSyncSchedule(msgspec.Struct):
@@ -37,20 +37,21 @@ class GradSyncSchedule(msgspec.Struct):
 
 
 def gradient_sync_schedule(trace: RankTrace) -> GradSyncSchedule | None:
-    ev = trace.events.filter(pl.col("kind").is_in(HOST_KINDS))
-    backward = ev.filter(pl.col("name").is_in(names_matching(ev, BACKWARD_PATTERN)))
-    if backward.is_empty():
+    backward_names = names_matching(trace, BACKWARD_PATTERN)
+    if not backward_names:
         return None
-    starts, source = None, ""
-    for pattern, label in ((C10D_GRAD_COLLECTIVE_PATTERN, "c10d"), (NCCL_GRAD_COLLECTIVE_PATTERN, "nccl_annotation")):
-        launched = ev.filter(pl.col("name").is_in(names_matching(ev, pattern)))
-        if not launched.is_empty():
-            starts, source = launched["ts_ns"].to_numpy(), label
-            break
-    if starts is None:
+    ops = host_ops(trace)
+    patterns = {"c10d": C10D_GRAD_COLLECTIVE_PATTERN, "nccl_annotation": NCCL_GRAD_COLLECTIVE_PATTERN}
+    masks = ops.select(pl.col("name").is_in(backward_names).alias("backward"),
+                       *(pl.col("name").is_in(names_matching(trace, pattern)).alias(label)
+                         for label, pattern in patterns.items()))
+    backward = masks["backward"].to_numpy()
+    source = next((label for label in patterns if masks[label].any()), None)
+    if not backward.any() or source is None:
         return None
-    bw_start = backward["ts_ns"].to_numpy()
-    lo, hi = union(bw_start, bw_start + backward["dur_ns"].to_numpy())
+    ts = column(trace, host_ops, "ts_ns")
+    starts = ts[masks[source].to_numpy()]
+    lo, hi = union(ts[backward], ts[backward] + column(trace, host_ops, "dur_ns")[backward])
     i = np.searchsorted(lo, starts, side="right") - 1
     during = int(((i >= 0) & (starts <= hi[np.maximum(i, 0)])).sum())
     n = len(starts)

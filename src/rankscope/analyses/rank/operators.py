@@ -36,7 +36,7 @@ Grouping (`group_by`):
             backward thread of a python_function trace) stay at null.
 
 Method (vectorized, no per-event Python loop): ops of all threads are sorted by (thread, start,
--end). An op's depth = ops before it in that order on its thread minus those that ended at or
+-end); a (thread, time) pair is one int64 key, thread * span + time offset. An op's depth = ops before it in that order on its thread minus those that ended at or
 before its start (two binary searches on the sorted keys); its parent is the last op before it
 with depth - 1, found with one more binary search on (depth, position) keys, then checked for
 containment. Ops that only partly overlap (clock rounding) fail the check and are counted in
@@ -50,18 +50,18 @@ from __future__ import annotations
 
 import re
 import sys
+from typing import NamedTuple
 
 import msgspec
 import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import sorted_unique
-from rankscope.analyses.rank import views
-from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace
+from rankscope.analyses.rank.views import column, device_events, host_ops, names_matching, of_kinds
+from rankscope.model import HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace
 from rankscope.units import NS_PER_MS
 
 _HOST = [int(k) for k in HOST_OP_KINDS]
-_DEVICE = [int(k) for k in DEVICE_KINDS]
 _LAUNCH = [int(Kind.RUNTIME), int(Kind.DRIVER)]
 GROUPINGS = ("name", "shapes", "stack")
 
@@ -134,102 +134,198 @@ def operator_stats(trace: RankTrace, top_n: int = 20, group_by: str = "name",
         raise ValueError(f"group_by must be one of {GROUPINGS}, not {group_by!r}")
     if stack_frame not in ("user", "top"):
         raise ValueError(f"stack_frame must be 'user' or 'top', not {stack_frame!r}")
-    ops = views.with_rows(trace, _HOST).select("row", "name", "ts_ns", "dur_ns", "pid", "tid")
-    launches = views.first_launches(trace).select("correlation", "ts_ns", "pid", "tid")
-    device = views.device_events(trace).select("correlation", "dur_ns")
-    pyf = (views.with_rows(trace, [Kind.PYTHON_FUNCTION]).filter(pl.col("dur_ns") > 0)
-           .select("row", "name", "ts_ns", "dur_ns", "pid", "tid")) if group_by == "stack" else None
+    t = _op_times(trace)
+    names = host_ops(trace)["name"].gather(t.order)
+    stack_source = None
+    if group_by == "stack":
+        location, labels, stack_source = _locations(trace, t, stack_frame)
+    keep = ~names.is_in(names_matching(trace, PROFILER_STEP_PATTERN)).to_numpy()
+    name_code = _codes(names)
+    if group_by == "name":
+        group = _group_ids(name_code, keep)
+    elif group_by == "shapes":
+        dims = _op_args(trace, t.order, "input_dims")
+        dims_code = _codes(dims)
+        group = _group_ids(name_code * (int(dims_code.max(initial=0)) + 1) + dims_code, keep)
+    else:
+        group = _group_ids(location, keep)
+    kept = group >= 0
+    member = group[kept]
+    n_groups = int(group.max(initial=-1)) + 1
+    first = np.full(n_groups, len(group), dtype=np.int64)       # each group's first op
+    np.minimum.at(first, member, np.flatnonzero(kept))
 
-    # one thread id space for ops, launches and Python frames
-    parts = [ops.select("pid", "tid").unique(), launches.select("pid", "tid").unique()]
-    if pyf is not None:
-        parts.append(pyf.select("pid", "tid").unique())
-    threads = (pl.concat(parts).unique().sort("pid", "tid").with_row_index("g")
-               .with_columns(pl.col("g").cast(pl.Int64)))
-    ops = ops.join(threads, on=["pid", "tid"], how="left")
-    launches = launches.join(threads, on=["pid", "tid"], how="left")
+    def total(values: np.ndarray) -> np.ndarray:    # exact: per-group sums stay below 2**53
+        return np.bincount(member, weights=values[kept], minlength=n_groups)
 
-    # ---- nesting of positive-duration ops; zero-duration ops hang under the op around them
-    ops = ops.sort(pl.col("dur_ns") <= 0, "g", "ts_ns", pl.col("dur_ns"), "row",
-                   descending=[False, False, False, True, False])          # positive durations first
-    n_pos = int((ops["dur_ns"] > 0).sum())
-    g = ops["g"].to_numpy()
-    s = ops["ts_ns"].to_numpy()
-    e = s + np.maximum(ops["dur_ns"].to_numpy(), 0)
-    forest = _Forest(g[:n_pos], s[:n_pos], e[:n_pos])
-    parent = np.concatenate([forest.parent, forest.innermost(g[n_pos:], s[n_pos:])])
+    key_names = names.gather(first).cast(pl.String)
+    if group_by == "name":
+        keys = pl.DataFrame({"name": key_names})
+    elif group_by == "shapes":
+        keys = pl.DataFrame({"name": key_names, "input_dims": dims.gather(first).cast(pl.String)})
+    else:
+        location_labels = pl.Series("location", labels + [None], dtype=pl.String)
+        keys = pl.DataFrame({"location": location_labels.gather(location[first])})
+        keys = keys.with_columns(_top_ops(location_labels.gather(location[kept]), names.filter(kept),
+                                          t.self_cpu[kept] + t.self_dev[kept], keys["location"]))
+    grouped = keys.with_columns(
+        pl.Series("calls", np.bincount(member, minlength=n_groups), dtype=pl.Int64),
+        pl.Series("total_cpu_ms", total(t.dur) / NS_PER_MS), pl.Series("self_cpu_ms", total(t.self_cpu) / NS_PER_MS),
+        pl.Series("self_device_ms", total(t.self_dev) / NS_PER_MS),
+        pl.Series("total_device_ms", total(t.total_dev) / NS_PER_MS),
+        pl.Series("device_events", total(t.dev_events).astype(np.int64)))
+    key_cols = keys.columns
+    by_dev = grouped.sort(["self_device_ms", "self_cpu_ms", *key_cols],
+                          descending=[True, True] + [False] * len(key_cols), nulls_last=True).head(top_n)
+    by_cpu = grouped.sort(["self_cpu_ms", "self_device_ms", *key_cols],
+                          descending=[True, True] + [False] * len(key_cols), nulls_last=True).head(top_n)
+    return OperatorStats(
+        group_by=group_by, by_self_device=OperatorGroups(**by_dev.to_dict(as_series=False)),
+        by_self_cpu=OperatorGroups(**by_cpu.to_dict(as_series=False)), ops=int(kept.sum()), groups=n_groups,
+        self_cpu_ms=float(t.self_cpu.sum()) / NS_PER_MS, device_ms=t.device_ns / NS_PER_MS,
+        device_attributed_ms=t.attributed_ns / NS_PER_MS, stack_source=stack_source, nesting_conflicts=t.conflicts)
+
+
+class _OpTimes(NamedTuple):
+    """Per host op, in nesting order (thread, start, longest first; positive-duration ops first,
+    then the zero-duration ones): its position in `host_ops(trace)`, thread, start, duration,
+    parent (-1: none), self CPU, self and total device time and device events given to it."""
+    order: np.ndarray
+    thread: np.ndarray
+    ts: np.ndarray
+    dur: np.ndarray
+    parent: np.ndarray
+    self_cpu: np.ndarray
+    self_dev: np.ndarray
+    total_dev: np.ndarray
+    dev_events: np.ndarray
+    threads: _Threads               # the op threads; `thread` above numbers them
+    conflicts: int                  # partly overlapping op pairs left unnested
+    device_ns: int                  # all device events of the trace
+    attributed_ns: int              # device events given to an op
+
+
+def _op_times(trace: RankTrace) -> _OpTimes:
+    threads = _Threads(column(trace, host_ops, "pid"), column(trace, host_ops, "tid"))
+    g = threads.of_ops
+    ts, raw_dur = column(trace, host_ops, "ts_ns"), column(trace, host_ops, "dur_ns")
+    order = _nesting_order(g, ts, raw_dur)
+    positive = raw_dur[order] > 0
+    order = np.concatenate([order[positive], order[~positive]])
+    g, s = g[order], ts[order]
+    dur = np.maximum(raw_dur[order], 0)
+    n_pos = int((dur > 0).sum())
+    forest = _Forest(g[:n_pos], s[:n_pos], s[:n_pos] + dur[:n_pos])
+
+    # device events of a launch (runtime/driver call; the first one with that correlation id)
+    launch = of_kinds(trace, _LAUNCH)
+    launch_corr = launch["correlation"].to_numpy()
+    by_corr = np.argsort(launch_corr, kind="stable")
+    corr_sorted = launch_corr[by_corr]
+    dev_corr, dev_dur = column(trace, device_events, "correlation"), column(trace, device_events, "dur_ns")
+    at = np.minimum(np.searchsorted(corr_sorted, dev_corr), max(len(corr_sorted) - 1, 0))
+    linked = (dev_corr >= 0) & (corr_sorted[at] == dev_corr) if len(corr_sorted) else np.zeros(len(dev_corr), bool)
+    first_launch = by_corr[at[linked]]
+    launch_g = threads.ids(launch["pid"].to_numpy()[first_launch], launch["tid"].to_numpy()[first_launch])
+    # zero-duration ops hang under the op around them; device events under the op around their launch
+    inner = forest.innermost(np.concatenate([g[n_pos:], launch_g]),
+                             np.concatenate([s[n_pos:], launch["ts_ns"].to_numpy()[first_launch]]))
+    parent = np.concatenate([forest.parent, inner[:len(g) - n_pos]])
+    dev_op, linked_dur = inner[len(g) - n_pos:], dev_dur[linked]
+
     n = len(g)
-    dur = e - s
     has_parent = parent >= 0
     child_sum = np.zeros(n, dtype=np.int64)
     np.add.at(child_sum, parent[has_parent], dur[has_parent])
-    self_cpu = np.maximum(dur - child_sum, 0)
-
-    # ---- device time via launches
-    linked = launches.join(device.filter(pl.col("correlation") >= 0), on="correlation", how="inner")
-    dev_op = forest.innermost(linked["g"].fill_null(-1).to_numpy(), linked["ts_ns"].to_numpy())
-    dev_dur = linked["dur_ns"].to_numpy()
-    self_dev = np.zeros(n, dtype=np.int64)
-    dev_count = np.zeros(n, dtype=np.int64)
     hit = dev_op >= 0
-    np.add.at(self_dev, dev_op[hit], dev_dur[hit])
-    np.add.at(dev_count, dev_op[hit], 1)
+    self_dev = np.zeros(n, dtype=np.int64)
+    np.add.at(self_dev, dev_op[hit], linked_dur[hit])
     total_dev = self_dev.copy()
-    node, amount = parent[dev_op[hit]], dev_dur[hit]
+    node, amount = parent[dev_op[hit]], linked_dur[hit]
     while len(node):
         up = node >= 0
         node, amount = node[up], amount[up]
         np.add.at(total_dev, node, amount)
         node = parent[node]
+    return _OpTimes(order=order, thread=g, ts=s, dur=dur, parent=parent, self_cpu=np.maximum(dur - child_sum, 0),
+                    self_dev=self_dev, total_dev=total_dev,
+                    dev_events=np.bincount(dev_op[hit], minlength=n), threads=threads,
+                    conflicts=forest.conflicts, device_ns=int(dev_dur.sum()), attributed_ns=int(linked_dur[hit].sum()))
 
-    frame = ops.select("row", "name").with_columns(
-        pl.Series("dur_ns", dur), pl.Series("self_cpu_ns", self_cpu), pl.Series("self_dev_ns", self_dev),
-        pl.Series("total_dev_ns", total_dev), pl.Series("dev_events", dev_count))
 
-    stack_source = None
-    if group_by == "shapes":
-        frame = frame.join(trace.op_args.select("row", pl.col("input_dims").cast(pl.String)), on="row",
-                           how="left")
-        keys = ["name", "input_dims"]
-    elif group_by == "stack":
-        loc, stack_source = _locations(trace, ops, pyf, threads, parent, stack_frame)
-        frame = frame.with_columns(pl.Series("location", loc, dtype=pl.String))
-        keys = ["location"]
-    else:
-        keys = ["name"]
+class _Threads:
+    """The (pid, tid) threads of the host ops, numbered 0, 1, ... in (pid, tid) order."""
 
-    frame = frame.filter(~pl.col("name").is_in(views.names_matching(trace, PROFILER_STEP_PATTERN)))
-    agg = [pl.len().cast(pl.Int64).alias("calls"),
-           (pl.col("dur_ns").sum() / NS_PER_MS).alias("total_cpu_ms"),
-           (pl.col("self_cpu_ns").sum() / NS_PER_MS).alias("self_cpu_ms"),
-           (pl.col("self_dev_ns").sum() / NS_PER_MS).alias("self_device_ms"),
-           (pl.col("total_dev_ns").sum() / NS_PER_MS).alias("total_device_ms"),
-           pl.col("dev_events").sum().cast(pl.Int64).alias("device_events")]
-    # grouped by the name's category code; the names of the groups cast to text after
-    grouped = frame.group_by(keys).agg(agg)
-    if "name" in keys:
-        grouped = grouped.with_columns(pl.col("name").cast(pl.String))
-    if group_by == "stack":      # top_op: the op name with the most self time at that location
-        best = (frame.with_columns(pl.col("name").cast(pl.String)).group_by("location", "name")
-                .agg((pl.col("self_cpu_ns") + pl.col("self_dev_ns")).sum().alias("t"))
-                .sort(["t", "name"], descending=[True, False])
-                .unique("location", keep="first", maintain_order=True)
-                .select("location", pl.col("name").alias("top_op")))
-        grouped = grouped.join(best, on="location", how="left", nulls_equal=True)
-        keys = ["location", "top_op"]
-    cols = keys + ["calls", "total_cpu_ms", "self_cpu_ms", "self_device_ms", "total_device_ms", "device_events"]
-    grouped = grouped.select(cols)
-    keys = [c for c in grouped.columns if c in ("name", "input_dims", "location", "top_op")]
-    by_dev = grouped.sort(["self_device_ms", "self_cpu_ms", *keys], descending=[True, True] + [False] * len(keys),
-                          nulls_last=True).head(top_n)
-    by_cpu = grouped.sort(["self_cpu_ms", "self_device_ms", *keys], descending=[True, True] + [False] * len(keys),
-                          nulls_last=True).head(top_n)
-    return OperatorStats(
-        group_by=group_by, by_self_device=OperatorGroups(**by_dev.to_dict(as_series=False)),
-        by_self_cpu=OperatorGroups(**by_cpu.to_dict(as_series=False)), ops=frame.height, groups=grouped.height,
-        self_cpu_ms=float(self_cpu.sum()) / NS_PER_MS, device_ms=float(device["dur_ns"].sum()) / NS_PER_MS,
-        device_attributed_ms=float(dev_dur[hit].sum()) / NS_PER_MS, stack_source=stack_source,
-        nesting_conflicts=forest.conflicts)
+    def __init__(self, pid: np.ndarray, tid: np.ndarray):
+        self.pids, self.tids = sorted_unique(pid), sorted_unique(tid)
+        key = self._key(pid, tid)
+        self.keys = sorted_unique(key)
+        self.of_ops = np.searchsorted(self.keys, key)
+
+    def _key(self, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+        """One int per (pid, tid), ordered as (pid, tid) are; -1 where pid or tid is no op's."""
+        if not len(self.pids):
+            return np.full(len(pid), -1, dtype=np.int64)
+        p = np.minimum(np.searchsorted(self.pids, pid), len(self.pids) - 1)
+        t = np.minimum(np.searchsorted(self.tids, tid), len(self.tids) - 1)
+        return np.where((self.pids[p] == pid) & (self.tids[t] == tid), p * len(self.tids) + t, -1)
+
+    def ids(self, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+        """Number of each (pid, tid) thread, -1 for threads without ops."""
+        key = self._key(pid, tid)
+        if not len(self.keys):
+            return key
+        at = np.minimum(np.searchsorted(self.keys, key), len(self.keys) - 1)
+        return np.where((key >= 0) & (self.keys[at] == key), at, -1)
+
+
+def _nesting_order(g: np.ndarray, s: np.ndarray, dur: np.ndarray) -> np.ndarray:
+    """Positions sorted by (g, s, -dur), ties in position order: np.lexsort's order, made faster
+    for events that come nearly in time order (timsort on s, radix sort on g, then the runs of
+    equal (g, s) sorted by -dur)."""
+    if not len(g):
+        return np.zeros(0, dtype=np.int64)
+    order = np.argsort(s, kind="stable")
+    order = order[np.argsort(g[order].astype(np.min_scalar_type(g.max())), kind="stable")]
+    gs, ss = g[order], s[order]
+    tie = np.flatnonzero((gs[1:] == gs[:-1]) & (ss[1:] == ss[:-1]))
+    if len(tie):
+        run = sorted_unique(np.concatenate([tie, tie + 1]))
+        order[run] = order[run][np.lexsort((-dur[order[run]], ss[run], gs[run]))]
+    return order
+
+
+def _codes(texts: pl.Series) -> np.ndarray:
+    """An int >= 0 per distinct value (null included) of a Categorical (or String) series."""
+    return texts.cast(pl.Categorical).to_physical().cast(pl.Int64).fill_null(-1).to_numpy() + 1
+
+
+def _group_ids(key: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """0, 1, ... for the distinct values (ints >= 0) of `key` where `keep`, in value order; -1
+    elsewhere."""
+    kept = key[keep]
+    if len(kept) and kept.max() < 8 * len(kept) + 1024:     # small values: count them, no sort
+        number = np.cumsum(np.bincount(kept) > 0) - 1
+        return np.where(keep, number[np.minimum(key, len(number) - 1)], -1)
+    return np.where(keep, np.searchsorted(sorted_unique(kept), key), -1)
+
+
+def _op_args(trace: RankTrace, order: np.ndarray, value: str) -> pl.Series:
+    """One `op_args` value of each host op in `order` (positions in `host_ops(trace)`), null where none."""
+    rows = np.flatnonzero(np.isin(trace.events["kind"].to_numpy(), _HOST))[order]
+    return (pl.DataFrame({"row": rows}, schema={"row": pl.Int64})
+            .join(trace.op_args.select("row", value), on="row", how="left", maintain_order="left")
+            .to_series(1))
+
+
+def _top_ops(location: pl.Series, name: pl.Series, self_ns: np.ndarray, locations: pl.Series) -> pl.Series:
+    """Per entry of `locations`: the op name with the most self CPU + self device time there."""
+    best = (pl.DataFrame({"location": location, "name": name.cast(pl.String), "t": self_ns})
+            .group_by("location", "name").agg(pl.col("t").sum())
+            .sort(["t", "name"], descending=[True, False])
+            .unique("location", keep="first", maintain_order=True))
+    return (locations.to_frame().join(best, on="location", how="left", nulls_equal=True, maintain_order="left")
+            ["name"].alias("top_op"))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -241,29 +337,50 @@ class _Forest:
     def __init__(self, g: np.ndarray, s: np.ndarray, e: np.ndarray):
         self.g, self.s, self.e = g, s, e
         n = len(g)
-        self.uniq = sorted_unique(np.concatenate([s, e]))
-        self.m = len(self.uniq) + 1
-        self.ks = g * self.m + np.searchsorted(self.uniq, s)
         self.parent = np.full(n, -1, dtype=np.int64)
         self.conflicts = 0
         if n == 0:
             return
-        ke = np.sort(g * self.m + np.searchsorted(self.uniq, e))
-        base = g * self.m
-        first = np.searchsorted(self.ks, base, side="left")
+        self._time_axis(g, s, e)
+        self.ks = self._key(g, s)
+        ke = np.sort(self._key(g, e), kind="stable")      # timsort: the ends come in near order
+        groups = np.arange(g.min(), g.max() + 1)
+        group_start = self._key(groups, np.full(len(groups), self.origin))
+        before = g - g.min()
+        first = np.searchsorted(self.ks, group_start)[before]
         idx = np.arange(n, dtype=np.int64)
-        closed = np.searchsorted(ke, self.ks, side="right") - np.searchsorted(ke, base, side="left")
+        closed = np.searchsorted(ke, self.ks, side="right") - np.searchsorted(ke, group_start)[before]
         depth = (idx - first) - closed
-        k2 = depth * n + idx
-        order2 = np.argsort(k2, kind="stable")
-        k2s = k2[order2]
-        j = np.searchsorted(k2s, (depth - 1) * n + idx, side="left") - 1
+        order2 = np.argsort(depth.astype(np.min_scalar_type(depth.max())), kind="stable")  # by (depth, idx)
+        k2s = (depth * n + idx)[order2]
+        j = np.empty(n, dtype=np.int64)
+        j[order2] = np.searchsorted(k2s, k2s - n) - 1   # last interval before, one level up
         cand = np.where(j >= 0, order2[np.maximum(j, 0)], -1)
         ok = (depth > 0) & (cand >= 0)
         c = np.maximum(cand, 0)
         ok &= (depth[c] == depth - 1) & (g[c] == g) & (s[c] <= s) & (e[c] >= e)
         self.parent = np.where(ok, cand, -1)
         self.conflicts = int(((depth > 0) & ~ok).sum())
+
+    def _time_axis(self, g: np.ndarray, s: np.ndarray, e: np.ndarray) -> None:
+        """Keys (group, time) as one int64, group-major: group * width + time offset. The offset
+        of a time is its distance to the earliest start; where groups that wide would not fit in
+        int64, its rank among the interval bounds (`times`)."""
+        self.origin = int(s.min())
+        self.width = int(e.max()) - self.origin + 1
+        self.times = None
+        if (max(-int(g.min()), int(g.max())) + 2) * self.width >= 2 ** 62:
+            self.times = sorted_unique(np.concatenate([s, e]))
+            self.width = len(self.times)
+
+    def _key(self, g: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """Key of time t in group g; a time outside the bounds counts as just before the first or
+        as the last one, so that it stays inside its group's keys."""
+        if self.times is None:
+            offset = np.clip(t - self.origin, -1, self.width - 1)
+        else:
+            offset = np.searchsorted(self.times, t, side="right") - 1
+        return g * self.width + offset
 
     def innermost(self, qg: np.ndarray, qt: np.ndarray) -> np.ndarray:
         """Index of the innermost interval of group qg that contains time qt (s <= qt < e), or -1."""
@@ -272,8 +389,7 @@ class _Forest:
         out = np.full(len(qg), -1, dtype=np.int64)
         if len(self.g) == 0 or len(qg) == 0:
             return out
-        r = np.searchsorted(self.uniq, qt, side="right") - 1
-        c = np.searchsorted(self.ks, qg * self.m + r, side="right") - 1
+        c = np.searchsorted(self.ks, self._key(qg, qt), side="right") - 1
         ok = (c >= 0) & (qg >= 0)
         ok &= self.g[np.maximum(c, 0)] == qg
         c = np.where(ok, c, -1)
@@ -288,16 +404,16 @@ class _Forest:
         return out
 
 
-def _locations(trace: RankTrace, ops: pl.DataFrame, pyf: pl.DataFrame | None, threads: pl.DataFrame,
-               parent: np.ndarray, stack_frame: str) -> tuple[list, str | None]:
-    """Per op (in `ops` order): source location or None, and the stack source used."""
-    n = ops.height
+def _locations(trace: RankTrace, t: _OpTimes, stack_frame: str) -> tuple[np.ndarray, list[str], str | None]:
+    """Per op (in `t` order): its source location, an index in `labels` (len(labels): none); the
+    labels; the stack source used."""
+    n = len(t.order)
     pick = _pick_user if stack_frame == "user" else _pick_top
-    stacks = ops.select("row").join(trace.op_args.select("row", pl.col("call_stack").cast(pl.String)),
-                                    on="row", how="left", maintain_order="left")["call_stack"]
+    stacks = _op_args(trace, t.order, "call_stack").cast(pl.String)
     loc_id = np.full(n, -1, dtype=np.int64)
     labels: list[str] = []
     source = None
+    pyf = of_kinds(trace, [Kind.PYTHON_FUNCTION]).filter(pl.col("dur_ns") > 0)
     if stacks.null_count() < n:
         source = "call_stack"
         distinct = stacks.drop_nulls().unique().to_list()
@@ -309,14 +425,13 @@ def _locations(trace: RankTrace, ops: pl.DataFrame, pyf: pl.DataFrame | None, th
                                schema={"call_stack": pl.String, "lid": pl.Int64})
         loc_id = (pl.DataFrame({"call_stack": stacks}).join(mapping, on="call_stack", how="left", maintain_order="left")
                   ["lid"].fill_null(-1).to_numpy().copy())
-    elif pyf is not None and not pyf.is_empty():
+    elif not pyf.is_empty():
         source = "python_function"
-        pyf = pyf.join(threads, on=["pid", "tid"], how="left").sort(
-            "g", "ts_ns", "dur_ns", descending=[False, False, True])
-        pg = pyf["g"].to_numpy()
-        ps = pyf["ts_ns"].to_numpy()
-        frames = _Forest(pg, ps, ps + pyf["dur_ns"].to_numpy())
-        names = pyf["name"].cast(pl.String).to_list()
+        pg = t.threads.ids(pyf["pid"].to_numpy(), pyf["tid"].to_numpy())
+        ps, pd = pyf["ts_ns"].to_numpy(), pyf["dur_ns"].to_numpy()
+        order = np.lexsort((-pd, ps, pg))
+        frames = _Forest(pg[order], ps[order], ps[order] + pd[order])
+        names = pyf["name"].cast(pl.String).gather(order).to_list()
         distinct = sorted(set(names))
         src_ok = {nm: is_source_frame(nm) for nm in distinct}
         lib = {nm: is_library_frame(nm) for nm in distinct}
@@ -325,12 +440,13 @@ def _locations(trace: RankTrace, ops: pl.DataFrame, pyf: pl.DataFrame | None, th
         fid = np.array([index.get(nm, -1) for nm in names], dtype=np.int64)
         usable = np.array([src_ok[nm] and (stack_frame == "top" or not lib[nm]) for nm in names], dtype=bool)
         source_frame = np.array([src_ok[nm] for nm in names], dtype=bool)
-        start = frames.innermost(ops["g"].to_numpy(), ops["ts_ns"].to_numpy())
+        start = frames.innermost(t.thread, t.ts)
         loc_id = _walk_first(start, frames.parent, usable, fid)
         if stack_frame == "user":           # all library: fall back to the innermost source frame
             fallback = _walk_first(start, frames.parent, source_frame, fid)
             loc_id = np.where(loc_id >= 0, loc_id, fallback)
     # ops without a location inherit the nearest enclosing op's
+    parent = t.parent
     cur = parent.copy()
     missing = (loc_id < 0) & (cur >= 0)
     while missing.any():
@@ -338,8 +454,7 @@ def _locations(trace: RankTrace, ops: pl.DataFrame, pyf: pl.DataFrame | None, th
         loc_id[take] = loc_id[cur[take]]
         cur[missing] = parent[cur[missing]]
         missing = (loc_id < 0) & (cur >= 0)
-    lab = np.array(labels + [None], dtype=object)
-    return lab[np.where(loc_id >= 0, loc_id, len(labels))].tolist(), source
+    return np.where(loc_id >= 0, loc_id, len(labels)), labels, source
 
 
 def _walk_first(start: np.ndarray, parent: np.ndarray, usable: np.ndarray, fid: np.ndarray) -> np.ndarray:

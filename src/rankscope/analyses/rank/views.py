@@ -56,6 +56,11 @@ def names_matching(trace: RankTrace, pattern: str) -> list[str]:
     return memo(trace, ("names_matching", pattern), lambda: model.names_matching(trace.events, pattern))
 
 
+def column(trace: RankTrace, frame: Callable[[RankTrace], pl.DataFrame], name: str) -> np.ndarray:
+    """One column of one of the frames above as a numpy array (no copy where polars allows)."""
+    return memo(trace, ("column", frame.__name__, name), lambda: frame(trace)[name].to_numpy())
+
+
 def with_rows(trace: RankTrace, kinds: Iterable[int]) -> pl.DataFrame:
     """The events of these kinds with their position in the rank's event frame (`row`, Int64: the
     key of the side frames' rows)."""
