@@ -33,7 +33,8 @@ import msgspec
 import numpy as np
 import polars as pl
 
-from rankscope.analyses.intervals import union
+from rankscope.analyses.intervals import sorted_unique, union
+from rankscope.analyses.rank.views import distinct_names, memo
 from rankscope.model import DEVICE_KINDS, Kind, KernelClass, RankTrace
 from rankscope.units import NS_PER_MS
 
@@ -41,42 +42,106 @@ from rankscope.units import NS_PER_MS
 _HTA_DEVICE_SYNC_NAMES = ("Event Sync", "Context Sync")
 _STEP_MARK = "ProfilerStep"
 _DEVICE = [int(k) for k in DEVICE_KINDS]
+_COLUMNS = ("kind", "ts_ns", "dur_ns", "device", "stream", "correlation", "kclass")
+
+
+def event_columns(trace: RankTrace) -> dict[str, np.ndarray]:
+    """The numeric columns of `trace.events` as numpy arrays (kind, ts_ns, dur_ns, device, stream,
+    correlation, kclass), indexed by row. Taken once per trace."""
+    return memo(trace, ("temporal", "columns"),
+                lambda: {c: trace.events[c].to_numpy() for c in _COLUMNS})
+
+
+def hta_scope_rows(trace: RankTrace, include_last_step: bool = False) -> np.ndarray:
+    """The rows of `trace.events` in the HTA scope (`hta_scope`), ascending. Computed once per trace."""
+    return memo(trace, ("temporal", "scope_rows", include_last_step),
+                lambda: _hta_scope_rows(trace, include_last_step))
+
+
+def _hta_scope_rows(trace: RankTrace, include_last_step: bool) -> np.ndarray:
+    c = event_columns(trace)
+    every_row = np.arange(len(c["kind"]))
+    step_names = [n for n in distinct_names(trace) if _STEP_MARK in n]
+    if len(step_names) < 2:
+        return every_row
+    named = trace.events.select(
+        pl.col("name").is_null().alias("unnamed"),
+        pl.col("name").is_in(list(_HTA_DEVICE_SYNC_NAMES)).fill_null(False).alias("sync"),
+        pl.col("name").is_in(step_names).fill_null(False).alias("mark"))
+    ts, corr = c["ts_ns"], c["correlation"]
+    device_side = ((c["stream"] >= 0) & (corr >= 0)) | named["sync"].to_numpy()
+    # an unnamed event that is not device side by its stream and correlation is on neither side (as polars'
+    # null-aware filters left it)
+    host = ~device_side & ~named["unnamed"].to_numpy()
+    marks = host & named["mark"].to_numpy()
+    if not marks.any():
+        return every_row
+    if include_last_step:
+        host_kept = host & (ts <= (ts[marks] + c["dur_ns"][marks]).max())
+    else:
+        host_kept = host & (ts < ts[marks].max())
+    device_kept = device_side & (find_sorted(sorted_unique(corr[host_kept]), corr) >= 0)
+    return np.flatnonzero(host_kept | device_kept)
+
+
+def find_sorted(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """The index of each value in `keys` (sorted, distinct), -1 where it is not there."""
+    at = np.searchsorted(keys, values)
+    found = at < len(keys)
+    found[found] = keys[at[found]] == values[found]
+    return np.where(found, at, -1)
+
+
+def run_bounds(*keys: np.ndarray) -> np.ndarray:
+    """Where each run of equal keys starts along these sorted key arrays, and then their length."""
+    n = len(keys[0])
+    if n == 0:
+        return np.zeros(1, np.int64)
+    change = np.zeros(n - 1, bool)
+    for k in keys:
+        change |= k[1:] != k[:-1]
+    return np.flatnonzero(np.r_[True, change, True])
+
+
+def scope_device_rows(trace: RankTrace, include_last_step: bool = False) -> np.ndarray:
+    """The rows of the device events (kernels, memcpy, memset) in the HTA scope, ascending."""
+    def make() -> np.ndarray:
+        rows = hta_scope_rows(trace, include_last_step)
+        return rows[np.isin(event_columns(trace)["kind"][rows], _DEVICE)]
+    return memo(trace, ("temporal", "scope_device_rows", include_last_step), make)
+
+
+def all_device_rows(trace: RankTrace) -> np.ndarray:
+    """The rows of every device event of the trace (kernels, memcpy, memset), ascending."""
+    return memo(trace, ("temporal", "device_rows"),
+                lambda: np.flatnonzero(np.isin(event_columns(trace)["kind"], _DEVICE)))
 
 
 def hta_scope(trace: RankTrace, include_last_step: bool = False) -> pl.DataFrame:
     """The events HTA 0.5 analyses for this rank (see module docstring), with their `row` in `trace.events`.
 
     HTA's device side is "has a stream and a correlation id" (plus Event/Context Sync); everything else is
-    host side. Order of rows is kept. Computed once per trace (several analyses use it)."""
-    key = ("hta_scope", include_last_step)
-    if key not in trace.derived:
-        trace.derived[key] = _hta_scope(trace, include_last_step)
-    return trace.derived[key]
+    host side. Order of rows is kept. Computed once per trace."""
+    def make() -> pl.DataFrame:
+        ev = trace.events.with_row_index("row")
+        rows = hta_scope_rows(trace, include_last_step)
+        return ev if len(rows) == ev.height else ev[rows]
+    return memo(trace, ("temporal", "scope", include_last_step), make)
 
 
-def _hta_scope(trace: RankTrace, include_last_step: bool) -> pl.DataFrame:
-    ev = trace.events.with_row_index("row")
-    if ev.is_empty():
-        return ev
-    names = ev["name"].unique().cast(pl.String).drop_nulls().to_list()
-    step_names = [n for n in names if _STEP_MARK in n]
-    if len(step_names) < 2:
-        return ev
-    device_side = (((pl.col("stream") >= 0) & (pl.col("correlation") >= 0))
-                   | pl.col("name").cast(pl.String).is_in(list(_HTA_DEVICE_SYNC_NAMES)))
-    host = ev.filter(~device_side)
-    marks = host.filter(pl.col("name").cast(pl.String).is_in(step_names))
-    if marks.is_empty():
-        return ev
-    if include_last_step:
-        cut = int((marks["ts_ns"] + marks["dur_ns"]).max())
-        host_kept = host.filter(pl.col("ts_ns") <= cut)
-    else:
-        cut = int(marks["ts_ns"].max())
-        host_kept = host.filter(pl.col("ts_ns") < cut)
-    launched = host_kept["correlation"].unique().implode()
-    device_kept = ev.filter(device_side & pl.col("correlation").is_in(launched))
-    return pl.concat([host_kept, device_kept]).sort("row")
+def class_intervals(trace: RankTrace, device_rows: np.ndarray,
+                    kernel_class: KernelClass | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) in ns of these device events (rows of `trace.events`, all device events); with
+    `kernel_class`, only kernels of that class (COMP and COMM are kernels; MEM is memcpy/memset too)."""
+    c = event_columns(trace)
+    rows = device_rows
+    if kernel_class is not None:
+        of_class = c["kclass"][rows] == int(kernel_class)
+        if kernel_class in (KernelClass.COMP, KernelClass.COMM):
+            of_class &= c["kind"][rows] == int(Kind.KERNEL)
+        rows = rows[of_class]
+    s = c["ts_ns"][rows].astype(np.int64, copy=False)
+    return s, s + c["dur_ns"][rows].astype(np.int64, copy=False)
 
 
 def device_intervals(events: pl.DataFrame, kernel_class: KernelClass | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -111,15 +176,15 @@ class TemporalBreakdown(msgspec.Struct):
 
 
 def temporal_breakdown(trace: RankTrace, include_last_step: bool = False) -> TemporalBreakdown:
-    ev = hta_scope(trace, include_last_step)
-    s, e = device_intervals(ev)
+    rows = scope_device_rows(trace, include_last_step)
+    s, e = class_intervals(trace, rows)
     keep = e >= s
     s, e = s[keep], e[keep]
     if len(s) == 0:
         return TemporalBreakdown(None, None, None, None, None, None, None, 0, include_last_step)
     span = int(e.max() - s.min())
     busy = union_length(s, e)
-    compute = union_length(*device_intervals(ev, KernelClass.COMP))
+    compute = union_length(*class_intervals(trace, rows, KernelClass.COMP))
     idle = span - busy
     non_compute = span - compute - idle
 
