@@ -27,15 +27,15 @@ import msgspec
 import numpy as np
 import polars as pl
 
-from rankscope.analyses.rank.temporal import (all_device_rows, event_columns, find_sorted, hta_scope_rows,
-                                             run_bounds, scope_device_rows)
-from rankscope.model import Kind, RankTrace
+from rankscope.analyses.rank.launch import quantiles
+from rankscope.analyses.rank.temporal import (all_device_rows, event_columns, find_sorted, first_per_id, run_bounds,
+                                             scope_device_rows, scope_launch_calls)
+from rankscope.model import RankTrace
 from rankscope.units import NS_PER_US, NS_PER_MS
 
 #: HTA 0.5 default of get_idle_time_breakdown (applied in µs, see module docstring).
 CONSECUTIVE_KERNEL_DELAY_US = 30.0
 CATEGORIES = ("host_wait", "kernel_wait", "other")
-_LAUNCH = [int(Kind.RUNTIME), int(Kind.DRIVER)]
 
 
 class IdleIntervals(msgspec.Struct):
@@ -83,15 +83,13 @@ class _Gaps(msgspec.Struct):
 
 
 def _first_launches(trace: RankTrace, include_last_step: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(correlation ids, start ns) of the launch calls in the HTA scope, sorted by id: the first call
-    (frame order) of each id."""
+    """(correlation ids, start ns) of the launch calls (runtime / driver) in the HTA scope, sorted by id:
+    the first call (frame order) of each id."""
     col = event_columns(trace)
-    rows = hta_scope_rows(trace, include_last_step)
-    rows = rows[np.isin(col["kind"][rows], _LAUNCH) & (col["correlation"][rows] >= 0)]
-    rows = rows[np.argsort(col["correlation"][rows], kind="stable")]
-    corr = col["correlation"][rows]
-    first = np.r_[True, corr[1:] != corr[:-1]] if len(rows) else np.zeros(0, bool)
-    return corr[first], col["ts_ns"][rows[first]]
+    calls = scope_launch_calls(trace, include_last_step)
+    corr = col["correlation"][calls]
+    first = first_per_id(corr)
+    return corr[first], col["ts_ns"][calls[first]]
 
 
 def _gaps(trace: RankTrace, consecutive_kernel_delay_us: float, include_last_step: bool) -> _Gaps:
@@ -128,8 +126,8 @@ def _intervals(gap_ns: np.ndarray) -> IdleIntervals:
     if len(gap_ns) == 0:
         return IdleIntervals(0, None, None, None, None)
     g = gap_ns.astype(np.float64) / NS_PER_US
-    p50, p95 = np.percentile(g, [50, 95])
-    return IdleIntervals(int(len(g)), float(g.mean()), float(p50), float(p95), float(g.max()))
+    p50, p95 = quantiles(g, [0.50, 0.95])
+    return IdleIntervals(int(len(g)), float(g.mean()), p50, p95, float(g.max()))
 
 
 def idle_time_breakdown(trace: RankTrace, consecutive_kernel_delay_us: float = CONSECUTIVE_KERNEL_DELAY_US,
@@ -140,7 +138,9 @@ def idle_time_breakdown(trace: RankTrace, consecutive_kernel_delay_us: float = C
     if len(dev) == 0:
         return result
     g = _gaps(trace, consecutive_kernel_delay_us, include_last_step)
-    streams = sorted(set(zip(col["device"][dev].tolist(), col["stream"][dev].tolist())))
+    dev = dev[np.lexsort((col["stream"][dev], col["device"][dev]))]
+    first = dev[run_bounds(col["device"][dev], col["stream"][dev])[:-1]]
+    streams = list(zip(col["device"][first].tolist(), col["stream"][first].tolist()))
     # the gaps come by (device, stream): one slice each
     bounds = run_bounds(g.device, g.stream)
     slices = {(int(g.device[i]), int(g.stream[i])): slice(i, j) for i, j in zip(bounds[:-1], bounds[1:])}

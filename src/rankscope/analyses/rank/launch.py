@@ -46,8 +46,8 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import sorted_unique, union
-from rankscope.analyses.rank.temporal import (event_columns, find_sorted, hta_scope_rows, run_bounds,
-                                             scope_device_rows)
+from rankscope.analyses.rank.temporal import (event_columns, find_sorted, first_per_id, of_kinds, run_bounds,
+                                             scope_device_rows, scope_launch_calls)
 from rankscope.analyses.rank.views import memo
 from rankscope.model import Kind, KernelClass, RankTrace
 from rankscope.units import NS_PER_US, NS_PER_MS
@@ -74,7 +74,6 @@ HTA_QUEUE_LENGTH_NAMES = ("cudaMemsetAsync", "cudaMemcpyAsync", "cudaLaunchKerne
                           "cuLaunchKernel", "runFunction - job_prep_and_submit_for_execution", "hipLaunchKernel",
                           "hipExtModuleLaunchKernel", "hipMemcpyAsync", "hipMemsetAsync", "hipMemcpyWithStream")
 TOP_N = 10
-_HOST_CALLS = [int(Kind.RUNTIME), int(Kind.DRIVER)]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -101,13 +100,26 @@ class PointStats(msgspec.Struct):
     max: float | None
 
 
+def quantiles(x: np.ndarray, fractions: Sequence[float]) -> list[float]:
+    """Quantiles of `x` (not empty, float64) at these fractions: np.percentile's default linear interpolation
+    between order statistics, the same numbers, from one sort and without its per-call overhead."""
+    s = np.sort(x)
+    last = len(s) - 1
+    out = []
+    for q in fractions:
+        lo, t = divmod(q * last, 1.0)
+        a, b = float(s[int(lo)]), float(s[min(int(lo) + 1, last)])
+        out.append(b - (b - a) * (1.0 - t) if t >= 0.5 else a + (b - a) * t)
+    return out
+
+
 def _stats_us(x_ns: np.ndarray) -> DurationStats:
     """Statistics of int64 ns values."""
     if len(x_ns) == 0:
         return DurationStats(0, None, None, None, None, 0.0)
     x = x_ns.astype(np.float64) / NS_PER_US
-    p50, p95 = np.percentile(x, [50, 95])
-    return DurationStats(count=int(len(x)), mean_us=float(x.mean()), p50_us=float(p50), p95_us=float(p95),
+    p50, p95 = quantiles(x, [0.50, 0.95])
+    return DurationStats(count=int(len(x)), mean_us=float(x.mean()), p50_us=p50, p95_us=p95,
                          max_us=float(x.max()), sum_ms=float(x_ns.sum()) / NS_PER_MS)
 
 
@@ -115,9 +127,9 @@ def _point_stats(v: np.ndarray) -> PointStats:
     if len(v) == 0:
         return PointStats(0, None, None, None, None, None, None, None)
     v = v.astype(np.float64)
-    q = np.percentile(v, [25, 50, 75, 95])
-    return PointStats(count=int(len(v)), mean=float(v.mean()), min=float(v.min()), p25=float(q[0]),
-                      p50=float(q[1]), p75=float(q[2]), p95=float(q[3]), max=float(v.max()))
+    p25, p50, p75, p95 = quantiles(v, [0.25, 0.50, 0.75, 0.95])
+    return PointStats(count=int(len(v)), mean=float(v.mean()), min=float(v.min()), p25=p25,
+                      p50=p50, p75=p75, p95=p95, max=float(v.max()))
 
 
 def _time_weighted(t: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -181,11 +193,9 @@ def _link_launches(trace: RankTrace, include_last_step: bool, names: tuple[str, 
     col = event_columns(trace)
     corr = col["correlation"]
     named = trace.events.select(pl.col("name").is_in(list(names)).fill_null(False)).to_series().to_numpy()
-    calls = hta_scope_rows(trace, include_last_step)
-    calls = calls[np.isin(col["kind"][calls], _HOST_CALLS) & (corr[calls] >= 0) & named[calls]]
-    calls = calls[np.argsort(corr[calls], kind="stable")]
-    first = np.r_[True, corr[calls][1:] != corr[calls][:-1]] if len(calls) else np.zeros(0, bool)
-    calls = calls[first]                                   # the first call (row order) of each correlation id
+    calls = scope_launch_calls(trace, include_last_step)
+    calls = calls[named[calls]]
+    calls = calls[first_per_id(corr[calls])]             # the first call (row order) of each correlation id
     dev = scope_device_rows(trace, include_last_step)
     call = find_sorted(corr[calls], corr[dev])
     dev, call = dev[call >= 0], calls[call[call >= 0]]
@@ -279,7 +289,7 @@ def kernel_launch_stats(trace: RankTrace, runtime_cutoff_us: float = RUNTIME_CUT
             cpu_duration_mean_us=float(cpu[on].mean()) / NS_PER_US,
             gpu_duration_sum_ms=int(gpu[on].sum()) / NS_PER_MS,
             launch_delay_mean_us=float(delay[on].mean()) / NS_PER_US,
-            launch_delay_p95_us=float(np.percentile(delay[on].astype(np.float64), 95)) / NS_PER_US,
+            launch_delay_p95_us=quantiles(delay[on].astype(np.float64), [0.95])[0] / NS_PER_US,
             short_kernels=int(short[on].sum()), runtime_outliers=int(runtime_outlier[on].sum()),
             launch_delay_outliers=int(delay_outlier[on].sum())))
     shorts = pl.DataFrame({"name": trace.events["name"].gather(j.row[short]).cast(pl.String),
@@ -433,15 +443,14 @@ def copy_kind(name: pl.Expr) -> pl.Expr:
 def _copy_args(trace: RankTrace, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(bytes, bandwidth GB/s) of these device events from `trace.gpu_args`: -1 bytes and 0 GB/s where
     unknown."""
-    args = trace.gpu_args
-    order = np.argsort(args["row"].to_numpy(), kind="stable")
-    at = find_sorted(args["row"].to_numpy()[order], rows)
+    args = trace.gpu_args.select("row", pl.col("bytes").fill_null(-1),
+                                 pl.col("bandwidth_gbps").fill_nan(0.0).fill_null(0.0)).sort("row")
+    at = find_sorted(args["row"].to_numpy(), rows)
     known = at >= 0
-    arg = order[at[known]]
     bytes_ = np.full(len(rows), -1, np.int64)
-    bytes_[known] = args["bytes"].fill_null(-1).to_numpy()[arg]
+    bytes_[known] = args["bytes"].to_numpy()[at[known]]
     bandwidth_gbps = np.zeros(len(rows), np.float64)
-    bandwidth_gbps[known] = args["bandwidth_gbps"].fill_nan(0.0).fill_null(0.0).to_numpy()[arg]
+    bandwidth_gbps[known] = args["bandwidth_gbps"].to_numpy()[at[known]]
     return bytes_, bandwidth_gbps
 
 
@@ -449,7 +458,7 @@ def memory_bandwidth(trace: RankTrace, include_last_step: bool = False) -> Memor
     result = MemoryBandwidth(include_last_step, _origin(trace))
     col = event_columns(trace)
     dev = scope_device_rows(trace, include_last_step)
-    mem = dev[np.isin(col["kind"][dev], [int(Kind.MEMCPY), int(Kind.MEMSET)])
+    mem = dev[of_kinds(col["kind"][dev], (Kind.MEMCPY, Kind.MEMSET))
               | (col["kclass"][dev] == int(KernelClass.MEM))]
     if len(mem) == 0:
         return result

@@ -80,8 +80,10 @@ def _hta_scope_rows(trace: RankTrace, include_last_step: bool) -> np.ndarray:
         host_kept = host & (ts <= (ts[marks] + c["dur_ns"][marks]).max())
     else:
         host_kept = host & (ts < ts[marks].max())
-    device_kept = device_side & (find_sorted(sorted_unique(corr[host_kept]), corr) >= 0)
-    return np.flatnonzero(host_kept | device_kept)
+    kept = host_kept.copy()
+    device_rows = np.flatnonzero(device_side)
+    kept[device_rows] = find_sorted(sorted_unique(corr[host_kept]), corr[device_rows]) >= 0
+    return np.flatnonzero(kept)
 
 
 def find_sorted(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -90,6 +92,29 @@ def find_sorted(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
     found = at < len(keys)
     found[found] = keys[at[found]] == values[found]
     return np.where(found, at, -1)
+
+
+def of_kinds(kind: np.ndarray, kinds) -> np.ndarray:
+    """Whether each `kind` value (uint8 event kinds) is one of `kinds`; a table lookup, cheaper than np.isin."""
+    table = np.zeros(256, bool)
+    table[[int(k) for k in kinds]] = True
+    return table[kind]
+
+
+def scope_launch_calls(trace: RankTrace, include_last_step: bool = False) -> np.ndarray:
+    """The rows of the runtime / driver calls with a correlation id in the HTA scope, by correlation id
+    (stable: row order within one id). Computed once per trace."""
+    def make() -> np.ndarray:
+        col = event_columns(trace)
+        rows = hta_scope_rows(trace, include_last_step)
+        rows = rows[of_kinds(col["kind"][rows], (Kind.RUNTIME, Kind.DRIVER)) & (col["correlation"][rows] >= 0)]
+        return rows[np.argsort(col["correlation"][rows], kind="stable")]
+    return memo(trace, ("temporal", "scope_launch_calls", include_last_step), make)
+
+
+def first_per_id(ids: np.ndarray) -> np.ndarray:
+    """Whether each entry of these sorted ids is the first of its id."""
+    return np.r_[True, ids[1:] != ids[:-1]] if len(ids) else np.zeros(0, bool)
 
 
 def run_bounds(*keys: np.ndarray) -> np.ndarray:
@@ -107,14 +132,14 @@ def scope_device_rows(trace: RankTrace, include_last_step: bool = False) -> np.n
     """The rows of the device events (kernels, memcpy, memset) in the HTA scope, ascending."""
     def make() -> np.ndarray:
         rows = hta_scope_rows(trace, include_last_step)
-        return rows[np.isin(event_columns(trace)["kind"][rows], _DEVICE)]
+        return rows[of_kinds(event_columns(trace)["kind"][rows], DEVICE_KINDS)]
     return memo(trace, ("temporal", "scope_device_rows", include_last_step), make)
 
 
 def all_device_rows(trace: RankTrace) -> np.ndarray:
     """The rows of every device event of the trace (kernels, memcpy, memset), ascending."""
     return memo(trace, ("temporal", "device_rows"),
-                lambda: np.flatnonzero(np.isin(event_columns(trace)["kind"], _DEVICE)))
+                lambda: np.flatnonzero(of_kinds(event_columns(trace)["kind"], DEVICE_KINDS)))
 
 
 def hta_scope(trace: RankTrace, include_last_step: bool = False) -> pl.DataFrame:
