@@ -106,7 +106,8 @@ def _gaps(trace: RankTrace, consecutive_kernel_delay_us: float, include_last_ste
     gap = ts - prev_end
     launch_corr, launch_ns = _first_launches(trace, include_last_step)
     launch = find_sorted(launch_corr, col["correlation"][after])
-    host_wait = (launch >= 0) & (launch_ns[launch] > prev_end) if len(launch_ns) else launch >= 0
+    host_wait = launch >= 0
+    host_wait[host_wait] = launch_ns[launch[host_wait]] > prev_end[host_wait]
     category = np.where(host_wait, 0, np.where(gap < consecutive_kernel_delay_us * NS_PER_US, 1, 2))
     return _Gaps(device[follows], stream[follows], ts, gap, category)
 
@@ -114,7 +115,7 @@ def _gaps(trace: RankTrace, consecutive_kernel_delay_us: float, include_last_ste
 def idle_intervals(trace: RankTrace, consecutive_kernel_delay_us: float = CONSECUTIVE_KERNEL_DELAY_US,
                    include_last_step: bool = False) -> pl.DataFrame:
     """One row per idle interval: device, stream, ts_ns (start of the event after the gap), gap_ns,
-    category. The per-event frame behind `idle_time_breakdown` (can be large; not a result to ship)."""
+    category. The intervals `idle_time_breakdown` sums up (can be large; not a result to ship)."""
     g = _gaps(trace, consecutive_kernel_delay_us, include_last_step)
     return pl.DataFrame({"device": g.device, "stream": g.stream, "ts_ns": g.ts_ns, "gap_ns": g.gap_ns,
                          "category": np.array(CATEGORIES)[g.category]},

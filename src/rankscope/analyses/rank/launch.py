@@ -102,13 +102,13 @@ class PointStats(msgspec.Struct):
 
 def quantiles(x: np.ndarray, fractions: Sequence[float]) -> list[float]:
     """Quantiles of `x` (not empty, float64) at these fractions: np.percentile's default linear interpolation
-    between order statistics, the same numbers, from one sort and without its per-call overhead."""
-    s = np.sort(x)
-    last = len(s) - 1
+    between order statistics, the same numbers, from one partition and without its per-call overhead."""
+    last = len(x) - 1
+    at = [(int(lo), t) for lo, t in (divmod(q * last, 1.0) for q in fractions)]
+    s = np.partition(x, sorted({i for lo, _ in at for i in (lo, min(lo + 1, last))}))
     out = []
-    for q in fractions:
-        lo, t = divmod(q * last, 1.0)
-        a, b = float(s[int(lo)]), float(s[min(int(lo) + 1, last)])
+    for lo, t in at:
+        a, b = float(s[lo]), float(s[min(lo + 1, last)])
         out.append(b - (b - a) * (1.0 - t) if t >= 0.5 else a + (b - a) * t)
     return out
 
@@ -261,10 +261,10 @@ def kernel_launch_stats(trace: RankTrace, runtime_cutoff_us: float = RUNTIME_CUT
     """`launch_names` replaces the launch-call table (e.g. `HTA_LAUNCH_STATS_NAMES` to reproduce HTA)."""
     result = KernelLaunchStats(runtime_cutoff_us, launch_delay_cutoff_us, include_last_step)
     if launch_names is not None:
-        names = list(launch_names)
+        names = tuple(launch_names)
     else:
-        names = list(LAUNCH_NAMES) + (list(MEMORY_LAUNCH_NAMES) if include_memory_events else [])
-    j = _linked_launches(trace, include_last_step, tuple(names))
+        names = LAUNCH_NAMES + (MEMORY_LAUNCH_NAMES if include_memory_events else ())
+    j = _linked_launches(trace, include_last_step, names)
     if len(j.row) == 0:
         return result
     rc, lc = runtime_cutoff_us * NS_PER_US, launch_delay_cutoff_us * NS_PER_US
@@ -371,9 +371,9 @@ def queue_length(trace: RankTrace, include_last_step: bool = False,
     """`launch_names` replaces the launch-call table (e.g. `HTA_QUEUE_LENGTH_NAMES` to reproduce HTA)."""
     result = QueueLength(include_last_step, _origin(trace))
     ch = _queue_changes(trace, include_last_step, launch_names)
-    bounds = run_bounds(ch.device, ch.stream)
     if len(ch.ts_ns) == 0:
         return result
+    bounds = run_bounds(ch.device, ch.stream)
     budget = max(1, SERIES_POINTS // (len(bounds) - 1))
     for a, b in zip(bounds[:-1], bounds[1:]):
         device, stream = int(ch.device[a]), int(ch.stream[a])

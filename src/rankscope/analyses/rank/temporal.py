@@ -45,47 +45,8 @@ _DEVICE = [int(k) for k in DEVICE_KINDS]
 _COLUMNS = ("kind", "ts_ns", "dur_ns", "device", "stream", "correlation", "kclass")
 
 
-def event_columns(trace: RankTrace) -> dict[str, np.ndarray]:
-    """The numeric columns of `trace.events` as numpy arrays (kind, ts_ns, dur_ns, device, stream,
-    correlation, kclass), indexed by row. Taken once per trace."""
-    return memo(trace, ("temporal", "columns"),
-                lambda: {c: trace.events[c].to_numpy() for c in _COLUMNS})
-
-
-def hta_scope_rows(trace: RankTrace, include_last_step: bool = False) -> np.ndarray:
-    """The rows of `trace.events` in the HTA scope (`hta_scope`), ascending. Computed once per trace."""
-    return memo(trace, ("temporal", "scope_rows", include_last_step),
-                lambda: _hta_scope_rows(trace, include_last_step))
-
-
-def _hta_scope_rows(trace: RankTrace, include_last_step: bool) -> np.ndarray:
-    c = event_columns(trace)
-    every_row = np.arange(len(c["kind"]))
-    step_names = [n for n in distinct_names(trace) if _STEP_MARK in n]
-    if len(step_names) < 2:
-        return every_row
-    named = trace.events.select(
-        pl.col("name").is_null().alias("unnamed"),
-        pl.col("name").is_in(list(_HTA_DEVICE_SYNC_NAMES)).fill_null(False).alias("sync"),
-        pl.col("name").is_in(step_names).fill_null(False).alias("mark"))
-    ts, corr = c["ts_ns"], c["correlation"]
-    device_side = ((c["stream"] >= 0) & (corr >= 0)) | named["sync"].to_numpy()
-    # an unnamed event that is not device side by its stream and correlation is on neither side (as polars'
-    # null-aware filters left it)
-    host = ~device_side & ~named["unnamed"].to_numpy()
-    marks = host & named["mark"].to_numpy()
-    if not marks.any():
-        return every_row
-    if include_last_step:
-        host_kept = host & (ts <= (ts[marks] + c["dur_ns"][marks]).max())
-    else:
-        host_kept = host & (ts < ts[marks].max())
-    kept = host_kept.copy()
-    device_rows = np.flatnonzero(device_side)
-    kept[device_rows] = find_sorted(sorted_unique(corr[host_kept]), corr[device_rows]) >= 0
-    return np.flatnonzero(kept)
-
-
+# ------------------------------------------------------------------------------------------------
+# array helpers
 def find_sorted(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
     """The index of each value in `keys` (sorted, distinct), -1 where it is not there."""
     at = np.searchsorted(keys, values)
@@ -99,17 +60,6 @@ def of_kinds(kind: np.ndarray, kinds) -> np.ndarray:
     table = np.zeros(256, bool)
     table[[int(k) for k in kinds]] = True
     return table[kind]
-
-
-def scope_launch_calls(trace: RankTrace, include_last_step: bool = False) -> np.ndarray:
-    """The rows of the runtime / driver calls with a correlation id in the HTA scope, by correlation id
-    (stable: row order within one id). Computed once per trace."""
-    def make() -> np.ndarray:
-        col = event_columns(trace)
-        rows = hta_scope_rows(trace, include_last_step)
-        rows = rows[of_kinds(col["kind"][rows], (Kind.RUNTIME, Kind.DRIVER)) & (col["correlation"][rows] >= 0)]
-        return rows[np.argsort(col["correlation"][rows], kind="stable")]
-    return memo(trace, ("temporal", "scope_launch_calls", include_last_step), make)
 
 
 def first_per_id(ids: np.ndarray) -> np.ndarray:
@@ -128,12 +78,13 @@ def run_bounds(*keys: np.ndarray) -> np.ndarray:
     return np.flatnonzero(np.r_[True, change, True])
 
 
-def scope_device_rows(trace: RankTrace, include_last_step: bool = False) -> np.ndarray:
-    """The rows of the device events (kernels, memcpy, memset) in the HTA scope, ascending."""
-    def make() -> np.ndarray:
-        rows = hta_scope_rows(trace, include_last_step)
-        return rows[of_kinds(event_columns(trace)["kind"][rows], DEVICE_KINDS)]
-    return memo(trace, ("temporal", "scope_device_rows", include_last_step), make)
+# ------------------------------------------------------------------------------------------------
+# the events of the HTA analyses, as rows of `trace.events`, each made once per trace
+def event_columns(trace: RankTrace) -> dict[str, np.ndarray]:
+    """The numeric columns of `trace.events` as numpy arrays (kind, ts_ns, dur_ns, device, stream,
+    correlation, kclass), indexed by row."""
+    return memo(trace, ("temporal", "columns"),
+                lambda: {c: trace.events[c].to_numpy() for c in _COLUMNS})
 
 
 def all_device_rows(trace: RankTrace) -> np.ndarray:
@@ -142,11 +93,63 @@ def all_device_rows(trace: RankTrace) -> np.ndarray:
                 lambda: np.flatnonzero(of_kinds(event_columns(trace)["kind"], DEVICE_KINDS)))
 
 
+def hta_scope_rows(trace: RankTrace, include_last_step: bool = False) -> np.ndarray:
+    """The rows of `trace.events` in the HTA scope (`hta_scope`), ascending."""
+    return memo(trace, ("temporal", "scope_rows", include_last_step),
+                lambda: _hta_scope_rows(trace, include_last_step))
+
+
+def _hta_scope_rows(trace: RankTrace, include_last_step: bool) -> np.ndarray:
+    col = event_columns(trace)
+    every_row = np.arange(len(col["kind"]))
+    step_names = [n for n in distinct_names(trace) if _STEP_MARK in n]
+    if len(step_names) < 2:
+        return every_row
+    named = trace.events.select(
+        pl.col("name").is_null().alias("unnamed"),
+        pl.col("name").is_in(list(_HTA_DEVICE_SYNC_NAMES)).fill_null(False).alias("sync"),
+        pl.col("name").is_in(step_names).fill_null(False).alias("mark"))
+    ts, corr = col["ts_ns"], col["correlation"]
+    device_side = ((col["stream"] >= 0) & (corr >= 0)) | named["sync"].to_numpy()
+    # an unnamed event that is not device side by its stream and correlation is on neither side (as polars'
+    # null-aware filters left it)
+    host = ~device_side & ~named["unnamed"].to_numpy()
+    marks = host & named["mark"].to_numpy()
+    if not marks.any():
+        return every_row
+    if include_last_step:
+        kept = host & (ts <= (ts[marks] + col["dur_ns"][marks]).max())
+    else:
+        kept = host & (ts < ts[marks].max())
+    device_rows = np.flatnonzero(device_side)
+    kept[device_rows] = find_sorted(sorted_unique(corr[kept]), corr[device_rows]) >= 0
+    return np.flatnonzero(kept)
+
+
+def scope_device_rows(trace: RankTrace, include_last_step: bool = False) -> np.ndarray:
+    """The rows of the device events (kernels, memcpy, memset) in the HTA scope, ascending."""
+    def make() -> np.ndarray:
+        rows = hta_scope_rows(trace, include_last_step)
+        return rows[of_kinds(event_columns(trace)["kind"][rows], DEVICE_KINDS)]
+    return memo(trace, ("temporal", "scope_device_rows", include_last_step), make)
+
+
+def scope_launch_calls(trace: RankTrace, include_last_step: bool = False) -> np.ndarray:
+    """The rows of the runtime / driver calls with a correlation id in the HTA scope, by correlation id
+    (stable: row order within one id)."""
+    def make() -> np.ndarray:
+        col = event_columns(trace)
+        rows = hta_scope_rows(trace, include_last_step)
+        rows = rows[of_kinds(col["kind"][rows], (Kind.RUNTIME, Kind.DRIVER)) & (col["correlation"][rows] >= 0)]
+        return rows[np.argsort(col["correlation"][rows], kind="stable")]
+    return memo(trace, ("temporal", "scope_launch_calls", include_last_step), make)
+
+
 def hta_scope(trace: RankTrace, include_last_step: bool = False) -> pl.DataFrame:
     """The events HTA 0.5 analyses for this rank (see module docstring), with their `row` in `trace.events`.
 
     HTA's device side is "has a stream and a correlation id" (plus Event/Context Sync); everything else is
-    host side. Order of rows is kept. Computed once per trace."""
+    host side. Order of rows is kept. The analyses here read `hta_scope_rows` instead."""
     def make() -> pl.DataFrame:
         ev = trace.events.with_row_index("row")
         rows = hta_scope_rows(trace, include_last_step)
@@ -156,17 +159,17 @@ def hta_scope(trace: RankTrace, include_last_step: bool = False) -> pl.DataFrame
 
 def class_intervals(trace: RankTrace, device_rows: np.ndarray,
                     kernel_class: KernelClass | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(starts, ends) in ns of these device events (rows of `trace.events`, all device events); with
-    `kernel_class`, only kernels of that class (COMP and COMM are kernels; MEM is memcpy/memset too)."""
-    c = event_columns(trace)
+    """(starts, ends) in ns of these device events (rows of `trace.events`); with `kernel_class`, only
+    kernels of that class (COMP and COMM are kernels; MEM is memcpy/memset too)."""
+    col = event_columns(trace)
     rows = device_rows
     if kernel_class is not None:
-        of_class = c["kclass"][rows] == int(kernel_class)
+        of_class = col["kclass"][rows] == int(kernel_class)
         if kernel_class in (KernelClass.COMP, KernelClass.COMM):
-            of_class &= c["kind"][rows] == int(Kind.KERNEL)
+            of_class &= col["kind"][rows] == int(Kind.KERNEL)
         rows = rows[of_class]
-    s = c["ts_ns"][rows].astype(np.int64, copy=False)
-    return s, s + c["dur_ns"][rows].astype(np.int64, copy=False)
+    s = col["ts_ns"][rows].astype(np.int64, copy=False)
+    return s, s + col["dur_ns"][rows].astype(np.int64, copy=False)
 
 
 def device_intervals(events: pl.DataFrame, kernel_class: KernelClass | None = None) -> tuple[np.ndarray, np.ndarray]:
