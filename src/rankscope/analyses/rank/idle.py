@@ -24,17 +24,18 @@ one-GPU ranks); times are exact ns (HTA rounds fractional µs timestamps by defa
 from __future__ import annotations
 
 import msgspec
+import numpy as np
 import polars as pl
 
-from rankscope.analyses.rank.temporal import hta_scope
-from rankscope.model import DEVICE_KINDS, Kind, RankTrace
+from rankscope.analyses.rank.launch import quantiles
+from rankscope.analyses.rank.temporal import (all_device_rows, event_columns, find_sorted, first_per_id, run_bounds,
+                                             scope_device_rows, scope_launch_calls)
+from rankscope.model import RankTrace
 from rankscope.units import NS_PER_US, NS_PER_MS
 
 #: HTA 0.5 default of get_idle_time_breakdown (applied in µs, see module docstring).
 CONSECUTIVE_KERNEL_DELAY_US = 30.0
 CATEGORIES = ("host_wait", "kernel_wait", "other")
-_DEVICE = [int(k) for k in DEVICE_KINDS]
-_LAUNCH = [int(Kind.RUNTIME), int(Kind.DRIVER)]
 
 
 class IdleIntervals(msgspec.Struct):
@@ -71,65 +72,90 @@ def _ratios(parts: dict[str, float]) -> dict[str, float | None]:
     return {c: (parts[c] / total if total != 0 else None) for c in CATEGORIES}
 
 
+class _Gaps(msgspec.Struct):
+    """The idle intervals of the rank in (device, stream, start) order: the event after each gap, its
+    gap and category (index into CATEGORIES)."""
+    device: np.ndarray
+    stream: np.ndarray
+    ts_ns: np.ndarray
+    gap_ns: np.ndarray
+    category: np.ndarray
+
+
+def _first_launches(trace: RankTrace, include_last_step: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(correlation ids, start ns) of the launch calls (runtime / driver) in the HTA scope, sorted by id:
+    the first call (frame order) of each id."""
+    col = event_columns(trace)
+    calls = scope_launch_calls(trace, include_last_step)
+    corr = col["correlation"][calls]
+    first = first_per_id(corr)
+    return corr[first], col["ts_ns"][calls[first]]
+
+
+def _gaps(trace: RankTrace, consecutive_kernel_delay_us: float, include_last_step: bool) -> _Gaps:
+    col = event_columns(trace)
+    dev = scope_device_rows(trace, include_last_step)
+    dev = dev[np.lexsort((col["ts_ns"][dev], col["stream"][dev], col["device"][dev]))]   # ties keep row order
+    device, stream = col["device"][dev], col["stream"][dev]
+    # every event but the first of its (device, stream) follows a gap
+    follows = np.flatnonzero((device[1:] == device[:-1]) & (stream[1:] == stream[:-1])) + 1
+    before = dev[follows - 1]
+    prev_end = col["ts_ns"][before] + col["dur_ns"][before]
+    after = dev[follows]
+    ts = col["ts_ns"][after]
+    gap = ts - prev_end
+    launch_corr, launch_ns = _first_launches(trace, include_last_step)
+    launch = find_sorted(launch_corr, col["correlation"][after])
+    host_wait = launch >= 0
+    host_wait[host_wait] = launch_ns[launch[host_wait]] > prev_end[host_wait]
+    category = np.where(host_wait, 0, np.where(gap < consecutive_kernel_delay_us * NS_PER_US, 1, 2))
+    return _Gaps(device[follows], stream[follows], ts, gap, category)
+
+
 def idle_intervals(trace: RankTrace, consecutive_kernel_delay_us: float = CONSECUTIVE_KERNEL_DELAY_US,
                    include_last_step: bool = False) -> pl.DataFrame:
     """One row per idle interval: device, stream, ts_ns (start of the event after the gap), gap_ns,
-    category. The per-event frame behind `idle_time_breakdown` (can be large; not a result to ship)."""
-    ev = hta_scope(trace, include_last_step)
-    empty = pl.DataFrame(schema={"device": pl.Int32, "stream": pl.Int64, "ts_ns": pl.Int64, "gap_ns": pl.Int64,
-                                 "category": pl.String})
-    dev = ev.filter(pl.col("kind").is_in(_DEVICE))
-    if dev.is_empty():
-        return empty
-    launches = (ev.filter(pl.col("kind").is_in(_LAUNCH) & (pl.col("correlation") >= 0))
-                .group_by("correlation").agg(pl.col("ts_ns").first().alias("launch_ns")))
-    threshold_ns = consecutive_kernel_delay_us * NS_PER_US
-    out = (
-        dev.select("device", "stream", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns"),
-                   "correlation", "row")
-        .join(launches, on="correlation", how="left")
-        .sort("device", "stream", "ts_ns", "row")
-        .with_columns(pl.col("end_ns").shift(1).over("device", "stream").alias("prev_end_ns"))
-        .filter(pl.col("prev_end_ns").is_not_null())
-        .with_columns((pl.col("ts_ns") - pl.col("prev_end_ns")).alias("gap_ns"))
-        .with_columns(
-            pl.when(pl.col("launch_ns").is_not_null() & (pl.col("launch_ns") > pl.col("prev_end_ns")))
-            .then(pl.lit("host_wait"))
-            .when(pl.col("gap_ns") < threshold_ns).then(pl.lit("kernel_wait"))
-            .otherwise(pl.lit("other")).alias("category"))
-        .select("device", "stream", "ts_ns", "gap_ns", "category")
-    )
-    return out if not out.is_empty() else empty
+    category. The intervals `idle_time_breakdown` sums up (can be large; not a result to ship)."""
+    g = _gaps(trace, consecutive_kernel_delay_us, include_last_step)
+    return pl.DataFrame({"device": g.device, "stream": g.stream, "ts_ns": g.ts_ns, "gap_ns": g.gap_ns,
+                         "category": np.array(CATEGORIES)[g.category]},
+                        schema={"device": pl.Int32, "stream": pl.Int64, "ts_ns": pl.Int64, "gap_ns": pl.Int64,
+                                "category": pl.String})
+
+
+def _intervals(gap_ns: np.ndarray) -> IdleIntervals:
+    if len(gap_ns) == 0:
+        return IdleIntervals(0, None, None, None, None)
+    g = gap_ns.astype(np.float64) / NS_PER_US
+    p50, p95 = quantiles(g, [0.50, 0.95])
+    return IdleIntervals(int(len(g)), float(g.mean()), p50, p95, float(g.max()))
 
 
 def idle_time_breakdown(trace: RankTrace, consecutive_kernel_delay_us: float = CONSECUTIVE_KERNEL_DELAY_US,
                         include_last_step: bool = False) -> IdleTimeBreakdown:
     result = IdleTimeBreakdown(consecutive_kernel_delay_us, include_last_step)
-    gaps = idle_intervals(trace, consecutive_kernel_delay_us, include_last_step)
-    streams = (trace.events.filter(pl.col("kind").is_in(_DEVICE)).select("device", "stream").unique()
-               .sort("device", "stream"))
-    if streams.is_empty():
+    col = event_columns(trace)
+    dev = all_device_rows(trace)
+    if len(dev) == 0:
         return result
-    g = pl.col("gap_ns").cast(pl.Float64) / NS_PER_US
-    stats = (gaps.group_by("device", "stream", "category")
-             .agg(pl.col("gap_ns").sum().alias("sum_ns"), pl.len().alias("count"), g.mean().alias("mean_us"),
-                  g.quantile(0.5, "linear").alias("p50_us"), g.quantile(0.95, "linear").alias("p95_us"),
-                  g.max().alias("max_us")))
-    by_key: dict[tuple, dict] = {}
-    for r in stats.iter_rows(named=True):
-        by_key.setdefault((r["device"], r["stream"]), {})[r["category"]] = r
+    g = _gaps(trace, consecutive_kernel_delay_us, include_last_step)
+    dev = dev[np.lexsort((col["stream"][dev], col["device"][dev]))]
+    first = dev[run_bounds(col["device"][dev], col["stream"][dev])[:-1]]
+    streams = list(zip(col["device"][first].tolist(), col["stream"][first].tolist()))
+    # the gaps come by (device, stream): one slice each
+    bounds = run_bounds(g.device, g.stream)
+    slices = {(int(g.device[i]), int(g.stream[i])): slice(i, j) for i, j in zip(bounds[:-1], bounds[1:])}
     totals = {c: 0.0 for c in CATEGORIES}
-    for device, stream in streams.iter_rows():
-        cats = by_key.get((device, stream), {})
-        idle_ms = {c: (cats[c]["sum_ns"] / NS_PER_MS if c in cats else 0.0) for c in CATEGORIES}
+    for device, stream in streams:
+        on = slices.get((device, stream), slice(0, 0))
+        gaps, category = g.gap_ns[on], g.category[on]
+        by_category = {c: gaps[category == i] for i, c in enumerate(CATEGORIES)}
+        idle_ms = {c: int(x.sum()) / NS_PER_MS for c, x in by_category.items()}
         for c in CATEGORIES:
             totals[c] += idle_ms[c]
         result.streams.append(StreamIdle(
             device=int(device), stream=int(stream), idle_ms=idle_ms, idle_total_ms=sum(idle_ms.values()),
-            ratio=_ratios(idle_ms),
-            intervals={c: (IdleIntervals(cats[c]["count"], cats[c]["mean_us"], cats[c]["p50_us"], cats[c]["p95_us"],
-                                         cats[c]["max_us"]) if c in cats else IdleIntervals(0, None, None, None, None))
-                       for c in CATEGORIES}))
+            ratio=_ratios(idle_ms), intervals={c: _intervals(x) for c, x in by_category.items()}))
     result.idle_ms = totals
     result.ratio = _ratios(totals)
     return result

@@ -46,9 +46,10 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import sorted_unique, union
-from rankscope.analyses.rank import views
-from rankscope.analyses.rank.temporal import hta_scope
-from rankscope.model import DEVICE_KINDS, Kind, KernelClass, RankTrace
+from rankscope.analyses.rank.temporal import (event_columns, find_sorted, first_per_id, of_kinds, run_bounds,
+                                             scope_device_rows, scope_launch_calls)
+from rankscope.analyses.rank.views import memo
+from rankscope.model import Kind, KernelClass, RankTrace
 from rankscope.units import NS_PER_US, NS_PER_MS
 
 #: HTA 0.5 defaults of get_cuda_kernel_launch_stats (µs).
@@ -73,8 +74,6 @@ HTA_QUEUE_LENGTH_NAMES = ("cudaMemsetAsync", "cudaMemcpyAsync", "cudaLaunchKerne
                           "cuLaunchKernel", "runFunction - job_prep_and_submit_for_execution", "hipLaunchKernel",
                           "hipExtModuleLaunchKernel", "hipMemcpyAsync", "hipMemsetAsync", "hipMemcpyWithStream")
 TOP_N = 10
-_DEVICE = [int(k) for k in DEVICE_KINDS]
-_HOST_CALLS = [int(Kind.RUNTIME), int(Kind.DRIVER)]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -101,13 +100,26 @@ class PointStats(msgspec.Struct):
     max: float | None
 
 
+def quantiles(x: np.ndarray, fractions: Sequence[float]) -> list[float]:
+    """Quantiles of `x` (not empty, float64) at these fractions: np.percentile's default linear interpolation
+    between order statistics, the same numbers, from one partition and without its per-call overhead."""
+    last = len(x) - 1
+    at = [(int(lo), t) for lo, t in (divmod(q * last, 1.0) for q in fractions)]
+    s = np.partition(x, sorted({i for lo, _ in at for i in (lo, min(lo + 1, last))}))
+    out = []
+    for lo, t in at:
+        a, b = float(s[lo]), float(s[min(lo + 1, last)])
+        out.append(b - (b - a) * (1.0 - t) if t >= 0.5 else a + (b - a) * t)
+    return out
+
+
 def _stats_us(x_ns: np.ndarray) -> DurationStats:
     """Statistics of int64 ns values."""
     if len(x_ns) == 0:
         return DurationStats(0, None, None, None, None, 0.0)
     x = x_ns.astype(np.float64) / NS_PER_US
-    p50, p95 = np.percentile(x, [50, 95])
-    return DurationStats(count=int(len(x)), mean_us=float(x.mean()), p50_us=float(p50), p95_us=float(p95),
+    p50, p95 = quantiles(x, [0.50, 0.95])
+    return DurationStats(count=int(len(x)), mean_us=float(x.mean()), p50_us=p50, p95_us=p95,
                          max_us=float(x.max()), sum_ms=float(x_ns.sum()) / NS_PER_MS)
 
 
@@ -115,9 +127,9 @@ def _point_stats(v: np.ndarray) -> PointStats:
     if len(v) == 0:
         return PointStats(0, None, None, None, None, None, None, None)
     v = v.astype(np.float64)
-    q = np.percentile(v, [25, 50, 75, 95])
-    return PointStats(count=int(len(v)), mean=float(v.mean()), min=float(v.min()), p25=float(q[0]),
-                      p50=float(q[1]), p75=float(q[2]), p95=float(q[3]), max=float(v.max()))
+    p25, p50, p75, p95 = quantiles(v, [0.25, 0.50, 0.75, 0.95])
+    return PointStats(count=int(len(v)), mean=float(v.mean()), min=float(v.min()), p25=p25,
+                      p50=p50, p75=p75, p95=p95, max=float(v.max()))
 
 
 def _time_weighted(t: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -159,21 +171,37 @@ def _downsample(t: np.ndarray, v: np.ndarray, bins: int) -> dict[str, np.ndarray
     return {"start": edges[:-1], "max": mx, "mean": mean}
 
 
-def _linked_launches(trace: RankTrace, include_last_step: bool, names: list[str]) -> pl.DataFrame:
-    """Host launch calls named in `names` joined with their device events (one row per device
-    event), in HTA's event scope; made once per trace for the launch statistics and the queue length."""
-    def make() -> pl.DataFrame:
-        ev = hta_scope(trace, include_last_step)
-        calls = ev.filter(pl.col("kind").is_in(_HOST_CALLS) & (pl.col("correlation") >= 0)
-                          & pl.col("name").is_in(names))
-        dev = ev.filter(pl.col("kind").is_in(_DEVICE) & (pl.col("correlation") >= 0))
-        return (calls.filter(pl.col("correlation").is_first_distinct())
-                .select("correlation", pl.col("ts_ns").alias("cpu_ts_ns"), pl.col("dur_ns").alias("cpu_dur_ns"),
-                        pl.col("name").cast(pl.String).alias("launch_name"))
-                .join(dev.select("correlation", "row", "device", "stream", pl.col("ts_ns").alias("gpu_ts_ns"),
-                                 pl.col("dur_ns").alias("gpu_dur_ns"), pl.col("name").cast(pl.String).alias("kernel")),
-                      on="correlation", how="inner"))
-    return views.memo(trace, ("launch.linked", include_last_step, tuple(names)), make)
+class _Launches(msgspec.Struct):
+    """Host launch calls joined with their device events, one entry per device event (row order):
+    the device event's row, device and stream, the call's start and duration, the device event's."""
+    row: np.ndarray
+    device: np.ndarray
+    stream: np.ndarray
+    cpu_ts_ns: np.ndarray
+    cpu_dur_ns: np.ndarray
+    gpu_ts_ns: np.ndarray
+    gpu_dur_ns: np.ndarray
+
+
+def _linked_launches(trace: RankTrace, include_last_step: bool, names: tuple[str, ...]) -> _Launches:
+    """The launch calls named in `names` in the HTA scope, each with its device events. Once per trace."""
+    return memo(trace, ("launch", "linked", include_last_step, names),
+                lambda: _link_launches(trace, include_last_step, names))
+
+
+def _link_launches(trace: RankTrace, include_last_step: bool, names: tuple[str, ...]) -> _Launches:
+    col = event_columns(trace)
+    corr = col["correlation"]
+    named = trace.events.select(pl.col("name").is_in(list(names)).fill_null(False)).to_series().to_numpy()
+    calls = scope_launch_calls(trace, include_last_step)
+    calls = calls[named[calls]]
+    calls = calls[first_per_id(corr[calls])]             # the first call (row order) of each correlation id
+    dev = scope_device_rows(trace, include_last_step)
+    call = find_sorted(corr[calls], corr[dev])
+    dev, call = dev[call >= 0], calls[call[call >= 0]]
+    return _Launches(row=dev, device=col["device"][dev], stream=col["stream"][dev],
+                     cpu_ts_ns=col["ts_ns"][call], cpu_dur_ns=col["dur_ns"][call],
+                     gpu_ts_ns=col["ts_ns"][dev], gpu_dur_ns=col["dur_ns"][dev])
 
 
 def _t_ms(start_ns: np.ndarray, origin_ns: int) -> list[float]:
@@ -182,8 +210,8 @@ def _t_ms(start_ns: np.ndarray, origin_ns: int) -> list[float]:
 
 
 def _origin(trace: RankTrace) -> int | None:
-    ev = trace.events
-    return None if ev.is_empty() else int(ev["ts_ns"].min())
+    ts = event_columns(trace)["ts_ns"]
+    return int(ts.min()) if len(ts) else None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -233,42 +261,44 @@ def kernel_launch_stats(trace: RankTrace, runtime_cutoff_us: float = RUNTIME_CUT
     """`launch_names` replaces the launch-call table (e.g. `HTA_LAUNCH_STATS_NAMES` to reproduce HTA)."""
     result = KernelLaunchStats(runtime_cutoff_us, launch_delay_cutoff_us, include_last_step)
     if launch_names is not None:
-        names = list(launch_names)
+        names = tuple(launch_names)
     else:
-        names = list(LAUNCH_NAMES) + (list(MEMORY_LAUNCH_NAMES) if include_memory_events else [])
+        names = LAUNCH_NAMES + (MEMORY_LAUNCH_NAMES if include_memory_events else ())
     j = _linked_launches(trace, include_last_step, names)
-    if j.is_empty():
+    if len(j.row) == 0:
         return result
     rc, lc = runtime_cutoff_us * NS_PER_US, launch_delay_cutoff_us * NS_PER_US
-    j = j.with_columns(
-        (pl.col("gpu_ts_ns") - pl.col("cpu_ts_ns") - pl.col("cpu_dur_ns")).clip(lower_bound=0).alias("delay_ns"))
-    j = j.with_columns(
-        ((pl.col("cpu_dur_ns") <= rc) & (pl.col("gpu_dur_ns") < pl.col("cpu_dur_ns"))).alias("short"),
-        (pl.col("cpu_dur_ns") > rc).alias("runtime_outlier"),
-        (pl.col("delay_ns") > lc).alias("delay_outlier"))
-    result.launches = j.height
-    result.cpu_duration = _stats_us(j["cpu_dur_ns"].to_numpy())
-    result.gpu_duration = _stats_us(j["gpu_dur_ns"].to_numpy())
-    result.launch_delay = _stats_us(j["delay_ns"].to_numpy())
-    result.short_kernels = int(j["short"].sum())
-    result.runtime_outliers = int(j["runtime_outlier"].sum())
-    result.launch_delay_outliers = int(j["delay_outlier"].sum())
-    per = (j.group_by("device", "stream")
-           .agg(pl.len().alias("launches"),
-                (pl.col("cpu_dur_ns").mean() / NS_PER_US).alias("cpu_duration_mean_us"),
-                (pl.col("gpu_dur_ns").sum() / NS_PER_MS).alias("gpu_duration_sum_ms"),
-                (pl.col("delay_ns").mean() / NS_PER_US).alias("launch_delay_mean_us"),
-                (pl.col("delay_ns").cast(pl.Float64).quantile(0.95, "linear") / NS_PER_US).alias("launch_delay_p95_us"),
-                pl.col("short").sum().alias("short_kernels"),
-                pl.col("runtime_outlier").sum().alias("runtime_outliers"),
-                pl.col("delay_outlier").sum().alias("launch_delay_outliers"))
-           .sort("device", "stream"))
-    result.streams = [StreamLaunches(**r) for r in per.to_dicts()]
-    short = (j.filter("short").group_by("kernel")
-             .agg(pl.len().alias("count"), (pl.col("gpu_dur_ns").sum() / NS_PER_US).alias("gpu_us_total"),
-                  (pl.col("cpu_dur_ns").sum() / NS_PER_US).alias("cpu_us_total"))
-             .sort(["count", "kernel"], descending=[True, False]).head(TOP_N))
-    result.short_kernel_names = [ShortKernel(**r) for r in short.rename({"kernel": "name"}).to_dicts()]
+    cpu, gpu = j.cpu_dur_ns, j.gpu_dur_ns
+    delay = np.maximum(j.gpu_ts_ns - j.cpu_ts_ns - cpu, 0)
+    short = (cpu <= rc) & (gpu < cpu)
+    runtime_outlier = cpu > rc
+    delay_outlier = delay > lc
+    result.launches = len(j.row)
+    result.cpu_duration = _stats_us(cpu)
+    result.gpu_duration = _stats_us(gpu)
+    result.launch_delay = _stats_us(delay)
+    result.short_kernels = int(short.sum())
+    result.runtime_outliers = int(runtime_outlier.sum())
+    result.launch_delay_outliers = int(delay_outlier.sum())
+    order = np.lexsort((j.stream, j.device))
+    bounds = run_bounds(j.device[order], j.stream[order])
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        on = order[a:b]
+        result.streams.append(StreamLaunches(
+            device=int(j.device[on[0]]), stream=int(j.stream[on[0]]), launches=len(on),
+            cpu_duration_mean_us=float(cpu[on].mean()) / NS_PER_US,
+            gpu_duration_sum_ms=int(gpu[on].sum()) / NS_PER_MS,
+            launch_delay_mean_us=float(delay[on].mean()) / NS_PER_US,
+            launch_delay_p95_us=quantiles(delay[on].astype(np.float64), [0.95])[0] / NS_PER_US,
+            short_kernels=int(short[on].sum()), runtime_outliers=int(runtime_outlier[on].sum()),
+            launch_delay_outliers=int(delay_outlier[on].sum())))
+    shorts = pl.DataFrame({"name": trace.events["name"].gather(j.row[short]).cast(pl.String),
+                           "gpu_dur_ns": gpu[short], "cpu_dur_ns": cpu[short]})
+    top = (shorts.group_by("name")
+           .agg(pl.len().alias("count"), (pl.col("gpu_dur_ns").sum() / NS_PER_US).alias("gpu_us_total"),
+                (pl.col("cpu_dur_ns").sum() / NS_PER_US).alias("cpu_us_total"))
+           .sort(["count", "name"], descending=[True, False]).head(TOP_N))
+    result.short_kernel_names = [ShortKernel(**r) for r in top.to_dicts()]
     return result
 
 
@@ -304,34 +334,50 @@ class QueueLength(QueueLengthStats):
     series: QueueSeries = msgspec.field(default_factory=QueueSeries)
 
 
+class _QueueChanges(msgspec.Struct):
+    """The per-stream queue length at each change point, sorted by device, stream, time (a device start
+    before a launch at one instant)."""
+    device: np.ndarray
+    stream: np.ndarray
+    ts_ns: np.ndarray
+    queue_length: np.ndarray
+
+
+def _queue_changes(trace: RankTrace, include_last_step: bool, launch_names: Sequence[str] | None) -> _QueueChanges:
+    names = tuple(launch_names) if launch_names is not None else LAUNCH_NAMES + MEMORY_LAUNCH_NAMES
+    j = _linked_launches(trace, include_last_step, names)
+    device = np.concatenate([j.device, j.device])
+    stream = np.concatenate([j.stream, j.stream])
+    ts = np.concatenate([j.cpu_ts_ns, j.gpu_ts_ns])
+    delta = np.repeat(np.array([1, -1], np.int64), len(j.row))      # +1 at the launch, -1 at the device start
+    order = np.lexsort((delta, ts, stream, device))
+    device, stream, ts, delta = device[order], stream[order], ts[order], delta[order]
+    running = np.cumsum(delta)
+    first = run_bounds(device, stream)[:-1]
+    before_stream = np.repeat(running[first] - delta[first], np.diff(np.r_[first, len(delta)]))
+    return _QueueChanges(device, stream, ts, running - before_stream)
+
+
 def queue_length_changes(trace: RankTrace, include_last_step: bool = False,
                          launch_names: Sequence[str] | None = None) -> pl.DataFrame:
     """The per-stream counter at each change point: device, stream, ts_ns, queue_length (can be large)."""
-    names = list(launch_names) if launch_names is not None else list(LAUNCH_NAMES) + list(MEMORY_LAUNCH_NAMES)
-    j = _linked_launches(trace, include_last_step, names)
-    if j.is_empty():
-        return pl.DataFrame(schema={"device": pl.Int32, "stream": pl.Int64, "ts_ns": pl.Int64,
-                                    "queue_length": pl.Int64})
-    ups = j.select("device", "stream", pl.col("cpu_ts_ns").alias("ts_ns"), pl.lit(1, pl.Int64).alias("delta"))
-    downs = j.select("device", "stream", pl.col("gpu_ts_ns").alias("ts_ns"), pl.lit(-1, pl.Int64).alias("delta"))
-    return (pl.concat([ups, downs]).sort("device", "stream", "ts_ns", "delta", maintain_order=True)
-            .with_columns(pl.col("delta").cum_sum().over("device", "stream").alias("queue_length"))
-            .select("device", "stream", "ts_ns", "queue_length"))
+    ch = _queue_changes(trace, include_last_step, launch_names)
+    return pl.DataFrame({"device": ch.device, "stream": ch.stream, "ts_ns": ch.ts_ns, "queue_length": ch.queue_length},
+                        schema={"device": pl.Int32, "stream": pl.Int64, "ts_ns": pl.Int64, "queue_length": pl.Int64})
 
 
 def queue_length(trace: RankTrace, include_last_step: bool = False,
                  launch_names: Sequence[str] | None = None) -> QueueLength:
     """`launch_names` replaces the launch-call table (e.g. `HTA_QUEUE_LENGTH_NAMES` to reproduce HTA)."""
     result = QueueLength(include_last_step, _origin(trace))
-    ch = queue_length_changes(trace, include_last_step, launch_names)
-    if ch.is_empty():
+    ch = _queue_changes(trace, include_last_step, launch_names)
+    if len(ch.ts_ns) == 0:
         return result
-    keys = ch.select("device", "stream").unique().sort("device", "stream").rows()
-    budget = max(1, SERIES_POINTS // len(keys))
-    for device, stream in keys:
-        s = ch.filter((pl.col("device") == device) & (pl.col("stream") == stream))
-        t = s["ts_ns"].to_numpy()
-        v = s["queue_length"].to_numpy()
+    bounds = run_bounds(ch.device, ch.stream)
+    budget = max(1, SERIES_POINTS // (len(bounds) - 1))
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        device, stream = int(ch.device[a]), int(ch.stream[a])
+        t, v = ch.ts_ns[a:b], ch.queue_length[a:b]
         # the value in force after the last change at each distinct timestamp
         last = np.append(t[1:] != t[:-1], True)
         tu, vu = t[last], v[last].astype(np.float64)
@@ -340,13 +386,13 @@ def queue_length(trace: RankTrace, include_last_step: bool = False,
         full = vu >= CUDA_MAX_LAUNCH_QUEUE_PER_STREAM
         at_max = float(np.diff(tu)[full[:-1]].sum()) if len(tu) > 1 else 0.0
         result.streams.append(StreamQueue(
-            device=int(device), stream=int(stream), points=_point_stats(v),
+            device=device, stream=stream, points=_point_stats(v),
             time_weighted_mean=float(prefix[-1] / span) if span > 0 else None,
             time_at_max_queue_ms=at_max / NS_PER_MS))
         ds = _downsample(tu, vu, budget)
         n = len(ds["start"])
-        result.series.device += [int(device)] * n
-        result.series.stream += [int(stream)] * n
+        result.series.device += [device] * n
+        result.series.stream += [stream] * n
         result.series.t_ms += _t_ms(ds["start"], result.origin_ns)
         result.series.max += ds["max"].astype(np.int64).tolist()
         result.series.mean += np.round(ds["mean"], 3).tolist()
@@ -394,42 +440,50 @@ def copy_kind(name: pl.Expr) -> pl.Expr:
             .otherwise(pl.lit("Memcpy Unknown")))
 
 
+def _copy_args(trace: RankTrace, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes, bandwidth GB/s) of these device events from `trace.gpu_args`: -1 bytes and 0 GB/s where
+    unknown."""
+    args = trace.gpu_args.select("row", pl.col("bytes").fill_null(-1),
+                                 pl.col("bandwidth_gbps").fill_nan(0.0).fill_null(0.0)).sort("row")
+    at = find_sorted(args["row"].to_numpy(), rows)
+    known = at >= 0
+    bytes_ = np.full(len(rows), -1, np.int64)
+    bytes_[known] = args["bytes"].to_numpy()[at[known]]
+    bandwidth_gbps = np.zeros(len(rows), np.float64)
+    bandwidth_gbps[known] = args["bandwidth_gbps"].to_numpy()[at[known]]
+    return bytes_, bandwidth_gbps
+
+
 def memory_bandwidth(trace: RankTrace, include_last_step: bool = False) -> MemoryBandwidth:
     result = MemoryBandwidth(include_last_step, _origin(trace))
-    ev = hta_scope(trace, include_last_step)
-    mem = ev.filter(pl.col("kind").is_in(_DEVICE)
-                    & (pl.col("kind").is_in([int(Kind.MEMCPY), int(Kind.MEMSET)])
-                       | (pl.col("kclass") == int(KernelClass.MEM))))
-    if mem.is_empty():
+    col = event_columns(trace)
+    dev = scope_device_rows(trace, include_last_step)
+    mem = dev[of_kinds(col["kind"][dev], (Kind.MEMCPY, Kind.MEMSET))
+              | (col["kclass"][dev] == int(KernelClass.MEM))]
+    if len(mem) == 0:
         return result
-    args = trace.gpu_args.select(pl.col("row").cast(pl.UInt32), "bytes", "bandwidth_gbps")
-    mem = (mem.select("row", "ts_ns", "dur_ns", copy_kind(pl.col("name").cast(pl.String)).alias("kind"))
-           .join(args, on="row", how="left")
-           .with_columns(pl.col("bandwidth_gbps").fill_nan(0.0).fill_null(0.0),
-                         pl.col("bytes").fill_null(-1),
-                         # HTA: a zero-duration operation lasts 1 µs in the counter
-                         pl.when(pl.col("dur_ns") == 0).then(pl.lit(int(NS_PER_US), pl.Int64))
-                         .otherwise(pl.col("dur_ns")).alias("counter_dur_ns")))
-    kinds = sorted(mem["kind"].unique().to_list())
+    bytes_, bandwidth_gbps = _copy_args(trace, mem)
+    kind_of = (pl.DataFrame({"name": trace.events["name"].gather(mem).cast(pl.String)})
+               .select(copy_kind(pl.col("name")))).to_series().to_numpy()
+    kinds = sorted(set(kind_of.tolist()))
     budget = max(1, SERIES_POINTS // len(kinds))
     for kind in kinds:
-        m = mem.filter(pl.col("kind") == kind)
-        ts = m["ts_ns"].to_numpy()
-        bw = m["bandwidth_gbps"].to_numpy()
-        t = np.concatenate([ts + m["counter_dur_ns"].to_numpy(), ts])
+        on = kind_of == kind
+        ts, dur, bw, b = col["ts_ns"][mem[on]], col["dur_ns"][mem[on]], bandwidth_gbps[on], bytes_[on]
+        counter_dur = np.where(dur == 0, int(NS_PER_US), dur)    # HTA: a zero-duration operation lasts 1 µs
+        t = np.concatenate([ts + counter_dur, ts])
         d = np.concatenate([-bw, bw])
         order = np.lexsort((np.concatenate([np.zeros(len(ts)), np.ones(len(ts))]), t))  # ends first at a tie
         t, d = t[order], d[order]
         v = np.cumsum(d)
         v[np.abs(v) < 1e-9] = 0.0            # float residue of + and - of the same numbers
-        s, e = union(ts, ts + m["dur_ns"].to_numpy())
+        s, e = union(ts, ts + dur)
         busy = int((e - s).sum())
-        b = m["bytes"].to_numpy()
         total_bytes = int(b[b > 0].sum())
         last = np.append(t[1:] != t[:-1], True)
         ds = _downsample(t[last], v[last], budget)
         result.kinds.append(CopyKindBandwidth(
-            kind=kind, ops=int(m.height), bytes=total_bytes, busy_ms=busy / NS_PER_MS,
+            kind=kind, ops=int(on.sum()), bytes=total_bytes, busy_ms=busy / NS_PER_MS,
             effective_gbps=(total_bytes / busy) if busy > 0 and total_bytes > 0 else None,   # bytes/ns = GB/s
             points=_point_stats(v[v > 0])))
         n = len(ds["start"])

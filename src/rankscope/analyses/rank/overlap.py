@@ -22,7 +22,7 @@ import numpy as np
 
 from rankscope.analyses.intervals import covered_between, union
 from rankscope.analyses.rank.steps import StepWindows, step_windows
-from rankscope.analyses.rank.temporal import device_intervals, hta_scope
+from rankscope.analyses.rank.temporal import all_device_rows, class_intervals, scope_device_rows
 from rankscope.model import KernelClass, RankTrace
 from rankscope.units import NS_PER_MS
 
@@ -55,27 +55,29 @@ def _overlap_in(comm: tuple[np.ndarray, np.ndarray], comp: tuple[np.ndarray, np.
     return c, p, c + p - u
 
 
-def _sets(events) -> tuple[tuple, tuple, tuple]:
-    cs, ce = device_intervals(events, KernelClass.COMM)
-    ps, pe = device_intervals(events, KernelClass.COMP)
+def _sets(trace: RankTrace, device_rows: np.ndarray) -> tuple[tuple, tuple, tuple]:
+    """Unions of the COMM kernels, of the COMP kernels and of both, among these device events."""
+    cs, ce = class_intervals(trace, device_rows, KernelClass.COMM)
+    ps, pe = class_intervals(trace, device_rows, KernelClass.COMP)
     return union(cs, ce), union(ps, pe), union(np.concatenate([cs, ps]), np.concatenate([ce, pe]))
 
 
 def comm_comp_overlap(trace: RankTrace, windows: StepWindows | None = None,
                       include_last_step: bool = False) -> CommCompOverlap:
-    comm, comp, both = _sets(hta_scope(trace, include_last_step))
+    comm, comp, both = _sets(trace, scope_device_rows(trace, include_last_step))
     c, p, u = (int((e - s).sum()) for s, e in (comm, comp, both))
     o = c + p - u
     result = CommCompOverlap(overlap_pct=100.0 * o / c if c > 0 else None, comm_ms=c / NS_PER_MS,
                              overlapped_ms=o / NS_PER_MS, compute_ms=p / NS_PER_MS,
                              include_last_step=include_last_step)
-    if not trace.has_device_activity():
+    device_rows = all_device_rows(trace)
+    if len(device_rows) == 0:
         return result
     windows = windows if windows is not None else step_windows(trace)
     f = windows.frame
     if f.is_empty():
         return result
-    comm, comp, both = _sets(trace.events)
+    comm, comp, both = _sets(trace, device_rows)
     a = f["start_ns"].to_numpy()
     b = f["end_ns"].to_numpy()
     wc, _, wo = _overlap_in(comm, comp, both, a, b)

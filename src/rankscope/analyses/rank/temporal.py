@@ -33,47 +33,143 @@ import msgspec
 import numpy as np
 import polars as pl
 
-from rankscope.analyses.intervals import union
-from rankscope.analyses.rank import views
-from rankscope.model import DEVICE_KINDS, Kind, KernelClass, RankTrace, distinct_names
+from rankscope.analyses.intervals import sorted_unique, union
+from rankscope.analyses.rank.views import distinct_names, memo
+from rankscope.model import DEVICE_KINDS, Kind, KernelClass, RankTrace
 from rankscope.units import NS_PER_MS
 
 #: HTA treats these cuda_sync events as device-side even without a correlation id (trace_filter.py).
 _HTA_DEVICE_SYNC_NAMES = ("Event Sync", "Context Sync")
 _STEP_MARK = "ProfilerStep"
 _DEVICE = [int(k) for k in DEVICE_KINDS]
+_COLUMNS = ("kind", "ts_ns", "dur_ns", "device", "stream", "correlation", "kclass")
+
+
+# ------------------------------------------------------------------------------------------------
+# array helpers
+def find_sorted(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """The index of each value in `keys` (sorted, distinct), -1 where it is not there."""
+    at = np.searchsorted(keys, values)
+    found = at < len(keys)
+    found[found] = keys[at[found]] == values[found]
+    return np.where(found, at, -1)
+
+
+def of_kinds(kind: np.ndarray, kinds) -> np.ndarray:
+    """Whether each `kind` value (uint8 event kinds) is one of `kinds`; a table lookup, cheaper than np.isin."""
+    table = np.zeros(256, bool)
+    table[[int(k) for k in kinds]] = True
+    return table[kind]
+
+
+def first_per_id(ids: np.ndarray) -> np.ndarray:
+    """Whether each entry of these sorted ids is the first of its id."""
+    return np.r_[True, ids[1:] != ids[:-1]] if len(ids) else np.zeros(0, bool)
+
+
+def run_bounds(*keys: np.ndarray) -> np.ndarray:
+    """Where each run of equal keys starts along these sorted key arrays, and then their length."""
+    n = len(keys[0])
+    if n == 0:
+        return np.zeros(1, np.int64)
+    change = np.zeros(n - 1, bool)
+    for k in keys:
+        change |= k[1:] != k[:-1]
+    return np.flatnonzero(np.r_[True, change, True])
+
+
+# ------------------------------------------------------------------------------------------------
+# the events of the HTA analyses, as rows of `trace.events`, each made once per trace
+def event_columns(trace: RankTrace) -> dict[str, np.ndarray]:
+    """The numeric columns of `trace.events` as numpy arrays (kind, ts_ns, dur_ns, device, stream,
+    correlation, kclass), indexed by row."""
+    return memo(trace, ("temporal", "columns"),
+                lambda: {c: trace.events[c].to_numpy() for c in _COLUMNS})
+
+
+def all_device_rows(trace: RankTrace) -> np.ndarray:
+    """The rows of every device event of the trace (kernels, memcpy, memset), ascending."""
+    return memo(trace, ("temporal", "device_rows"),
+                lambda: np.flatnonzero(of_kinds(event_columns(trace)["kind"], DEVICE_KINDS)))
+
+
+def hta_scope_rows(trace: RankTrace, include_last_step: bool = False) -> np.ndarray:
+    """The rows of `trace.events` in the HTA scope (`hta_scope`), ascending."""
+    return memo(trace, ("temporal", "scope_rows", include_last_step),
+                lambda: _hta_scope_rows(trace, include_last_step))
+
+
+def _hta_scope_rows(trace: RankTrace, include_last_step: bool) -> np.ndarray:
+    col = event_columns(trace)
+    every_row = np.arange(len(col["kind"]))
+    step_names = [n for n in distinct_names(trace) if _STEP_MARK in n]
+    if len(step_names) < 2:
+        return every_row
+    named = trace.events.select(
+        pl.col("name").is_null().alias("unnamed"),
+        pl.col("name").is_in(list(_HTA_DEVICE_SYNC_NAMES)).fill_null(False).alias("sync"),
+        pl.col("name").is_in(step_names).fill_null(False).alias("mark"))
+    ts, corr = col["ts_ns"], col["correlation"]
+    device_side = ((col["stream"] >= 0) & (corr >= 0)) | named["sync"].to_numpy()
+    # an unnamed event that is not device side by its stream and correlation is on neither side (as polars'
+    # null-aware filters left it)
+    host = ~device_side & ~named["unnamed"].to_numpy()
+    marks = host & named["mark"].to_numpy()
+    if not marks.any():
+        return every_row
+    if include_last_step:
+        kept = host & (ts <= (ts[marks] + col["dur_ns"][marks]).max())
+    else:
+        kept = host & (ts < ts[marks].max())
+    device_rows = np.flatnonzero(device_side)
+    kept[device_rows] = find_sorted(sorted_unique(corr[kept]), corr[device_rows]) >= 0
+    return np.flatnonzero(kept)
+
+
+def scope_device_rows(trace: RankTrace, include_last_step: bool = False) -> np.ndarray:
+    """The rows of the device events (kernels, memcpy, memset) in the HTA scope, ascending."""
+    def make() -> np.ndarray:
+        rows = hta_scope_rows(trace, include_last_step)
+        return rows[of_kinds(event_columns(trace)["kind"][rows], DEVICE_KINDS)]
+    return memo(trace, ("temporal", "scope_device_rows", include_last_step), make)
+
+
+def scope_launch_calls(trace: RankTrace, include_last_step: bool = False) -> np.ndarray:
+    """The rows of the runtime / driver calls with a correlation id in the HTA scope, by correlation id
+    (stable: row order within one id)."""
+    def make() -> np.ndarray:
+        col = event_columns(trace)
+        rows = hta_scope_rows(trace, include_last_step)
+        rows = rows[of_kinds(col["kind"][rows], (Kind.RUNTIME, Kind.DRIVER)) & (col["correlation"][rows] >= 0)]
+        return rows[np.argsort(col["correlation"][rows], kind="stable")]
+    return memo(trace, ("temporal", "scope_launch_calls", include_last_step), make)
 
 
 def hta_scope(trace: RankTrace, include_last_step: bool = False) -> pl.DataFrame:
     """The events HTA 0.5 analyses for this rank (see module docstring), with their `row` in `trace.events`.
 
     HTA's device side is "has a stream and a correlation id" (plus Event/Context Sync); everything else is
-    host side. Order of rows is kept. Computed once per trace (several analyses use it)."""
-    return views.memo(trace, ("hta_scope", include_last_step), lambda: _hta_scope(trace, include_last_step))
+    host side. Order of rows is kept. The analyses here read `hta_scope_rows` instead."""
+    def make() -> pl.DataFrame:
+        ev = trace.events.with_row_index("row")
+        rows = hta_scope_rows(trace, include_last_step)
+        return ev if len(rows) == ev.height else ev[rows]
+    return memo(trace, ("temporal", "scope", include_last_step), make)
 
 
-def _hta_scope(trace: RankTrace, include_last_step: bool) -> pl.DataFrame:
-    ev = trace.events.with_row_index("row")
-    if ev.is_empty():
-        return ev
-    step_names = [n for n in distinct_names(trace.events) if _STEP_MARK in n]
-    if len(step_names) < 2:
-        return ev
-    device_side = (((pl.col("stream") >= 0) & (pl.col("correlation") >= 0))
-                   | pl.col("name").is_in(list(_HTA_DEVICE_SYNC_NAMES)))
-    host = ev.filter(~device_side)
-    marks = host.filter(pl.col("name").is_in(step_names))
-    if marks.is_empty():
-        return ev
-    if include_last_step:
-        cut = int((marks["ts_ns"] + marks["dur_ns"]).max())
-        host_kept = host.filter(pl.col("ts_ns") <= cut)
-    else:
-        cut = int(marks["ts_ns"].max())
-        host_kept = host.filter(pl.col("ts_ns") < cut)
-    launched = host_kept["correlation"].unique().implode()
-    device_kept = ev.filter(device_side & pl.col("correlation").is_in(launched))
-    return pl.concat([host_kept, device_kept]).sort("row")
+def class_intervals(trace: RankTrace, device_rows: np.ndarray,
+                    kernel_class: KernelClass | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) in ns of these device events (rows of `trace.events`); with `kernel_class`, only
+    kernels of that class (COMP and COMM are kernels; MEM is memcpy/memset too)."""
+    col = event_columns(trace)
+    rows = device_rows
+    if kernel_class is not None:
+        of_class = col["kclass"][rows] == int(kernel_class)
+        if kernel_class in (KernelClass.COMP, KernelClass.COMM):
+            of_class &= col["kind"][rows] == int(Kind.KERNEL)
+        rows = rows[of_class]
+    s = col["ts_ns"][rows].astype(np.int64, copy=False)
+    return s, s + col["dur_ns"][rows].astype(np.int64, copy=False)
 
 
 def device_intervals(events: pl.DataFrame, kernel_class: KernelClass | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -108,15 +204,15 @@ class TemporalBreakdown(msgspec.Struct):
 
 
 def temporal_breakdown(trace: RankTrace, include_last_step: bool = False) -> TemporalBreakdown:
-    ev = hta_scope(trace, include_last_step)
-    s, e = device_intervals(ev)
+    rows = scope_device_rows(trace, include_last_step)
+    s, e = class_intervals(trace, rows)
     keep = e >= s
     s, e = s[keep], e[keep]
     if len(s) == 0:
         return TemporalBreakdown(None, None, None, None, None, None, None, 0, include_last_step)
     span = int(e.max() - s.min())
     busy = union_length(s, e)
-    compute = union_length(*device_intervals(ev, KernelClass.COMP))
+    compute = union_length(*class_intervals(trace, rows, KernelClass.COMP))
     idle = span - busy
     non_compute = span - compute - idle
 
