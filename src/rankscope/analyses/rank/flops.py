@@ -50,7 +50,7 @@ def rank_flops(trace: RankTrace) -> RankFlops:
     rows = args["row"].to_numpy()
     cpu_op = trace.events["kind"].to_numpy()[rows] == int(Kind.CPU_OP)     # args of CPU ops only
     names = trace.events["name"].gather(rows)
-    gemm = cpu_op & names.is_in(list(GEMM_INPUTS)).to_numpy()
+    gemm = cpu_op & names.is_in(list(GEMM_INPUTS)).fill_null(False).to_numpy()
     flops = args["flops"].to_numpy()                                       # null: NaN
     counted = cpu_op & (flops > 0)
     if counted.any():

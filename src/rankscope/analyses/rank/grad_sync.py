@@ -42,8 +42,8 @@ def gradient_sync_schedule(trace: RankTrace) -> GradSyncSchedule | None:
         return None
     ops = host_ops(trace)
     patterns = {"c10d": C10D_GRAD_COLLECTIVE_PATTERN, "nccl_annotation": NCCL_GRAD_COLLECTIVE_PATTERN}
-    masks = ops.select(pl.col("name").is_in(backward_names).alias("backward"),
-                       *(pl.col("name").is_in(names_matching(trace, pattern)).alias(label)
+    masks = ops.select(pl.col("name").is_in(backward_names).fill_null(False).alias("backward"),
+                       *(pl.col("name").is_in(names_matching(trace, pattern)).fill_null(False).alias(label)
                          for label, pattern in patterns.items()))
     backward = masks["backward"].to_numpy()
     source = next((label for label in patterns if masks[label].any()), None)

@@ -293,13 +293,18 @@ def _overlap_sweep(unions: dict) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=_OVERLAP_FRAME).sort("time_ms", descending=True)
 
 
+def _name_codes(names: pl.Series) -> np.ndarray:
+    """Each name's category code as int64, below 2**32 (a missing name: 2**32 - 1)."""
+    return names.to_physical().cast(pl.Int64).fill_null(2**32 - 1).to_numpy()
+
+
 def _top_kernels(dev: pl.DataFrame, top_k: int) -> TopKernels:
     """Per class its `top_k` names by summed duration (ties by name), then one "others" row for the
     remaining names; each row's stats are over its events, in microseconds."""
     kclass = dev["kclass"].to_numpy().astype(np.int64)
     dur = dev["dur_ns"].to_numpy()
     # per (class, name): summed duration, and the name's rank in its class
-    key = (kclass << 32) | dev["name"].to_physical().to_numpy()
+    key = (kclass << 32) | _name_codes(dev["name"])
     per = np.unique(key)
     of_event = np.searchsorted(per, key)
     first = np.full(len(per), len(dev))
@@ -310,7 +315,7 @@ def _top_kernels(dev: pl.DataFrame, top_k: int) -> TopKernels:
     rank = np.zeros(len(per), np.int64)
     ranked: dict[int, int] = {}
     label: dict[tuple[int, int], str] = {}
-    for g in sorted(range(len(per)), key=lambda g: (per[g] >> 32, -sums[g], names[g])):
+    for g in sorted(range(len(per)), key=lambda g: (per[g] >> 32, -sums[g], names[g] or "")):
         c = int(per[g] >> 32)
         rank[g] = ranked[c] = ranked.get(c, 0) + 1
         label[(c, int(rank[g]))] = names[g]
@@ -404,7 +409,7 @@ def kernel_stats(trace: RankTrace, top_n: int = 20) -> KernelStats:
 
     # per kernel name: g, the name's index of each launch
     kclass = trace.events["kclass"].to_numpy()[rows].astype(np.int64)
-    key = (kclass << 32) | trace.events["name"].to_physical().to_numpy()[rows]
+    key = (kclass << 32) | _name_codes(trace.events["name"])[rows]
     per = np.unique(key)
     g = np.searchsorted(per, key)
     n = len(per)
@@ -451,7 +456,7 @@ def kernel_stats(trace: RankTrace, top_n: int = 20) -> KernelStats:
     srcs = set(np.unique(src[src > 0]).tolist())
     source = _source_label(min(srcs), max(srcs)) if srcs else None
 
-    top = sorted(range(n), key=lambda i: (-sum_ns[i], names[i]))[:top_n]
+    top = sorted(range(n), key=lambda i: (-sum_ns[i], names[i] or ""))[:top_n]
     occupancy, theoretical = weighted_mean(occ), weighted_mean(theo)
     kernels = KernelNames(
         name=[names[i] for i in top], kernel_class=[KernelClass(int(per[i] >> 32)).name for i in top],
