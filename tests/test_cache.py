@@ -76,6 +76,21 @@ def test_analyze_twice_second_run_from_cache(corpus: Path, tmp_path: Path):
     assert [(s.rank, s.meta.events_total, s.steps) for s in a.ranks] == [(s.rank, s.meta.events_total, s.steps) for s in b.ranks]
 
 
+def test_analyze_after_validate_reads_the_cached_traces(corpus: Path, tmp_path: Path):
+    """`validate` leaves each rank's parsed trace in the cache; the `analyze` that follows analyses
+    those (no second parse: its ranks say from_cache) and finds what an uncached analyze finds."""
+    job = tmp_path / "job"
+    job.mkdir()
+    for f in corpus_files(corpus, DLRM):
+        shutil.copyfile(f, job / f.name)
+    api.ingest(job, cache_dir=tmp_path / "cache", engine="inprocess")
+    after = api.analyze(job, cache_dir=tmp_path / "cache", engine="inprocess")
+    fresh = api.analyze(job, use_cache=False, engine="inprocess")
+    assert [s.from_cache for s in after.ranks] == [True] * 8
+    assert [(s.rank, s.meta.events_total, s.steps, s.breakdown_mean_ms) for s in after.ranks] == \
+        [(s.rank, s.meta.events_total, s.steps, s.breakdown_mean_ms) for s in fresh.ranks]
+
+
 def test_appended_whitespace_is_a_miss(rank0: Path, tmp_path: Path):
     """Whitespace appended to a plain-JSON trace (still the same trace): a miss, not the old entry,
     and the re-parse equals the first parse."""

@@ -25,15 +25,16 @@ def load_rank(path: str | Path, cache: Cache | None = None, key: str | None = No
     content key when the caller has it already). Returns (trace, served_from_cache). Raises
     TraceError for unusable files."""
     path = Path(path)
-    if cache is not None and key is None:
-        try:
-            key = content_key(path)
-        except OSError as exc:
-            raise TraceError(f"cannot read: {exc.strerror or exc}") from exc
+    if cache is not None:
+        if key is None:
+            try:
+                key = content_key(path)
+            except OSError as exc:
+                raise TraceError(f"cannot read: {exc.strerror or exc}") from exc
         hit = cache.get(key, str(path))
         if hit is not None:
             return hit, True
     trace, _ = read_trace(path)
-    if cache is not None and key is not None:
+    if cache is not None:
         cache.put(key, trace)
     return trace, False
