@@ -130,10 +130,10 @@ def _launches(trace: RankTrace, correlations: list[int]) -> dict[int, tuple[int,
 
 def _host_ops_by_thread(trace: RankTrace, tids: set[int], kinds: Iterable[int],
                         ) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """The events of these kinds that say what the host does (not the step / DataLoader marks),
-    per thread: (start, end, row in trace.events)."""
+    """The named events of these kinds that say what the host does (not the step / DataLoader
+    marks), per thread: (start, end, row in trace.events)."""
     marks = name_mask(trace, PROFILER_STEP_PATTERN) | name_mask(trace, DATALOADER_PATTERN)
-    ops = kind_mask(trace, kinds) & ~marks
+    ops = kind_mask(trace, kinds) & ~marks & trace.events["name"].is_not_null().to_numpy()
     tid = trace.events["tid"].to_numpy()
     out = {}
     for t in tids:

@@ -317,6 +317,9 @@ def _top_kernels(dev: pl.DataFrame, top_k: int) -> TopKernels:
     label: dict[tuple[int, int], str] = {}
     for g in sorted(range(len(per)), key=lambda g: (per[g] >> 32, -sums[g], names[g] or "")):
         c = int(per[g] >> 32)
+        if names[g] is None:                                 # an unnamed kernel: in "others"
+            rank[g] = top_k + 1
+            continue
         rank[g] = ranked[c] = ranked.get(c, 0) + 1
         label[(c, int(rank[g]))] = names[g]
     # the events of each (class, top name or others) row, in rank order
@@ -415,7 +418,7 @@ def kernel_stats(trace: RankTrace, top_n: int = 20) -> KernelStats:
     n = len(per)
     first = np.full(n, len(rows))
     np.minimum.at(first, g, np.arange(len(rows)))
-    names = trace.events["name"].gather(rows[first]).cast(pl.String).to_list()
+    names = trace.events["name"].gather(rows[first]).cast(pl.String).fill_null("").to_list()   # "": unnamed
     count = np.bincount(g, minlength=n)
     sum_ns = np.zeros(n, np.int64)
     np.add.at(sum_ns, g, dur)
@@ -456,7 +459,7 @@ def kernel_stats(trace: RankTrace, top_n: int = 20) -> KernelStats:
     srcs = set(np.unique(src[src > 0]).tolist())
     source = _source_label(min(srcs), max(srcs)) if srcs else None
 
-    top = sorted(range(n), key=lambda i: (-sum_ns[i], names[i] or ""))[:top_n]
+    top = sorted(range(n), key=lambda i: (-sum_ns[i], names[i]))[:top_n]
     occupancy, theoretical = weighted_mean(occ), weighted_mean(theo)
     kernels = KernelNames(
         name=[names[i] for i in top], kernel_class=[KernelClass(int(per[i] >> 32)).name for i in top],

@@ -297,7 +297,7 @@ def kernel_launch_stats(trace: RankTrace, runtime_cutoff_us: float = RUNTIME_CUT
     top = (shorts.group_by("name")
            .agg(pl.len().alias("count"), (pl.col("gpu_dur_ns").sum() / NS_PER_US).alias("gpu_us_total"),
                 (pl.col("cpu_dur_ns").sum() / NS_PER_US).alias("cpu_us_total"))
-           .sort(["count", "name"], descending=[True, False]).head(TOP_N))
+           .drop_nulls("name").sort(["count", "name"], descending=[True, False]).head(TOP_N))
     result.short_kernel_names = [ShortKernel(**r) for r in top.to_dicts()]
     return result
 

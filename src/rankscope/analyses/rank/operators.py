@@ -139,7 +139,7 @@ def operator_stats(trace: RankTrace, top_n: int = 20, group_by: str = "name",
     stack_source = None
     if group_by == "stack":
         location, labels, stack_source = _locations(trace, t, stack_frame)
-    keep = ~names.is_in(names_matching(trace, PROFILER_STEP_PATTERN)).fill_null(False).to_numpy()
+    keep = (names.is_not_null() & ~names.is_in(names_matching(trace, PROFILER_STEP_PATTERN))).fill_null(False).to_numpy()
     name_code = _codes(names)
     if group_by == "name":
         group = _group_ids(name_code, keep)

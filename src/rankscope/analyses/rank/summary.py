@@ -179,12 +179,12 @@ def _kernel_launches(trace: RankTrace) -> int:
 
 
 def name_totals(events: pl.DataFrame) -> NameTotals:
-    """Per event name (every name): calls, summed and summed squared duration."""
+    """Per event name (every name; unnamed events left out): calls, summed and summed squared duration."""
     t = (events.group_by("name")                       # by category code; the few names cast after
          .agg(pl.len().cast(pl.Int64).alias("count"), pl.col("dur_ns").sum().cast(pl.Int64).alias("total_ns"),
               (pl.col("dur_ns").cast(pl.Float64) ** 2).sum().alias("sumsq_ns2"))
          .with_columns(pl.col("name").cast(pl.String))
-         .sort("name"))
+         .drop_nulls("name").sort("name"))
     return NameTotals(**t.to_dict(as_series=False))
 
 
