@@ -122,7 +122,24 @@ def names_matching(frame: pl.DataFrame, pattern: str | re.Pattern) -> list[str]:
     """The distinct names of `frame` that match `pattern` (regex search). Filter rows with
     `pl.col("name").is_in(...)` on these instead of a string match on every row."""
     rx = re.compile(pattern) if isinstance(pattern, str) else pattern
-    return [n for n in distinct_names(frame) if rx.search(n)]
+    known = _matched.setdefault((rx.pattern, rx.flags), {})
+    if len(known) > _MATCHED_MAX:
+        known.clear()
+    out = []
+    for n in distinct_names(frame):
+        hit = known.get(n)
+        if hit is None:
+            hit = known[n] = rx.search(n) is not None
+        if hit:
+            out.append(n)
+    return out
+
+
+#: Per pattern, whether each name seen so far matches it. The ranks of a job repeat their names,
+#: and the ranks a process analyses share this (long kernel names make the regex search cost
+#: about 20 ms per rank otherwise).
+_matched: dict[tuple[str, int], dict[str, bool]] = {}
+_MATCHED_MAX = 100_000
 
 
 _distinct_names: dict[int, list[str]] = {}

@@ -143,8 +143,8 @@ def summarize_rank(trace: RankTrace) -> RankSummary:
                     device_busy_ms=float(u) / NS_PER_MS, breakdown_ms=dict(zip(CATEGORIES, p)))
         for s, a, b, d, u, p in zip(f["step"], f["start_ns"], f["end_ns"], f["duration_ns"], busy, parts)
     ]
-    counts = ev.group_by("kind").len()
-    kind_counts = {Kind(int(k)).name.lower(): int(n) for k, n in zip(counts["kind"], counts["len"])}
+    counts = np.bincount(ev["kind"].to_numpy())
+    kind_counts = {Kind(k).name.lower(): int(n) for k, n in enumerate(counts) if n}
     dev = views.device_events(trace)
     return RankSummary(
         meta=trace.meta, steps=steps, steps_source=windows.source, kind_counts=kind_counts,
@@ -162,7 +162,7 @@ def summarize_rank(trace: RankTrace) -> RankSummary:
         if len(dev) else None,
         operators=operator_stats(trace, top_n=TOP_N),
         collectives=rank_collectives(trace, timeline, windows),
-        name_totals=RankNameTotals(kernels=name_totals(dev), ops=name_totals(_host_ops(trace))),
+        name_totals=RankNameTotals(kernels=name_totals(dev), ops=_op_name_totals(trace)),
         grad_sync=gradient_sync_schedule(trace),
         flops=rank_flops(trace),
         kernel_launches=_kernel_launches(trace),
@@ -188,9 +188,15 @@ def name_totals(events: pl.DataFrame) -> NameTotals:
     return NameTotals(**t.to_dict(as_series=False))
 
 
-def _host_ops(trace: RankTrace) -> pl.DataFrame:
-    """Host ops (CPU ops, user annotations) without the ProfilerStep spans."""
-    return views.host_ops(trace).filter(~pl.col("name").is_in(views.names_matching(trace, PROFILER_STEP_PATTERN)))
+def _op_name_totals(trace: RankTrace) -> NameTotals:
+    """`name_totals` of the host ops (CPU ops, user annotations) without the ProfilerStep spans
+    (their rows dropped from the totals, not from the events)."""
+    t = name_totals(views.host_ops(trace))
+    marks = set(views.names_matching(trace, PROFILER_STEP_PATTERN))
+    if not marks & set(t.name):
+        return t
+    keep = [i for i, n in enumerate(t.name) if n not in marks]
+    return NameTotals(**{f: [getattr(t, f)[i] for i in keep] for f in NameTotals.__struct_fields__})
 
 
 def _hta_parity(trace: RankTrace) -> HtaParity:
