@@ -503,24 +503,27 @@ def _what_if(rc: RankCollectives, ranks: Sequence[RankCollectives], coll: pl.Dat
     comm = _GROUPS.index("communication")
     L = I = A = B = cost = lag = 0.0
     excess_total = np.zeros(len(_GROUPS))
+    at_k_of = at_k.partition_by("cid", as_dict=True)           # each K's members, split once
     for (step,), grp in mine_last.group_by("step", maintain_order=True):
         # lateness: union of [next-latest arrival, its arrival] (concurrent collectives count once)
         arrival = grp["start_max_ns"].to_numpy()
         lateness = _union_length(arrival - grp["last_lead_ns"].to_numpy(), arrival)
         blocking = blocking_ns.get(int(step), 0.0)
-        K = int(grp["cid"][-1])
-        members = at_k.filter(pl.col("cid") == K)
-        me = members.filter(pl.col("rank") == r)
-        others = members.filter(pl.col("rank") != r)
-        if me.is_empty() or others.is_empty():
+        members = at_k_of.get((int(grp["cid"][-1]),))
+        if members is None:
             continue
-        mine_g = me.select(since_cols).to_numpy().astype(np.float64) @ _GROUP_MATRIX
-        oth_g = others.select(since_cols).to_numpy().astype(np.float64) @ _GROUP_MATRIX
-        oth_g[:, comm] += others["wait_ns"].to_numpy().astype(np.float64)
-        ex = mine_g[0] - np.median(oth_g, axis=0)
+        rank = members["rank"].to_numpy()
+        mine = rank == r
+        if mine.all() or not mine.any():
+            continue
+        since = members.select(since_cols).to_numpy().astype(np.float64)
+        mine_g = since[np.flatnonzero(mine)[0]] @ _GROUP_MATRIX
+        oth_g = since[~mine] @ _GROUP_MATRIX
+        oth_g[:, comm] += members["wait_ns"].to_numpy()[~mine].astype(np.float64)
+        ex = mine_g - np.median(oth_g, axis=0)
         a = float(np.clip(np.delete(ex, comm), 0, None).sum())
         b = float(max(-ex[comm], 0.0))
-        other_starts = [step_starts.get(int(o), {}).get(int(step)) for o in others["rank"].to_list()]
+        other_starts = [step_starts.get(int(o), {}).get(int(step)) for o in rank[~mine].tolist()]
         other_starts = [x for x in other_starts if x is not None]
         mine_start = step_starts.get(r, {}).get(int(step))
         if other_starts and mine_start is not None:
