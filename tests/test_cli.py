@@ -97,3 +97,49 @@ def test_unknown_option_is_a_usage_error(corpus: Path, tmp_path: Path):
     proc = run_cli(["analyze", corpus / DLRM, "--no-such-option"], tmp_path)
     assert_no_traceback(proc)
     assert proc.returncode == 2 and "Usage" in proc.stderr
+
+
+def _stderr_on_a_terminal(args: list, tmp_path: Path, quiet: bool = False) -> tuple[int, bytes, str]:
+    """Run `rankscope ARGS` with stderr on a pseudo-terminal: (exit code, what stderr showed, stdout)."""
+    import os
+    import pty
+    import select
+    import subprocess
+    from conftest import rankscope_cmd
+    master, slave = pty.openpty()
+    env = dict(os.environ, RANKSCOPE_CACHE_DIR=str(tmp_path / "default-cache"), COLUMNS="250")
+    for v in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
+        env.pop(v, None)
+    stdout = tmp_path / "stdout.json"             # a file: a full pipe would stop the run
+    with stdout.open("wb") as f:
+        proc = subprocess.Popen(rankscope_cmd() + [str(a) for a in args] + (["--quiet"] if quiet else []),
+                                stdout=f, stderr=slave, env=env)
+    os.close(slave)
+    shown = b""
+    while select.select([master], [], [], 60)[0]:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:                      # the child closed the terminal
+            break
+        if not chunk:
+            break
+        shown += chunk
+    proc.wait(timeout=60)
+    os.close(master)
+    return proc.returncode, shown, stdout.read_text()
+
+
+def test_progress_bar_only_on_a_terminal(corpus: Path, tmp_path: Path):
+    """On a terminal, stderr shows the progress bar while the ranks are analysed; with --quiet, or
+    when stderr is a pipe, nothing but the report (stdout the same JSON in every case)."""
+    job = tmp_path / "job"
+    copy_files(corpus_files(corpus, DLRM), job)
+    args = ["analyze", job, "--json", "--no-cache"]
+    rc, shown, out = _stderr_on_a_terminal(args, tmp_path)
+    assert rc == 0 and b"analysing ranks" in shown
+    rc, shown, quiet_out = _stderr_on_a_terminal(args, tmp_path, quiet=True)
+    assert rc == 0 and b"analysing ranks" not in shown
+    piped = run_cli(args, tmp_path)
+    assert piped.returncode == 0 and "analysing ranks" not in piped.stderr
+    steps = [[r["step_time_ms"] for r in json.loads(text)["ranks"]] for text in (out, quiet_out, piped.stdout)]
+    assert steps[0] == steps[1] == steps[2] and len(steps[0]) == 8

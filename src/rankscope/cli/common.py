@@ -8,14 +8,14 @@ or bad arguments.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import sys
-from typing import TYPE_CHECKING, Callable, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterator, TypeVar
 
 import click
 import msgspec
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rankscope.engine import ENGINES, EngineError
 from rankscope.ingest.cache import default_cache_dir
@@ -91,6 +91,7 @@ def show(result: Result, as_json: bool, **terminal_options) -> None:
         sys.stdout.reconfigure(encoding="utf-8")
         render(result, "json", sys.stdout)
         return
+    from rich.console import Console              # not imported for JSON: ~35 ms of a cached run
     console = Console(highlight=False)
     with console.capture() as captured:
         render(result, "terminal", console, **terminal_options)
@@ -108,15 +109,7 @@ def html_page(result: Result) -> str:
 def with_progress(run: Callable[[Callable[[int, int, str], None]], R], quiet: bool, label: str) -> R:
     """Call run(on_progress) with a progress bar on stderr (when it is a terminal), then print its
     input problems. A wrong argument is a usage error; an engine that cannot run exits 2."""
-    stderr = Console(stderr=True)
-    show = not quiet and stderr.is_terminal
-    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=stderr, transient=True, disable=not show) as bar:
-        task = bar.add_task(label, total=None)
-
-        def progress(done: int, total: int, _file: str) -> None:
-            bar.update(task, completed=done, total=total)
-
+    with _progress_bar(label, quiet) as progress:
         try:
             result = run(progress)
         except ArgumentError as exc:
@@ -126,6 +119,26 @@ def with_progress(run: Callable[[Callable[[int, int, str], None]], R], quiet: bo
             sys.exit(EXIT_NOTHING)
     print_problems(result)
     return result
+
+
+@contextlib.contextmanager
+def _progress_bar(label: str, quiet: bool) -> Iterator[Callable[[int, int, str], None]]:
+    """A progress callback drawing a bar on stderr when it is a terminal (as rich decides: a tty,
+    or one of the variables that force it), else one that does nothing (rich not even imported)."""
+    if quiet or not (sys.stderr.isatty() or any(os.environ.get(v) for v in _FORCE_TERMINAL)):
+        yield lambda done, total, file: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    stderr = Console(stderr=True)
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=stderr, transient=True, disable=not stderr.is_terminal) as bar:
+        task = bar.add_task(label, total=None)
+        yield lambda done, total, file: bar.update(task, completed=done, total=total)
+
+
+#: Environment variables with which rich treats a stream as a terminal.
+_FORCE_TERMINAL = ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")
 
 
 def print_problems(result: Result) -> None:
