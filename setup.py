@@ -1,7 +1,9 @@
-"""Build hook for the optional C column extractor (rankscope.ingest._fastcols).
+"""Build hook for the optional C parts: the column extractor (rankscope.ingest._fastcols) and
+the op nesting sweep (rankscope.analyses._nesting).
 
-`optional=True`: where no C compiler is present the package still installs and
-the pure-Python extractor in `rankscope.ingest.columns` is used instead.
+`optional=True`: where no C compiler is present the package still installs and the
+pure-Python extractor in `rankscope.ingest.columns` and the numpy nesting in
+`rankscope.analyses.rank.operators` are used instead.
 """
 from setuptools import Extension, setup
 
@@ -12,6 +14,12 @@ setup(
             sources=["src/rankscope/ingest/_fastcols.c"],
             extra_compile_args=["-O3"],
             optional=True,
-        )
+        ),
+        Extension(
+            "rankscope.analyses._nesting",
+            sources=["src/rankscope/analyses/_nesting.c"],
+            extra_compile_args=["-O3"],
+            optional=True,
+        ),
     ]
 )

@@ -14,7 +14,10 @@ from collections import defaultdict
 from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import columns_frame, corpus_trace_params, load_json, write_trace, x_events
 from rankscope.analyses.rank.operators import OperatorStats, operator_stats
@@ -369,3 +372,25 @@ def test_works_on_every_corpus_trace(corpus: Path, rel: str):
             assert all(s <= t + 1e-9 for s, t in zip(cpu.self_cpu_ms, cpu.total_cpu_ms))
             assert all(s >= 0 for s in cpu.self_cpu_ms)
             assert all(s <= t + 1e-9 for s, t in zip(dev.self_device_ms, dev.total_device_ms))
+
+
+_interval = st.tuples(st.integers(0, 3), st.integers(0, 60), st.integers(1, 40))     # thread, start, duration
+
+
+@settings(max_examples=300, deadline=None)
+@given(intervals=st.lists(_interval, max_size=60), queries=st.lists(st.tuples(st.integers(-1, 4), st.integers(-5, 110)),
+                                                                      max_size=30))
+def test_c_nesting_is_the_numpy_nesting(intervals, queries):
+    """The C sweep (built at install) gives the numpy method's parents, conflict count and
+    innermost ops, on small random intervals: nested, disjoint, partly overlapping (conflicts),
+    equal ones, several threads."""
+    from rankscope.analyses.rank import operators
+    if operators._nesting is None:
+        pytest.skip("built without a C compiler: only the numpy method exists")
+    ordered = sorted(intervals, key=lambda x: (x[0], x[1], -x[2]))
+    g, s, d = (np.array([x[k] for x in ordered], dtype=np.int64) for k in range(3))
+    c, ref = operators._Forest(g, s, s + d), operators._Forest(g, s, s + d, use_c=False)
+    assert c.c and not ref.c
+    assert c.parent.tolist() == ref.parent.tolist() and c.conflicts == ref.conflicts
+    qg, qt = (np.array([q[k] for q in queries], dtype=np.int64) for k in range(2))
+    assert c.innermost(qg, qt).tolist() == ref.innermost(qg, qt).tolist()

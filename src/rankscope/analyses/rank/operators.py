@@ -42,7 +42,10 @@ with depth - 1, found with one more binary search on (depth, position) keys, the
 containment. Ops that only partly overlap (clock rounding) fail the check and are counted in
 `nesting_conflicts` instead of being nested. "Innermost op enclosing time t" (for launches and
 Python frames) is the last op starting at or before t on the thread, walked up its ancestors
-while it ends at or before t: one vectorized step per nesting level.
+while it ends at or before t: one vectorized step per nesting level. Where the C sweep
+(`rankscope.analyses._nesting`, built at install) is present, both are one pass in C with the same
+results: the ops of a thread in that order, a heap of the ends of those still open (depth = its
+size), the last op of each depth so far.
 
 Pure function: no printing, no file I/O. Results are the top-N groups only.
 """
@@ -57,6 +60,10 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import sorted_unique
+try:
+    from rankscope.analyses import _nesting
+except ImportError:                     # built without a C compiler: the numpy method
+    _nesting = None
 from rankscope.analyses.rank.views import column, device_events, host_ops, names_matching, of_kinds
 from rankscope.model import HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace
 from rankscope.units import NS_PER_MS
@@ -334,12 +341,17 @@ class _Forest:
     the order the caller passes them in. `parent[i]`: index of the innermost enclosing interval
     or -1. See the module docstring for the method."""
 
-    def __init__(self, g: np.ndarray, s: np.ndarray, e: np.ndarray):
-        self.g, self.s, self.e = g, s, e
+    def __init__(self, g: np.ndarray, s: np.ndarray, e: np.ndarray, use_c: bool = True):
+        self.g, self.s, self.e = (np.ascontiguousarray(x, dtype=np.int64) for x in (g, s, e))
+        g, s, e = self.g, self.s, self.e
         n = len(g)
         self.parent = np.full(n, -1, dtype=np.int64)
         self.conflicts = 0
+        self.c = use_c and _nesting is not None
         if n == 0:
+            return
+        if self.c:
+            self.conflicts = _nesting.parents(g, s, e, self.parent)
             return
         self._time_axis(g, s, e)
         self.ks = self._key(g, s)
@@ -384,10 +396,13 @@ class _Forest:
 
     def innermost(self, qg: np.ndarray, qt: np.ndarray) -> np.ndarray:
         """Index of the innermost interval of group qg that contains time qt (s <= qt < e), or -1."""
-        qg = np.asarray(qg, dtype=np.int64)
-        qt = np.asarray(qt, dtype=np.int64)
+        qg = np.ascontiguousarray(qg, dtype=np.int64)
+        qt = np.ascontiguousarray(qt, dtype=np.int64)
         out = np.full(len(qg), -1, dtype=np.int64)
         if len(self.g) == 0 or len(qg) == 0:
+            return out
+        if self.c:
+            _nesting.innermost(self.g, self.s, self.e, self.parent, qg, qt, out)
             return out
         c = np.searchsorted(self.ks, self._key(qg, qt), side="right") - 1
         ok = (c >= 0) & (qg >= 0)
