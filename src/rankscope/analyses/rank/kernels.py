@@ -412,7 +412,7 @@ def kernel_stats(trace: RankTrace, top_n: int = 20) -> KernelStats:
 
     # per kernel name: g, the name's index of each launch
     kclass = trace.events["kclass"].to_numpy()[rows].astype(np.int64)
-    key = (kclass << 32) | _name_codes(trace.events["name"])[rows]
+    key = (kclass << 32) | _name_codes(trace.events["name"].gather(rows))
     per = np.unique(key)
     g = np.searchsorted(per, key)
     n = len(per)
