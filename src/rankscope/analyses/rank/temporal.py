@@ -185,19 +185,6 @@ def class_intervals(trace: RankTrace, device_rows: np.ndarray,
     return s, s + col["dur_ns"][rows].astype(np.int64, copy=False)
 
 
-def device_intervals(events: pl.DataFrame, kernel_class: KernelClass | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(starts, ends) in ns of the device events (kernels, memcpy, memset) of `events`; with
-    `kernel_class`, only kernels of that class (COMP and COMM are kernels; MEM is memcpy/memset too)."""
-    cond = pl.col("kind").is_in(_DEVICE)
-    if kernel_class is not None:
-        cond = cond & (pl.col("kclass") == int(kernel_class))
-        if kernel_class in (KernelClass.COMP, KernelClass.COMM):
-            cond = cond & (pl.col("kind") == int(Kind.KERNEL))
-    d = events.filter(cond)
-    s = d["ts_ns"].to_numpy().astype(np.int64, copy=False)
-    return s, s + d["dur_ns"].to_numpy().astype(np.int64, copy=False)
-
-
 def union_length(starts: np.ndarray, ends: np.ndarray) -> int:
     s, e = union(starts, ends)
     return int((e - s).sum())
