@@ -64,7 +64,7 @@ try:
     from rankscope.analyses import _nesting
 except ImportError:                     # built without a C compiler: the numpy method
     _nesting = None
-from rankscope.analyses.rank.views import column, device_events, host_ops, names_matching, of_kinds
+from rankscope.analyses.rank.views import column, device_events, host_ops, names_matching, of_kinds, rows_of_kinds
 from rankscope.model import HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace
 from rankscope.units import NS_PER_MS
 
@@ -225,18 +225,19 @@ def _op_times(trace: RankTrace) -> _OpTimes:
     forest = _Forest(g[:n_pos], s[:n_pos], s[:n_pos] + dur[:n_pos])
 
     # device events of a launch (runtime/driver call; the first one with that correlation id)
-    launch = of_kinds(trace, _LAUNCH)
-    launch_corr = launch["correlation"].to_numpy()
+    ev = trace.events
+    launch = rows_of_kinds(trace, _LAUNCH)
+    launch_corr = ev["correlation"].to_numpy()[launch]
     by_corr = np.argsort(launch_corr, kind="stable")
     corr_sorted = launch_corr[by_corr]
     dev_corr, dev_dur = column(trace, device_events, "correlation"), column(trace, device_events, "dur_ns")
     at = np.minimum(np.searchsorted(corr_sorted, dev_corr), max(len(corr_sorted) - 1, 0))
     linked = (dev_corr >= 0) & (corr_sorted[at] == dev_corr) if len(corr_sorted) else np.zeros(len(dev_corr), bool)
-    first_launch = by_corr[at[linked]]
-    launch_g = threads.ids(launch["pid"].to_numpy()[first_launch], launch["tid"].to_numpy()[first_launch])
+    first_launch = launch[by_corr[at[linked]]]
+    launch_g = threads.ids(ev["pid"].to_numpy()[first_launch], ev["tid"].to_numpy()[first_launch])
     # zero-duration ops hang under the op around them; device events under the op around their launch
     inner = forest.innermost(np.concatenate([g[n_pos:], launch_g]),
-                             np.concatenate([s[n_pos:], launch["ts_ns"].to_numpy()[first_launch]]))
+                             np.concatenate([s[n_pos:], ev["ts_ns"].to_numpy()[first_launch]]))
     parent = np.concatenate([forest.parent, inner[:len(g) - n_pos]])
     dev_op, linked_dur = inner[len(g) - n_pos:], dev_dur[linked]
 

@@ -174,8 +174,8 @@ def _kernel_launches(trace: RankTrace) -> int:
     names = [n for n in views.distinct_names(trace) if n in LAUNCH_NAMES]
     if not names:
         return 0
-    calls = views.of_kinds(trace, (Kind.RUNTIME, Kind.DRIVER))
-    return int(calls["name"].is_in(names).sum())
+    named = trace.events["name"].is_in(names).fill_null(False).to_numpy()
+    return int(named[views.rows_of_kinds(trace, (Kind.RUNTIME, Kind.DRIVER))].sum())
 
 
 def name_totals(events: pl.DataFrame) -> NameTotals:

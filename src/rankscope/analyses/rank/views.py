@@ -12,7 +12,7 @@ import numpy as np
 import polars as pl
 
 from rankscope import model
-from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, Kind, RankTrace
+from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, RankTrace
 
 T = TypeVar("T")
 
@@ -61,19 +61,13 @@ def column(trace: RankTrace, frame: Callable[[RankTrace], pl.DataFrame], name: s
     return memo(trace, ("column", frame.__name__, name), lambda: frame(trace)[name].to_numpy())
 
 
-def with_rows(trace: RankTrace, kinds: Iterable[int]) -> pl.DataFrame:
-    """The events of these kinds with their position in the rank's event frame (`row`, Int64: the
-    key of the side frames' rows)."""
+def rows_of_kinds(trace: RankTrace, kinds: Iterable[int]) -> np.ndarray:
+    """The positions in the rank's event frame of the events of these kinds, ascending (int64: the
+    key of the side frames' `row`). Cheaper than `of_kinds` where a few columns are read."""
     wanted = _kind_key(kinds)
 
-    def make() -> pl.DataFrame:
-        mask = trace.events["kind"].is_in(list(wanted))
-        return of_kinds(trace, wanted).with_columns(pl.Series("row", np.flatnonzero(mask.to_numpy()), pl.Int64))
-    return memo(trace, ("with_rows", wanted), make)
-
-
-def first_launches(trace: RankTrace) -> pl.DataFrame:
-    """The host's launch calls (runtime and driver events) with a correlation id, the first of each
-    id, in frame order: what a device event's `correlation` points back to."""
-    return memo(trace, ("first_launches",), lambda: of_kinds(trace, (Kind.RUNTIME, Kind.DRIVER))
-                .filter((pl.col("correlation") >= 0) & pl.col("correlation").is_first_distinct()))
+    def make() -> np.ndarray:
+        table = np.zeros(256, bool)
+        table[list(wanted)] = True
+        return np.flatnonzero(table[trace.events["kind"].to_numpy()])
+    return memo(trace, ("rows_of_kinds", wanted), make)
