@@ -1,9 +1,7 @@
-"""Interval and id-set helpers: intervals.union_length_per_group (by hand and against one `union` per group), temporal.contains (against np.isin)."""
+"""rankscope.analyses.intervals.union_length_per_group, by hand and against one `union` per group."""
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from rankscope.analyses.intervals import union, union_length_per_group
 
@@ -27,15 +25,3 @@ def test_union_length_per_group_both_paths_equal_one_union_per_group():
         expected = [int(np.diff(np.stack(union(starts[group == g], ends[group == g])), axis=0).sum())
                     for g in range(group.max() + 1)]
         assert union_length_per_group(starts, ends, group).tolist() == expected
-
-
-@settings(max_examples=200, deadline=None)
-@given(values=st.lists(st.integers(-5, 2**40), max_size=50), queries=st.lists(st.integers(-5, 2**40), max_size=50),
-       small=st.booleans())
-def test_contains_is_np_isin(values, queries, small):
-    """temporal.contains (a lookup table for small ids, a binary search otherwise) against np.isin."""
-    from rankscope.analyses.rank.temporal import contains
-    v, q = np.array(values, dtype=np.int64), np.array(queries, dtype=np.int64)
-    if small:
-        v, q = np.abs(v) % 1000, np.abs(q) % 1200 - 100
-    assert contains(v, q).tolist() == np.isin(q, v).tolist()

@@ -55,19 +55,6 @@ def find_sorted(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
     return np.where(found, at, -1)
 
 
-def contains(values: np.ndarray, queries: np.ndarray) -> np.ndarray:
-    """Whether each query is one of `values` (ints, e.g. correlation ids): a lookup table where the
-    values are small non-negative ints (no sort), else a binary search in their sorted set."""
-    if not len(values) or not len(queries):
-        return np.zeros(len(queries), bool)
-    lo, hi = int(values.min()), int(values.max())
-    if lo >= 0 and hi < 8 * (len(values) + len(queries)) + (1 << 20):
-        table = np.zeros(hi + 2, bool)                     # the last slot: every query out of range
-        table[values] = True
-        return table[np.where((queries >= 0) & (queries <= hi), queries, hi + 1)]
-    return find_sorted(sorted_unique(values), queries) >= 0
-
-
 def of_kinds(kind: np.ndarray, kinds) -> np.ndarray:
     """Whether each `kind` value (uint8 event kinds) is one of `kinds`; a table lookup, cheaper than np.isin."""
     table = np.zeros(256, bool)
@@ -135,7 +122,7 @@ def _hta_scope_rows(trace: RankTrace, include_last_step: bool) -> np.ndarray:
     else:
         kept = host & (ts < ts[marks].max())
     device_rows = np.flatnonzero(device_side)
-    kept[device_rows] = contains(corr[kept], corr[device_rows])
+    kept[device_rows] = find_sorted(sorted_unique(corr[kept]), corr[device_rows]) >= 0
     return np.flatnonzero(kept)
 
 
