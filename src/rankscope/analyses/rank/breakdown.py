@@ -45,7 +45,8 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import union
-from rankscope.analyses.rank.steps import StepWindows, event_end_ns, kind_mask, name_mask, step_windows
+from rankscope.analyses.rank.steps import StepWindows, event_end_ns, name_mask, step_windows
+from rankscope.analyses.rank.views import kind_mask
 from rankscope.analyses.rank.dataloader import dataloader_spans
 from rankscope.model import (BLOCKING_SYNC_PATTERN, DATALOADER_PATTERN, DEVICE_KINDS, HOST_COMM_PATTERN,
                              HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, KernelClass, RankTrace, names_matching)

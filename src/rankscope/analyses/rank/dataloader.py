@@ -30,7 +30,8 @@ import polars as pl
 
 from rankscope.analyses.intervals import covered_between, union
 from rankscope.analyses.rank import views
-from rankscope.analyses.rank.steps import StepWindows, event_end_ns, kind_mask, name_mask, step_windows
+from rankscope.analyses.rank.steps import StepWindows, event_end_ns, name_mask, step_windows
+from rankscope.analyses.rank.views import kind_mask
 from rankscope.model import DATALOADER_PATTERN, HOST_OP_KINDS, RankTrace, names_matching
 from rankscope.units import NS_PER_MS
 

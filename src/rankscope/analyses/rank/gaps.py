@@ -21,7 +21,8 @@ import polars as pl
 
 from rankscope.analyses.rank.breakdown import CATEGORIES, Timeline, classify_timeline
 from rankscope.analyses.intervals import union
-from rankscope.analyses.rank.steps import StepWindows, event_end_ns, kind_mask, name_mask, step_windows
+from rankscope.analyses.rank.steps import StepWindows, event_end_ns, name_mask, step_windows
+from rankscope.analyses.rank.views import kind_mask
 from rankscope.model import DATALOADER_PATTERN, DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace
 
 #: Shorter idle stretches are launch jitter, not gaps (tb-profiler's GPU-idle view shows >= 0.1 ms).

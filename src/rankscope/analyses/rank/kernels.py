@@ -99,8 +99,8 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import union
-from rankscope.analyses.rank.steps import gpu_args_at, kind_mask
-from rankscope.analyses.rank.views import device_events, names_matching
+from rankscope.analyses.rank.steps import gpu_args_at
+from rankscope.analyses.rank.views import device_events, kind_mask, names_matching
 from rankscope.model import HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, KernelClass, RankTrace
 from rankscope.units import NS_PER_US, NS_PER_MS
 

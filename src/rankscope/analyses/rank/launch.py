@@ -46,9 +46,9 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import sorted_unique, union
-from rankscope.analyses.rank.temporal import (event_columns, find_sorted, first_per_id, of_kinds, run_bounds,
+from rankscope.analyses.rank.temporal import (event_columns, find_sorted, first_per_id, run_bounds,
                                              scope_device_rows, scope_launch_calls)
-from rankscope.analyses.rank.views import memo
+from rankscope.analyses.rank.views import is_kind, memo
 from rankscope.model import Kind, KernelClass, RankTrace
 from rankscope.units import NS_PER_US, NS_PER_MS
 
@@ -458,7 +458,7 @@ def memory_bandwidth(trace: RankTrace, include_last_step: bool = False) -> Memor
     result = MemoryBandwidth(include_last_step, _origin(trace))
     col = event_columns(trace)
     dev = scope_device_rows(trace, include_last_step)
-    mem = dev[of_kinds(col["kind"][dev], (Kind.MEMCPY, Kind.MEMSET))
+    mem = dev[is_kind(col["kind"][dev], (Kind.MEMCPY, Kind.MEMSET))
               | (col["kclass"][dev] == int(KernelClass.MEM))]
     if len(mem) == 0:
         return result

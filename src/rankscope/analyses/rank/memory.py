@@ -59,7 +59,8 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import covered_between, sorted_unique, union
-from rankscope.analyses.rank.steps import StepWindows, gpu_args_at, kind_mask, step_windows
+from rankscope.analyses.rank.steps import StepWindows, gpu_args_at, step_windows
+from rankscope.analyses.rank.views import kind_mask
 from rankscope.model import Kind, RankTrace
 from rankscope.units import NS_PER_MS
 

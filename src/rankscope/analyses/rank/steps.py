@@ -5,7 +5,7 @@ device activity launched inside it), clipped at the next step's start. A trace w
 is one step spanning the whole trace (`source == "whole_trace"`), and callers say so.
 
 Also the per-event numpy views that this module and the breakdown, gaps, dataloader, memory and
-kernel analyses start from (`event_end_ns`, `kind_mask`, `name_mask`, `gpu_args_at`,
+kernel analyses start from (`event_end_ns`, `name_mask`, `gpu_args_at`,
 `device_union`): arrays aligned with `trace.events` (the costly ones made once per trace).
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import covered_between, union
-from rankscope.analyses.rank.views import memo, names_matching
+from rankscope.analyses.rank.views import kind_mask, memo, names_matching
 from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace
 
 _LAUNCH = (Kind.RUNTIME, Kind.DRIVER)
@@ -30,15 +30,6 @@ def event_end_ns(trace: RankTrace) -> np.ndarray:
     """ts_ns + dur_ns of every event."""
     return memo(trace, ("steps", "event_end_ns"),
                 lambda: trace.events["ts_ns"].to_numpy() + trace.events["dur_ns"].to_numpy())
-
-
-def kind_mask(trace: RankTrace, kinds: Iterable[int]) -> np.ndarray:
-    """Whether each event is of one of these kinds."""
-    kind = trace.events["kind"].to_numpy()
-    out = np.zeros(len(kind), dtype=bool)
-    for k in kinds:
-        out |= kind == int(k)
-    return out
 
 
 def name_mask(trace: RankTrace, pattern: str) -> np.ndarray:

@@ -34,7 +34,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import sorted_unique, union
-from rankscope.analyses.rank.views import distinct_names, memo
+from rankscope.analyses.rank.views import distinct_names, is_kind, memo
 from rankscope.model import DEVICE_KINDS, Kind, KernelClass, RankTrace
 from rankscope.units import NS_PER_MS
 
@@ -53,13 +53,6 @@ def find_sorted(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
     found = at < len(keys)
     found[found] = keys[at[found]] == values[found]
     return np.where(found, at, -1)
-
-
-def of_kinds(kind: np.ndarray, kinds) -> np.ndarray:
-    """Whether each `kind` value (uint8 event kinds) is one of `kinds`; a table lookup, cheaper than np.isin."""
-    table = np.zeros(256, bool)
-    table[[int(k) for k in kinds]] = True
-    return table[kind]
 
 
 def first_per_id(ids: np.ndarray) -> np.ndarray:
@@ -90,7 +83,7 @@ def event_columns(trace: RankTrace) -> dict[str, np.ndarray]:
 def all_device_rows(trace: RankTrace) -> np.ndarray:
     """The rows of every device event of the trace (kernels, memcpy, memset), ascending."""
     return memo(trace, ("temporal", "device_rows"),
-                lambda: np.flatnonzero(of_kinds(event_columns(trace)["kind"], DEVICE_KINDS)))
+                lambda: np.flatnonzero(is_kind(event_columns(trace)["kind"], DEVICE_KINDS)))
 
 
 def hta_scope_rows(trace: RankTrace, include_last_step: bool = False) -> np.ndarray:
@@ -130,7 +123,7 @@ def scope_device_rows(trace: RankTrace, include_last_step: bool = False) -> np.n
     """The rows of the device events (kernels, memcpy, memset) in the HTA scope, ascending."""
     def make() -> np.ndarray:
         rows = hta_scope_rows(trace, include_last_step)
-        return rows[of_kinds(event_columns(trace)["kind"][rows], DEVICE_KINDS)]
+        return rows[is_kind(event_columns(trace)["kind"][rows], DEVICE_KINDS)]
     return memo(trace, ("temporal", "scope_device_rows", include_last_step), make)
 
 
@@ -140,7 +133,7 @@ def scope_launch_calls(trace: RankTrace, include_last_step: bool = False) -> np.
     def make() -> np.ndarray:
         col = event_columns(trace)
         rows = hta_scope_rows(trace, include_last_step)
-        rows = rows[of_kinds(col["kind"][rows], (Kind.RUNTIME, Kind.DRIVER)) & (col["correlation"][rows] >= 0)]
+        rows = rows[is_kind(col["kind"][rows], (Kind.RUNTIME, Kind.DRIVER)) & (col["correlation"][rows] >= 0)]
         return rows[np.argsort(col["correlation"][rows], kind="stable")]
     return memo(trace, ("temporal", "scope_launch_calls", include_last_step), make)
 
