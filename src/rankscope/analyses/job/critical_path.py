@@ -143,14 +143,16 @@ class _Rank:
             self.by_step.setdefault(int(self.step[i]), []).append(int(i))
         bd = rc.breakdown_matrix()
         self.compute_ns = float(bd[:, list(_COMPUTE)].sum(axis=1).mean()) if len(bd) else 0.0
+        # per instance, the instance with the latest end <= its window start (ties: the last in end
+        # order), -1 where none: what its window waited for
         order = np.argsort(self.e, kind="stable")
-        self.ends_sorted = self.e[order]
-        self.end_order = order
+        k = np.searchsorted(self.e[order], self.w, side="right") - 1
+        self.before_window = np.where(k >= 0, order[np.maximum(k, 0)], -1).tolist()
 
-    def latest_end_at_or_before(self, t: int) -> int | None:
-        """The instance with the latest end <= t (ties: the last in end order)."""
-        k = int(np.searchsorted(self.ends_sorted, t, side="right")) - 1
-        return int(self.end_order[k]) if k >= 0 else None
+    def waited_for(self, i: int) -> int | None:
+        """The instance whose end instance i's window started after (`before_window`), or None."""
+        j = self.before_window[i]
+        return j if j >= 0 else None
 
     def name(self, i: int) -> str:
         return self.type[i] + (f" ({self.dim[i]})" if self.dim[i] else "")
@@ -333,7 +335,7 @@ def _walk(s: int, rk: dict[int, _Rank], links: _Links) -> StepPath | None:
                 step_start = cur.steps.get(s, (t0, t0))[0]
                 if tt <= max(step_start, t0):
                     break
-                j = cur.latest_end_at_or_before(w_i)
+                j = cur.waited_for(i)
                 if j is None or j == i:
                     break
                 state = ("end", j)
@@ -392,7 +394,7 @@ class _StepPlan:
             rank = rk[r]
             start = rank.steps[s][0]
             w = int(rank.w[i])
-            dep = rank.latest_end_at_or_before(w) if w > start else None
+            dep = rank.waited_for(i) if w > start else None
             if dep is None or dep == i:
                 self.after.append((0, float(start)))
             elif rank.step[dep] == s:
