@@ -14,7 +14,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Sequence
 
-import numpy as np
 
 from rankscope.analyses.rank.breakdown import CATEGORIES
 from rankscope.analyses.rank.collectives import RankCollectives
@@ -89,20 +88,24 @@ def comm_by_dim(ranks: Sequence[RankCollectives]) -> list[RankDimComm]:
     out = []
     for rc in sorted(ranks, key=lambda r: r.rank):
         n_steps = max(len(rc.steps), 1)
-        per = defaultdict(lambda: np.zeros(2, dtype=np.int64))
-        per_type = defaultdict(lambda: np.zeros(2, dtype=np.int64))
+        per: dict[str, list[int]] = defaultdict(lambda: [0, 0])          # overlapped, exposed ns
+        per_type: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
         dims = list(rc.dim) if len(rc.dim) == len(rc) else [""] * len(rc)
         ovl, exp = rc.owned_ns()
-        for d, t, o, e in zip(dims, rc.type, ovl, exp):
+        for d, t, o, e in zip(dims, rc.type, ovl.tolist(), exp.tolist()):
             key = d or "other"
-            per[key] += (o, e)
-            per_type[(key, t)] += (o, e)
+            for v in (per[key], per_type[(key, t)]):
+                v[0] += o
+                v[1] += e
         bd = rc.breakdown_matrix()
-        total = np.array([bd[:, _OVL].sum(), bd[:, _EXP].sum()], dtype=np.int64)
-        rest = total - sum(per.values(), np.zeros(2, dtype=np.int64))
-        if (rest > 0).any():
-            per["other"] += np.maximum(rest, 0)
-        def to_ms(v: np.ndarray) -> DimComm:
+        rest = [int(bd[:, _OVL].sum()) - sum(v[0] for v in per.values()),
+                int(bd[:, _EXP].sum()) - sum(v[1] for v in per.values())]
+        if rest[0] > 0 or rest[1] > 0:
+            other = per["other"]
+            other[0] += max(rest[0], 0)
+            other[1] += max(rest[1], 0)
+
+        def to_ms(v: list[int]) -> DimComm:
             return DimComm(round(float(v[0]) / NS_PER_MS / n_steps, 6), round(float(v[1]) / NS_PER_MS / n_steps, 6))
 
         by_type: dict[str, dict[str, DimComm]] = defaultdict(dict)
