@@ -420,18 +420,19 @@ class _StepPlan:
         by mult[k] and the collectives of `free_dims` costing no transfer."""
         window = np.einsum("ij,ij->i", self.pre, mult[self.rank_row]).tolist()
         n = len(window)
-        new_a: list[float] = list(self.arrival)
+        new_a: list[float] = list(self.arrival)   # instances 0 .. arrived-1: their new arrival
         new_e: list[float | None] = [None] * n
-        arrived = 0                        # instances 0 .. arrived-1 have their new arrival
+        arrived = 0
+        last_member, duration, members, dim, transfer = (self.last_member, self.duration, self.members, self.dim,
+                                                         self.transfer)
 
         def end_of(k: int) -> float:
             v = new_e[k]
             if v is None:
-                if self.last_member[k] >= arrived:       # not a link, or a member has not arrived yet
-                    v = (new_a[k] if k < arrived else self.arrival[k]) + self.duration[k]
+                if last_member[k] >= arrived:            # not a link, or a member has not arrived yet
+                    v = new_a[k] + duration[k]
                 else:
-                    v = max(map(new_a.__getitem__, self.members[k])) + (
-                        0.0 if self.dim[k] in free_dims else self.transfer[k])
+                    v = max(map(new_a.__getitem__, members[k])) + (0.0 if dim[k] in free_dims else transfer[k])
                 new_e[k] = v
             return v
 
