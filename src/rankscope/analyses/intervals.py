@@ -16,6 +16,14 @@ def sorted_unique(values: np.ndarray) -> np.ndarray:
     return s[keep]
 
 
+def find_sorted(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """The index of each value in `keys` (sorted; of repeated keys, the first), -1 where it is not there."""
+    at = np.searchsorted(keys, values)
+    found = at < len(keys)
+    found[found] = keys[at[found]] == values[found]
+    return np.where(found, at, -1)
+
+
 def union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Merge intervals into sorted, disjoint ones. Empty and negative intervals are dropped."""
     starts = np.asarray(starts, dtype=np.int64)
@@ -59,13 +67,16 @@ def union_length_per_group(starts: np.ndarray, ends: np.ndarray, group: np.ndarr
     return out
 
 
-def covered_between(u_starts: np.ndarray, u_ends: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Length of [a_i, b_i) covered by the disjoint sorted intervals (output of `union`)."""
+def covered_between(u_starts: np.ndarray, u_ends: np.ndarray, a: np.ndarray, b: np.ndarray,
+                    prefix: np.ndarray | None = None) -> np.ndarray:
+    """Length of [a_i, b_i) covered by the disjoint sorted intervals (output of `union`). `prefix`:
+    their cumulative lengths, 0 first, when the caller keeps them for many calls."""
     a = np.asarray(a, dtype=np.int64)
     b = np.asarray(b, dtype=np.int64)
     if len(u_starts) == 0:
         return np.zeros(len(a), dtype=np.int64)
-    prefix = np.concatenate(([0], np.cumsum(u_ends - u_starts)))
+    if prefix is None:
+        prefix = np.concatenate(([0], np.cumsum(u_ends - u_starts)))
     return np.maximum(_covered_before(u_starts, u_ends, prefix, b) - _covered_before(u_starts, u_ends, prefix, a), 0)
 
 

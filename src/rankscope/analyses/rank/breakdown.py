@@ -44,12 +44,12 @@ from functools import cached_property
 import numpy as np
 import polars as pl
 
-from rankscope.analyses.intervals import union
-from rankscope.analyses.rank.steps import StepWindows, event_end_ns, name_mask, step_windows
-from rankscope.analyses.rank.views import kind_mask
-from rankscope.analyses.rank.dataloader import dataloader_spans
+from rankscope.analyses.intervals import covered_between, union
+from rankscope.analyses.rank.steps import StepWindows, step_windows
+from rankscope.analyses.rank.views import event_end_ns, kind_mask, name_mask
+from rankscope.analyses.rank.dataloader import dataloader_span_rows
 from rankscope.model import (BLOCKING_SYNC_PATTERN, DATALOADER_PATTERN, DEVICE_KINDS, HOST_COMM_PATTERN,
-                             HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, KernelClass, RankTrace, names_matching)
+                             PROFILER_STEP_PATTERN, Kind, KernelClass, RankTrace, names_matching)
 from rankscope.units import NS_PER_MS
 
 CATEGORIES = ("compute", "comm_overlapped", "comm_exposed", "memcpy", "dataloader", "sync", "host",
@@ -94,6 +94,11 @@ def _intervals(df: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return union(ts, ts + df["dur_ns"].to_numpy())
 
 
+def _union_of(trace: RankTrace, which: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The union of the events selected by `which` (a mask of the events, or row numbers)."""
+    return union(trace.events["ts_ns"].to_numpy()[which], event_end_ns(trace)[which])
+
+
 def _python_sets(ev: pl.DataFrame, tid: int | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Python running on the host (`python_function` events, on thread `tid` when given) and the
     Python functions among them that sleep or wait (PYTHON_WAIT_PATTERN)."""
@@ -105,24 +110,19 @@ def _python_sets(ev: pl.DataFrame, tid: int | None = None) -> dict[str, tuple[np
 
 
 def _device_sets(trace: RankTrace) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    ts, end = trace.events["ts_ns"].to_numpy(), event_end_ns(trace)
     kclass = trace.events["kclass"].to_numpy()
     dev = kind_mask(trace, DEVICE_KINDS)
     marks = name_mask(trace, PROFILER_STEP_PATTERN) | name_mask(trace, DATALOADER_PATTERN)
     python = kind_mask(trace, [Kind.PYTHON_FUNCTION])
-
-    def intervals(sel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return union(ts[sel], end[sel])
-
     return {
-        "comp": intervals(dev & (kclass == int(KernelClass.COMP))),
-        "comm": intervals(dev & (kclass == int(KernelClass.COMM))),
-        "mem": intervals(dev & (kclass == int(KernelClass.MEM))),
-        "dataloader": intervals(kind_mask(trace, HOST_OP_KINDS) & name_mask(trace, DATALOADER_PATTERN)),
-        "sync": intervals(kind_mask(trace, [Kind.RUNTIME]) & name_mask(trace, BLOCKING_SYNC_PATTERN)),
-        "host": intervals(kind_mask(trace, [Kind.CPU_OP, Kind.RUNTIME, Kind.DRIVER]) & ~marks),
-        "python": intervals(python),
-        "python_wait": intervals(python & name_mask(trace, PYTHON_WAIT_PATTERN)),
+        "comp": _union_of(trace, dev & (kclass == int(KernelClass.COMP))),
+        "comm": _union_of(trace, dev & (kclass == int(KernelClass.COMM))),
+        "mem": _union_of(trace, dev & (kclass == int(KernelClass.MEM))),
+        "dataloader": _union_of(trace, dataloader_span_rows(trace)),
+        "sync": _union_of(trace, kind_mask(trace, [Kind.RUNTIME]) & name_mask(trace, BLOCKING_SYNC_PATTERN)),
+        "host": _union_of(trace, kind_mask(trace, [Kind.CPU_OP, Kind.RUNTIME, Kind.DRIVER]) & ~marks),
+        "python": _union_of(trace, python),
+        "python_wait": _union_of(trace, python & name_mask(trace, PYTHON_WAIT_PATTERN)),
     }
 
 
@@ -137,7 +137,8 @@ def training_thread(ev: pl.DataFrame) -> int | None:
     return int(ops.group_by("tid").agg(pl.col("dur_ns").sum()).sort("dur_ns", descending=True)["tid"][0])
 
 
-def _cpu_only_sets(ev: pl.DataFrame) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], int | None]:
+def _cpu_only_sets(trace: RankTrace) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], int | None]:
+    ev = trace.events
     tid = training_thread(ev)
     tid_or_none = -(2**62) if tid is None else tid         # no CPU op at all: no training thread
     marks = names_matching(ev, PROFILER_STEP_PATTERN) + names_matching(ev, DATALOADER_PATTERN)
@@ -155,7 +156,7 @@ def _cpu_only_sets(ev: pl.DataFrame) -> tuple[dict[str, tuple[np.ndarray, np.nda
                                          | pl.col("name").is_in(names_matching(ev, DATALOADER_PATTERN)))),
         "comm": _intervals(ev.filter((pl.col("kclass") == int(KernelClass.COMM)))),
         "mem": empty,
-        "dataloader": _intervals(dataloader_spans(ev)),
+        "dataloader": _union_of(trace, dataloader_span_rows(trace)),
         "sync": empty,
         "host": _intervals(ops.filter(pl.col("kind") == int(Kind.CPU_OP))),
         # Python on the training thread is its CPU time too (host, never compute)
@@ -184,8 +185,7 @@ class Timeline:
         b = np.asarray(b, dtype=np.int64)
         out = np.zeros((len(a), len(CATEGORIES)), dtype=np.int64)
         for c, (start, end, before) in enumerate(self._by_category):
-            if len(start):
-                out[:, c] = np.maximum(_time_before(start, end, before, b) - _time_before(start, end, before, a), 0)
+            out[:, c] = covered_between(start, end, a, b, before)
         return out
 
     @cached_property
@@ -201,22 +201,12 @@ class Timeline:
         return out
 
 
-def _time_before(start: np.ndarray, end: np.ndarray, before: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Time of the sorted disjoint segments [start, end) before each t (`before`: their cumulated
-    lengths)."""
-    i = np.searchsorted(end, t, side="right")          # segments ending at or before t
-    partial = np.zeros(len(t), dtype=np.int64)
-    cut = i < len(start)
-    partial[cut] = np.clip(t[cut] - start[i[cut]], 0, None)
-    return before[i] + partial
-
-
 def classify_timeline(trace: RankTrace, cuts: list[np.ndarray] | None = None) -> Timeline:
     """Classify every instant of the trace's span (plus the given cut points) by the priority
     rule of this module."""
     cpu_only = not kind_mask(trace, DEVICE_KINDS).any()
     if cpu_only:
-        sets, tid = _cpu_only_sets(trace.events)
+        sets, tid = _cpu_only_sets(trace)
     else:
         sets, tid = _device_sets(trace), None
     bounds, inside = _sweep(list(sets.values()), cuts or [])

@@ -43,8 +43,8 @@ from rankscope.analyses.rank.breakdown import CATEGORIES, Timeline, classify_tim
 from rankscope.analyses.rank.groups import (ROLE_PRECEDENCE, Group, assign_unnamed, dim_of_desc, parse_ranks,
                                           rank_groups, role_dim)
 from rankscope.analyses.rank.steps import step_windows
-from rankscope.analyses.rank.views import distinct_names
-from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, Kind, KernelClass, RankTrace
+from rankscope.analyses.rank.views import distinct_names, first_launch_rows
+from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, KernelClass, RankTrace
 
 DEFAULT_PG = "default"
 
@@ -631,17 +631,12 @@ def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows
 
 
 def _launch_points(trace: RankTrace, correlations: list[int | None]) -> tuple[np.ndarray, ...]:
-    """Where each kernel (in `correlations` order) was launched: the first runtime / driver event
-    with its correlation id, as (idx, pid, tid, t_ns) of the kernels that have one."""
-    wanted = sorted({c for c in correlations if c is not None and c >= 0})
-    calls = trace.events.lazy().filter(pl.col("correlation").is_in(wanted)).filter(
-        pl.col("kind").is_in([int(Kind.RUNTIME), int(Kind.DRIVER)])).select("correlation", "pid", "tid", "ts_ns").collect()
-    first: dict[int, tuple] = {}
-    for c, pid, tid, t in calls.iter_rows():
-        first.setdefault(c, (pid, tid, t))
-    idx = [i for i, c in enumerate(correlations) if c in first]
-    at = [first[correlations[i]] for i in idx]
-    return (np.asarray(idx, dtype=np.int64), *(np.asarray([a[f] for a in at], dtype=np.int64) for f in range(3)))
+    """Where each kernel (in `correlations` order) was launched (`views.first_launch_rows`), as
+    (idx, pid, tid, t_ns) of the kernels that have a launch call in the trace."""
+    rows = first_launch_rows(trace, np.array([-1 if c is None else c for c in correlations], dtype=np.int64))
+    idx = np.flatnonzero(rows >= 0)
+    ev = trace.events
+    return (idx, *(ev[c].to_numpy()[rows[idx]].astype(np.int64) for c in ("pid", "tid", "ts_ns")))
 
 
 def _pipeline_marks(marks: list[str]) -> tuple[int, int]:

@@ -29,10 +29,9 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import covered_between, union
-from rankscope.analyses.rank import views
-from rankscope.analyses.rank.steps import StepWindows, event_end_ns, name_mask, step_windows
-from rankscope.analyses.rank.views import kind_mask
-from rankscope.model import DATALOADER_PATTERN, HOST_OP_KINDS, RankTrace, names_matching
+from rankscope.analyses.rank.steps import StepWindows, step_windows
+from rankscope.analyses.rank.views import event_end_ns, kind_mask, name_mask
+from rankscope.model import DATALOADER_PATTERN, HOST_OP_KINDS, RankTrace
 from rankscope.units import NS_PER_MS
 
 SINGLE_PROCESS_ITER = "_SingleProcessDataLoaderIter"
@@ -72,17 +71,17 @@ class DataLoaderShare(msgspec.Struct):
         return self.spans > 0
 
 
-def dataloader_spans(events: pl.DataFrame) -> pl.DataFrame:
-    """Host `enumerate(DataLoader)#...__next__` spans (not their gpu_user_annotation mirrors)."""
-    return events.filter(pl.col("kind").is_in([int(k) for k in HOST_OP_KINDS])
-                         & pl.col("name").is_in(names_matching(events, DATALOADER_PATTERN)))
+def dataloader_span_rows(trace: RankTrace) -> np.ndarray:
+    """The rows of the host `enumerate(DataLoader)#...__next__` spans (not their gpu_user_annotation
+    mirrors), ascending."""
+    return np.flatnonzero(kind_mask(trace, HOST_OP_KINDS) & name_mask(trace, DATALOADER_PATTERN))
 
 
 def dataloader_share(trace: RankTrace, windows: StepWindows | None = None) -> DataLoaderShare:
     if windows is None:
         windows = step_windows(trace)
     wf = windows.frame
-    spans = np.flatnonzero(kind_mask(trace, HOST_OP_KINDS) & name_mask(trace, DATALOADER_PATTERN))
+    spans = dataloader_span_rows(trace)
     ts = trace.events["ts_ns"].to_numpy()[spans]
     u_s, u_e = union(ts, event_end_ns(trace)[spans])
 
@@ -113,7 +112,7 @@ def dataloader_share(trace: RankTrace, windows: StepWindows | None = None) -> Da
     else:
         mp, workers, source = None, None, "unknown"
     pin_pattern = "^(" + "|".join(re.escape(n) for n in PIN_MEMORY_OPS) + ")$"
-    pin_ops = int(name_mask(trace, pin_pattern).sum()) if views.names_matching(trace, pin_pattern) else 0
+    pin_ops = int(name_mask(trace, pin_pattern).sum())
     return DataLoaderShare(
         steps=steps, steps_source=windows.source, spans=len(spans),
         dataloader_ms=total_dl / NS_PER_MS, step_time_ms=total_steps / NS_PER_MS,

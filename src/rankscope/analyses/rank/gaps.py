@@ -21,8 +21,8 @@ import polars as pl
 
 from rankscope.analyses.rank.breakdown import CATEGORIES, Timeline, classify_timeline
 from rankscope.analyses.intervals import union
-from rankscope.analyses.rank.steps import StepWindows, event_end_ns, name_mask, step_windows
-from rankscope.analyses.rank.views import kind_mask
+from rankscope.analyses.rank.steps import StepWindows, step_windows
+from rankscope.analyses.rank.views import event_end_ns, kind_mask, name_mask, rows_of_kinds
 from rankscope.model import DATALOADER_PATTERN, DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace
 
 #: Shorter idle stretches are launch jitter, not gaps (tb-profiler's GPU-idle view shows >= 0.1 ms).
@@ -53,7 +53,7 @@ class GapSummary(msgspec.Struct):
 def idle_gaps(trace: RankTrace, windows: StepWindows | None = None, timeline: Timeline | None = None,
               gap_min_us: float = GAP_MIN_US, top: int = TOP_GAPS) -> GapSummary:
     empty = GapSummary(gap_min_us, 0, 0.0, {c: 0.0 for c in _IDLE_CATEGORIES})
-    dev_rows = np.flatnonzero(kind_mask(trace, DEVICE_KINDS))
+    dev_rows = rows_of_kinds(trace, DEVICE_KINDS)
     if len(dev_rows) == 0:
         return empty
     windows = windows or step_windows(trace)
@@ -122,7 +122,7 @@ def idle_gaps(trace: RankTrace, windows: StepWindows | None = None, timeline: Ti
 def _launches(trace: RankTrace, correlations: list[int]) -> dict[int, tuple[int, int]]:
     """correlation -> (ts_ns, tid) of the runtime call that launched it."""
     wanted = [c for c in correlations if c is not None and c >= 0]
-    rows = np.flatnonzero(kind_mask(trace, [Kind.RUNTIME, Kind.DRIVER]))
+    rows = rows_of_kinds(trace, [Kind.RUNTIME, Kind.DRIVER])
     rows = rows[np.isin(trace.events["correlation"].to_numpy()[rows], wanted)]
     ev = trace.events
     return {int(c): (int(t), int(tid)) for c, t, tid in zip(ev["correlation"].to_numpy()[rows],

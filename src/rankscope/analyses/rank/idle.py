@@ -4,7 +4,7 @@ Anchor: HTA 0.5 `TraceAnalysis.get_idle_time_breakdown` (hta/trace_analysis.py),
 `BreakdownAnalysis.get_idle_time_breakdown` / `_analyze_idle_time_for_stream` (hta/analyzers/breakdown_analysis.py).
 
 Definition, per (device, stream), over its device events (kernels, memcpy, memset) in the HTA scope
-(`temporal.hta_scope`) ordered by start: the idle interval before each event (all but the first) is
+(`temporal.hta_scope_rows`) ordered by start: the idle interval before each event (all but the first) is
   gap = its start - the end of the previous event on the stream
 and it is
   host_wait    when the event's launch (runtime/driver call with the same correlation id) started after
@@ -28,9 +28,11 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.rank.launch import quantiles
-from rankscope.analyses.rank.temporal import (all_device_rows, event_columns, find_sorted, first_per_id, run_bounds,
-                                             scope_device_rows, scope_launch_calls)
-from rankscope.model import RankTrace
+from rankscope.analyses.intervals import find_sorted
+from rankscope.analyses.rank.temporal import (event_columns, first_per_id, run_bounds, scope_device_rows,
+                                             scope_launch_calls)
+from rankscope.analyses.rank.views import rows_of_kinds
+from rankscope.model import DEVICE_KINDS, RankTrace
 from rankscope.units import NS_PER_US, NS_PER_MS
 
 #: HTA 0.5 default of get_idle_time_breakdown (applied in µs, see module docstring).
@@ -135,7 +137,7 @@ def idle_time_breakdown(trace: RankTrace, consecutive_kernel_delay_us: float = C
                         include_last_step: bool = False) -> IdleTimeBreakdown:
     result = IdleTimeBreakdown(consecutive_kernel_delay_us, include_last_step)
     col = event_columns(trace)
-    dev = all_device_rows(trace)
+    dev = rows_of_kinds(trace, DEVICE_KINDS)
     if len(dev) == 0:
         return result
     g = _gaps(trace, consecutive_kernel_delay_us, include_last_step)

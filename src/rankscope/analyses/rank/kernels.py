@@ -99,8 +99,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import union
-from rankscope.analyses.rank.steps import gpu_args_at
-from rankscope.analyses.rank.views import device_events, kind_mask, names_matching
+from rankscope.analyses.rank.views import device_events, gpu_args_at, names_matching, rows_of_kinds
 from rankscope.model import HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, KernelClass, RankTrace
 from rankscope.units import NS_PER_US, NS_PER_MS
 
@@ -395,7 +394,7 @@ class KernelStats(msgspec.Struct):
 
 
 def kernel_stats(trace: RankTrace, top_n: int = 20) -> KernelStats:
-    rows = np.flatnonzero(kind_mask(trace, [Kind.KERNEL]))
+    rows = rows_of_kinds(trace, [Kind.KERNEL])
     if len(rows) == 0:
         return KernelStats(KernelNames(**{c: [] for c in KernelNames.__struct_fields__}), 0, 0.0, 0.0, 0.0, 0.0, 0.0,
                            None, 0.0, None, None, None, None)

@@ -8,7 +8,7 @@ Anchors (HTA 0.5):
   queue_length         `get_queue_length_time_series` / `get_queue_length_summary` / `get_time_spent_blocked_on_full_queue`
                        (`TraceCounters`, hta/analyzers/trace_counters.py).
   memory_bandwidth     `get_memory_bw_time_series` / `get_memory_bw_summary` (`TraceCounters`, same file).
-All three read the events of the HTA scope (`temporal.hta_scope`: like HTA, the last profiler step and device
+All three read the events of the HTA scope (`temporal.hta_scope_rows`: like HTA, the last profiler step and device
 events without a launch are left out unless `include_last_step`).
 
 Definitions:
@@ -45,10 +45,10 @@ import msgspec
 import numpy as np
 import polars as pl
 
-from rankscope.analyses.intervals import sorted_unique, union
-from rankscope.analyses.rank.temporal import (event_columns, find_sorted, first_per_id, run_bounds,
-                                             scope_device_rows, scope_launch_calls)
-from rankscope.analyses.rank.views import is_kind, memo
+from rankscope.analyses.intervals import find_sorted, sorted_unique, union
+from rankscope.analyses.rank.temporal import (event_columns, first_per_id, run_bounds, scope_device_rows,
+                                             scope_launch_calls)
+from rankscope.analyses.rank.views import gpu_args_at, is_kind, memo
 from rankscope.model import Kind, KernelClass, RankTrace
 from rankscope.units import NS_PER_US, NS_PER_MS
 
@@ -440,20 +440,6 @@ def copy_kind(name: pl.Expr) -> pl.Expr:
             .otherwise(pl.lit("Memcpy Unknown")))
 
 
-def _copy_args(trace: RankTrace, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(bytes, bandwidth GB/s) of these device events from `trace.gpu_args`: -1 bytes and 0 GB/s where
-    unknown."""
-    args = trace.gpu_args.select("row", pl.col("bytes").fill_null(-1),
-                                 pl.col("bandwidth_gbps").fill_nan(0.0).fill_null(0.0)).sort("row")
-    at = find_sorted(args["row"].to_numpy(), rows)
-    known = at >= 0
-    bytes_ = np.full(len(rows), -1, np.int64)
-    bytes_[known] = args["bytes"].to_numpy()[at[known]]
-    bandwidth_gbps = np.zeros(len(rows), np.float64)
-    bandwidth_gbps[known] = args["bandwidth_gbps"].to_numpy()[at[known]]
-    return bytes_, bandwidth_gbps
-
-
 def memory_bandwidth(trace: RankTrace, include_last_step: bool = False) -> MemoryBandwidth:
     result = MemoryBandwidth(include_last_step, _origin(trace))
     col = event_columns(trace)
@@ -462,7 +448,9 @@ def memory_bandwidth(trace: RankTrace, include_last_step: bool = False) -> Memor
               | (col["kclass"][dev] == int(KernelClass.MEM))]
     if len(mem) == 0:
         return result
-    bytes_, bandwidth_gbps = _copy_args(trace, mem)
+    args = gpu_args_at(trace, mem, ["bytes", "bandwidth_gbps"])
+    bytes_, bandwidth_gbps = args["bytes"], args["bandwidth_gbps"]
+    bandwidth_gbps[np.isnan(bandwidth_gbps)] = 0.0                          # unknown: -1 bytes, 0 GB/s
     kind_of = (pl.DataFrame({"name": trace.events["name"].gather(mem).cast(pl.String)})
                .select(copy_kind(pl.col("name")))).to_series().to_numpy()
     kinds = sorted(set(kind_of.tolist()))

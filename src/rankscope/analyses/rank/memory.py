@@ -59,8 +59,8 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import covered_between, sorted_unique, union
-from rankscope.analyses.rank.steps import StepWindows, gpu_args_at, step_windows
-from rankscope.analyses.rank.views import kind_mask
+from rankscope.analyses.rank.steps import StepWindows, step_windows
+from rankscope.analyses.rank.views import gpu_args_at, rows_of_kinds
 from rankscope.model import Kind, RankTrace
 from rankscope.units import NS_PER_MS
 
@@ -404,7 +404,7 @@ def pageable_memcpy(trace: RankTrace, windows: StepWindows | None = None) -> Mem
     w_start, w_end = wf["start_ns"].to_numpy(), wf["end_ns"].to_numpy()
     step_total_ns = int(wf["duration_ns"].sum()) if wf.height else 0
 
-    rows = np.flatnonzero(kind_mask(trace, [Kind.MEMCPY]))
+    rows = rows_of_kinds(trace, [Kind.MEMCPY])
     ts = trace.events["ts_ns"].to_numpy()[rows]
     dur = trace.events["dur_ns"].to_numpy()[rows]
     nbytes = gpu_args_at(trace, rows, ["bytes"])["bytes"]
@@ -430,14 +430,14 @@ def pageable_memcpy(trace: RankTrace, windows: StepWindows | None = None) -> Mem
             mean_bandwidth_gbps=float(b[has].sum()) / bw_ns if bw_ns > 0 else None,
             step_share_pct=100.0 * covered / step_total_ns if step_total_ns > 0 else None)
 
-    rows = []
+    by_kind_rows = []
     for kind in dict.fromkeys(kinds):                      # in order of first appearance
         c = summarise((direction == kind[0]) & (host_memory == kind[1]))
-        rows.append({"direction": kind[0], "host_memory": kind[1], "count": c.count, "total_ms": c.total_ms,
+        by_kind_rows.append({"direction": kind[0], "host_memory": kind[1], "count": c.count, "total_ms": c.total_ms,
                      "bytes": c.bytes, "bytes_missing": c.bytes_missing,
                      "mean_bandwidth_gbps": c.mean_bandwidth_gbps, "step_share_pct": c.step_share_pct})
-    by_kind = (pl.DataFrame(rows, schema=_BY_KIND_SCHEMA).sort("total_ms", descending=True)
-               if rows else pl.DataFrame(schema=_BY_KIND_SCHEMA))
+    by_kind = (pl.DataFrame(by_kind_rows, schema=_BY_KIND_SCHEMA).sort("total_ms", descending=True)
+               if by_kind_rows else pl.DataFrame(schema=_BY_KIND_SCHEMA))
 
     host_dev = np.isin(direction, list(HOST_DEVICE))
     pageable_sel = host_dev & (host_memory == "pageable")

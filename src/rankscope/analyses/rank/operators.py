@@ -64,12 +64,11 @@ try:
     from rankscope.analyses import _nesting
 except ImportError:                     # built without a C compiler: the numpy method
     _nesting = None
-from rankscope.analyses.rank.views import column, device_events, host_ops, names_matching, of_kinds, rows_of_kinds
+from rankscope.analyses.rank.views import column, device_events, first_launch_rows, host_ops, names_matching, of_kinds
 from rankscope.model import HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace
 from rankscope.units import NS_PER_MS
 
 _HOST = [int(k) for k in HOST_OP_KINDS]
-_LAUNCH = [int(Kind.RUNTIME), int(Kind.DRIVER)]
 GROUPINGS = ("name", "shapes", "stack")
 
 #: Top-level modules/packages whose frames are library code for `stack_frame="user"` (besides
@@ -226,14 +225,10 @@ def _op_times(trace: RankTrace) -> _OpTimes:
 
     # device events of a launch (runtime/driver call; the first one with that correlation id)
     ev = trace.events
-    launch = rows_of_kinds(trace, _LAUNCH)
-    launch_corr = ev["correlation"].to_numpy()[launch]
-    by_corr = np.argsort(launch_corr, kind="stable")
-    corr_sorted = launch_corr[by_corr]
-    dev_corr, dev_dur = column(trace, device_events, "correlation"), column(trace, device_events, "dur_ns")
-    at = np.minimum(np.searchsorted(corr_sorted, dev_corr), max(len(corr_sorted) - 1, 0))
-    linked = (dev_corr >= 0) & (corr_sorted[at] == dev_corr) if len(corr_sorted) else np.zeros(len(dev_corr), bool)
-    first_launch = launch[by_corr[at[linked]]]
+    dev_dur = column(trace, device_events, "dur_ns")
+    first_launch = first_launch_rows(trace, column(trace, device_events, "correlation"))
+    linked = first_launch >= 0
+    first_launch = first_launch[linked]
     launch_g = threads.ids(ev["pid"].to_numpy()[first_launch], ev["tid"].to_numpy()[first_launch])
     # zero-duration ops hang under the op around them; device events under the op around their launch
     inner = forest.innermost(np.concatenate([g[n_pos:], launch_g]),

@@ -5,7 +5,7 @@ Anchor: HTA 0.5 `TraceAnalysis.get_comm_comp_overlap` (hta/trace_analysis.py), i
 
 Definition: overlap = |∪COMM ∩ ∪COMP| / |∪COMM|, the share of the time communication kernels run
 during which computation kernels run too, with the kernel classes of docs/concepts.md. Rank level: over the
-device events of the HTA scope (`temporal.hta_scope`: like HTA, the last profiler step and device
+device events of the HTA scope (`temporal.hta_scope_rows`: like HTA, the last profiler step and device
 events without a launch are left out unless `include_last_step`). Per step: the same ratio inside
 each step window (`steps.step_windows`, docs/concepts.md "Step"), from all device events of the trace,
 since a window already says which time counts.
@@ -22,8 +22,9 @@ import numpy as np
 
 from rankscope.analyses.intervals import covered_between, union
 from rankscope.analyses.rank.steps import StepWindows, step_windows
-from rankscope.analyses.rank.temporal import all_device_rows, class_intervals, scope_device_rows
-from rankscope.model import KernelClass, RankTrace
+from rankscope.analyses.rank.temporal import class_intervals, scope_device_rows
+from rankscope.analyses.rank.views import rows_of_kinds
+from rankscope.model import DEVICE_KINDS, KernelClass, RankTrace
 from rankscope.units import NS_PER_MS
 
 
@@ -70,7 +71,7 @@ def comm_comp_overlap(trace: RankTrace, windows: StepWindows | None = None,
     result = CommCompOverlap(overlap_pct=100.0 * o / c if c > 0 else None, comm_ms=c / NS_PER_MS,
                              overlapped_ms=o / NS_PER_MS, compute_ms=p / NS_PER_MS,
                              include_last_step=include_last_step)
-    device_rows = all_device_rows(trace)
+    device_rows = rows_of_kinds(trace, DEVICE_KINDS)
     if len(device_rows) == 0:
         return result
     windows = windows if windows is not None else step_windows(trace)

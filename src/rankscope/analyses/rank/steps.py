@@ -3,60 +3,20 @@
 A step is a `ProfilerStep#N` span on the CPU. Its window ends at max(CPU end, end of the last
 device activity launched inside it), clipped at the next step's start. A trace without steps
 is one step spanning the whole trace (`source == "whole_trace"`), and callers say so.
-
-Also the per-event numpy views that this module and the breakdown, gaps, dataloader, memory and
-kernel analyses start from (`event_end_ns`, `name_mask`, `gpu_args_at`,
-`device_union`): arrays aligned with `trace.events` (the costly ones made once per trace).
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterable
 
 import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import covered_between, union
-from rankscope.analyses.rank.views import kind_mask, memo, names_matching
+from rankscope.analyses.rank.views import event_end_ns, kind_mask, memo, name_mask, rows_of_kinds
 from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace
 
 _LAUNCH = (Kind.RUNTIME, Kind.DRIVER)
-
-
-# ----------------------------------------------------------------------------------------------
-# Per-event arrays, aligned with trace.events
-def event_end_ns(trace: RankTrace) -> np.ndarray:
-    """ts_ns + dur_ns of every event."""
-    return memo(trace, ("steps", "event_end_ns"),
-                lambda: trace.events["ts_ns"].to_numpy() + trace.events["dur_ns"].to_numpy())
-
-
-def name_mask(trace: RankTrace, pattern: str) -> np.ndarray:
-    """Whether each event's name matches `pattern` (regex search)."""
-    return memo(trace, ("steps", "name_mask", pattern),
-                lambda: trace.events["name"].is_in(names_matching(trace, pattern)).fill_null(False).to_numpy())
-
-
-def gpu_args_at(trace: RankTrace, rows: np.ndarray, columns: Iterable[str]) -> dict[str, np.ndarray]:
-    """These columns of `trace.gpu_args` (launch details, keyed by `row`) for the events at `rows`
-    of trace.events: int64 with -1, or float64 with NaN, where the trace has no value."""
-    args = trace.gpu_args
-    float_columns = {c for c, t in args.schema.items() if t.is_float()}
-    out = {c: np.full(len(rows), np.nan) if c in float_columns else np.full(len(rows), -1, dtype=np.int64)
-           for c in columns}
-    present = [c for c in out if c in args.columns]
-    if not len(rows) or args.is_empty() or "row" not in args.columns or not present:
-        return out
-    args = args.select("row", *[pl.col(c).cast(pl.Float64).fill_null(np.nan) if c in float_columns
-                                else pl.col(c).cast(pl.Int64).fill_null(-1) for c in present])
-    arg_row = args["row"].to_numpy()
-    order = np.argsort(arg_row, kind="stable")
-    at = np.minimum(np.searchsorted(arg_row[order], rows), len(order) - 1)
-    found = arg_row[order][at] == rows
-    for c in present:
-        out[c][found] = args[c].to_numpy()[order][at[found]]
-    return out
 
 
 def device_union(trace: RankTrace) -> tuple[np.ndarray, np.ndarray]:
@@ -120,8 +80,10 @@ def _last_launched_device_end(trace: RankTrace, starts: np.ndarray, cpu_ends: np
     out = np.full(len(starts), np.iinfo(np.int64).min, dtype=np.int64)
     correlation = trace.events["correlation"].to_numpy()
     linked = correlation >= 0
-    launch = np.flatnonzero(kind_mask(trace, _LAUNCH) & linked)
-    device = np.flatnonzero(kind_mask(trace, DEVICE_KINDS) & linked)
+    launch = rows_of_kinds(trace, _LAUNCH)
+    launch = launch[linked[launch]]
+    device = rows_of_kinds(trace, DEVICE_KINDS)
+    device = device[linked[device]]
     if len(launch) == 0 or len(device) == 0:
         return out
     # every (launch, device event) pair of one correlation id: the launches sorted by id, each device

@@ -3,7 +3,7 @@
 Anchor: HTA 0.5 `TraceAnalysis.get_temporal_breakdown` (hta/trace_analysis.py), implemented in
 `BreakdownAnalysis.get_temporal_breakdown` / `_get_idle_time_for_kernels` (hta/analyzers/breakdown_analysis.py).
 
-Definition (per rank), over the device events in the HTA scope (`hta_scope`, below):
+Definition (per rank), over the device events in the HTA scope (`hta_scope_rows`, below):
   span         = end of the last device event - start of the first one ("kernel time" in HTA)
   idle         = span - |union of all device events|         (no kernel, memcpy or memset running)
   compute      = |union of COMP kernels|                      (docs/concepts.md kernel classes)
@@ -20,7 +20,7 @@ Where we differ from HTA on purpose (docs/hta-parity.md has the numbers):
   * Times are exact integer nanoseconds. By default HTA rounds fractional-microsecond timestamps
     (start up, end down; HTA_DISABLE_NS_ROUNDING=1 turns it off), which shortens every event.
 
-HTA scope (`hta_scope`), as HTA 0.5 `Trace._filter_irrelevant_gpu_kernels` (hta/common/trace.py) applies it to
+HTA scope (`hta_scope_rows`), as HTA 0.5 `Trace._filter_irrelevant_gpu_kernels` (hta/common/trace.py) applies it to
 every analysis when a trace has at least two distinct `ProfilerStep*` names: host events are kept when they
 start before the start of the last profiler step (the profiler usually cuts that step short;
 `include_last_step=True`: when they start at or before its end), and device events only when their launch
@@ -33,7 +33,7 @@ import msgspec
 import numpy as np
 import polars as pl
 
-from rankscope.analyses.intervals import sorted_unique, union
+from rankscope.analyses.intervals import find_sorted, sorted_unique, union
 from rankscope.analyses.rank.views import distinct_names, is_kind, memo
 from rankscope.model import DEVICE_KINDS, Kind, KernelClass, RankTrace
 from rankscope.units import NS_PER_MS
@@ -47,14 +47,6 @@ _COLUMNS = ("kind", "ts_ns", "dur_ns", "device", "stream", "correlation", "kclas
 
 # ------------------------------------------------------------------------------------------------
 # array helpers
-def find_sorted(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """The index of each value in `keys` (sorted, distinct), -1 where it is not there."""
-    at = np.searchsorted(keys, values)
-    found = at < len(keys)
-    found[found] = keys[at[found]] == values[found]
-    return np.where(found, at, -1)
-
-
 def first_per_id(ids: np.ndarray) -> np.ndarray:
     """Whether each entry of these sorted ids is the first of its id."""
     return np.r_[True, ids[1:] != ids[:-1]] if len(ids) else np.zeros(0, bool)
@@ -80,14 +72,9 @@ def event_columns(trace: RankTrace) -> dict[str, np.ndarray]:
                 lambda: {c: trace.events[c].to_numpy() for c in _COLUMNS})
 
 
-def all_device_rows(trace: RankTrace) -> np.ndarray:
-    """The rows of every device event of the trace (kernels, memcpy, memset), ascending."""
-    return memo(trace, ("temporal", "device_rows"),
-                lambda: np.flatnonzero(is_kind(event_columns(trace)["kind"], DEVICE_KINDS)))
-
-
 def hta_scope_rows(trace: RankTrace, include_last_step: bool = False) -> np.ndarray:
-    """The rows of `trace.events` in the HTA scope (`hta_scope`), ascending."""
+    """The rows of `trace.events` in the HTA scope (module docstring), ascending. HTA's device side is
+    "has a stream and a correlation id" (plus Event/Context Sync); everything else is host side."""
     return memo(trace, ("temporal", "scope_rows", include_last_step),
                 lambda: _hta_scope_rows(trace, include_last_step))
 
@@ -136,18 +123,6 @@ def scope_launch_calls(trace: RankTrace, include_last_step: bool = False) -> np.
         rows = rows[is_kind(col["kind"][rows], (Kind.RUNTIME, Kind.DRIVER)) & (col["correlation"][rows] >= 0)]
         return rows[np.argsort(col["correlation"][rows], kind="stable")]
     return memo(trace, ("temporal", "scope_launch_calls", include_last_step), make)
-
-
-def hta_scope(trace: RankTrace, include_last_step: bool = False) -> pl.DataFrame:
-    """The events HTA 0.5 analyses for this rank (see module docstring), with their `row` in `trace.events`.
-
-    HTA's device side is "has a stream and a correlation id" (plus Event/Context Sync); everything else is
-    host side. Order of rows is kept. The analyses here read `hta_scope_rows` instead."""
-    def make() -> pl.DataFrame:
-        ev = trace.events.with_row_index("row")
-        rows = hta_scope_rows(trace, include_last_step)
-        return ev if len(rows) == ev.height else ev[rows]
-    return memo(trace, ("temporal", "scope", include_last_step), make)
 
 
 def class_intervals(trace: RankTrace, device_rows: np.ndarray,

@@ -1,8 +1,10 @@
 """The parts of one rank's events that several analyses start from, each made once per trace.
 
 A rank's analyses ask the same first questions (which events are kernels, which are host ops,
-which names are ProfilerStep marks); answered once here and kept in `RankTrace.derived` (never
-persisted), the summary of a rank no longer filters its event frame dozens of times.
+which names are ProfilerStep marks, where each event ends, which call launched a kernel, what its
+launch arguments were); answered once here and kept in `RankTrace.derived` (never persisted), the
+summary of a rank no longer filters its event frame dozens of times. Frames of events, or numpy
+arrays aligned with `trace.events` (masks) or indexing it (row numbers).
 """
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ import numpy as np
 import polars as pl
 
 from rankscope import model
-from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, RankTrace
+from rankscope.analyses.intervals import find_sorted
+from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, Kind, RankTrace
 
 T = TypeVar("T")
 
@@ -79,3 +82,48 @@ def rows_of_kinds(trace: RankTrace, kinds: Iterable[int]) -> np.ndarray:
     key of the side frames' `row`). Cheaper than `of_kinds` where a few columns are read."""
     wanted = _kind_key(kinds)
     return memo(trace, ("rows_of_kinds", wanted), lambda: np.flatnonzero(kind_mask(trace, wanted)))
+
+
+def event_end_ns(trace: RankTrace) -> np.ndarray:
+    """ts_ns + dur_ns of every event."""
+    return memo(trace, ("event_end_ns",), lambda: trace.events["ts_ns"].to_numpy() + trace.events["dur_ns"].to_numpy())
+
+
+def name_mask(trace: RankTrace, pattern: str) -> np.ndarray:
+    """Whether each event's name matches `pattern` (regex search)."""
+    return memo(trace, ("name_mask", pattern),
+                lambda: trace.events["name"].is_in(names_matching(trace, pattern)).fill_null(False).to_numpy())
+
+
+def first_launch_rows(trace: RankTrace, correlation: np.ndarray) -> np.ndarray:
+    """For each correlation id, the row of the first (frame order) runtime / driver call with it: the
+    call that launched the device event with that id; -1 where none (or the id is negative)."""
+    def make() -> tuple[np.ndarray, np.ndarray]:
+        rows = rows_of_kinds(trace, (Kind.RUNTIME, Kind.DRIVER))
+        corr = trace.events["correlation"].to_numpy()[rows]
+        rows, corr = rows[corr >= 0], corr[corr >= 0]
+        order = np.argsort(corr, kind="stable")
+        return corr[order], rows[order]
+    ids, rows = memo(trace, ("first_launch_rows",), make)
+    at = find_sorted(ids, np.asarray(correlation, dtype=np.int64))
+    return np.where(at >= 0, rows[np.maximum(at, 0)] if len(rows) else -1, -1)
+
+
+def gpu_args_at(trace: RankTrace, rows: np.ndarray, columns: Iterable[str]) -> dict[str, np.ndarray]:
+    """These columns of `trace.gpu_args` (launch details, keyed by `row`) for the events at `rows`
+    of trace.events: int64 with -1, or float64 with NaN, where the trace has no value."""
+    args = trace.gpu_args
+    float_columns = {c for c, t in args.schema.items() if t.is_float()}
+    out = {c: np.full(len(rows), np.nan) if c in float_columns else np.full(len(rows), -1, dtype=np.int64)
+           for c in columns}
+    present = [c for c in out if c in args.columns]
+    if not len(rows) or args.is_empty() or "row" not in args.columns or not present:
+        return out
+    args = args.select("row", *[pl.col(c).cast(pl.Float64).fill_null(np.nan) if c in float_columns
+                                else pl.col(c).cast(pl.Int64).fill_null(-1) for c in present])
+    order = np.argsort(args["row"].to_numpy(), kind="stable")
+    at = find_sorted(args["row"].to_numpy()[order], rows)
+    found = at >= 0
+    for c in present:
+        out[c][found] = args[c].to_numpy()[order[at[found]]]
+    return out
