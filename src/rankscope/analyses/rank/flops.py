@@ -15,7 +15,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.rank.steps import step_windows
-from rankscope.analyses.rank.views import column, device_events, names_matching, of_kinds
+from rankscope.analyses.rank.views import column, device_events, kind_mask, name_mask
 from rankscope.model import Kind, RankTrace
 from rankscope.units import NS_PER_MS
 
@@ -65,8 +65,7 @@ def rank_flops(trace: RankTrace) -> RankFlops:
         if not gemm.any():
             return out
         out.source, counted = "gemm_shapes", gemm
-        out.uncounted_ops = int(of_kinds(trace, [Kind.CPU_OP])["name"]
-                                .is_in(names_matching(trace, UNCOUNTED_PATTERN)).sum())
+        out.uncounted_ops = int((kind_mask(trace, [Kind.CPU_OP]) & name_mask(trace, UNCOUNTED_PATTERN)).sum())
     ts = trace.events["ts_ns"].to_numpy()[rows[counted]]
     starts, ends = wf["start_ns"].to_numpy(), wf["end_ns"].to_numpy()
     k = np.searchsorted(starts, ts, side="right") - 1

@@ -64,11 +64,11 @@ try:
     from rankscope.analyses import _nesting
 except ImportError:                     # built without a C compiler: the numpy method
     _nesting = None
-from rankscope.analyses.rank.views import column, device_events, first_launch_rows, host_ops, names_matching, of_kinds
+from rankscope.analyses.rank.views import (column, device_events, first_launch_rows, host_ops, names_matching, of_kinds,
+                                          rows_of_kinds)
 from rankscope.model import HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace
 from rankscope.units import NS_PER_MS
 
-_HOST = [int(k) for k in HOST_OP_KINDS]
 GROUPINGS = ("name", "shapes", "stack")
 
 #: Top-level modules/packages whose frames are library code for `stack_frame="user"` (besides
@@ -315,7 +315,7 @@ def _group_ids(key: np.ndarray, keep: np.ndarray) -> np.ndarray:
 
 def _op_args(trace: RankTrace, order: np.ndarray, value: str) -> pl.Series:
     """One `op_args` value of each host op in `order` (positions in `host_ops(trace)`), null where none."""
-    rows = np.flatnonzero(np.isin(trace.events["kind"].to_numpy(), _HOST))[order]
+    rows = rows_of_kinds(trace, HOST_OP_KINDS)[order]
     return (pl.DataFrame({"row": rows}, schema={"row": pl.Int64})
             .join(trace.op_args.select("row", value), on="row", how="left", maintain_order="left")
             .to_series(1))
