@@ -14,7 +14,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Sequence
 
-
 from rankscope.analyses.rank.breakdown import CATEGORIES
 from rankscope.analyses.rank.collectives import RankCollectives
 from rankscope.analyses.rank.groups import LOCALITY_ORDER
