@@ -142,19 +142,42 @@ _matched: dict[tuple[str, int], dict[str, bool]] = {}
 _MATCHED_MAX = 100_000
 
 
-_distinct_names: dict[int, list[str]] = {}
+@dataclass(frozen=True)
+class NameCodes:
+    """The names of a frame's rows as codes: each name's position in polars' (process-wide) table
+    of Categorical strings. Lookups and per-name sums on codes hash no string per row."""
+    code: np.ndarray                 # per row, intp; 0 where the name is null
+    named: np.ndarray | None         # per row, whether it has a name; None when every row has
+    present: np.ndarray              # the distinct codes of the frame's names ("" included)
+    names: list[str]                 # their names
+
+
+_name_codes: dict[int, NameCodes] = {}
+
+
+def name_codes(frame: pl.DataFrame) -> NameCodes:
+    """`NameCodes` of `frame`, found once per frame while it lives (the analyses of a rank ask a
+    dozen patterns of the same event frame; frames are never changed in place)."""
+    key = id(frame)
+    found = _name_codes.get(key)
+    if found is None:
+        column = frame["name"]
+        if column.dtype != pl.Categorical:
+            column = column.cast(pl.String).cast(pl.Categorical)
+        physical = column.to_physical()
+        code = physical.fill_null(0).to_numpy().astype(np.intp)
+        named = physical.is_not_null().to_numpy() if physical.null_count() else None
+        counts = np.bincount(code if named is None else code[named])
+        present = np.flatnonzero(counts)
+        found = NameCodes(code, named, present, column.dtype.categories.to_series().gather(present).to_list())
+        _name_codes[key] = found
+        weakref.finalize(frame, _name_codes.pop, key, None)
+    return found
 
 
 def distinct_names(frame: pl.DataFrame) -> list[str]:
-    """The non-empty distinct names of `frame`, found once per frame while it lives (the analyses
-    of a rank ask a dozen patterns of the same event frame; frames are never changed in place)."""
-    key = id(frame)
-    names = _distinct_names.get(key)
-    if names is None:
-        names = [n for n in frame["name"].unique().cast(pl.String).to_list() if n]
-        _distinct_names[key] = names
-        weakref.finalize(frame, _distinct_names.pop, key, None)
-    return names
+    """The non-empty distinct names of `frame`."""
+    return [n for n in name_codes(frame).names if n]
 
 
 #: Step annotation, DataLoader span and synchronization names (used by analyses).

@@ -15,7 +15,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.rank.steps import step_windows
-from rankscope.analyses.rank.views import column, device_events, kind_mask, name_mask
+from rankscope.analyses.rank.views import column, device_events, kind_mask, name_mask, named_mask
 from rankscope.model import Kind, RankTrace
 from rankscope.units import NS_PER_MS
 
@@ -50,7 +50,7 @@ def rank_flops(trace: RankTrace) -> RankFlops:
     rows = args["row"].to_numpy()
     cpu_op = trace.events["kind"].to_numpy()[rows] == int(Kind.CPU_OP)     # args of CPU ops only
     names = trace.events["name"].gather(rows)
-    gemm = cpu_op & names.is_in(list(GEMM_INPUTS)).fill_null(False).to_numpy()
+    gemm = cpu_op & named_mask(trace, GEMM_INPUTS)[rows]
     flops = args["flops"].to_numpy()                                       # null: NaN
     counted = cpu_op & (flops > 0)
     if counted.any():

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import msgspec
 import numpy as np
-import polars as pl
 
 from rankscope.analyses.intervals import union
-from rankscope.analyses.rank.views import column, host_ops, names_matching
-from rankscope.model import RankTrace
+from rankscope.analyses.rank.views import column, host_ops, name_mask, named_mask, names_matching, rows_of_kinds
+from rankscope.model import HOST_OP_KINDS, RankTrace
 
 BACKWARD_PATTERN = r"^autograd::engine::evaluate_function"
 C10D_GRAD_COLLECTIVE_PATTERN = r"^c10d::(allreduce_|reduce_scatter|_reduce_scatter_base)"
@@ -40,17 +39,15 @@ def gradient_sync_schedule(trace: RankTrace) -> GradSyncSchedule | None:
     backward_names = names_matching(trace, BACKWARD_PATTERN)
     if not backward_names:
         return None
-    ops = host_ops(trace)
+    ops = rows_of_kinds(trace, HOST_OP_KINDS)          # the rows of host_ops(trace)
     patterns = {"c10d": C10D_GRAD_COLLECTIVE_PATTERN, "nccl_annotation": NCCL_GRAD_COLLECTIVE_PATTERN}
-    masks = ops.select(pl.col("name").is_in(backward_names).fill_null(False).alias("backward"),
-                       *(pl.col("name").is_in(names_matching(trace, pattern)).fill_null(False).alias(label)
-                         for label, pattern in patterns.items()))
-    backward = masks["backward"].to_numpy()
+    masks = {label: name_mask(trace, pattern)[ops] for label, pattern in patterns.items()}
+    backward = named_mask(trace, backward_names)[ops]
     source = next((label for label in patterns if masks[label].any()), None)
     if not backward.any() or source is None:
         return None
     ts = column(trace, host_ops, "ts_ns")
-    starts = ts[masks[source].to_numpy()]
+    starts = ts[masks[source]]
     lo, hi = union(ts[backward], ts[backward] + column(trace, host_ops, "dur_ns")[backward])
     i = np.searchsorted(lo, starts, side="right") - 1
     during = int(((i >= 0) & (starts <= hi[np.maximum(i, 0)])).sum())

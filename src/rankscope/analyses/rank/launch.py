@@ -48,7 +48,7 @@ import polars as pl
 from rankscope.analyses.intervals import find_sorted, sorted_unique, union
 from rankscope.analyses.rank.temporal import (event_columns, first_per_id, run_bounds, scope_device_rows,
                                              scope_launch_calls)
-from rankscope.analyses.rank.views import gpu_args_at, is_kind, memo
+from rankscope.analyses.rank.views import gpu_args_at, is_kind, memo, named_mask
 from rankscope.model import Kind, KernelClass, RankTrace
 from rankscope.units import NS_PER_US, NS_PER_MS
 
@@ -192,7 +192,7 @@ def _linked_launches(trace: RankTrace, include_last_step: bool, names: tuple[str
 def _link_launches(trace: RankTrace, include_last_step: bool, names: tuple[str, ...]) -> _Launches:
     col = event_columns(trace)
     corr = col["correlation"]
-    named = trace.events.select(pl.col("name").is_in(list(names)).fill_null(False)).to_series().to_numpy()
+    named = named_mask(trace, names)
     calls = scope_launch_calls(trace, include_last_step)
     calls = calls[named[calls]]
     calls = calls[first_per_id(corr[calls])]             # the first call (row order) of each correlation id

@@ -28,7 +28,7 @@ from rankscope.analyses.rank.overlap import CommCompOverlap, comm_comp_overlap
 from rankscope.analyses.rank.temporal import TemporalBreakdown, temporal_breakdown
 from rankscope.analyses.rank import views
 from rankscope.analyses.rank.steps import device_busy_ns, step_windows
-from rankscope.model import PROFILER_STEP_PATTERN, Kind, KernelClass, RankMeta, RankTrace
+from rankscope.model import PROFILER_STEP_PATTERN, Kind, KernelClass, RankMeta, RankTrace, name_codes
 from rankscope.units import NS_PER_MS
 
 #: Memory samples kept per device in the summary (peaks kept exactly): enough for a chart.
@@ -171,21 +171,23 @@ def summarize_rank(trace: RankTrace) -> RankSummary:
 
 def _kernel_launches(trace: RankTrace) -> int:
     """Host kernel-launch calls (runtime / driver events named in launch.LAUNCH_NAMES)."""
-    names = [n for n in views.distinct_names(trace) if n in LAUNCH_NAMES]
-    if not names:
-        return 0
-    named = trace.events["name"].is_in(names).fill_null(False).to_numpy()
-    return int(named[views.rows_of_kinds(trace, (Kind.RUNTIME, Kind.DRIVER))].sum())
+    return int(views.named_mask(trace, LAUNCH_NAMES)[views.rows_of_kinds(trace, (Kind.RUNTIME, Kind.DRIVER))].sum())
 
 
 def name_totals(events: pl.DataFrame) -> NameTotals:
-    """Per event name (every name; unnamed events left out): calls, summed and summed squared duration."""
-    t = (events.group_by("name")                       # by category code; the few names cast after
-         .agg(pl.len().cast(pl.Int64).alias("count"), pl.col("dur_ns").sum().cast(pl.Int64).alias("total_ns"),
-              (pl.col("dur_ns").cast(pl.Float64) ** 2).sum().alias("sumsq_ns2"))
-         .with_columns(pl.col("name").cast(pl.String))
-         .drop_nulls("name").sort("name"))
-    return NameTotals(**t.to_dict(as_series=False))
+    """Per event name (every name; unnamed events left out): calls, summed and summed squared duration.
+    Sums per name code (exact: a name's summed ns stays below 2**53)."""
+    codes = name_codes(events)
+    dur = events["dur_ns"].to_numpy()
+    code = codes.code if codes.named is None else codes.code[codes.named]
+    dur = dur if codes.named is None else dur[codes.named]
+    n = int(codes.present.max(initial=-1)) + 1
+    count, total = np.bincount(code, minlength=n), np.bincount(code, weights=dur, minlength=n)
+    sumsq = np.bincount(code, weights=dur.astype(np.float64) ** 2, minlength=n)
+    order = sorted(range(len(codes.names)), key=codes.names.__getitem__)
+    at = codes.present[order]
+    return NameTotals(name=[codes.names[i] for i in order], count=count[at].tolist(),
+                      total_ns=total[at].astype(np.int64).tolist(), sumsq_ns2=sumsq[at].tolist())
 
 
 def _op_name_totals(trace: RankTrace) -> NameTotals:

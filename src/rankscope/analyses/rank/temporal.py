@@ -31,11 +31,10 @@ from __future__ import annotations
 
 import msgspec
 import numpy as np
-import polars as pl
 
 from rankscope.analyses.intervals import find_sorted, sorted_unique, union
-from rankscope.analyses.rank.views import distinct_names, is_kind, memo
-from rankscope.model import DEVICE_KINDS, Kind, KernelClass, RankTrace
+from rankscope.analyses.rank.views import distinct_names, is_kind, memo, named_mask
+from rankscope.model import DEVICE_KINDS, Kind, KernelClass, RankTrace, name_codes
 from rankscope.units import NS_PER_MS
 
 #: HTA treats these cuda_sync events as device-side even without a correlation id (trace_filter.py).
@@ -85,16 +84,15 @@ def _hta_scope_rows(trace: RankTrace, include_last_step: bool) -> np.ndarray:
     step_names = [n for n in distinct_names(trace) if _STEP_MARK in n]
     if len(step_names) < 2:
         return every_row
-    named = trace.events.select(
-        pl.col("name").is_null().alias("unnamed"),
-        pl.col("name").is_in(list(_HTA_DEVICE_SYNC_NAMES)).fill_null(False).alias("sync"),
-        pl.col("name").is_in(step_names).fill_null(False).alias("mark"))
     ts, corr = col["ts_ns"], col["correlation"]
-    device_side = ((col["stream"] >= 0) & (corr >= 0)) | named["sync"].to_numpy()
+    device_side = ((col["stream"] >= 0) & (corr >= 0)) | named_mask(trace, _HTA_DEVICE_SYNC_NAMES)
     # an unnamed event that is not device side by its stream and correlation is on neither side (as polars'
     # null-aware filters left it)
-    host = ~device_side & ~named["unnamed"].to_numpy()
-    marks = host & named["mark"].to_numpy()
+    host = ~device_side
+    named = name_codes(trace.events).named
+    if named is not None:
+        host &= named
+    marks = host & named_mask(trace, step_names)
     if not marks.any():
         return every_row
     if include_last_step:

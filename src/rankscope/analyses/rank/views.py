@@ -91,8 +91,20 @@ def event_end_ns(trace: RankTrace) -> np.ndarray:
 
 def name_mask(trace: RankTrace, pattern: str) -> np.ndarray:
     """Whether each event's name matches `pattern` (regex search)."""
-    return memo(trace, ("name_mask", pattern),
-                lambda: trace.events["name"].is_in(names_matching(trace, pattern)).fill_null(False).to_numpy())
+    return named_mask(trace, names_matching(trace, pattern))
+
+
+def named_mask(trace: RankTrace, names: Iterable[str]) -> np.ndarray:
+    """Whether each event's name is one of `names`: a table of their name codes, read at each
+    event's code."""
+    wanted = frozenset(names)
+
+    def make() -> np.ndarray:
+        codes = model.name_codes(trace.events)
+        table = np.zeros(int(codes.present.max(initial=0)) + 1, bool)
+        table[[c for c, n in zip(codes.present.tolist(), codes.names) if n in wanted]] = True
+        return table[codes.code] if codes.named is None else table[codes.code] & codes.named
+    return memo(trace, ("named_mask", wanted), make)
 
 
 def first_launch_rows(trace: RankTrace, correlation: np.ndarray) -> np.ndarray:
