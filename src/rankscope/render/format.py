@@ -11,14 +11,14 @@ import html
 import math
 import os
 import re
-
-from rich.console import Console
-from rich.markup import escape
-from rich.measure import Measurement
-from rich.table import Column, Table
+from typing import TYPE_CHECKING
 
 from rankscope.model import InputProblem
 from rankscope.numbers import ranges, rounded  # noqa: F401  (ranges: the renderers take it from here)
+
+if TYPE_CHECKING:         # rich is imported where a terminal table is drawn (JSON output never needs it)
+    from rich.console import Console
+    from rich.table import Column, Table
 
 __all__ = ["distinct_shortened", "escaped", "literal", "natural_width", "number", "p_value_text", "percent",
            "print_table", "printable", "problem_list", "ranges", "rounded", "shortened", "value_text"]
@@ -58,6 +58,7 @@ def printable(text: object) -> str:
 def literal(text: object) -> str:
     """Text read from an input (a name, a warning) as rich markup that prints it as it is: printable, its
     brackets escaped."""
+    from rich.markup import escape
     return escape(printable(text))
 
 
@@ -177,6 +178,7 @@ def print_table(console: Console, table: Table, keep: int = 1) -> None:
 
 def natural_width(console: Console, table: Table) -> int:
     """The width `table` takes on `console` when nothing has to wrap."""
+    from rich.measure import Measurement
     return Measurement.get(console, console.options.update_width(_UNBOUNDED), table).maximum
 
 

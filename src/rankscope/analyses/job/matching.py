@@ -128,19 +128,15 @@ def matched_rows(members: pl.DataFrame) -> np.ndarray:
     return np.bincount(key)[key] >= 2
 
 
-def since_step_windows(ranks: Sequence[RankCollectives], rows: pl.DataFrame) -> pl.DataFrame:
-    """The `since_step_ns` window of the instances in `rows` (rank, idx): rank, idx and one
-    `since_<category>` column (ns) per breakdown category."""
+def since_step_rows(ranks: Sequence[RankCollectives], rank: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """The `since_step_ns` window (ns per breakdown category, one column each) of the instances
+    (rank, idx), one row each."""
     by_rank = {rc.rank: rc for rc in ranks}
-    rows = rows.select("rank", "idx").unique().sort("rank", "idx")
-    rank, idx = rows["rank"].to_numpy(), rows["idx"].to_numpy()
-    since = np.zeros((len(rows), len(CATEGORIES)), dtype=np.int64)
-    bounds = np.flatnonzero(np.diff(rank)) + 1
-    for lo, hi in zip(np.concatenate(([0], bounds)), np.concatenate((bounds, [len(rank)]))):
-        rc = by_rank[int(rank[lo])]
-        since[lo:hi] = rc.since_step_matrix()[idx[lo:hi]]
-    return pl.DataFrame({"rank": rank, "idx": idx, **{f"since_{c}": since[:, i] for i, c in enumerate(CATEGORIES)}},
-                        schema_overrides={"rank": pl.Int64, "idx": pl.Int64})
+    since = np.zeros((len(rank), len(CATEGORIES)), dtype=np.int64)
+    for r in np.unique(rank).tolist():
+        of_rank = rank == r
+        since[of_rank] = by_rank[r].since_step_matrix()[idx[of_rank]]
+    return since
 
 
 @dataclass

@@ -90,7 +90,7 @@ import polars as pl
 
 from rankscope.analyses.rank.breakdown import CATEGORIES
 from rankscope.analyses.job.clock import ClockAlignment, estimate_clock_offsets
-from rankscope.analyses.job.matching import CollectiveTable, match_collectives, member_frame, since_step_windows
+from rankscope.analyses.job.matching import CollectiveTable, match_collectives, member_frame, since_step_rows
 from rankscope.analyses.job.critical_path import CriticalPath, critical_path
 from rankscope.analyses.job.parallel import ParallelReport, parallel_report
 from rankscope.analyses.job.pipeline import Pipeline
@@ -497,29 +497,37 @@ def _what_if(rc: RankCollectives, ranks: Sequence[RankCollectives], coll: pl.Dat
     mine_last = coll.filter(pl.col("cid").is_in(last_cids.implode()) & (pl.col("step") >= 0)).sort("start_max_ns")
     blocking_ns = _blocking(r, coll.filter(pl.col("step").is_in(mine_last["step"].implode())), mf)
     at_k = mf.filter(pl.col("cid").is_in(mine_last.group_by("step").agg(pl.col("cid").last())["cid"].implode()))
-    at_k = at_k.join(since_step_windows(ranks, at_k), on=["rank", "idx"])
     cpu_only = rc.source == "host"
-    since_cols = [f"since_{c}" for c in CATEGORIES]
     comm = _GROUPS.index("communication")
     L = I = A = B = cost = lag = 0.0
     excess_total = np.zeros(len(_GROUPS))
-    at_k_of = at_k.partition_by("cid", as_dict=True)           # each K's members, split once
-    for (step,), grp in mine_last.group_by("step", maintain_order=True):
+    # each K's members: the rows of at_k by collective id (stable: in at_k's order)
+    by_cid = np.argsort(at_k["cid"].to_numpy(), kind="stable")
+    member_cid = at_k["cid"].to_numpy()[by_cid]
+    member_rank = at_k["rank"].to_numpy()[by_cid]
+    member_wait = at_k["wait_ns"].to_numpy()[by_cid].astype(np.float64)
+    member_since = since_step_rows(ranks, member_rank, at_k["idx"].to_numpy()[by_cid]).astype(np.float64)
+    step_of, cid_of = mine_last["step"].to_numpy(), mine_last["cid"].to_numpy()
+    arrival_of, lead_of = mine_last["start_max_ns"].to_numpy(), mine_last["last_lead_ns"].to_numpy()
+    steps_seen, first_row = np.unique(step_of, return_index=True)
+    for step in steps_seen[np.argsort(first_row)]:            # in order of first appearance
+        rows = np.flatnonzero(step_of == step)
         # lateness: union of [next-latest arrival, its arrival] (concurrent collectives count once)
-        arrival = grp["start_max_ns"].to_numpy()
-        lateness = _union_length(arrival - grp["last_lead_ns"].to_numpy(), arrival)
+        arrival = arrival_of[rows]
+        lateness = _union_length(arrival - lead_of[rows], arrival)
         blocking = blocking_ns.get(int(step), 0.0)
-        members = at_k_of.get((int(grp["cid"][-1]),))
-        if members is None:
+        lo, hi = np.searchsorted(member_cid, cid_of[rows[-1]], side="left"), np.searchsorted(
+            member_cid, cid_of[rows[-1]], side="right")
+        if lo == hi:
             continue
-        rank = members["rank"].to_numpy()
+        rank = member_rank[lo:hi]
         mine = rank == r
         if mine.all() or not mine.any():
             continue
-        since = members.select(since_cols).to_numpy().astype(np.float64)
+        since = member_since[lo:hi]
         mine_g = since[np.flatnonzero(mine)[0]] @ _GROUP_MATRIX
         oth_g = since[~mine] @ _GROUP_MATRIX
-        oth_g[:, comm] += members["wait_ns"].to_numpy()[~mine].astype(np.float64)
+        oth_g[:, comm] += member_wait[lo:hi][~mine]
         ex = mine_g - np.median(oth_g, axis=0)
         a = float(np.clip(np.delete(ex, comm), 0, None).sum())
         b = float(max(-ex[comm], 0.0))
@@ -550,13 +558,23 @@ def _blocking(r: int, step_colls: pl.DataFrame, mf: pl.DataFrame) -> dict[int, f
     """I per step (ns): over the step's collectives that `r` is a member of, the union of [every
     other member done with its own work so far, `r` done (arrived and its own work so far) but no
     later than the collective's real start]."""
-    per = mf.join(step_colls.select("cid", "step"), on="cid").group_by("cid", "step").agg(
-        pl.col("busy_ns").filter(pl.col("rank") != r).max().alias("others_done_ns"),
-        pl.min_horizontal(pl.max_horizontal("start_ns", "busy_ns"), "started_ns")
-        .filter(pl.col("rank") == r).first().alias("mine_done_ns"))
-    per = per.drop_nulls("mine_done_ns").with_columns(pl.col("others_done_ns").fill_null(pl.col("mine_done_ns")))
-    return {int(step): _union_length(g["others_done_ns"].to_numpy(), g["mine_done_ns"].to_numpy())
-            for (step,), g in per.group_by("step")}
+    step_of = dict(zip(step_colls["cid"].to_list(), step_colls["step"].to_list()))
+    m = mf.filter(pl.col("cid").is_in(step_colls["cid"].implode()))
+    others_done: dict[int, int] = {}      # per collective: the latest `busy_ns` of its other members
+    mine_done: dict[int, int] = {}
+    for cid, rank, start, started, busy in zip(*(m[c].to_list() for c in ("cid", "rank", "start_ns", "started_ns",
+                                                                          "busy_ns"))):
+        if rank == r:
+            mine_done.setdefault(cid, min(start if busy is None else max(start, busy), started))
+        elif busy is not None:
+            others_done[cid] = max(others_done.get(cid, busy), busy)
+    per_step: dict[int, tuple[list[int], list[int]]] = {}
+    for cid, done in mine_done.items():
+        others, mine = per_step.setdefault(int(step_of[cid]), ([], []))
+        others.append(others_done.get(cid, done))
+        mine.append(done)
+    return {step: _union_length(np.array(others, dtype=np.int64), np.array(mine, dtype=np.int64))
+            for step, (others, mine) in per_step.items()}
 
 
 def _union_length(a: np.ndarray, b: np.ndarray) -> float:
