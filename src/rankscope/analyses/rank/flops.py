@@ -15,8 +15,8 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.rank.steps import step_windows
-from rankscope.analyses.rank.views import column, device_events, kind_mask, name_mask, named_mask
-from rankscope.model import Kind, RankTrace
+from rankscope.analyses.rank.views import column, kind_mask, name_mask, named_mask
+from rankscope.model import DEVICE_KINDS, Kind, RankTrace
 from rankscope.units import NS_PER_MS
 
 #: GEMM ops -> positions of the two matrices in `Input Dims` (torch's with_flops: mat1, mat2).
@@ -86,7 +86,7 @@ def rank_steps(rank: int, devices: list[dict], device_id: int | None, steps: lis
 
 def _kernel_device(trace: RankTrace) -> int | None:
     """The device that ran most of the rank's device events (the lowest id on a tie)."""
-    device = column(trace, device_events, "device")
+    device = column(trace, DEVICE_KINDS, "device")
     device = device[device >= 0]
     return int(np.bincount(device).argmax()) if len(device) else None
 

@@ -19,7 +19,7 @@ import msgspec
 import numpy as np
 
 from rankscope.analyses.intervals import union
-from rankscope.analyses.rank.views import column, host_ops, name_mask, named_mask, names_matching, rows_of_kinds
+from rankscope.analyses.rank.views import column, name_mask, named_mask, names_matching, rows_of_kinds
 from rankscope.model import HOST_OP_KINDS, RankTrace
 
 BACKWARD_PATTERN = r"^autograd::engine::evaluate_function"
@@ -46,9 +46,9 @@ def gradient_sync_schedule(trace: RankTrace) -> GradSyncSchedule | None:
     source = next((label for label in patterns if masks[label].any()), None)
     if not backward.any() or source is None:
         return None
-    ts = column(trace, host_ops, "ts_ns")
+    ts = column(trace, HOST_OP_KINDS, "ts_ns")
     starts = ts[masks[source]]
-    lo, hi = union(ts[backward], ts[backward] + column(trace, host_ops, "dur_ns")[backward])
+    lo, hi = union(ts[backward], ts[backward] + column(trace, HOST_OP_KINDS, "dur_ns")[backward])
     i = np.searchsorted(lo, starts, side="right") - 1
     during = int(((i >= 0) & (starts <= hi[np.maximum(i, 0)])).sum())
     n = len(starts)

@@ -64,9 +64,9 @@ try:
     from rankscope.analyses import _nesting
 except ImportError:                     # built without a C compiler: the numpy method
     _nesting = None
-from rankscope.analyses.rank.views import (column, device_events, first_launch_rows, host_ops, names_matching, of_kinds,
+from rankscope.analyses.rank.views import (column, first_launch_rows, names_matching, of_kinds,
                                           rows_of_kinds)
-from rankscope.model import HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace
+from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace
 from rankscope.units import NS_PER_MS
 
 GROUPINGS = ("name", "shapes", "stack")
@@ -141,7 +141,7 @@ def operator_stats(trace: RankTrace, top_n: int = 20, group_by: str = "name",
     if stack_frame not in ("user", "top"):
         raise ValueError(f"stack_frame must be 'user' or 'top', not {stack_frame!r}")
     t = _op_times(trace)
-    names = host_ops(trace)["name"].gather(t.order)
+    names = trace.events["name"].gather(rows_of_kinds(trace, HOST_OP_KINDS)[t.order])
     stack_source = None
     if group_by == "stack":
         location, labels, stack_source = _locations(trace, t, stack_frame)
@@ -212,9 +212,9 @@ class _OpTimes(NamedTuple):
 
 
 def _op_times(trace: RankTrace) -> _OpTimes:
-    threads = _Threads(column(trace, host_ops, "pid"), column(trace, host_ops, "tid"))
+    threads = _Threads(column(trace, HOST_OP_KINDS, "pid"), column(trace, HOST_OP_KINDS, "tid"))
     g = threads.of_ops
-    ts, raw_dur = column(trace, host_ops, "ts_ns"), column(trace, host_ops, "dur_ns")
+    ts, raw_dur = column(trace, HOST_OP_KINDS, "ts_ns"), column(trace, HOST_OP_KINDS, "dur_ns")
     order = _nesting_order(g, ts, raw_dur)
     positive = raw_dur[order] > 0
     order = np.concatenate([order[positive], order[~positive]])
@@ -225,8 +225,8 @@ def _op_times(trace: RankTrace) -> _OpTimes:
 
     # device events of a launch (runtime/driver call; the first one with that correlation id)
     ev = trace.events
-    dev_dur = column(trace, device_events, "dur_ns")
-    first_launch = first_launch_rows(trace, column(trace, device_events, "correlation"))
+    dev_dur = column(trace, DEVICE_KINDS, "dur_ns")
+    first_launch = first_launch_rows(trace, column(trace, DEVICE_KINDS, "correlation"))
     linked = first_launch >= 0
     first_launch = first_launch[linked]
     launch_g = threads.ids(ev["pid"].to_numpy()[first_launch], ev["tid"].to_numpy()[first_launch])

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import msgspec
 import numpy as np
-import polars as pl
 
 from rankscope.analyses.rank.breakdown import CATEGORIES, classify_timeline, step_breakdown
 from rankscope.analyses.rank.collectives import RankCollectives, rank_collectives
@@ -28,7 +27,8 @@ from rankscope.analyses.rank.overlap import CommCompOverlap, comm_comp_overlap
 from rankscope.analyses.rank.temporal import TemporalBreakdown, temporal_breakdown
 from rankscope.analyses.rank import views
 from rankscope.analyses.rank.steps import device_busy_ns, step_windows
-from rankscope.model import PROFILER_STEP_PATTERN, Kind, KernelClass, RankMeta, RankTrace, name_codes
+from rankscope.model import (DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, KernelClass, RankMeta,
+                             RankTrace, name_codes)
 from rankscope.units import NS_PER_MS
 
 #: Memory samples kept per device in the summary (peaks kept exactly): enough for a chart.
@@ -162,7 +162,8 @@ def summarize_rank(trace: RankTrace) -> RankSummary:
         if len(dev) else None,
         operators=operator_stats(trace, top_n=TOP_N),
         collectives=rank_collectives(trace, timeline, windows),
-        name_totals=RankNameTotals(kernels=name_totals(dev), ops=_op_name_totals(trace)),
+        name_totals=RankNameTotals(kernels=name_totals(trace, views.rows_of_kinds(trace, DEVICE_KINDS)),
+                                   ops=_op_name_totals(trace)),
         grad_sync=gradient_sync_schedule(trace),
         flops=rank_flops(trace),
         kernel_launches=_kernel_launches(trace),
@@ -174,31 +175,27 @@ def _kernel_launches(trace: RankTrace) -> int:
     return int(views.named_mask(trace, LAUNCH_NAMES)[views.rows_of_kinds(trace, (Kind.RUNTIME, Kind.DRIVER))].sum())
 
 
-def name_totals(events: pl.DataFrame) -> NameTotals:
-    """Per event name (every name; unnamed events left out): calls, summed and summed squared duration.
-    Sums per name code (exact: a name's summed ns stays below 2**53)."""
-    codes = name_codes(events)
-    dur = events["dur_ns"].to_numpy()
-    code = codes.code if codes.named is None else codes.code[codes.named]
-    dur = dur if codes.named is None else dur[codes.named]
+def name_totals(trace: RankTrace, rows: np.ndarray) -> NameTotals:
+    """Per event name of the events at `rows` (every name; unnamed events left out): calls, summed
+    and summed squared duration. Sums per name code (exact: a name's summed ns stays below 2**53)."""
+    codes = name_codes(trace.events)
+    if codes.named is not None:
+        rows = rows[codes.named[rows]]
+    code, dur = codes.code[rows], trace.events["dur_ns"].to_numpy()[rows]
     n = int(codes.present.max(initial=-1)) + 1
     count, total = np.bincount(code, minlength=n), np.bincount(code, weights=dur, minlength=n)
     sumsq = np.bincount(code, weights=dur.astype(np.float64) ** 2, minlength=n)
-    order = sorted(range(len(codes.names)), key=codes.names.__getitem__)
-    at = codes.present[order]
-    return NameTotals(name=[codes.names[i] for i in order], count=count[at].tolist(),
+    name_of = dict(zip(codes.present.tolist(), codes.names))
+    at = sorted(np.flatnonzero(count).tolist(), key=name_of.__getitem__)
+    return NameTotals(name=[name_of[c] for c in at], count=count[at].tolist(),
                       total_ns=total[at].astype(np.int64).tolist(), sumsq_ns2=sumsq[at].tolist())
 
 
 def _op_name_totals(trace: RankTrace) -> NameTotals:
     """`name_totals` of the host ops (CPU ops, user annotations) without the ProfilerStep spans
     (their rows dropped from the totals, not from the events)."""
-    t = name_totals(views.host_ops(trace))
-    marks = set(views.names_matching(trace, PROFILER_STEP_PATTERN))
-    if not marks & set(t.name):
-        return t
-    keep = [i for i, n in enumerate(t.name) if n not in marks]
-    return NameTotals(**{f: [getattr(t, f)[i] for i in keep] for f in NameTotals.__struct_fields__})
+    rows = views.rows_of_kinds(trace, HOST_OP_KINDS)
+    return name_totals(trace, rows[~views.name_mask(trace, PROFILER_STEP_PATTERN)[rows]])
 
 
 def _hta_parity(trace: RankTrace) -> HtaParity:

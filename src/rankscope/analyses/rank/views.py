@@ -59,9 +59,12 @@ def names_matching(trace: RankTrace, pattern: str) -> list[str]:
     return memo(trace, ("names_matching", pattern), lambda: model.names_matching(trace.events, pattern))
 
 
-def column(trace: RankTrace, frame: Callable[[RankTrace], pl.DataFrame], name: str) -> np.ndarray:
-    """One column of one of the frames above as a numpy array (no copy where polars allows)."""
-    return memo(trace, ("column", frame.__name__, name), lambda: frame(trace)[name].to_numpy())
+def column(trace: RankTrace, kinds: Iterable[int], name: str) -> np.ndarray:
+    """One column of the events of these kinds, in the frame's order (`of_kinds(trace, kinds)[name]`
+    without the frame), as a numpy array."""
+    wanted = _kind_key(kinds)
+    return memo(trace, ("column", wanted, name),
+                lambda: trace.events[name].to_numpy()[rows_of_kinds(trace, wanted)])
 
 
 def is_kind(kind: np.ndarray, kinds: Iterable[int]) -> np.ndarray:
