@@ -148,6 +148,9 @@ class _Rank:
         order = np.argsort(self.e, kind="stable")
         k = np.searchsorted(self.e[order], self.w, side="right") - 1
         self.before_window = np.where(k >= 0, order[np.maximum(k, 0)], -1).tolist()
+        # read one instance at a time from here on: Python ints (a numpy scalar read costs several times more)
+        self.a, self.e, self.w, self.step, self.comm_cat = (
+            x.tolist() for x in (self.a, self.e, self.w, self.step, self.comm_cat))
 
     def waited_for(self, i: int) -> int | None:
         """The instance whose end instance i's window started after (`before_window`), or None."""
@@ -290,12 +293,13 @@ def _walk(s: int, rk: dict[int, _Rank], links: _Links) -> StepPath | None:
     raw: list[tuple[int, int, int, int, str]] = []     # (rank, category, start, end, name), backwards
 
     def window(r: _Rank, a: int, b: int, vec: np.ndarray, name: str) -> None:
-        total = int(vec.sum())
         if b <= a:
             return
+        vec = vec.tolist()
+        total = sum(vec)
         scale = (b - a) / total if total > 0 else 0.0
         cursor = a
-        parts = [(c, int(round(vec[c] * scale))) for c in range(_N) if vec[c] > 0] if total > 0 else [(_IDLE, b - a)]
+        parts = [(c, int(round(v * scale))) for c, v in enumerate(vec) if v > 0] if total > 0 else [(_IDLE, b - a)]
         for k, (c, d) in enumerate(parts):
             stop = b if k == len(parts) - 1 else min(b, cursor + d)
             if stop > cursor:
@@ -409,24 +413,22 @@ class _StepPlan:
             self.members.append(members)
             self.last_member.append(last)
             self.transfer.append(0.0 if cid is None else float(max(rank.e[i] - links.last_arrival[cid], 0)))
-        self.ends = []                     # per rank: (row, its last instance, step start, tail per category)
-        for r in rk.values():
-            last = _last_in_step(r, s)
-            self.ends.append((row_of[r.rank], pos[(r.rank, last)] if last is not None else None,
-                              float(r.steps[s][0]), r.tail.get(s)))
+        # per rank (row): its last instance of the step (None: none), its step start, its tail per category
+        self.last = [pos[(r.rank, i)] if (i := _last_in_step(r, s)) is not None else None for r in rk.values()]
+        self.start = [float(r.steps[s][0]) for r in rk.values()]
+        self.tail = np.array([r.tail.get(s, np.zeros(_N)) for r in rk.values()], dtype=np.float64).reshape(-1, _N)
 
     def retime(self, mult: np.ndarray, free_dims: frozenset = frozenset()) -> float:
         """The step's duration (ns, latest end - earliest start) with rank row k's categories scaled
         by mult[k] and the collectives of `free_dims` costing no transfer."""
         window = np.einsum("ij,ij->i", self.pre, mult[self.rank_row]).tolist()
         n = len(window)
-        new_a: list[float] = list(self.arrival)   # instances 0 .. arrived-1: their new arrival
+        new_a: list[float] = list(self.arrival)   # instances 0 .. k-1 (arrived): their new arrival
         new_e: list[float | None] = [None] * n
-        arrived = 0
         last_member, duration, members, dim, transfer = (self.last_member, self.duration, self.members, self.dim,
                                                          self.transfer)
 
-        def end_of(k: int) -> float:
+        def end_of(k: int, arrived: int) -> float:
             v = new_e[k]
             if v is None:
                 if last_member[k] >= arrived:            # not a link, or a member has not arrived yet
@@ -436,12 +438,12 @@ class _StepPlan:
                 new_e[k] = v
             return v
 
-        for k, (kind, value) in enumerate(self.after):
-            new_a[k] = (end_of(value) if kind == 1 else value) + window[k]
-            arrived = k + 1
-        ends = [(end_of(last) if last is not None else start) + (float(tail @ mult[row]) if tail is not None else 0.0)
-                for row, last, start, tail in self.ends]
-        return max(ends) - min(start for _, _, start, _ in self.ends)
+        for k, (kind, value), w in zip(range(n), self.after, window):
+            new_a[k] = (end_of(value, k) if kind == 1 else value) + w
+        tail = np.einsum("ij,ij->i", self.tail, mult).tolist()
+        ends = [(end_of(last, n) if last is not None else start) + t
+                for last, start, t in zip(self.last, self.start, tail)]
+        return max(ends) - min(self.start)
 
     def scales(self, mult: dict[int, np.ndarray]) -> np.ndarray:
         """Per rank row, its categories' scale (1 where `mult` says nothing)."""
