@@ -33,7 +33,7 @@ import msgspec
 import numpy as np
 
 from rankscope.analyses.intervals import find_sorted, sorted_unique, union
-from rankscope.analyses.rank.views import distinct_names, is_kind, memo, named_mask
+from rankscope.analyses.rank.views import distinct_names, is_kind, launch_calls_by_id, memo, named_mask
 from rankscope.model import DEVICE_KINDS, Kind, KernelClass, RankTrace, name_codes
 from rankscope.units import NS_PER_MS
 
@@ -116,10 +116,10 @@ def scope_launch_calls(trace: RankTrace, include_last_step: bool = False) -> np.
     """The rows of the runtime / driver calls with a correlation id in the HTA scope, by correlation id
     (stable: row order within one id)."""
     def make() -> np.ndarray:
-        col = event_columns(trace)
-        rows = hta_scope_rows(trace, include_last_step)
-        rows = rows[is_kind(col["kind"][rows], (Kind.RUNTIME, Kind.DRIVER)) & (col["correlation"][rows] >= 0)]
-        return rows[np.argsort(col["correlation"][rows], kind="stable")]
+        in_scope = np.zeros(len(trace.events), bool)
+        in_scope[hta_scope_rows(trace, include_last_step)] = True
+        rows = launch_calls_by_id(trace)[1]
+        return rows[in_scope[rows]]
     return memo(trace, ("temporal", "scope_launch_calls", include_last_step), make)
 
 

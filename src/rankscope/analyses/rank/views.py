@@ -111,16 +111,22 @@ def named_mask(trace: RankTrace, names: Iterable[str]) -> np.ndarray:
     return memo(trace, ("named_mask", wanted), make)
 
 
-def first_launch_rows(trace: RankTrace, correlation: np.ndarray) -> np.ndarray:
-    """For each correlation id, the row of the first (frame order) runtime / driver call with it: the
-    call that launched the device event with that id; -1 where none (or the id is negative)."""
+def launch_calls_by_id(trace: RankTrace) -> tuple[np.ndarray, np.ndarray]:
+    """The runtime / driver calls with a correlation id: (their ids, their rows), sorted by id, in
+    frame order within one id."""
     def make() -> tuple[np.ndarray, np.ndarray]:
         rows = rows_of_kinds(trace, (Kind.RUNTIME, Kind.DRIVER))
         corr = trace.events["correlation"].to_numpy()[rows]
         rows, corr = rows[corr >= 0], corr[corr >= 0]
         order = np.argsort(corr, kind="stable")
         return corr[order], rows[order]
-    ids, rows = memo(trace, ("first_launch_rows",), make)
+    return memo(trace, ("launch_calls_by_id",), make)
+
+
+def first_launch_rows(trace: RankTrace, correlation: np.ndarray) -> np.ndarray:
+    """For each correlation id, the row of the first (frame order) runtime / driver call with it: the
+    call that launched the device event with that id; -1 where none (or the id is negative)."""
+    ids, rows = launch_calls_by_id(trace)
     at = find_sorted(ids, np.asarray(correlation, dtype=np.int64))
     return np.where(at >= 0, rows[np.maximum(at, 0)] if len(rows) else -1, -1)
 
