@@ -32,7 +32,7 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
-from rankscope.analyses.intervals import find_sorted, sorted_unique, union
+from rankscope.analyses.intervals import find_sorted, union
 from rankscope.analyses.rank.views import distinct_names, is_kind, launch_calls_by_id, memo, named_mask
 from rankscope.model import DEVICE_KINDS, Kind, KernelClass, RankTrace, name_codes
 from rankscope.units import NS_PER_MS
@@ -100,7 +100,14 @@ def _hta_scope_rows(trace: RankTrace, include_last_step: bool) -> np.ndarray:
     else:
         kept = host & (ts < ts[marks].max())
     device_rows = np.flatnonzero(device_side)
-    kept[device_rows] = find_sorted(sorted_unique(corr[kept]), corr[device_rows]) >= 0
+    # the correlation ids of the kept host events, sorted: the launch calls' (sorted once per rank),
+    # and any other host event's
+    ids, calls = launch_calls_by_id(trace)
+    kept_ids = ids[kept[calls]]
+    others = kept & (corr >= 0) & ~is_kind(col["kind"], (Kind.RUNTIME, Kind.DRIVER))
+    if others.any():
+        kept_ids = np.sort(np.concatenate([kept_ids, corr[others]]))
+    kept[device_rows] = find_sorted(kept_ids, corr[device_rows]) >= 0
     return np.flatnonzero(kept)
 
 
