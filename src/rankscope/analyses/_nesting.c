@@ -11,7 +11,7 @@
  * innermost(g, s, e, parent, qg, qt, out) -> None (out: written)
  *   Per query, the innermost interval of group qg that contains time qt (s <= qt < e), or -1:
  *   the last interval (in sort order) with (g, s) <= (qg, qt), then its parents until one ends
- *   after qt.
+ *   after qt. A query at or after the one before it searches forward from that one's answer.
  *
  * Every array is a C-contiguous int64 buffer (the outputs writable); the numpy version in
  * rankscope.analyses.rank.operators (_Forest) is the reference.
@@ -119,6 +119,9 @@ done:
     return result;
 }
 
+/* interval i is at or before (qg, qt) in (g, s) order */
+#define AT_OR_BEFORE(i, qg_, qt_) (g[i] < (qg_) || (g[i] == (qg_) && s[i] <= (qt_)))
+
 static PyObject *innermost(PyObject *self, PyObject *args) {
     PyObject *objs[7];
     static const char *names[7] = {"g", "s", "e", "parent", "qg", "qt", "out"};
@@ -138,14 +141,27 @@ static PyObject *innermost(PyObject *self, PyObject *args) {
     const int64_t *qg = a[4].data, *qt = a[5].data;
     int64_t *res = (int64_t *)a[6].view.buf;
     Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t prev = 0;             /* the previous query's answer + 1: every interval before it is at or before it */
     for (Py_ssize_t k = 0; k < m; k++) {
-        /* the last interval with (g, s) <= (qg, qt) */
+        /* the last interval with (g, s) <= (qg, qt): lo ends one past it */
         Py_ssize_t lo = 0, hi = n;
+        if (k > 0 && (qg[k] > qg[k - 1] || (qg[k] == qg[k - 1] && qt[k] >= qt[k - 1]))) {
+            /* queries mostly come in time order: gallop forward from the previous answer */
+            Py_ssize_t step = 1;
+            lo = hi = prev;
+            while (hi < n && AT_OR_BEFORE(hi, qg[k], qt[k])) {
+                lo = hi + 1;
+                hi = lo + step;
+                step *= 2;
+            }
+            if (hi > n) hi = n;
+        }
         while (lo < hi) {
             Py_ssize_t mid = lo + (hi - lo) / 2;
-            if (g[mid] < qg[k] || (g[mid] == qg[k] && s[mid] <= qt[k])) lo = mid + 1;
+            if (AT_OR_BEFORE(mid, qg[k], qt[k])) lo = mid + 1;
             else hi = mid;
         }
+        prev = lo;
         int64_t c = (int64_t)lo - 1;
         if (qg[k] < 0 || c < 0 || g[c] != qg[k]) c = -1;
         while (c >= 0 && e[c] <= qt[k]) c = parent[c];
