@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import TYPE_CHECKING, Any, Iterable
 
-from rankscope.analyses.inputs.memory_snapshot import MemoryReport
 from rankscope.analyses.rank.memory import BYTES_PER_MB
 from rankscope.findings.registry import NcclView, ordered, rule, run as run_rules
 from rankscope.hardware import devices_link_peak_gbps
@@ -24,6 +23,7 @@ from rankscope.results import Finding
 from rankscope.thresholds import Thresholds, resolve
 
 if TYPE_CHECKING:  # pragma: no cover
+    from rankscope.analyses.inputs.memory_snapshot import MemoryReport
     from rankscope.analyses.inputs.nccl import NcclRun
 
 

@@ -5,8 +5,6 @@ from pathlib import Path
 
 from rankscope.ingest.cache import Cache, content_key
 from rankscope.ingest.errors import TraceError
-from rankscope.ingest.kineto import read_kineto
-from rankscope.ingest.nsys_sqlite import SQLITE_SUFFIXES, is_sqlite, read_nsys_sqlite
 from rankscope.model import RankTrace
 
 __all__ = ["Cache", "TraceError", "load_rank", "read_trace"]
@@ -14,7 +12,10 @@ __all__ = ["Cache", "TraceError", "load_rank", "read_trace"]
 
 def read_trace(path: str | Path) -> tuple[RankTrace, dict]:
     """Parse one trace file with the reader of its format: an SQLite file (by its signature, or
-    named *.sqlite) is an Nsight Systems export, anything else Kineto JSON. Raises TraceError."""
+    named *.sqlite) is an Nsight Systems export, anything else Kineto JSON. Raises TraceError.
+    (The readers are imported here: a run that finds every rank in the cache never needs them.)"""
+    from rankscope.ingest.kineto import read_kineto
+    from rankscope.ingest.nsys_sqlite import SQLITE_SUFFIXES, is_sqlite, read_nsys_sqlite
     if is_sqlite(path) or str(path).lower().endswith(SQLITE_SUFFIXES):
         return read_nsys_sqlite(path)
     return read_kineto(path)
