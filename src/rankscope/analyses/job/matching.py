@@ -128,14 +128,19 @@ def matched_rows(members: pl.DataFrame) -> np.ndarray:
     return np.bincount(key)[key] >= 2
 
 
-def since_step_rows(ranks: Sequence[RankCollectives], rank: np.ndarray, idx: np.ndarray) -> np.ndarray:
+def since_step_rows(ranks: Sequence[RankCollectives], rank: np.ndarray, idx: np.ndarray,
+                    matrices: dict[int, np.ndarray] | None = None) -> np.ndarray:
     """The `since_step_ns` window (ns per breakdown category, one column each) of the instances
-    (rank, idx), one row each."""
+    (rank, idx), one row each. `matrices`: each rank's `since_step_matrix()` once made, kept across
+    calls (it is stored compressed)."""
     by_rank = {rc.rank: rc for rc in ranks}
+    matrices = {} if matrices is None else matrices
     since = np.zeros((len(rank), len(CATEGORIES)), dtype=np.int64)
     for r in np.unique(rank).tolist():
         of_rank = rank == r
-        since[of_rank] = by_rank[r].since_step_matrix()[idx[of_rank]]
+        if r not in matrices:
+            matrices[r] = by_rank[r].since_step_matrix()
+        since[of_rank] = matrices[r][idx[of_rank]]
     return since
 
 

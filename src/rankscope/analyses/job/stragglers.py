@@ -400,6 +400,7 @@ def _evaluate(ranks: Sequence[RankCollectives], table: CollectiveTable, progress
         sorted(lead_share, key=lambda r: (-lead_share[r], r))[:always] + \
         [r for r in per if share(r) >= bar(r)]
     candidates = set(r for r in candidates if per.get(r, (0, 0, 0))[1] > 0)
+    since_matrices: dict[int, np.ndarray] = {}        # each rank's, decompressed once (`since_step_rows`)
     step_starts = {rc.rank: {s: a - int(table.offsets_ns.get(rc.rank, 0)) for s, a in zip(rc.steps, rc.step_start_ns)}
                    for rc in ranks}
     # each member's progress, keyed by collective id
@@ -417,7 +418,7 @@ def _evaluate(ranks: Sequence[RankCollectives], table: CollectiveTable, progress
         if r in candidates:
             last_cids = coll.filter(pl.col("last_rank") == r)["cid"]
             L, I, A, B, cost, excess, cause, lag = _what_if(rc, ranks, coll, mf, last_cids, step_starts,
-                                                            t["straggler_cause_min_share"])
+                                                            t["straggler_cause_min_share"], since_matrices)
             L, I, A, B, cost, lag = (x / n_steps_with_coll for x in (L, I, A, B, cost, lag))
             excess = {g: v / n_steps_with_coll for g, v in excess.items()}
         s = RankStats(
@@ -487,7 +488,8 @@ def _imposed_wait(mem: pl.DataFrame, coll: pl.DataFrame) -> dict[int, float]:
 
 
 def _what_if(rc: RankCollectives, ranks: Sequence[RankCollectives], coll: pl.DataFrame, mf: pl.DataFrame,
-             last_cids: pl.Series, step_starts: dict[int, dict[int, int]], cause_min_share: float):
+             last_cids: pl.Series, step_starts: dict[int, dict[int, int]], cause_min_share: float,
+             since_matrices: dict[int, np.ndarray]):
     """(L, I, A, B, cost, excess per group, cause, step-start lag), summed over the steps in which
     `rc` was last (ns converted to ms). Windows (read for the members of each step's K only): from
     each rank's step start to the straggler's arrival at K; the other members' part after their own
@@ -506,7 +508,8 @@ def _what_if(rc: RankCollectives, ranks: Sequence[RankCollectives], coll: pl.Dat
     member_cid = at_k["cid"].to_numpy()[by_cid]
     member_rank = at_k["rank"].to_numpy()[by_cid]
     member_wait = at_k["wait_ns"].to_numpy()[by_cid].astype(np.float64)
-    member_since = since_step_rows(ranks, member_rank, at_k["idx"].to_numpy()[by_cid]).astype(np.float64)
+    member_since = since_step_rows(ranks, member_rank, at_k["idx"].to_numpy()[by_cid], since_matrices).astype(
+        np.float64)
     step_of, cid_of = mine_last["step"].to_numpy(), mine_last["cid"].to_numpy()
     arrival_of, lead_of = mine_last["start_max_ns"].to_numpy(), mine_last["last_lead_ns"].to_numpy()
     steps_seen, first_row = np.unique(step_of, return_index=True)
