@@ -120,6 +120,14 @@ def _arrived(result: RankSummary | InputProblem, strings: dict[str, str]) -> Non
     share_strings(result, strings)
 
 
+@functools.cache
+def _import_reduce() -> None:
+    """The code of the cross-rank reduce and of the findings, imported in the driver as the first
+    rank arrives: while the others are still read (the parse runs without the GIL), not after."""
+    import rankscope.analyses.job.stragglers  # noqa: F401
+    import rankscope.findings  # noqa: F401
+
+
 def _trim_heap(engine: str) -> None:
     """Hand the C heap's free pages back to the OS (glibc's malloc_trim) once the map is done.
     Receiving the summaries frees most of what it allocates (Ray's replies, the strings and
@@ -263,13 +271,19 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
     (a ValueError) before any file is read. `nccl_logs`: NCCL_DEBUG=INFO
     logs of the job (several = runs to compare); their findings join the job's, an unusable log is a
     problem."""
-    from rankscope.findings import evaluate as evaluate_findings, ordered
     from rankscope.thresholds import resolve
     with checking_arguments():
         values = resolve(thresholds)
+    strings: dict[str, str] = {}
+
+    def arrived(result: RankSummary | InputProblem) -> None:
+        _import_reduce()
+        _arrived(result, strings)
+
     summaries, problems, chosen = _map_files(inputs, _rank_task, cache_dir, use_cache, engine, workers,
-                                             on_progress, address, functools.partial(_arrived, strings={}))
+                                             on_progress, address, arrived)
     _trim_heap(chosen)
+    from rankscope.findings import evaluate as evaluate_findings, ordered
     kept_metas, rank_warnings, rank_problems = _assign([s.meta for s in summaries])
     by_file = {s.meta.file: s for s in summaries}
     kept = [by_file[m.file] for m in kept_metas]
