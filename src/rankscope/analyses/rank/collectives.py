@@ -186,8 +186,8 @@ def busbw_factor(ctype: str, n: int) -> float | None:
 class RankCollectives:
     """One rank's collective instances, sorted by arrival; parallel lists (one entry per instance).
     Times are int64 ns on this rank's own clock. `last_work_ns`: see the module docstring.
-    `pre_ns` / `since_step_ns`: one list of
-    len(CATEGORIES) ns per instance, in `breakdown.CATEGORIES` order. Unknown numbers are -1.
+    `pre_ns` / `since_step_ns`: len(CATEGORIES) ns per instance, in `breakdown.CATEGORIES` order, one
+    instance after the other (`pre_matrix` / `since_step_matrix`: one row each). Unknown numbers are -1.
     Steps: the rank's step windows (step ids, start/end ns) and their exact breakdown, for
     step-time statistics and load balance across ranks. `orphan`: a kernel launched before the
     profiled window (no launch event in the trace): ranks differ in how many they have, so
@@ -208,8 +208,8 @@ class RankCollectives:
     dtype: list[str] = field(default_factory=list)
     step: list[int] = field(default_factory=list)            # step id, -1 outside every step
     window_start_ns: list[int] = field(default_factory=list)
-    pre_ns: list[list[int]] = field(default_factory=list)
-    since_step_ns: list[list[int]] = field(default_factory=list)   # compact(): zlib bytes
+    pre_ns: list[int] = field(default_factory=list)           # instance after instance; compact(): zlib bytes
+    since_step_ns: list[int] = field(default_factory=list)    # instance after instance; compact(): zlib bytes
     steps: list[int] = field(default_factory=list)
     step_start_ns: list[int] = field(default_factory=list)
     step_end_ns: list[int] = field(default_factory=list)
@@ -621,8 +621,8 @@ def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows
     out.step = step.astype(np.int64).tolist()
     out.window_start_ns = win_start.tolist()
     out.last_work_ns = _last_work(timeline, start, end).tolist()
-    out.pre_ns = pre.tolist()
-    out.since_step_ns = since.tolist()
+    out.pre_ns = pre.ravel().tolist()
+    out.since_step_ns = since.ravel().tolist()
     out.step_breakdown_ns = per_step.tolist()
     out.step_tail_ns = tails.tolist()
     out.owned_overlapped_ns = owned[:, CATEGORIES.index("comm_overlapped")].tolist()
