@@ -1,9 +1,11 @@
-"""Build hook for the optional C parts: the column extractor (rankscope.ingest._fastcols) and
-the op nesting sweep (rankscope.analyses._nesting).
+"""Build hook for the optional C parts: the column extractor (rankscope.ingest._fastcols), the
+op nesting sweep (rankscope.analyses._nesting) and the critical path's what-if re-timing
+(rankscope.analyses._retime).
 
 `optional=True`: where no C compiler is present the package still installs and the
-pure-Python extractor in `rankscope.ingest.columns` and the numpy nesting in
-`rankscope.analyses.rank.operators` are used instead.
+pure-Python extractor in `rankscope.ingest.columns`, the numpy nesting in
+`rankscope.analyses.rank.operators` and the Python re-timing in
+`rankscope.analyses.job.critical_path` are used instead.
 """
 from setuptools import Extension, setup
 
@@ -18,6 +20,12 @@ setup(
         Extension(
             "rankscope.analyses._nesting",
             sources=["src/rankscope/analyses/_nesting.c"],
+            extra_compile_args=["-O3"],
+            optional=True,
+        ),
+        Extension(
+            "rankscope.analyses._retime",
+            sources=["src/rankscope/analyses/_retime.c"],
             extra_compile_args=["-O3"],
             optional=True,
         ),

@@ -83,6 +83,36 @@ def test_retiming_without_change_gives_the_measured_steps(corpus, folder):
         assert _retime(s, rk, links, {}) == pytest.approx(measured, rel=0.01)
 
 
+@pytest.mark.parametrize("folder", ["cpu-gloo-4rank-straggler", "cpu-gloo-pp4-1f1b", "cpu-gloo-3d-pp2dp2tp2",
+                                    "param-dlrm-8rank"])
+def test_c_retiming_is_the_python_retiming(corpus, folder):
+    """The C pass (built at install) re-times every step exactly as the Python loop, the reference:
+    with nothing changed, with random scales per rank and category, and with each dimension's
+    communication free (pipeline sends and recvs, tensor- and data-parallel collectives)."""
+    import numpy as np
+    from rankscope.analyses.job import critical_path
+    from rankscope.analyses.job.critical_path import _StepPlan
+    from rankscope.analyses.rank.collectives import rank_collectives
+    from rankscope.analyses.job.stragglers import cross_rank
+    from rankscope.ingest.kineto import read_kineto
+    if critical_path._c_retime is None:
+        pytest.skip("built without a C compiler: only the Python re-timing exists")
+    ranks = [rank_collectives(read_kineto(f)[0]) for f in sorted((corpus_root() / folder).glob("*.json.gz"))]
+    cross = cross_rank(ranks)
+    rk = {rc.rank: _Rank(rc, int(cross.collectives.offsets_ns.get(rc.rank, 0))) for rc in ranks}
+    links = _links(cross.collectives, rk, cross.parallel)
+    dims = [frozenset()] + [frozenset({d}) for r in rk.values() for d in set(r.dim) if d]
+    rng = np.random.default_rng(0)
+    checked = 0
+    for s in sorted(set.intersection(*(set(r.steps) for r in rk.values()))):
+        plan = _StepPlan(s, rk, links)
+        for mult in (plan.scales({}), rng.uniform(0.0, 2.0, size=plan.scales({}).shape)):
+            for free in dims:
+                assert plan.retime(mult, free) == plan.retime(mult, free, use_c=False)
+                checked += 1
+    assert checked >= 4
+
+
 @pytest.mark.parametrize("cause, change", [("host_idle", "remove its host_idle"),
                                            ("dataloader", "shorten its DataLoader wait"),
                                            ("gpu_compute", "compute at the median rank's pace")])

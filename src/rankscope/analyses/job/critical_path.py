@@ -33,10 +33,16 @@ mean).
 from __future__ import annotations
 
 import bisect
+import functools
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
+
+try:
+    from rankscope.analyses import _retime as _c_retime      # the re-timing pass in C
+except ImportError:                                            # built without a C compiler: `_StepPlan.retime`'s loop
+    _c_retime = None
 
 from rankscope.analyses.job.matching import CollectiveTable
 from rankscope.analyses.job.parallel import ParallelReport
@@ -418,10 +424,18 @@ class _StepPlan:
         self.start = [float(r.steps[s][0]) for r in rk.values()]
         self.tail = np.array([r.tail.get(s, np.zeros(_N)) for r in rk.values()], dtype=np.float64).reshape(-1, _N)
 
-    def retime(self, mult: np.ndarray, free_dims: frozenset = frozenset()) -> float:
+    def retime(self, mult: np.ndarray, free_dims: frozenset = frozenset(), use_c: bool = True) -> float:
         """The step's duration (ns, latest end - earliest start) with rank row k's categories scaled
-        by mult[k] and the collectives of `free_dims` costing no transfer."""
-        window = np.einsum("ij,ij->i", self.pre, mult[self.rank_row]).tolist()
+        by mult[k] and the collectives of `free_dims` costing no transfer. In C where it was built
+        (`_retime.c`, the same pass); the loop below is the reference."""
+        window = np.einsum("ij,ij->i", self.pre, mult[self.rank_row])
+        tail = np.einsum("ij,ij->i", self.tail, mult)
+        if use_c and _c_retime is not None:
+            a = self._arrays
+            transfer = np.where([d in free_dims for d in self.dim], 0.0, a["transfer"]) if free_dims else a["transfer"]
+            return _c_retime.step(a["dep"], a["fixed"], window, a["arrival"], a["duration"], a["last_member"],
+                                  a["offsets"], a["members"], transfer, a["last"], a["start"], tail)
+        window = window.tolist()
         n = len(window)
         new_a: list[float] = list(self.arrival)   # instances 0 .. k-1 (arrived): their new arrival
         new_e: list[float | None] = [None] * n
@@ -440,10 +454,25 @@ class _StepPlan:
 
         for k, (kind, value), w in zip(range(n), self.after, window):
             new_a[k] = (end_of(value, k) if kind == 1 else value) + w
-        tail = np.einsum("ij,ij->i", self.tail, mult).tolist()
         ends = [(end_of(last, n) if last is not None else start) + t
-                for last, start, t in zip(self.last, self.start, tail)]
+                for last, start, t in zip(self.last, self.start, tail.tolist())]
         return max(ends) - min(self.start)
+
+    @functools.cached_property
+    def _arrays(self) -> dict[str, np.ndarray]:
+        """The plan as the C pass reads it (`_retime.c`): dependencies and fixed starts apart, each
+        link's members in one array (offsets per instance), None as -1."""
+        members = [m or [] for m in self.members]
+        return {"dep": np.array([v if kind == 1 else -1 for kind, v in self.after], dtype=np.int64),
+                "fixed": np.array([0.0 if kind == 1 else v for kind, v in self.after], dtype=np.float64),
+                "arrival": np.array(self.arrival, dtype=np.float64),
+                "duration": np.array(self.duration, dtype=np.float64),
+                "last_member": np.array(self.last_member, dtype=np.int64),
+                "offsets": np.cumsum([0] + [len(m) for m in members], dtype=np.int64),
+                "members": np.array([x for m in members for x in m], dtype=np.int64),
+                "transfer": np.array(self.transfer, dtype=np.float64),
+                "last": np.array([-1 if i is None else i for i in self.last], dtype=np.int64),
+                "start": np.array(self.start, dtype=np.float64)}
 
     def scales(self, mult: dict[int, np.ndarray]) -> np.ndarray:
         """Per rank row, its categories' scale (1 where `mult` says nothing)."""

@@ -1,0 +1,151 @@
+/* The what-if re-timing of one step of the critical path, in one pass (optional; the Python loop
+ * of rankscope.analyses.job.critical_path._StepPlan.retime is the reference and the fallback).
+ *
+ * step(dep, fixed, window, arrival, duration, last_member, offsets, members, transfer, last, start, tail)
+ *   -> float
+ *   n instances in arrival order. Instance k arrives at (the end of instance dep[k] when
+ *   dep[k] >= 0, else fixed[k]) + window[k]; until then its arrival is arrival[k]. Instance j ends,
+ *   the first time its end is asked for
+ *   while `arrived` instances have arrived: at its arrival + duration[j] when last_member[j] >=
+ *   arrived (no link, or a member not arrived yet), else at the latest arrival of its link's members
+ *   (members[offsets[j] .. offsets[j + 1])) + transfer[j]; that end is kept. Per rank r: its end is
+ *   the end of instance last[r] (asked with all n arrived; start[r] when last[r] < 0) + tail[r].
+ *   Returns the latest rank end - the earliest start.
+ *
+ * int64 arrays: dep, last_member, offsets (n + 1), members (< n, or n: a member outside the step,
+ * which never arrives), last; float64 arrays: fixed, window, arrival, duration, transfer (n), start,
+ * tail (ranks); all C-contiguous.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    Py_buffer view;
+    const void *data;
+    Py_ssize_t n;
+} Array;
+
+static int get_array(PyObject *obj, Array *out, const char *what, char code) {
+    if (PyObject_GetBuffer(obj, &out->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return -1;
+    const char *f = out->view.format ? out->view.format : "B";
+    if (*f == '<' || *f == '=' || *f == '@') f++;
+    int ok = out->view.itemsize == 8 && f[1] == '\0' &&
+             (code == 'd' ? *f == 'd' : (*f == 'q' || *f == 'l'));
+    if (!ok) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a contiguous %s array", what,
+                     code == 'd' ? "float64" : "int64");
+        PyBuffer_Release(&out->view);
+        return -1;
+    }
+    out->data = out->view.buf;
+    out->n = out->view.len / 8;
+    return 0;
+}
+
+typedef struct {
+    const int64_t *last_member, *offsets, *members;
+    const double *duration, *transfer;
+    double *new_a, *new_e;
+    char *has_e;
+} Step;
+
+static double end_of(Step *st, Py_ssize_t j, Py_ssize_t arrived) {
+    if (st->has_e[j]) return st->new_e[j];
+    double v;
+    if (st->last_member[j] >= arrived) {
+        v = st->new_a[j] + st->duration[j];
+    } else {
+        v = st->new_a[st->members[st->offsets[j]]];
+        for (int64_t i = st->offsets[j] + 1; i < st->offsets[j + 1]; i++)
+            if (st->new_a[st->members[i]] > v) v = st->new_a[st->members[i]];
+        v += st->transfer[j];
+    }
+    st->has_e[j] = 1;
+    st->new_e[j] = v;
+    return v;
+}
+
+static PyObject *step(PyObject *self, PyObject *args) {
+    enum { N_ARGS = 12 };
+    PyObject *objs[N_ARGS];
+    static const char *names[N_ARGS] = {"dep", "fixed", "window", "arrival", "duration", "last_member", "offsets",
+                                        "members", "transfer", "last", "start", "tail"};
+    static const char codes[N_ARGS] = {'q', 'd', 'd', 'd', 'd', 'q', 'q', 'q', 'd', 'q', 'd', 'd'};
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5],
+                          &objs[6], &objs[7], &objs[8], &objs[9], &objs[10], &objs[11]))
+        return NULL;
+    Array a[N_ARGS];
+    int got = 0;
+    PyObject *result = NULL;
+    double *buf = NULL;
+    char *has_e = NULL;
+    for (; got < N_ARGS; got++)
+        if (get_array(objs[got], &a[got], names[got], codes[got]) < 0) goto done;
+    Py_ssize_t n = a[0].n, ranks = a[9].n;
+    if (a[1].n != n || a[2].n != n || a[3].n != n || a[4].n != n || a[5].n != n || a[6].n != n + 1 ||
+        a[8].n != n || a[10].n != ranks || a[11].n != ranks || ranks == 0) {
+        PyErr_SetString(PyExc_ValueError, "array lengths differ");
+        goto done;
+    }
+    const int64_t *dep = a[0].data, *offsets = a[6].data, *members = a[7].data, *last = a[9].data;
+    const double *fixed = a[1].data, *window = a[2].data, *arrival = a[3].data, *start = a[10].data,
+                 *tail = a[11].data;
+    for (Py_ssize_t k = 0; k < n; k++) {        /* every index in range: the loop below reads without checks */
+        const int64_t *last_member = a[5].data;
+        if (dep[k] >= n || offsets[k] < 0 || offsets[k] > offsets[k + 1] || offsets[k + 1] > a[7].n ||
+            (offsets[k] == offsets[k + 1] && last_member[k] < n)) {
+            PyErr_SetString(PyExc_ValueError, "a dependency or a link out of range");
+            goto done;
+        }
+    }
+    for (Py_ssize_t i = 0; i < a[7].n; i++)
+        if (members[i] < 0 || members[i] > n) {
+            PyErr_SetString(PyExc_ValueError, "a link member out of range");
+            goto done;
+        }
+    for (Py_ssize_t r = 0; r < ranks; r++)
+        if (last[r] >= n) {
+            PyErr_SetString(PyExc_ValueError, "a rank's last instance out of range");
+            goto done;
+        }
+    buf = malloc(sizeof(double) * (2 * (size_t)n + 2));   /* new_a[n] exists: a member outside the step */
+    has_e = calloc((size_t)n + 1, 1);
+    if (!buf || !has_e) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Step st = {a[5].data, offsets, members, a[4].data, a[8].data, buf, buf + n + 1, has_e};
+    memcpy(buf, arrival, sizeof(double) * (size_t)n);
+    buf[n] = 0.0;
+    double latest, earliest;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t k = 0; k < n; k++)
+        st.new_a[k] = (dep[k] >= 0 ? end_of(&st, dep[k], k) : fixed[k]) + window[k];
+    for (Py_ssize_t r = 0; r < ranks; r++) {
+        double e = (last[r] >= 0 ? end_of(&st, last[r], n) : start[r]) + tail[r];
+        if (r == 0 || e > latest) latest = e;
+        if (r == 0 || start[r] < earliest) earliest = start[r];
+    }
+    Py_END_ALLOW_THREADS
+    result = PyFloat_FromDouble(latest - earliest);
+done:
+    free(buf);
+    free(has_e);
+    for (int i = 0; i < got; i++) PyBuffer_Release(&a[i].view);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"step", step, METH_VARARGS,
+     "step(dep, fixed, window, arrival, duration, last_member, offsets, members, transfer, last, start, tail)"
+     " -> float"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_retime", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__retime(void) { return PyModule_Create(&module); }
