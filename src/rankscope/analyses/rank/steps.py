@@ -13,10 +13,9 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import covered_between, union
-from rankscope.analyses.rank.views import event_end_ns, kind_mask, memo, name_mask, rows_of_kinds
-from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace
+from rankscope.analyses.rank.views import event_end_ns, kind_mask, launch_calls_by_id, memo, name_mask, rows_of_kinds
+from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, RankTrace
 
-_LAUNCH = (Kind.RUNTIME, Kind.DRIVER)
 
 
 def device_union(trace: RankTrace) -> tuple[np.ndarray, np.ndarray]:
@@ -79,18 +78,15 @@ def _last_launched_device_end(trace: RankTrace, starts: np.ndarray, cpu_ends: np
     step's CPU span; int64 min where none."""
     out = np.full(len(starts), np.iinfo(np.int64).min, dtype=np.int64)
     correlation = trace.events["correlation"].to_numpy()
-    linked = correlation >= 0
-    launch = rows_of_kinds(trace, _LAUNCH)
-    launch = launch[linked[launch]]
+    ids, by_id = launch_calls_by_id(trace)
     device = rows_of_kinds(trace, DEVICE_KINDS)
-    device = device[linked[device]]
-    if len(launch) == 0 or len(device) == 0:
+    device = device[correlation[device] >= 0]
+    if len(by_id) == 0 or len(device) == 0:
         return out
     # every (launch, device event) pair of one correlation id: the launches sorted by id, each device
     # event's range of launches found by binary search, then the ranges expanded
-    by_id = launch[np.argsort(correlation[launch], kind="stable")]
-    lo = np.searchsorted(correlation[by_id], correlation[device], side="left")
-    n = np.searchsorted(correlation[by_id], correlation[device], side="right") - lo
+    lo = np.searchsorted(ids, correlation[device], side="left")
+    n = np.searchsorted(ids, correlation[device], side="right") - lo
     pair_launch = by_id[np.repeat(lo - np.cumsum(n) + n, n) + np.arange(n.sum())]
     pair_end = np.repeat(event_end_ns(trace)[device], n)
     launch_ns = trace.events["ts_ns"].to_numpy()[pair_launch]
