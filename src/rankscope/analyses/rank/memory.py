@@ -61,7 +61,7 @@ import polars as pl
 from rankscope.analyses.intervals import covered_between, sorted_unique, union
 from rankscope.analyses.rank.steps import StepWindows, step_windows
 from rankscope.analyses.rank.views import gpu_args_at, rows_of_kinds
-from rankscope.model import Kind, RankTrace
+from rankscope.model import Kind, RankTrace, name_codes
 from rankscope.units import NS_PER_MS
 
 BYTES_PER_MB = float(1 << 20)
@@ -408,9 +408,14 @@ def pageable_memcpy(trace: RankTrace, windows: StepWindows | None = None) -> Mem
     ts = trace.events["ts_ns"].to_numpy()[rows]
     dur = trace.events["dur_ns"].to_numpy()[rows]
     nbytes = gpu_args_at(trace, rows, ["bytes"])["bytes"]
-    kinds = [classify_memcpy(n) for n in trace.events["name"].gather(rows).cast(pl.String).to_list()]
-    direction = np.array([d for d, _ in kinds], dtype=object)
-    host_memory = np.array([h for _, h in kinds], dtype=object)
+    # each distinct name classified once (unnamed: as ""), then read at each copy
+    codes = name_codes(trace.events)
+    name_of = dict(zip(codes.present.tolist(), codes.names))
+    code = codes.code[rows] if codes.named is None else np.where(codes.named[rows], codes.code[rows], -1)
+    distinct, first, at = np.unique(code, return_index=True, return_inverse=True)
+    kind_of_name = [classify_memcpy(name_of.get(c, "")) for c in distinct.tolist()]
+    direction = np.array([d for d, _ in kind_of_name] or [""], dtype=object)[at]
+    host_memory = np.array([h for _, h in kind_of_name] or [""], dtype=object)[at]
 
     def summarise(sel: np.ndarray) -> CopySummary:
         if not sel.any():
@@ -431,7 +436,7 @@ def pageable_memcpy(trace: RankTrace, windows: StepWindows | None = None) -> Mem
             step_share_pct=100.0 * covered / step_total_ns if step_total_ns > 0 else None)
 
     by_kind_rows = []
-    for kind in dict.fromkeys(kinds):                      # in order of first appearance
+    for kind in dict.fromkeys(kind_of_name[i] for i in np.argsort(first)):   # in order of first appearance
         c = summarise((direction == kind[0]) & (host_memory == kind[1]))
         by_kind_rows.append({"direction": kind[0], "host_memory": kind[1], "count": c.count, "total_ms": c.total_ms,
                      "bytes": c.bytes, "bytes_missing": c.bytes_missing,
