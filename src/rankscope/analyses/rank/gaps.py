@@ -22,7 +22,7 @@ import polars as pl
 from rankscope.analyses.rank.breakdown import CATEGORIES, Timeline, classify_timeline
 from rankscope.analyses.intervals import union
 from rankscope.analyses.rank.steps import StepWindows, step_windows
-from rankscope.analyses.rank.views import event_end_ns, kind_mask, name_mask, rows_of_kinds
+from rankscope.analyses.rank.views import event_end_ns, kind_mask, launch_calls_by_id, name_mask, rows_of_kinds
 from rankscope.model import DATALOADER_PATTERN, DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace
 
 #: Shorter idle stretches are launch jitter, not gaps (tb-profiler's GPU-idle view shows >= 0.1 ms).
@@ -120,13 +120,16 @@ def idle_gaps(trace: RankTrace, windows: StepWindows | None = None, timeline: Ti
 
 
 def _launches(trace: RankTrace, correlations: list[int]) -> dict[int, tuple[int, int]]:
-    """correlation -> (ts_ns, tid) of the runtime call that launched it."""
-    wanted = [c for c in correlations if c is not None and c >= 0]
-    rows = rows_of_kinds(trace, [Kind.RUNTIME, Kind.DRIVER])
-    rows = rows[np.isin(trace.events["correlation"].to_numpy()[rows], wanted)]
+    """correlation -> (ts_ns, tid) of the runtime call that launched it (of several with one id, the
+    last in the frame)."""
+    wanted = np.array(sorted({c for c in correlations if c is not None and c >= 0}), dtype=np.int64)
+    ids, calls = launch_calls_by_id(trace)
+    end = np.searchsorted(ids, wanted, side="right")
+    found = (end > 0) & (ids[np.maximum(end - 1, 0)] == wanted) if len(ids) else np.zeros(len(wanted), bool)
+    rows = calls[end[found] - 1]
     ev = trace.events
-    return {int(c): (int(t), int(tid)) for c, t, tid in zip(ev["correlation"].to_numpy()[rows],
-                                                           ev["ts_ns"].to_numpy()[rows], ev["tid"].to_numpy()[rows])}
+    return {int(c): (int(t), int(tid)) for c, t, tid in zip(wanted[found], ev["ts_ns"].to_numpy()[rows],
+                                                           ev["tid"].to_numpy()[rows])}
 
 
 def _host_ops_by_thread(trace: RankTrace, tids: set[int], kinds: Iterable[int],
