@@ -241,6 +241,31 @@ def test_unnamed_events_of_every_category(folder):
         assert write_and_check(json.dumps(doc).encode(), gz=False, cache=True) is not None, cat
 
 
+@pytest.mark.parametrize("folder", BASES)
+def test_name_lookups_by_code_are_the_string_lookups(folder, tmp_path):
+    """The analyses look names up by their Categorical code (a table per pattern, a bincount per
+    name). On a base with every 7th event unnamed (null) and every 11th named "", against polars'
+    own string lookups: the distinct names, each pattern's mask, and the names read from polars'
+    table of categories or from the column's distinct values."""
+    from rankscope import model
+    from rankscope.analyses.rank import views
+    doc = copy.deepcopy(base_doc(folder))
+    for i, e in enumerate(doc["traceEvents"]):
+        if isinstance(e, dict) and e.get("ph") == "X" and i % 7 in (0, 4):
+            e["name"] = None if i % 7 == 0 else ""
+    path = tmp_path / "rank0.pt.trace.json"
+    path.write_text(json.dumps(doc))
+    trace = read_kineto(path)[0]
+    names = trace.events["name"]
+    assert names.null_count() > 0
+    assert sorted(model.distinct_names(trace.events)) == sorted(n for n in names.unique().cast(str).to_list() if n)
+    for pattern in (model.PROFILER_STEP_PATTERN, r"^aten::", r"[Kk]ernel|nccl", "^$", "no such name"):
+        wanted = model.names_matching(trace.events, pattern)
+        assert views.name_mask(trace, pattern).tolist() == names.is_in(wanted).fill_null(False).to_list(), pattern
+    codes = model.name_codes(trace.events)
+    assert codes.names == model.names_of_codes(names, codes.present, from_table=False)
+
+
 # ts / dur values: (JSON value or a function of the event's own ts, the reason it is dropped or None)
 _TS = [(None, None), ("abc", "ts not a number"), (float("nan"), "ts not a number"), (float("-inf"), "ts not a number"),
        (True, "ts not a number"), ([1], "ts not a number"), (1e300, "ts out of range"), (-5e15, "ts out of range"),

@@ -167,12 +167,23 @@ def name_codes(frame: pl.DataFrame) -> NameCodes:
         physical = column.to_physical()
         code = physical.fill_null(0).to_numpy().astype(np.intp)
         named = physical.is_not_null().to_numpy() if physical.null_count() else None
-        counts = np.bincount(code if named is None else code[named])
-        present = np.flatnonzero(counts)
-        found = NameCodes(code, named, present, column.dtype.categories.to_series().gather(present).to_list())
+        present = np.flatnonzero(np.bincount(code if named is None else code[named]))
+        found = NameCodes(code, named, present, names_of_codes(column, present))
         _name_codes[key] = found
         weakref.finalize(frame, _name_codes.pop, key, None)
     return found
+
+
+def names_of_codes(column: pl.Series, codes: np.ndarray, from_table: bool = True) -> list[str]:
+    """The names of these codes of a Categorical column: read from polars' table of categories
+    (polars >= 1.32: one per process, a category's code is its position there), else, or without
+    `from_table`, from the column's own distinct values."""
+    table = getattr(column.dtype, "categories", None) if from_table else None
+    if table is not None and hasattr(table, "to_series"):
+        return table.to_series().gather(codes).to_list()
+    distinct = column.drop_nulls().unique()
+    name_of = dict(zip(distinct.to_physical().to_list(), distinct.cast(pl.String).to_list()))
+    return [name_of[c] for c in codes.tolist()]
 
 
 def distinct_names(frame: pl.DataFrame) -> list[str]:
