@@ -398,7 +398,8 @@ class _StepPlan:
         self.after: list[tuple[int, float | int]] = []     # (0, start) | (1, earlier instance) | (2, fixed time)
         self.members: list[list[int] | None] = []
         self.last_member: list[int] = []                    # the link's latest-numbered member (n: none)
-        numbered: dict[int, tuple[list[int], int]] = {}
+        self.link: list[int] = []                           # the link's number in `self.links` (-1: none)
+        numbered: dict[int, tuple[list[int], int, int]] = {}
         self.transfer: list[float] = []                     # after the link's last arrival
         for r, i in keys:
             rank = rk[r]
@@ -414,11 +415,13 @@ class _StepPlan:
             cid = links.of.get((r, i))
             if cid is not None and cid not in numbered:     # one list per link, shared by its members
                 members = [pos.get(m, n) for m in links.members[cid]]
-                numbered[cid] = (members, max(members))
-            members, last = numbered[cid] if cid is not None else (None, n)
+                numbered[cid] = (members, max(members), len(numbered))
+            members, last, link = numbered[cid] if cid is not None else (None, n, -1)
             self.members.append(members)
             self.last_member.append(last)
+            self.link.append(link)
             self.transfer.append(0.0 if cid is None else float(max(rank.e[i] - links.last_arrival[cid], 0)))
+        self.links = [members for members, _, _ in numbered.values()]     # each link's members, once
         # per rank (row): its last instance of the step (None: none), its step start, its tail per category
         self.last = [pos[(r.rank, i)] if (i := _last_in_step(r, s)) is not None else None for r in rk.values()]
         self.start = [float(r.steps[s][0]) for r in rk.values()]
@@ -434,7 +437,7 @@ class _StepPlan:
             a = self._arrays
             transfer = np.where([d in free_dims for d in self.dim], 0.0, a["transfer"]) if free_dims else a["transfer"]
             return _c_retime.step(a["dep"], a["fixed"], window, a["arrival"], a["duration"], a["last_member"],
-                                  a["offsets"], a["members"], transfer, a["last"], a["start"], tail)
+                                  a["link"], a["offsets"], a["members"], transfer, a["last"], a["start"], tail)
         window = window.tolist()
         n = len(window)
         new_a: list[float] = list(self.arrival)   # instances 0 .. k-1 (arrived): their new arrival
@@ -460,16 +463,16 @@ class _StepPlan:
 
     @functools.cached_property
     def _arrays(self) -> dict[str, np.ndarray]:
-        """The plan as the C pass reads it (`_retime.c`): dependencies and fixed starts apart, each
-        link's members in one array (offsets per instance), None as -1."""
-        members = [m or [] for m in self.members]
+        """The plan as the C pass reads it (`_retime.c`): dependencies and fixed starts apart, the
+        links' members in one array (offsets per link), None as -1."""
         return {"dep": np.array([v if kind == 1 else -1 for kind, v in self.after], dtype=np.int64),
                 "fixed": np.array([0.0 if kind == 1 else v for kind, v in self.after], dtype=np.float64),
                 "arrival": np.array(self.arrival, dtype=np.float64),
                 "duration": np.array(self.duration, dtype=np.float64),
                 "last_member": np.array(self.last_member, dtype=np.int64),
-                "offsets": np.cumsum([0] + [len(m) for m in members], dtype=np.int64),
-                "members": np.array([x for m in members for x in m], dtype=np.int64),
+                "link": np.array(self.link, dtype=np.int64),
+                "offsets": np.cumsum([0] + [len(m) for m in self.links], dtype=np.int64),
+                "members": np.array([x for m in self.links for x in m], dtype=np.int64),
                 "transfer": np.array(self.transfer, dtype=np.float64),
                 "last": np.array([-1 if i is None else i for i in self.last], dtype=np.int64),
                 "start": np.array(self.start, dtype=np.float64)}
