@@ -154,9 +154,6 @@ class _Rank:
         order = np.argsort(self.e, kind="stable")
         k = np.searchsorted(self.e[order], self.w, side="right") - 1
         self.before_window = np.where(k >= 0, order[np.maximum(k, 0)], -1).tolist()
-        # read one instance at a time from here on: Python ints (a numpy scalar read costs several times more)
-        self.a, self.e, self.w, self.step, self.comm_cat = (
-            x.tolist() for x in (self.a, self.e, self.w, self.step, self.comm_cat))
 
     def waited_for(self, i: int) -> int | None:
         """The instance whose end instance i's window started after (`before_window`), or None."""
