@@ -39,17 +39,17 @@ from typing import Sequence
 
 import numpy as np
 
-try:
-    from rankscope.analyses import _retime as _c_retime      # the re-timing pass in C
-except ImportError:                                            # built without a C compiler: `_StepPlan.retime`'s loop
-    _c_retime = None
-
 from rankscope.analyses.job.matching import CollectiveTable
 from rankscope.analyses.job.parallel import ParallelReport
 from rankscope.analyses.rank.breakdown import CATEGORIES
 from rankscope.analyses.rank.collectives import RankCollectives
 from rankscope.thresholds import Thresholds, resolve
 from rankscope.units import NS_PER_MS
+
+try:
+    from rankscope.analyses import _retime as _c_retime      # the re-timing pass in C
+except ImportError:                                            # built without a C compiler: `_StepPlan.retime`'s loop
+    _c_retime = None
 
 _N = len(CATEGORIES)
 _IDLE = CATEGORIES.index("idle_other")
