@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 import weakref
 from dataclasses import dataclass, field
+from functools import cached_property
 from enum import IntEnum
 from typing import Any
 
@@ -147,9 +148,18 @@ class NameCodes:
     """The names of a frame's rows as codes: each name's position in polars' (process-wide) table
     of Categorical strings. Lookups and per-name sums on codes hash no string per row."""
     code: np.ndarray                 # per row, intp; 0 where the name is null
-    named: np.ndarray | None         # per row, whether it has a name; None when every row has
+    named: np.ndarray                # per row, whether it has a name
     present: np.ndarray              # the distinct codes of the frame's names ("" included)
     names: list[str]                 # their names
+
+    @cached_property
+    def name_of(self) -> dict[int, str]:
+        """Each present code's name."""
+        return dict(zip(self.present.tolist(), self.names))
+
+    def at(self, rows: np.ndarray | slice, unnamed: int) -> np.ndarray:
+        """The codes of the rows at `rows`, `unnamed` where a row has no name."""
+        return np.where(self.named[rows], self.code[rows], unnamed)
 
 
 _name_codes: dict[int, NameCodes] = {}
@@ -166,8 +176,8 @@ def name_codes(frame: pl.DataFrame) -> NameCodes:
             column = column.cast(pl.String).cast(pl.Categorical)
         physical = column.to_physical()
         code = physical.fill_null(0).to_numpy().astype(np.intp)
-        named = physical.is_not_null().to_numpy() if physical.null_count() else None
-        present = np.flatnonzero(np.bincount(code if named is None else code[named]))
+        named = physical.is_not_null().to_numpy()
+        present = np.flatnonzero(np.bincount(code[named]))
         found = NameCodes(code, named, present, names_of_codes(column, present))
         _name_codes[key] = found
         weakref.finalize(frame, _name_codes.pop, key, None)

@@ -23,7 +23,8 @@ from rankscope.analyses.rank.breakdown import CATEGORIES, Timeline, classify_tim
 from rankscope.analyses.intervals import union
 from rankscope.analyses.rank.steps import StepWindows, step_windows
 from rankscope.analyses.rank.views import event_end_ns, kind_mask, launch_calls_by_id, name_mask, rows_of_kinds
-from rankscope.model import DATALOADER_PATTERN, DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace
+from rankscope.model import (DATALOADER_PATTERN, DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace,
+                             name_codes)
 
 #: Shorter idle stretches are launch jitter, not gaps (tb-profiler's GPU-idle view shows >= 0.1 ms).
 GAP_MIN_US = 100.0
@@ -137,7 +138,7 @@ def _host_ops_by_thread(trace: RankTrace, tids: set[int], kinds: Iterable[int],
     """The named events of these kinds that say what the host does (not the step / DataLoader
     marks), per thread: (start, end, row in trace.events)."""
     marks = name_mask(trace, PROFILER_STEP_PATTERN) | name_mask(trace, DATALOADER_PATTERN)
-    ops = kind_mask(trace, kinds) & ~marks & trace.events["name"].is_not_null().to_numpy()
+    ops = kind_mask(trace, kinds) & ~marks & name_codes(trace.events).named
     tid = trace.events["tid"].to_numpy()
     out = {}
     for t in tids:

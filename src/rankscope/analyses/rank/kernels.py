@@ -100,7 +100,7 @@ import polars as pl
 
 from rankscope.analyses.intervals import union
 from rankscope.analyses.rank.views import device_events, gpu_args_at, names_matching, rows_of_kinds
-from rankscope.model import HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, KernelClass, RankTrace
+from rankscope.model import HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, KernelClass, RankTrace, name_codes
 from rankscope.units import NS_PER_US, NS_PER_MS
 
 _HOST = [int(k) for k in HOST_OP_KINDS]
@@ -292,9 +292,8 @@ def _overlap_sweep(unions: dict) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=_OVERLAP_FRAME).sort("time_ms", descending=True)
 
 
-def _name_codes(names: pl.Series) -> np.ndarray:
-    """Each name's category code as int64, below 2**32 (a missing name: 2**32 - 1)."""
-    return names.to_physical().cast(pl.Int64).fill_null(2**32 - 1).to_numpy()
+#: The name code of an unnamed kernel in (class << 32 | name code) keys (codes are below 2**32).
+_UNNAMED = 2**32 - 1
 
 
 def _top_kernels(dev: pl.DataFrame, top_k: int) -> TopKernels:
@@ -303,7 +302,7 @@ def _top_kernels(dev: pl.DataFrame, top_k: int) -> TopKernels:
     kclass = dev["kclass"].to_numpy().astype(np.int64)
     dur = dev["dur_ns"].to_numpy()
     # per (class, name): summed duration, and the name's rank in its class
-    key = (kclass << 32) | _name_codes(dev["name"])
+    key = (kclass << 32) | name_codes(dev).at(slice(None), _UNNAMED)
     per = np.unique(key)
     of_event = np.searchsorted(per, key)
     first = np.full(len(per), len(dev))
@@ -411,7 +410,7 @@ def kernel_stats(trace: RankTrace, top_n: int = 20) -> KernelStats:
 
     # per kernel name: g, the name's index of each launch
     kclass = trace.events["kclass"].to_numpy()[rows].astype(np.int64)
-    key = (kclass << 32) | _name_codes(trace.events["name"].gather(rows))
+    key = (kclass << 32) | name_codes(trace.events).at(rows, _UNNAMED)
     per = np.unique(key)
     g = np.searchsorted(per, key)
     n = len(per)

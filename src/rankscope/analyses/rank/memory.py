@@ -410,10 +410,8 @@ def pageable_memcpy(trace: RankTrace, windows: StepWindows | None = None) -> Mem
     nbytes = gpu_args_at(trace, rows, ["bytes"])["bytes"]
     # each distinct name classified once (unnamed: as ""), then read at each copy
     codes = name_codes(trace.events)
-    name_of = dict(zip(codes.present.tolist(), codes.names))
-    code = codes.code[rows] if codes.named is None else np.where(codes.named[rows], codes.code[rows], -1)
-    distinct, first, at = np.unique(code, return_index=True, return_inverse=True)
-    kind_of_name = [classify_memcpy(name_of.get(c, "")) for c in distinct.tolist()]
+    distinct, first, at = np.unique(codes.at(rows, -1), return_index=True, return_inverse=True)
+    kind_of_name = [classify_memcpy(codes.name_of.get(c, "")) for c in distinct.tolist()]
     direction = np.array([d for d, _ in kind_of_name] or [""], dtype=object)[at]
     host_memory = np.array([h for _, h in kind_of_name] or [""], dtype=object)[at]
 

@@ -64,9 +64,9 @@ try:
     from rankscope.analyses import _nesting
 except ImportError:                     # built without a C compiler: the numpy method
     _nesting = None
-from rankscope.analyses.rank.views import (column, first_launch_rows, names_matching, of_kinds,
+from rankscope.analyses.rank.views import (column, first_launch_rows, name_mask, of_kinds,
                                           rows_of_kinds)
-from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace
+from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace, name_codes
 from rankscope.units import NS_PER_MS
 
 GROUPINGS = ("name", "shapes", "stack")
@@ -141,12 +141,14 @@ def operator_stats(trace: RankTrace, top_n: int = 20, group_by: str = "name",
     if stack_frame not in ("user", "top"):
         raise ValueError(f"stack_frame must be 'user' or 'top', not {stack_frame!r}")
     t = _op_times(trace)
-    names = trace.events["name"].gather(rows_of_kinds(trace, HOST_OP_KINDS)[t.order])
+    rows = rows_of_kinds(trace, HOST_OP_KINDS)[t.order]
+    names = trace.events["name"].gather(rows)
     stack_source = None
     if group_by == "stack":
         location, labels, stack_source = _locations(trace, t, stack_frame)
-    keep = (names.is_not_null() & ~names.is_in(names_matching(trace, PROFILER_STEP_PATTERN))).fill_null(False).to_numpy()
-    name_code = _codes(names)
+    codes = name_codes(trace.events)
+    keep = codes.named[rows] & ~name_mask(trace, PROFILER_STEP_PATTERN)[rows]
+    name_code = codes.code[rows]
     if group_by == "name":
         group = _group_ids(name_code, keep)
     elif group_by == "shapes":

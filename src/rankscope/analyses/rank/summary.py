@@ -179,15 +179,13 @@ def name_totals(trace: RankTrace, rows: np.ndarray) -> NameTotals:
     """Per event name of the events at `rows` (every name; unnamed events left out): calls, summed
     and summed squared duration. Sums per name code (exact: a name's summed ns stays below 2**53)."""
     codes = name_codes(trace.events)
-    if codes.named is not None:
-        rows = rows[codes.named[rows]]
+    rows = rows[codes.named[rows]]
     code, dur = codes.code[rows], trace.events["dur_ns"].to_numpy()[rows]
     n = int(codes.present.max(initial=-1)) + 1
     count, total = np.bincount(code, minlength=n), np.bincount(code, weights=dur, minlength=n)
     sumsq = np.bincount(code, weights=dur.astype(np.float64) ** 2, minlength=n)
-    name_of = dict(zip(codes.present.tolist(), codes.names))
-    at = sorted(np.flatnonzero(count).tolist(), key=name_of.__getitem__)
-    return NameTotals(name=[name_of[c] for c in at], count=count[at].tolist(),
+    at = sorted(np.flatnonzero(count).tolist(), key=codes.name_of.__getitem__)
+    return NameTotals(name=[codes.name_of[c] for c in at], count=count[at].tolist(),
                       total_ns=total[at].astype(np.int64).tolist(), sumsq_ns2=sumsq[at].tolist())
 
 

@@ -88,10 +88,7 @@ def _hta_scope_rows(trace: RankTrace, include_last_step: bool) -> np.ndarray:
     device_side = ((col["stream"] >= 0) & (corr >= 0)) | named_mask(trace, _HTA_DEVICE_SYNC_NAMES)
     # an unnamed event that is not device side by its stream and correlation is on neither side (as polars'
     # null-aware filters left it)
-    host = ~device_side
-    named = name_codes(trace.events).named
-    if named is not None:
-        host &= named
+    host = ~device_side & name_codes(trace.events).named
     marks = host & named_mask(trace, step_names)
     if not marks.any():
         return every_row

@@ -106,8 +106,8 @@ def named_mask(trace: RankTrace, names: Iterable[str]) -> np.ndarray:
     def make() -> np.ndarray:
         codes = model.name_codes(trace.events)
         table = np.zeros(int(codes.present.max(initial=0)) + 1, bool)
-        table[[c for c, n in zip(codes.present.tolist(), codes.names) if n in wanted]] = True
-        return table[codes.code] if codes.named is None else table[codes.code] & codes.named
+        table[[c for c, n in codes.name_of.items() if n in wanted]] = True
+        return table[codes.code] & codes.named
     return memo(trace, ("named_mask", wanted), make)
 
 
