@@ -45,7 +45,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import covered_between, union
-from rankscope.analyses.rank.steps import StepWindows, step_windows
+from rankscope.analyses.rank.steps import StepWindows, device_class_union, step_windows
 from rankscope.analyses.rank.views import event_end_ns, kind_mask, name_mask
 from rankscope.analyses.rank.dataloader import dataloader_span_rows
 from rankscope.model import (BLOCKING_SYNC_PATTERN, DATALOADER_PATTERN, DEVICE_KINDS, HOST_COMM_PATTERN,
@@ -110,14 +110,12 @@ def _python_sets(ev: pl.DataFrame, tid: int | None = None) -> dict[str, tuple[np
 
 
 def _device_sets(trace: RankTrace) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    kclass = trace.events["kclass"].to_numpy()
-    dev = kind_mask(trace, DEVICE_KINDS)
     marks = name_mask(trace, PROFILER_STEP_PATTERN) | name_mask(trace, DATALOADER_PATTERN)
     python = kind_mask(trace, [Kind.PYTHON_FUNCTION])
     return {
-        "comp": _union_of(trace, dev & (kclass == int(KernelClass.COMP))),
-        "comm": _union_of(trace, dev & (kclass == int(KernelClass.COMM))),
-        "mem": _union_of(trace, dev & (kclass == int(KernelClass.MEM))),
+        "comp": device_class_union(trace, KernelClass.COMP),
+        "comm": device_class_union(trace, KernelClass.COMM),
+        "mem": device_class_union(trace, KernelClass.MEM),
         "dataloader": _union_of(trace, dataloader_span_rows(trace)),
         "sync": _union_of(trace, kind_mask(trace, [Kind.RUNTIME]) & name_mask(trace, BLOCKING_SYNC_PATTERN)),
         "host": _union_of(trace, kind_mask(trace, [Kind.CPU_OP, Kind.RUNTIME, Kind.DRIVER]) & ~marks),

@@ -99,6 +99,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.intervals import union
+from rankscope.analyses.rank.steps import device_class_union
 from rankscope.analyses.rank.views import device_events, gpu_args_at, names_matching, rows_of_kinds
 from rankscope.model import HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, KernelClass, RankTrace, name_codes
 from rankscope.units import NS_PER_US, NS_PER_MS
@@ -228,8 +229,9 @@ def kernel_breakdown(trace: RankTrace, top_k: int = 10, hta_filter: bool = False
     end = ts + dur
     kc = dev["kclass"].to_numpy()
 
-    # classes: plain sums and per-class union
-    unions = {c: union(ts[kc == int(c)], end[kc == int(c)]) for c in _CLASSES}
+    # classes: plain sums and per-class union (the timeline's own, when every device event counts)
+    unions = {c: union(ts[kc == int(c)], end[kc == int(c)]) if hta_filter else device_class_union(trace, c)
+              for c in _CLASSES}
     total_sum = int(dur.sum())
     rows = []
     for c in _CLASSES:
@@ -244,7 +246,7 @@ def kernel_breakdown(trace: RankTrace, top_k: int = 10, hta_filter: bool = False
     classes = pl.DataFrame(rows, schema=_CLASS_FRAME).sort("sum_ms", descending=True)
 
     overlap = _overlap_sweep(unions)
-    all_s, all_e = union(ts, end)
+    all_s, all_e = union(*(np.concatenate(parts) for parts in zip(*unions.values())))
     busy = int((all_e - all_s).sum())
     top = _top_kernels(dev, top_k)
     return KernelBreakdown(KernelClasses(**classes.to_dict(as_series=False)),

@@ -14,7 +14,7 @@ import polars as pl
 
 from rankscope.analyses.intervals import covered_between, union
 from rankscope.analyses.rank.views import event_end_ns, kind_mask, launch_calls_by_id, memo, name_mask, rows_of_kinds
-from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, RankTrace
+from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, KernelClass, RankTrace
 
 
 
@@ -24,6 +24,15 @@ def device_union(trace: RankTrace) -> tuple[np.ndarray, np.ndarray]:
         dev = kind_mask(trace, DEVICE_KINDS)
         return union(trace.events["ts_ns"].to_numpy()[dev], event_end_ns(trace)[dev])
     return memo(trace, ("steps", "device_union"), make)
+
+
+def device_class_union(trace: RankTrace, kernel_class: KernelClass) -> tuple[np.ndarray, np.ndarray]:
+    """The time with at least one device event (kernel, memcpy, memset) of this kernel class running:
+    sorted disjoint intervals."""
+    def make():
+        sel = kind_mask(trace, DEVICE_KINDS) & (trace.events["kclass"].to_numpy() == int(kernel_class))
+        return union(trace.events["ts_ns"].to_numpy()[sel], event_end_ns(trace)[sel])
+    return memo(trace, ("steps", "device_class_union", int(kernel_class)), make)
 
 
 # ----------------------------------------------------------------------------------------------
