@@ -108,7 +108,8 @@ def _stderr_on_a_terminal(args: list, tmp_path: Path, quiet: bool = False) -> tu
     from conftest import rankscope_cmd
     master, slave = pty.openpty()
     env = dict(os.environ, RANKSCOPE_CACHE_DIR=str(tmp_path / "default-cache"), COLUMNS="250")
-    for v in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
+    from rankscope.cli.common import _FORCE_TERMINAL
+    for v in _FORCE_TERMINAL:
         env.pop(v, None)
     stdout = tmp_path / "stdout.json"             # a file: a full pipe would stop the run
     with stdout.open("wb") as f:

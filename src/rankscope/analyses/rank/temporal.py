@@ -40,7 +40,6 @@ from rankscope.units import NS_PER_MS
 #: HTA treats these cuda_sync events as device-side even without a correlation id (trace_filter.py).
 _HTA_DEVICE_SYNC_NAMES = ("Event Sync", "Context Sync")
 _STEP_MARK = "ProfilerStep"
-_DEVICE = [int(k) for k in DEVICE_KINDS]
 _COLUMNS = ("kind", "ts_ns", "dur_ns", "device", "stream", "correlation", "kclass")
 
 
