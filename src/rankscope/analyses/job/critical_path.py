@@ -393,7 +393,6 @@ class _StepPlan:
         self.duration = [float(rk[r].e[i] - rk[r].a[i]) for r, i in keys]
         self.dim = [rk[r].dim[i] for r, i in keys]
         self.after: list[tuple[int, float | int]] = []     # (0, start) | (1, earlier instance) | (2, fixed time)
-        self.members: list[list[int] | None] = []
         self.last_member: list[int] = []                    # the link's latest-numbered member (n: none)
         self.link: list[int] = []                           # the link's number in `self.links` (-1: none)
         numbered: dict[int, tuple[list[int], int, int]] = {}
@@ -410,11 +409,10 @@ class _StepPlan:
             else:                          # it ended in an earlier step: a fixed time
                 self.after.append((2, float(max(w, start))))
             cid = links.of.get((r, i))
-            if cid is not None and cid not in numbered:     # one list per link, shared by its members
+            if cid is not None and cid not in numbered:     # each link numbered once, its members listed once
                 members = [pos.get(m, n) for m in links.members[cid]]
                 numbered[cid] = (members, max(members), len(numbered))
-            members, last, link = numbered[cid] if cid is not None else (None, n, -1)
-            self.members.append(members)
+            _, last, link = numbered[cid] if cid is not None else (None, n, -1)
             self.last_member.append(last)
             self.link.append(link)
             self.transfer.append(0.0 if cid is None else float(max(rank.e[i] - links.last_arrival[cid], 0)))
@@ -439,8 +437,8 @@ class _StepPlan:
         n = len(window)
         new_a: list[float] = list(self.arrival)   # instances 0 .. k-1 (arrived): their new arrival
         new_e: list[float | None] = [None] * n
-        last_member, duration, members, dim, transfer = (self.last_member, self.duration, self.members, self.dim,
-                                                         self.transfer)
+        last_member, duration, link, dim, transfer = (self.last_member, self.duration, self.link, self.dim,
+                                                      self.transfer)
 
         def end_of(k: int, arrived: int) -> float:
             v = new_e[k]
@@ -448,7 +446,7 @@ class _StepPlan:
                 if last_member[k] >= arrived:            # not a link, or a member has not arrived yet
                     v = new_a[k] + duration[k]
                 else:
-                    v = max(map(new_a.__getitem__, members[k])) + (0.0 if dim[k] in free_dims else transfer[k])
+                    v = max(map(new_a.__getitem__, self.links[link[k]])) + (0.0 if dim[k] in free_dims else transfer[k])
                 new_e[k] = v
             return v
 
