@@ -33,7 +33,6 @@ mean).
 from __future__ import annotations
 
 import bisect
-import functools
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -240,7 +239,7 @@ def _links(table: CollectiveTable, rk: dict[int, _Rank], parallel: ParallelRepor
     of, members = {}, {}
     m = table.members
     if m.height:
-        for cid, rank, idx in m.select("cid", "rank", "idx").iter_rows():
+        for cid, rank, idx in zip(*(m[c].to_list() for c in ("cid", "rank", "idx"))):
             if rank in rk:
                 of[(rank, idx)] = cid
                 members.setdefault(cid, []).append((rank, idx))
@@ -372,55 +371,112 @@ def _last_in_step(r: _Rank, s: int) -> int | None:
 
 
 # ---------------------------------------------------------------------------------------- what-if
+class _Instances:
+    """Every rank's instances numbered as one (rank by rank in `rk` order) and sorted once by (step,
+    arrival, rank, idx), with what a step's plan reads of them: the plans of all steps then take
+    their instances and links as slices of arrays instead of one lookup per instance."""
+
+    def __init__(self, rk: dict[int, _Rank], links: _Links):
+        ranks = list(rk.values())
+        sizes = [len(r.a) for r in ranks]
+        first = np.concatenate(([0], np.cumsum(sizes, dtype=np.int64)))
+        self.row = np.repeat(np.arange(len(ranks), dtype=np.int64), sizes)
+        joined = lambda arrays: np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
+        self.a, self.e = joined([r.a for r in ranks]), joined([r.e for r in ranks])
+        self.w, self.step = joined([r.w for r in ranks]), joined([r.step for r in ranks])
+        self.pre = np.concatenate([r.pre for r in ranks]).astype(np.float64) if ranks else np.zeros((0, _N))
+        waited = joined([np.asarray(r.before_window, dtype=np.int64) for r in ranks])
+        self.waited = np.where(waited >= 0, waited + first[:-1][self.row], -1)     # in this numbering
+        self.dims = sorted({d for r in ranks for d in r.dim})
+        code = {d: k for k, d in enumerate(self.dims)}
+        self.dim = np.array([code[d] for r in ranks for d in r.dim], dtype=np.int64)
+        rank_ids = np.array(list(rk), dtype=np.int64)
+        self.order = np.lexsort((np.arange(len(self.a)), rank_ids[self.row], self.a, self.step))
+        self.sorted_step = self.step[self.order]
+        # links: each instance's link id (-1: none); per link id its members (`members[start:start +
+        # count]`, in `links.members` order) and its last arrival
+        by_rank = np.argsort(rank_ids)
+
+        def numbered(pairs: list[tuple[int, int]]) -> np.ndarray:
+            """(rank, idx) pairs -> numbers here."""
+            p = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+            return first[by_rank[np.searchsorted(rank_ids, p[:, 0], sorter=by_rank)]] + p[:, 1]
+
+        n_links = max(links.members) + 1 if links.members else 0
+        self.link = np.full(len(self.a), -1, dtype=np.int64)
+        self.link[numbered(list(links.of))] = list(links.of.values())
+        # (one entry more than links: the last one, read at link id -1, stands for none)
+        self.member_start = np.zeros(n_links + 1, dtype=np.int64)
+        self.member_count = np.zeros(n_links + 1, dtype=np.int64)
+        self.last_arrival = np.zeros(n_links + 1, dtype=np.int64)
+        cids = list(links.members)
+        self.member_count[cids] = [len(m) for m in links.members.values()]
+        self.member_start[cids] = np.cumsum(self.member_count[cids]) - self.member_count[cids]
+        self.last_arrival[cids] = [links.last_arrival[c] for c in cids]
+        self.members = numbered([m for mem in links.members.values() for m in mem])
+        self.position = np.full(len(self.a), -1, dtype=np.int64)      # scratch: an instance's number in a step
+
+    def of_step(self, s: int) -> np.ndarray:
+        """The instances of step s in arrival order (ties: rank, idx)."""
+        lo, hi = np.searchsorted(self.sorted_step, [s, s + 1])
+        return self.order[lo:hi]
+
+
 class _StepPlan:
     """What re-timing step s needs that no change alters, taken once and re-timed per what-if:
-    the instances in arrival order, what each one's window started after (the step start, an
-    earlier instance of the step, or a fixed time in an earlier step), its pre-arrival window per
-    category, its link, and per rank the last instance and the tail. Instances are numbered by
-    arrival and re-timed in that order; a link member outside the step is number n, which never
-    arrives."""
+    the instances in arrival order, what each one's window started after (the end of an earlier
+    instance of the step: `dep`; else a fixed time, the step start or a time in an earlier step:
+    `fixed`), its pre-arrival window per category, its link, and per rank the last instance and
+    the tail. Instances are numbered by arrival and re-timed in that order; a link member outside
+    the step is number n, which never arrives. `instances`: `_Instances(rk, links)`, made once
+    for every step."""
 
-    def __init__(self, s: int, rk: dict[int, _Rank], links: _Links):
+    def __init__(self, s: int, rk: dict[int, _Rank], links: _Links, instances: _Instances | None = None):
+        x = instances if instances is not None else _Instances(rk, links)
         self.ranks = list(rk)
-        row_of = {r: k for k, r in enumerate(self.ranks)}
-        keys = [(r, i) for _, r, i in sorted((int(r.a[i]), r.rank, i) for r in rk.values()
-                                                for i in r.by_step.get(s, []))]
-        n = len(keys)
-        pos = {key: k for k, key in enumerate(keys)}
-        self.rank_row = np.array([row_of[r] for r, _ in keys], dtype=np.int64)
-        self.pre = np.array([rk[r].pre[i] for r, i in keys], dtype=np.float64) if keys else np.zeros((0, _N))
-        self.arrival = [float(rk[r].a[i]) for r, i in keys]
-        self.duration = [float(rk[r].e[i] - rk[r].a[i]) for r, i in keys]
-        self.dim = [rk[r].dim[i] for r, i in keys]
-        self.after: list[tuple[int, float | int]] = []     # (0, start) | (1, earlier instance) | (2, fixed time)
-        self.last_member: list[int] = []                    # the link's latest-numbered member (n: none)
-        self.link: list[int] = []                           # the link's number in `self.links` (-1: none)
-        numbered: dict[int, tuple[list[int], int, int]] = {}
-        self.transfer: list[float] = []                     # after the link's last arrival
-        for r, i in keys:
-            rank = rk[r]
-            start = rank.steps[s][0]
-            w = int(rank.w[i])
-            dep = rank.waited_for(i) if w > start else None
-            if dep is None or dep == i:
-                self.after.append((0, float(start)))
-            elif rank.step[dep] == s:
-                self.after.append((1, pos[(r, dep)]))
-            else:                          # it ended in an earlier step: a fixed time
-                self.after.append((2, float(max(w, start))))
-            cid = links.of.get((r, i))
-            if cid is not None and cid not in numbered:     # each link numbered once, its members listed once
-                members = [pos.get(m, n) for m in links.members[cid]]
-                numbered[cid] = (members, max(members), len(numbered))
-            _, last, link = numbered[cid] if cid is not None else (None, n, -1)
-            self.last_member.append(last)
-            self.link.append(link)
-            self.transfer.append(0.0 if cid is None else float(max(rank.e[i] - links.last_arrival[cid], 0)))
-        self.links = [members for members, _, _ in numbered.values()]     # each link's members, once
-        # per rank (row): its last instance of the step (None: none), its step start, its tail per category
-        self.last = [pos[(r.rank, i)] if (i := _last_in_step(r, s)) is not None else None for r in rk.values()]
-        self.start = [float(r.steps[s][0]) for r in rk.values()]
+        g = x.of_step(s)
+        n = len(g)
+        position = x.position
+        position[g] = np.arange(n)
+        self.rank_row = x.row[g]
+        self.pre = x.pre[g]
+        self.arrival = x.a[g].astype(np.float64)
+        self.duration = (x.e[g] - x.a[g]).astype(np.float64)
+        self.dims, self.dim = x.dims, x.dim[g]
+        # what each window started after: an earlier instance of the step on its rank, else its step
+        # start, or (the instance it waited for ended in an earlier step) its own start
+        step_start = np.array([r.steps[s][0] for r in rk.values()], dtype=np.int64)
+        start, w, dep = step_start[self.rank_row], x.w[g], x.waited[g]
+        waits = (w > start) & (dep >= 0) & (dep != g)
+        same_step = waits & (x.step[np.maximum(dep, 0)] == s)
+        self.dep = np.where(same_step, position[np.maximum(dep, 0)], -1)
+        self.fixed = np.where(same_step, 0, np.where(waits, np.maximum(w, start), start)).astype(np.float64)
+        # links, numbered in the order of their first instance here; each one's members listed once
+        cid = x.link[g]
+        linked = cid >= 0
+        ids, first_at = np.unique(cid[linked], return_index=True)
+        ids = ids[np.argsort(first_at, kind="stable")]
+        number = np.full(len(x.member_start), -1, dtype=np.int64)
+        number[ids] = np.arange(len(ids))
+        self.link = number[cid]
+        count = x.member_count[ids]
+        self.offsets = np.concatenate(([0], np.cumsum(count, dtype=np.int64)))
+        members = x.members[np.repeat(x.member_start[ids] - self.offsets[:-1], count) + np.arange(self.offsets[-1])]
+        self.members = np.where(position[members] >= 0, position[members], n)
+        last_of_link = np.maximum.reduceat(self.members, self.offsets[:-1]) if len(ids) else np.zeros(0, np.int64)
+        self.last_member = np.append(last_of_link, n)[self.link]          # link -1: n
+        self.transfer = np.where(linked, np.maximum(x.e[g] - x.last_arrival[cid], 0), 0).astype(np.float64)
+        # per rank (row): its last instance of the step (latest end, ties: highest idx; -1: none), its
+        # step start, its tail per category
+        self.last = np.full(len(rk), -1, dtype=np.int64)
+        if n:
+            by_row = np.lexsort((g, x.e[g], self.rank_row))
+            rows = self.rank_row[by_row]
+            ends = np.flatnonzero(np.r_[rows[1:] != rows[:-1], True])
+            self.last[rows[ends]] = by_row[ends]
+        self.start = step_start.astype(np.float64)
         self.tail = np.array([r.tail.get(s, np.zeros(_N)) for r in rk.values()], dtype=np.float64).reshape(-1, _N)
+        position[g] = -1
 
     def retime(self, mult: np.ndarray, free_dims: frozenset = frozenset(), use_c: bool = True) -> float:
         """The step's duration (ns, latest end - earliest start) with rank row k's categories scaled
@@ -428,17 +484,19 @@ class _StepPlan:
         (`_retime.c`, the same pass); the loop below is the reference."""
         window = np.einsum("ij,ij->i", self.pre, mult[self.rank_row])
         tail = np.einsum("ij,ij->i", self.tail, mult)
+        transfer = self.transfer
+        if free_dims:
+            transfer = np.where(np.isin(self.dim, [k for k, d in enumerate(self.dims) if d in free_dims]), 0.0, transfer)
         if use_c and _c_retime is not None:
-            a = self._arrays
-            transfer = np.where([d in free_dims for d in self.dim], 0.0, a["transfer"]) if free_dims else a["transfer"]
-            return _c_retime.step(a["dep"], a["fixed"], window, a["arrival"], a["duration"], a["last_member"],
-                                  a["link"], a["offsets"], a["members"], transfer, a["last"], a["start"], tail)
+            return _c_retime.step(self.dep, self.fixed, window, self.arrival, self.duration, self.last_member,
+                                  self.link, self.offsets, self.members, transfer, self.last, self.start, tail)
         window = window.tolist()
         n = len(window)
-        new_a: list[float] = list(self.arrival)   # instances 0 .. k-1 (arrived): their new arrival
+        new_a: list[float] = self.arrival.tolist()   # instances 0 .. k-1 (arrived): their new arrival
         new_e: list[float | None] = [None] * n
-        last_member, duration, link, dim, transfer = (self.last_member, self.duration, self.link, self.dim,
-                                                      self.transfer)
+        last_member, duration, link, transfer = (self.last_member.tolist(), self.duration.tolist(),
+                                                 self.link.tolist(), transfer.tolist())
+        offsets, members = self.offsets.tolist(), self.members.tolist()
 
         def end_of(k: int, arrived: int) -> float:
             v = new_e[k]
@@ -446,31 +504,15 @@ class _StepPlan:
                 if last_member[k] >= arrived:            # not a link, or a member has not arrived yet
                     v = new_a[k] + duration[k]
                 else:
-                    v = max(map(new_a.__getitem__, self.links[link[k]])) + (0.0 if dim[k] in free_dims else transfer[k])
+                    v = max(new_a[m] for m in members[offsets[link[k]]:offsets[link[k] + 1]]) + transfer[k]
                 new_e[k] = v
             return v
 
-        for k, (kind, value), w in zip(range(n), self.after, window):
-            new_a[k] = (end_of(value, k) if kind == 1 else value) + w
-        ends = [(end_of(last, n) if last is not None else start) + t
-                for last, start, t in zip(self.last, self.start, tail.tolist())]
-        return max(ends) - min(self.start)
-
-    @functools.cached_property
-    def _arrays(self) -> dict[str, np.ndarray]:
-        """The plan as the C pass reads it (`_retime.c`): dependencies and fixed starts apart, the
-        links' members in one array (offsets per link), None as -1."""
-        return {"dep": np.array([v if kind == 1 else -1 for kind, v in self.after], dtype=np.int64),
-                "fixed": np.array([0.0 if kind == 1 else v for kind, v in self.after], dtype=np.float64),
-                "arrival": np.array(self.arrival, dtype=np.float64),
-                "duration": np.array(self.duration, dtype=np.float64),
-                "last_member": np.array(self.last_member, dtype=np.int64),
-                "link": np.array(self.link, dtype=np.int64),
-                "offsets": np.cumsum([0] + [len(m) for m in self.links], dtype=np.int64),
-                "members": np.array([x for m in self.links for x in m], dtype=np.int64),
-                "transfer": np.array(self.transfer, dtype=np.float64),
-                "last": np.array([-1 if i is None else i for i in self.last], dtype=np.int64),
-                "start": np.array(self.start, dtype=np.float64)}
+        for k, (dep, fixed, w) in enumerate(zip(self.dep.tolist(), self.fixed.tolist(), window)):
+            new_a[k] = (end_of(dep, k) if dep >= 0 else fixed) + w
+        ends = [(end_of(last, n) if last >= 0 else start) + t
+                for last, start, t in zip(self.last.tolist(), self.start.tolist(), tail.tolist())]
+        return max(ends) - min(self.start.tolist())
 
     def scales(self, mult: dict[int, np.ndarray]) -> np.ndarray:
         """Per rank row, its categories' scale (1 where `mult` says nothing)."""
@@ -530,8 +572,9 @@ def _what_ifs(cp: CriticalPath, rk: dict[int, _Rank], links: _Links, steps: list
                             mult, frozenset()))
     # saved = the unchanged re-timing minus the changed one, mean over the steps; one step's plan at a time
     saved = np.zeros((len(steps), len(changes)))
+    instances = _Instances(rk, links)
     for k, s in enumerate(steps):
-        plan = _StepPlan(s, rk, links)
+        plan = _StepPlan(s, rk, links, instances)
         unchanged = plan.retime(plan.scales({}))
         for c, (_, mult, free) in enumerate(changes):
             saved[k, c] = unchanged - plan.retime(plan.scales(mult), free)
