@@ -240,11 +240,10 @@ def _op_times(trace: RankTrace) -> _OpTimes:
 
     n = len(g)
     has_parent = parent >= 0
-    child_sum = np.zeros(n, dtype=np.int64)
-    np.add.at(child_sum, parent[has_parent], dur[has_parent])
+    # sums by bincount, exact: an op's summed ns stay below 2**53
+    child_sum = np.bincount(parent[has_parent], weights=dur[has_parent], minlength=n).astype(np.int64)
     hit = dev_op >= 0
-    self_dev = np.zeros(n, dtype=np.int64)
-    np.add.at(self_dev, dev_op[hit], linked_dur[hit])
+    self_dev = np.bincount(dev_op[hit], weights=linked_dur[hit], minlength=n).astype(np.int64)
     total_dev = self_dev.copy()
     node, amount = parent[dev_op[hit]], linked_dur[hit]
     while len(node):
@@ -262,10 +261,13 @@ class _Threads:
     """The (pid, tid) threads of the host ops, numbered 0, 1, ... in (pid, tid) order."""
 
     def __init__(self, pid: np.ndarray, tid: np.ndarray):
-        self.pids, self.tids = sorted_unique(pid), sorted_unique(tid)
-        key = self._key(pid, tid)
+        # an op's thread is mostly its predecessor's: the threads are those of the runs' first ops
+        head = np.flatnonzero(np.r_[True, (pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])]) if len(pid) else \
+            np.zeros(0, dtype=np.int64)
+        self.pids, self.tids = sorted_unique(pid[head]), sorted_unique(tid[head])
+        key = self._key(pid[head], tid[head])
         self.keys = sorted_unique(key)
-        self.of_ops = np.searchsorted(self.keys, key)
+        self.of_ops = np.repeat(np.searchsorted(self.keys, key), np.diff(np.r_[head, len(pid)]))
 
     def _key(self, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
         """One int per (pid, tid), ordered as (pid, tid) are; -1 where pid or tid is no op's."""
