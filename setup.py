@@ -1,11 +1,12 @@
 """Build hook for the optional C parts: the column extractor (rankscope.ingest._fastcols), the
-op nesting sweep (rankscope.analyses._nesting) and the critical path's what-if re-timing
+op nesting sweep (rankscope.analyses._nesting), interval union and sorted lookup
+(rankscope.analyses._intervals) and the critical path's what-if re-timing
 (rankscope.analyses._retime).
 
 `optional=True`: where no C compiler is present the package still installs and the
 pure-Python extractor in `rankscope.ingest.columns`, the numpy nesting in
-`rankscope.analyses.rank.operators` and the Python re-timing in
-`rankscope.analyses.job.critical_path` are used instead.
+`rankscope.analyses.rank.operators`, the numpy interval code in `rankscope.analyses.intervals`
+and the Python re-timing in `rankscope.analyses.job.critical_path` are used instead.
 """
 from setuptools import Extension, setup
 
@@ -20,6 +21,12 @@ setup(
         Extension(
             "rankscope.analyses._nesting",
             sources=["src/rankscope/analyses/_nesting.c"],
+            extra_compile_args=["-O3"],
+            optional=True,
+        ),
+        Extension(
+            "rankscope.analyses._intervals",
+            sources=["src/rankscope/analyses/_intervals.c"],
             extra_compile_args=["-O3"],
             optional=True,
         ),

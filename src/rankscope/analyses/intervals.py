@@ -1,7 +1,14 @@
-"""Vectorized interval arithmetic on int64 nanosecond [start, end) intervals."""
+"""Vectorized interval arithmetic on int64 nanosecond [start, end) intervals. `union` and
+`find_sorted` run their pass in C where it was built (`_intervals.c`); the numpy code below is the
+reference and the fallback."""
 from __future__ import annotations
 
 import numpy as np
+
+try:
+    from rankscope.analyses import _intervals as _c_intervals
+except ImportError:                  # built without a C compiler
+    _c_intervals = None
 
 
 def sorted_unique(values: np.ndarray) -> np.ndarray:
@@ -16,18 +23,28 @@ def sorted_unique(values: np.ndarray) -> np.ndarray:
     return s[keep]
 
 
-def find_sorted(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+def find_sorted(keys: np.ndarray, values: np.ndarray, use_c: bool = True) -> np.ndarray:
     """The index of each value in `keys` (sorted; of repeated keys, the first), -1 where it is not there."""
+    if use_c and _c_intervals is not None and _integers(keys, values):
+        out = np.empty(len(values), dtype=np.int64)
+        _c_intervals.find_sorted(np.ascontiguousarray(keys, dtype=np.int64),
+                                 np.ascontiguousarray(values, dtype=np.int64), out)
+        return out
     at = np.searchsorted(keys, values)
     found = at < len(keys)
     found[found] = keys[at[found]] == values[found]
     return np.where(found, at, -1)
 
 
-def union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def union(starts: np.ndarray, ends: np.ndarray, use_c: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Merge intervals into sorted, disjoint ones. Empty and negative intervals are dropped."""
     starts = np.asarray(starts, dtype=np.int64)
     ends = np.asarray(ends, dtype=np.int64)
+    if use_c and _c_intervals is not None:
+        starts, ends = np.ascontiguousarray(starts), np.ascontiguousarray(ends)
+        out_s, out_e = np.empty(len(starts), dtype=np.int64), np.empty(len(starts), dtype=np.int64)
+        m = _c_intervals.union(starts, ends, np.argsort(starts, kind="stable"), out_s, out_e)
+        return out_s[:m].copy(), out_e[:m].copy()
     keep = ends > starts
     starts, ends = starts[keep], ends[keep]
     if len(starts) == 0:
@@ -41,6 +58,10 @@ def union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     group_start = np.flatnonzero(new_group)
     group_end = np.append(group_start[1:], len(s)) - 1
     return s[group_start], reach[group_end]
+
+
+def _integers(*arrays: np.ndarray) -> bool:
+    return all(np.asarray(a).dtype.kind == "i" for a in arrays)
 
 
 def union_length_per_group(starts: np.ndarray, ends: np.ndarray, group: np.ndarray) -> np.ndarray:
