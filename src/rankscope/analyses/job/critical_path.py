@@ -374,24 +374,28 @@ def _last_in_step(r: _Rank, s: int) -> int | None:
 class _Instances:
     """Every rank's instances numbered as one (rank by rank in `rk` order) and sorted once by (step,
     arrival, rank, idx), with what a step's plan reads of them: the plans of all steps then take
-    their instances and links as slices of arrays instead of one lookup per instance."""
+    their instances and links as slices of arrays instead of one lookup per instance. Each rank's
+    own arrays (a, e, w, step, pre) become views of the joined ones, so they are held once."""
 
     def __init__(self, rk: dict[int, _Rank], links: _Links):
         ranks = list(rk.values())
         sizes = [len(r.a) for r in ranks]
         first = np.concatenate(([0], np.cumsum(sizes, dtype=np.int64)))
-        self.row = np.repeat(np.arange(len(ranks), dtype=np.int64), sizes)
+        # instance numbers, rank rows and codes as int32: at 256 ranks the job has ~100,000 instances
+        self.row = np.repeat(np.arange(len(ranks), dtype=np.int32), sizes)
         joined = lambda arrays: np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
         self.a, self.e = joined([r.a for r in ranks]), joined([r.e for r in ranks])
         self.w, self.step = joined([r.w for r in ranks]), joined([r.step for r in ranks])
-        self.pre = np.concatenate([r.pre for r in ranks]).astype(np.float64) if ranks else np.zeros((0, _N))
+        self.pre = np.concatenate([r.pre for r in ranks]) if ranks else np.zeros((0, _N), np.int64)
+        for r, lo, hi in zip(ranks, first[:-1], first[1:]):
+            r.a, r.e, r.w, r.step, r.pre = self.a[lo:hi], self.e[lo:hi], self.w[lo:hi], self.step[lo:hi], self.pre[lo:hi]
         waited = joined([np.asarray(r.before_window, dtype=np.int64) for r in ranks])
-        self.waited = np.where(waited >= 0, waited + first[:-1][self.row], -1)     # in this numbering
+        self.waited = np.where(waited >= 0, waited + first[:-1][self.row], -1).astype(np.int32)  # in this numbering
         self.dims = sorted({d for r in ranks for d in r.dim})
         code = {d: k for k, d in enumerate(self.dims)}
-        self.dim = np.array([code[d] for r in ranks for d in r.dim], dtype=np.int64)
+        self.dim = np.array([code[d] for r in ranks for d in r.dim], dtype=np.int32)
         rank_ids = np.array(list(rk), dtype=np.int64)
-        self.order = np.lexsort((np.arange(len(self.a)), rank_ids[self.row], self.a, self.step))
+        self.order = np.lexsort((np.arange(len(self.a)), rank_ids[self.row], self.a, self.step)).astype(np.int32)
         self.sorted_step = self.step[self.order]
         # links: each instance's link id (-1: none); per link id its members (`members[start:start +
         # count]`, in `links.members` order) and its last arrival
@@ -403,7 +407,7 @@ class _Instances:
             return first[by_rank[np.searchsorted(rank_ids, p[:, 0], sorter=by_rank)]] + p[:, 1]
 
         n_links = max(links.members) + 1 if links.members else 0
-        self.link = np.full(len(self.a), -1, dtype=np.int64)
+        self.link = np.full(len(self.a), -1, dtype=np.int32)
         self.link[numbered(list(links.of))] = list(links.of.values())
         # (one entry more than links: the last one, read at link id -1, stands for none)
         self.member_start = np.zeros(n_links + 1, dtype=np.int64)
@@ -413,8 +417,8 @@ class _Instances:
         self.member_count[cids] = [len(m) for m in links.members.values()]
         self.member_start[cids] = np.cumsum(self.member_count[cids]) - self.member_count[cids]
         self.last_arrival[cids] = [links.last_arrival[c] for c in cids]
-        self.members = numbered([m for mem in links.members.values() for m in mem])
-        self.position = np.full(len(self.a), -1, dtype=np.int64)      # scratch: an instance's number in a step
+        self.members = numbered([m for mem in links.members.values() for m in mem]).astype(np.int32)
+        self.position = np.full(len(self.a), -1, dtype=np.int32)      # scratch: an instance's number in a step
 
     def of_step(self, s: int) -> np.ndarray:
         """The instances of step s in arrival order (ties: rank, idx)."""
@@ -449,7 +453,7 @@ class _StepPlan:
         start, w, dep = step_start[self.rank_row], x.w[g], x.waited[g]
         waits = (w > start) & (dep >= 0) & (dep != g)
         same_step = waits & (x.step[np.maximum(dep, 0)] == s)
-        self.dep = np.where(same_step, position[np.maximum(dep, 0)], -1)
+        self.dep = np.where(same_step, position[np.maximum(dep, 0)], -1).astype(np.int64)
         self.fixed = np.where(same_step, 0, np.where(waits, np.maximum(w, start), start)).astype(np.float64)
         # links, numbered in the order of their first instance here; each one's members listed once
         cid = x.link[g]
@@ -462,7 +466,7 @@ class _StepPlan:
         count = x.member_count[ids]
         self.offsets = np.concatenate(([0], np.cumsum(count, dtype=np.int64)))
         members = x.members[np.repeat(x.member_start[ids] - self.offsets[:-1], count) + np.arange(self.offsets[-1])]
-        self.members = np.where(position[members] >= 0, position[members], n)
+        self.members = np.where(position[members] >= 0, position[members], n).astype(np.int64)
         last_of_link = np.maximum.reduceat(self.members, self.offsets[:-1]) if len(ids) else np.zeros(0, np.int64)
         self.last_member = np.append(last_of_link, n)[self.link]          # link -1: n
         self.transfer = np.where(linked, np.maximum(x.e[g] - x.last_arrival[cid], 0), 0).astype(np.float64)
