@@ -21,12 +21,14 @@ setup(
         Extension(
             "rankscope.analyses._nesting",
             sources=["src/rankscope/analyses/_nesting.c"],
+            depends=["src/rankscope/analyses/_int64s.h"],
             extra_compile_args=["-O3"],
             optional=True,
         ),
         Extension(
             "rankscope.analyses._intervals",
             sources=["src/rankscope/analyses/_intervals.c"],
+            depends=["src/rankscope/analyses/_int64s.h"],
             extra_compile_args=["-O3"],
             optional=True,
         ),

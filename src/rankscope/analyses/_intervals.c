@@ -14,30 +14,7 @@
  *
  * Every array is a C-contiguous int64 buffer (the outputs writable, as long as the inputs).
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
-
-typedef struct {
-    Py_buffer view;
-    int64_t *data;
-    Py_ssize_t n;
-} Int64s;
-
-static int get_int64s(PyObject *obj, Int64s *out, const char *what, int writable) {
-    if (PyObject_GetBuffer(obj, &out->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0)
-        return -1;
-    const char *f = out->view.format ? out->view.format : "B";
-    if (*f == '<' || *f == '=' || *f == '@') f++;
-    if (out->view.itemsize != 8 || !(*f == 'q' || *f == 'l') || f[1] != '\0') {
-        PyErr_Format(PyExc_TypeError, "%s: expected a contiguous int64 array", what);
-        PyBuffer_Release(&out->view);
-        return -1;
-    }
-    out->data = (int64_t *)out->view.buf;
-    out->n = out->view.len / 8;
-    return 0;
-}
+#include "_int64s.h"
 
 static PyObject *py_union(PyObject *self, PyObject *args) {
     PyObject *o[5];
