@@ -218,6 +218,21 @@ def test_custom_communication_kernels_are_comm(name, cls):
     assert KernelClass(int(classify_names([name], np.ones(1, bool))[0])).name == cls
 
 
+def test_a_registered_pattern_classifies_names_already_seen():
+    """Names are classified once per process and pattern table: a pattern registered later applies
+    to a name seen before it, and removing it gives the name its class back (hand check)."""
+    from rankscope.model import KERNEL_CLASS_PATTERNS, KernelClass, classify_names, register_kernel_pattern
+    name, on_device = ["my_vendor_allreduce_kernel"], np.ones(1, bool)
+    assert classify_names(name, on_device)[0] == KernelClass.COMP
+    register_kernel_pattern(r"^my_vendor_allreduce", KernelClass.COMM)
+    try:
+        assert classify_names(name, on_device)[0] == KernelClass.COMM
+        assert classify_names(name, ~on_device)[0] == KernelClass.NONE      # a host event of that name
+    finally:
+        KERNEL_CLASS_PATTERNS.pop(0)
+    assert classify_names(name, on_device)[0] == KernelClass.COMP
+
+
 def test_deepep_kernels_are_all_to_all():
     from rankscope.analyses.rank.collectives import normalize_collective
     assert normalize_collective("void deep_ep::intranode::dispatch<8, 768>(int4*)") == "all_to_all"

@@ -96,16 +96,30 @@ def register_kernel_pattern(regex: str, kernel_class: KernelClass) -> None:
 
 def classify_names(names: list[str], kinds_present_gpu: np.ndarray) -> np.ndarray:
     """Kernel class for each distinct name: `kinds_present_gpu[i]` says whether name i is used
-    by a device event. Host names get COMM when they are gloo collectives, else NONE."""
-    compiled = [(re.compile(p, re.IGNORECASE), c) for p, c in KERNEL_CLASS_PATTERNS]
-    host_comm = re.compile(HOST_COMM_PATTERN, re.IGNORECASE)
+    by a device event. Host names get COMM when they are gloo collectives, else NONE. Each (name,
+    device or host) is classified once per process and pattern table (the ranks share their names)."""
+    table = (tuple(KERNEL_CLASS_PATTERNS), HOST_COMM_PATTERN)
+    known = _classified.get(table)
+    if known is None or len(known) > _MATCHED_MAX:
+        known = _classified[table] = {}
+    compiled = None
     out = np.zeros(len(names), dtype=np.uint8)
-    for i, name in enumerate(names):
-        if kinds_present_gpu[i]:
-            out[i] = next((c for rx, c in compiled if rx.search(name)), KernelClass.COMP)
-        elif host_comm.search(name):
-            out[i] = KernelClass.COMM
+    for i, (name, on_device) in enumerate(zip(names, kinds_present_gpu.tolist())):
+        c = known.get((name, on_device))
+        if c is None:
+            if compiled is None:
+                compiled = [(re.compile(p, re.IGNORECASE), c) for p, c in KERNEL_CLASS_PATTERNS]
+            if on_device:
+                c = next((c for rx, c in compiled if rx.search(name)), KernelClass.COMP)
+            else:
+                c = KernelClass.COMM if re.search(HOST_COMM_PATTERN, name, re.IGNORECASE) else KernelClass.NONE
+            c = known[(name, on_device)] = int(c)
+        out[i] = c
     return out
+
+
+#: Per pattern table (kernel classes, host collectives), the class of each (name, on device) seen.
+_classified: dict[tuple, dict[tuple[str, bool], int]] = {}
 
 
 def event_kernel_classes(kind: np.ndarray, name_codes: np.ndarray, names: list[str]) -> np.ndarray:
