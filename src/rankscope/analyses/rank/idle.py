@@ -4,7 +4,7 @@ Anchor: HTA 0.5 `TraceAnalysis.get_idle_time_breakdown` (hta/trace_analysis.py),
 `BreakdownAnalysis.get_idle_time_breakdown` / `_analyze_idle_time_for_stream` (hta/analyzers/breakdown_analysis.py).
 
 Definition, per (device, stream), over its device events (kernels, memcpy, memset) in the HTA scope
-(`temporal.hta_scope_rows`) ordered by start: the idle interval before each event (all but the first) is
+(`temporal.hta_scope_mask`) ordered by start: the idle interval before each event (all but the first) is
   gap = its start - the end of the previous event on the stream
 and it is
   host_wait    when the event's launch (runtime/driver call with the same correlation id) started after

@@ -8,7 +8,7 @@ Anchors (HTA 0.5):
   queue_length         `get_queue_length_time_series` / `get_queue_length_summary` / `get_time_spent_blocked_on_full_queue`
                        (`TraceCounters`, hta/analyzers/trace_counters.py).
   memory_bandwidth     `get_memory_bw_time_series` / `get_memory_bw_summary` (`TraceCounters`, same file).
-All three read the events of the HTA scope (`temporal.hta_scope_rows`: like HTA, the last profiler step and device
+All three read the events of the HTA scope (`temporal.hta_scope_mask`: like HTA, the last profiler step and device
 events without a launch are left out unless `include_last_step`).
 
 Definitions:

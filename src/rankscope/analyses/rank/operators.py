@@ -239,11 +239,10 @@ def _op_times(trace: RankTrace) -> _OpTimes:
     dev_op, linked_dur = inner[len(g) - n_pos:], dev_dur[linked]
 
     n = len(g)
-    has_parent = parent >= 0
-    # sums by bincount, exact: an op's summed ns stay below 2**53
-    child_sum = np.bincount(parent[has_parent], weights=dur[has_parent], minlength=n).astype(np.int64)
+    # sums by bincount, exact: an op's summed ns stay below 2**53; bin 0 collects op -1 (none)
+    child_sum = np.bincount(parent + 1, weights=dur, minlength=n + 1)[1:].astype(np.int64)
+    self_dev = np.bincount(dev_op + 1, weights=linked_dur, minlength=n + 1)[1:].astype(np.int64)
     hit = dev_op >= 0
-    self_dev = np.bincount(dev_op[hit], weights=linked_dur[hit], minlength=n).astype(np.int64)
     total_dev = self_dev.copy()
     node, amount = parent[dev_op[hit]], linked_dur[hit]
     while len(node):
@@ -253,7 +252,7 @@ def _op_times(trace: RankTrace) -> _OpTimes:
         node = parent[node]
     return _OpTimes(order=order, thread=g, ts=s, dur=dur, parent=parent, self_cpu=np.maximum(dur - child_sum, 0),
                     self_dev=self_dev, total_dev=total_dev,
-                    dev_events=np.bincount(dev_op[hit], minlength=n), threads=threads,
+                    dev_events=np.bincount(dev_op + 1, minlength=n + 1)[1:], threads=threads,
                     conflicts=forest.conflicts, device_ns=int(dev_dur.sum()), attributed_ns=int(linked_dur[hit].sum()))
 
 

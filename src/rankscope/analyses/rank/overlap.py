@@ -5,7 +5,7 @@ Anchor: HTA 0.5 `TraceAnalysis.get_comm_comp_overlap` (hta/trace_analysis.py), i
 
 Definition: overlap = |∪COMM ∩ ∪COMP| / |∪COMM|, the share of the time communication kernels run
 during which computation kernels run too, with the kernel classes of docs/concepts.md. Rank level: over the
-device events of the HTA scope (`temporal.hta_scope_rows`: like HTA, the last profiler step and device
+device events of the HTA scope (`temporal.hta_scope_mask`: like HTA, the last profiler step and device
 events without a launch are left out unless `include_last_step`). Per step: the same ratio inside
 each step window (`steps.step_windows`, docs/concepts.md "Step"), from all device events of the trace,
 since a window already says which time counts.

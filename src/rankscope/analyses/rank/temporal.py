@@ -3,7 +3,7 @@
 Anchor: HTA 0.5 `TraceAnalysis.get_temporal_breakdown` (hta/trace_analysis.py), implemented in
 `BreakdownAnalysis.get_temporal_breakdown` / `_get_idle_time_for_kernels` (hta/analyzers/breakdown_analysis.py).
 
-Definition (per rank), over the device events in the HTA scope (`hta_scope_rows`, below):
+Definition (per rank), over the device events in the HTA scope (`hta_scope_mask`, below):
   span         = end of the last device event - start of the first one ("kernel time" in HTA)
   idle         = span - |union of all device events|         (no kernel, memcpy or memset running)
   compute      = |union of COMP kernels|                      (docs/concepts.md kernel classes)
@@ -20,7 +20,7 @@ Where we differ from HTA on purpose (docs/hta-parity.md has the numbers):
   * Times are exact integer nanoseconds. By default HTA rounds fractional-microsecond timestamps
     (start up, end down; HTA_DISABLE_NS_ROUNDING=1 turns it off), which shortens every event.
 
-HTA scope (`hta_scope_rows`), as HTA 0.5 `Trace._filter_irrelevant_gpu_kernels` (hta/common/trace.py) applies it to
+HTA scope (`hta_scope_mask`), as HTA 0.5 `Trace._filter_irrelevant_gpu_kernels` (hta/common/trace.py) applies it to
 every analysis when a trace has at least two distinct `ProfilerStep*` names: host events are kept when they
 start before the start of the last profiler step (the profiler usually cuts that step short;
 `include_last_step=True`: when they start at or before its end), and device events only when their launch
@@ -33,7 +33,7 @@ import msgspec
 import numpy as np
 
 from rankscope.analyses.intervals import find_sorted, union
-from rankscope.analyses.rank.views import distinct_names, is_kind, launch_calls_by_id, memo, named_mask
+from rankscope.analyses.rank.views import distinct_names, is_kind, launch_calls_by_id, memo, named_mask, rows_of_kinds
 from rankscope.model import DEVICE_KINDS, Kind, KernelClass, RankTrace, name_codes
 from rankscope.units import NS_PER_MS
 
@@ -70,16 +70,16 @@ def event_columns(trace: RankTrace) -> dict[str, np.ndarray]:
                 lambda: {c: trace.events[c].to_numpy() for c in _COLUMNS})
 
 
-def hta_scope_rows(trace: RankTrace, include_last_step: bool = False) -> np.ndarray:
-    """The rows of `trace.events` in the HTA scope (module docstring), ascending. HTA's device side is
-    "has a stream and a correlation id" (plus Event/Context Sync); everything else is host side."""
-    return memo(trace, ("temporal", "scope_rows", include_last_step),
-                lambda: _hta_scope_rows(trace, include_last_step))
+def hta_scope_mask(trace: RankTrace, include_last_step: bool = False) -> np.ndarray:
+    """Per row of `trace.events`, whether it is in the HTA scope (module docstring). HTA's device side
+    is "has a stream and a correlation id" (plus Event/Context Sync); everything else is host side."""
+    return memo(trace, ("temporal", "scope_mask", include_last_step),
+                lambda: _hta_scope_mask(trace, include_last_step))
 
 
-def _hta_scope_rows(trace: RankTrace, include_last_step: bool) -> np.ndarray:
+def _hta_scope_mask(trace: RankTrace, include_last_step: bool) -> np.ndarray:
     col = event_columns(trace)
-    every_row = np.arange(len(col["kind"]))
+    every_row = np.ones(len(col["kind"]), dtype=bool)
     step_names = [n for n in distinct_names(trace) if _STEP_MARK in n]
     if len(step_names) < 2:
         return every_row
@@ -104,14 +104,14 @@ def _hta_scope_rows(trace: RankTrace, include_last_step: bool) -> np.ndarray:
     if others.any():
         kept_ids = np.sort(np.concatenate([kept_ids, corr[others]]))
     kept[device_rows] = find_sorted(kept_ids, corr[device_rows]) >= 0
-    return np.flatnonzero(kept)
+    return kept
 
 
 def scope_device_rows(trace: RankTrace, include_last_step: bool = False) -> np.ndarray:
     """The rows of the device events (kernels, memcpy, memset) in the HTA scope, ascending."""
     def make() -> np.ndarray:
-        rows = hta_scope_rows(trace, include_last_step)
-        return rows[is_kind(event_columns(trace)["kind"][rows], DEVICE_KINDS)]
+        rows = rows_of_kinds(trace, DEVICE_KINDS)
+        return rows[hta_scope_mask(trace, include_last_step)[rows]]
     return memo(trace, ("temporal", "scope_device_rows", include_last_step), make)
 
 
@@ -119,10 +119,8 @@ def scope_launch_calls(trace: RankTrace, include_last_step: bool = False) -> np.
     """The rows of the runtime / driver calls with a correlation id in the HTA scope, by correlation id
     (stable: row order within one id)."""
     def make() -> np.ndarray:
-        in_scope = np.zeros(len(trace.events), bool)
-        in_scope[hta_scope_rows(trace, include_last_step)] = True
         rows = launch_calls_by_id(trace)[1]
-        return rows[in_scope[rows]]
+        return rows[hta_scope_mask(trace, include_last_step)[rows]]
     return memo(trace, ("temporal", "scope_launch_calls", include_last_step), make)
 
 
