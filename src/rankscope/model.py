@@ -136,17 +136,22 @@ def event_kernel_classes(kind: np.ndarray, name_codes: np.ndarray, names: list[s
 def names_matching(frame: pl.DataFrame, pattern: str | re.Pattern) -> list[str]:
     """The distinct names of `frame` that match `pattern` (regex search). Filter rows with
     `pl.col("name").is_in(...)` on these instead of a string match on every row."""
+    names = distinct_names(frame)
+    return [n for n, hit in zip(names, name_matches(pattern, names)) if hit]
+
+
+def name_matches(pattern: str | re.Pattern, names: list[str]) -> list[bool]:
+    """Whether each name matches `pattern` (regex search), each (pattern, name) searched once per process."""
     rx = re.compile(pattern) if isinstance(pattern, str) else pattern
     known = _matched.setdefault((rx.pattern, rx.flags), {})
     if len(known) > _MATCHED_MAX:
         known.clear()
     out = []
-    for n in distinct_names(frame):
+    for n in names:
         hit = known.get(n)
         if hit is None:
             hit = known[n] = rx.search(n) is not None
-        if hit:
-            out.append(n)
+        out.append(hit)
     return out
 
 
@@ -165,6 +170,11 @@ class NameCodes:
     named: np.ndarray                # per row, whether it has a name
     present: np.ndarray              # the distinct codes of the frame's names ("" included)
     names: list[str]                 # their names
+
+    @cached_property
+    def nonempty(self) -> list[str]:
+        """The names, without ""."""
+        return [n for n in self.names if n]
 
     @cached_property
     def name_of(self) -> dict[int, str]:
@@ -212,7 +222,7 @@ def names_of_codes(column: pl.Series, codes: np.ndarray, from_table: bool = True
 
 def distinct_names(frame: pl.DataFrame) -> list[str]:
     """The non-empty distinct names of `frame`."""
-    return [n for n in name_codes(frame).names if n]
+    return name_codes(frame).nonempty
 
 
 #: Step annotation, DataLoader span and synchronization names (used by analyses).

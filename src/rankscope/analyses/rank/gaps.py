@@ -90,7 +90,7 @@ def idle_gaps(trace: RankTrace, windows: StepWindows | None = None, timeline: Ti
     by_activity = {c: float((gap_e - gap_s)[dominant == i].sum()) / 1e6 for i, c in enumerate(_IDLE_CATEGORIES)}
 
     longest = np.argsort(gap_s - gap_e, kind="stable")[:top]
-    nxt = trace.events[next_row[longest]]
+    nxt = trace.events.select("name", "correlation")[next_row[longest]]
     launch_of = _launches(trace, nxt["correlation"].to_list())
     tids = {tid for _, tid in launch_of.values()}
     ops_by_tid = _host_ops_by_thread(trace, tids, HOST_OP_KINDS)

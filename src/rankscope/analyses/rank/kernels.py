@@ -101,7 +101,7 @@ import polars as pl
 from rankscope.analyses.intervals import union
 from rankscope.analyses.rank.steps import device_class_union
 from rankscope.analyses.rank.views import device_events, gpu_args_at, names_matching, rows_of_kinds
-from rankscope.model import HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, KernelClass, RankTrace, name_codes
+from rankscope.model import HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, KernelClass, RankTrace, name_codes, name_matches
 from rankscope.units import NS_PER_US, NS_PER_MS
 
 _HOST = [int(k) for k in HOST_OP_KINDS]
@@ -443,7 +443,7 @@ def kernel_stats(trace: RankTrace, top_n: int = 20) -> KernelStats:
     gemm = np.array([gm for _, _, gm in inferred], dtype=bool)
     tc_yes = np.array([t is True for t in tensor_core])
     tc_no = np.array([t is False for t in tensor_core])
-    generated = np.array([re.search(GENERATED_KERNEL_PATTERN, name) is not None for name in names], dtype=bool)
+    generated = np.array(name_matches(GENERATED_KERNEL_PATTERN, names), dtype=bool)
     kernel_ns = float(sum_ns.sum())
 
     def _ms(sel: np.ndarray) -> float:
