@@ -43,7 +43,8 @@ from rankscope.analyses.rank.breakdown import CATEGORIES, Timeline, classify_tim
 from rankscope.analyses.rank.groups import (ROLE_PRECEDENCE, Group, assign_unnamed, dim_of_desc, parse_ranks,
                                           rank_groups, role_dim)
 from rankscope.analyses.rank.steps import step_windows
-from rankscope.analyses.rank.views import distinct_names, first_launch_rows
+from rankscope.analyses.rank.temporal import event_columns
+from rankscope.analyses.rank.views import distinct_names, first_launch_rows, is_kind, named_mask
 from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, KernelClass, RankTrace
 
 DEFAULT_PG = "default"
@@ -441,14 +442,13 @@ def _name_classes(trace: RankTrace) -> dict[str, list[str]]:
 
 
 def _candidates(trace: RankTrace, host_names: list[str]) -> tuple[_Spans, _Spans]:
-    """In one pass over the events: (the COMM device events, the host ops named one of
-    `host_names`), each in event order."""
-    comm = pl.col("kind").is_in([int(k) for k in DEVICE_KINDS]) & (pl.col("kclass") == int(KernelClass.COMM))
-    found = trace.events.lazy().with_row_index("row").filter(
-        comm | (pl.col("kind").is_in([int(k) for k in HOST_OP_KINDS]) & pl.col("name").is_in(host_names))
-    ).select(pl.col("row").cast(pl.Int64), pl.col("name").cast(pl.String), "ts_ns", "dur_ns", "pid", "tid",
-             "correlation", "external_id", comm.fill_null(False).alias("comm")).collect()
-    is_comm = found["comm"].to_numpy()
+    """(the COMM device events, the host ops named one of `host_names`), each in event order."""
+    kind = event_columns(trace)["kind"]
+    comm = is_kind(kind, DEVICE_KINDS) & (event_columns(trace)["kclass"] == int(KernelClass.COMM))
+    rows = np.flatnonzero(comm | (is_kind(kind, HOST_OP_KINDS) & named_mask(trace, host_names)))
+    found = trace.events.select("name", "ts_ns", "dur_ns", "pid", "tid", "correlation", "external_id")[rows]
+    found = found.with_columns(pl.col("name").cast(pl.String), row=pl.Series(rows, dtype=pl.Int64))
+    is_comm = comm[rows]
     spans = _Spans.of(found)
     return spans.take(np.flatnonzero(is_comm)), spans.take(np.flatnonzero(~is_comm))
 
