@@ -49,7 +49,7 @@ from rankscope.analyses.intervals import find_sorted, sorted_unique, union
 from rankscope.analyses.rank.temporal import (event_columns, first_per_id, run_bounds, scope_device_rows,
                                              scope_launch_calls)
 from rankscope.analyses.rank.views import gpu_args_at, is_kind, memo, named_mask
-from rankscope.model import Kind, KernelClass, RankTrace
+from rankscope.model import Kind, KernelClass, RankTrace, name_codes
 from rankscope.units import NS_PER_US, NS_PER_MS
 
 #: HTA 0.5 defaults of get_cuda_kernel_launch_stats (µs).
@@ -292,13 +292,18 @@ def kernel_launch_stats(trace: RankTrace, runtime_cutoff_us: float = RUNTIME_CUT
             launch_delay_p95_us=quantiles(delay[on].astype(np.float64), [0.95])[0] / NS_PER_US,
             short_kernels=int(short[on].sum()), runtime_outliers=int(runtime_outlier[on].sum()),
             launch_delay_outliers=int(delay_outlier[on].sum())))
-    shorts = pl.DataFrame({"name": trace.events["name"].gather(j.row[short]).cast(pl.String),
-                           "gpu_dur_ns": gpu[short], "cpu_dur_ns": cpu[short]})
-    top = (shorts.group_by("name")
-           .agg(pl.len().alias("count"), (pl.col("gpu_dur_ns").sum() / NS_PER_US).alias("gpu_us_total"),
-                (pl.col("cpu_dur_ns").sum() / NS_PER_US).alias("cpu_us_total"))
-           .drop_nulls("name").sort(["count", "name"], descending=[True, False]).head(TOP_N))
-    result.short_kernel_names = [ShortKernel(**r) for r in top.to_dicts()]
+    # per name code (unnamed left out): calls and summed times, exact (sums of ns stay below 2**53)
+    codes = name_codes(trace.events)
+    code = codes.at(j.row[short], -1)
+    named = code >= 0
+    distinct, at = np.unique(code[named], return_inverse=True)
+    count = np.bincount(at, minlength=len(distinct))
+    gpu_ns = np.bincount(at, weights=gpu[short][named], minlength=len(distinct))
+    cpu_ns = np.bincount(at, weights=cpu[short][named], minlength=len(distinct))
+    names = [codes.name_of[c] for c in distinct.tolist()]
+    top = sorted(range(len(names)), key=lambda k: (-count[k], names[k]))[:TOP_N]
+    result.short_kernel_names = [ShortKernel(name=names[k], count=int(count[k]), gpu_us_total=float(gpu_ns[k]) / NS_PER_US,
+                                             cpu_us_total=float(cpu_ns[k]) / NS_PER_US) for k in top]
     return result
 
 
@@ -451,8 +456,11 @@ def memory_bandwidth(trace: RankTrace, include_last_step: bool = False) -> Memor
     args = gpu_args_at(trace, mem, ["bytes", "bandwidth_gbps"])
     bytes_, bandwidth_gbps = args["bytes"], args["bandwidth_gbps"]
     bandwidth_gbps[np.isnan(bandwidth_gbps)] = 0.0                          # unknown: -1 bytes, 0 GB/s
-    kind_of = (pl.DataFrame({"name": trace.events["name"].gather(mem).cast(pl.String)})
-               .select(copy_kind(pl.col("name")))).to_series().to_numpy()
+    # each distinct name classified once (unnamed: null), then read at each operation
+    codes = name_codes(trace.events)
+    distinct, at = np.unique(codes.at(mem, -1), return_inverse=True)
+    names = pl.Series("name", [codes.name_of.get(c) for c in distinct.tolist()], dtype=pl.String)
+    kind_of = pl.DataFrame([names]).select(copy_kind(pl.col("name"))).to_series().to_numpy()[at]
     kinds = sorted(set(kind_of.tolist()))
     budget = max(1, SERIES_POINTS // len(kinds))
     for kind in kinds:
