@@ -139,18 +139,23 @@ def _sigint_held():
 
 
 def _start_forkserver_ignoring_sigint() -> None:
-    """Workers are forked from the forkserver with its signal handlers: started while SIGINT is
-    ignored, it gives workers that ignore it from birth, not only once their initializer has run
-    (a Ctrl-C while a worker still imports would print that worker's traceback). Only the main
-    thread can set a handler; elsewhere the initializer alone does it."""
+    """Workers are forked from the forkserver with its signal mask: started while SIGINT is
+    blocked, it gives workers that never see it from birth, not only once their initializer has
+    run (a Ctrl-C while a worker still imports would print that worker's traceback). Blocked, not
+    ignored, in this process: a Ctrl-C in that moment stays pending and is raised here once the
+    server runs (an ignored one was lost, and the run went on). Only the main thread can do this;
+    elsewhere the initializer alone protects the workers."""
     if threading.current_thread() is not threading.main_thread():
         return
     from multiprocessing import forkserver
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if not hasattr(signal, "pthread_sigmask"):
+        forkserver.ensure_running()
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         forkserver.ensure_running()
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _stop(pool: Executor) -> None:
@@ -197,6 +202,7 @@ def _map_ray(fn, items: list, workers: int | None, on_done, address: str | None,
         except Exception as exc:  # ray raises ConnectionError, RuntimeError, ValueError ...
             where = f"the Ray cluster at {address}" if address else "a local Ray runtime"
             raise EngineError(f"cannot start or reach {where}: {_first_line(exc)}") from None
+    interrupted = False
     try:
         task = ray.remote(num_cpus=1, max_retries=RAY_TASK_RETRIES)(fn)
         index = {task.remote(item): i for i, item in enumerate(items)}
@@ -227,9 +233,28 @@ def _map_ray(fn, items: list, workers: int | None, on_done, address: str | None,
                     ray.cancel(ref, force=True)
             raise
         return results
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
     finally:
         if started:
-            ray.shutdown()
+            # after a Ctrl-C, Ray's core logs the tasks it could not report back while it stops
+            with _stderr_silenced() if interrupted else contextlib.nullcontext():
+                ray.shutdown()
+
+
+@contextlib.contextmanager
+def _stderr_silenced():
+    """File descriptor 2 on /dev/null for the block (what C code writes there is dropped)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _first_line(exc: BaseException) -> str:

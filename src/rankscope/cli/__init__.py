@@ -15,7 +15,14 @@ from rankscope.cli import analyze, calibrate, diff, export, memory, mfu, nccl, s
 
 
 class _Main(click.Group):
-    """Ctrl-C in any command: one line `rankscope: interrupted`, exit code 130, no traceback."""
+    """Ctrl-C in any command: one line `rankscope: interrupted`, exit code 130, no traceback (not
+    click's "Aborted!" and exit 1, also while the command line is parsed)."""
+
+    def make_context(self, *args, **kwargs) -> click.Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except KeyboardInterrupt:
+            exit_interrupted()
 
     def invoke(self, ctx: click.Context):
         try:
