@@ -388,7 +388,8 @@ class _Instances:
         self.w, self.step = joined([r.w for r in ranks]), joined([r.step for r in ranks])
         self.pre = np.concatenate([r.pre for r in ranks]) if ranks else np.zeros((0, _N), np.int64)
         for r, lo, hi in zip(ranks, first[:-1], first[1:]):
-            r.a, r.e, r.w, r.step, r.pre = self.a[lo:hi], self.e[lo:hi], self.w[lo:hi], self.step[lo:hi], self.pre[lo:hi]
+            r.a, r.e, r.w = self.a[lo:hi], self.e[lo:hi], self.w[lo:hi]
+            r.step, r.pre = self.step[lo:hi], self.pre[lo:hi]
         waited = joined([np.asarray(r.before_window, dtype=np.int64) for r in ranks])
         self.waited = np.where(waited >= 0, waited + first[:-1][self.row], -1).astype(np.int32)  # in this numbering
         self.dims = sorted({d for r in ranks for d in r.dim})

@@ -302,7 +302,8 @@ def kernel_launch_stats(trace: RankTrace, runtime_cutoff_us: float = RUNTIME_CUT
     cpu_ns = np.bincount(at, weights=cpu[short][named], minlength=len(distinct))
     names = [codes.name_of[c] for c in distinct.tolist()]
     top = sorted(range(len(names)), key=lambda k: (-count[k], names[k]))[:TOP_N]
-    result.short_kernel_names = [ShortKernel(name=names[k], count=int(count[k]), gpu_us_total=float(gpu_ns[k]) / NS_PER_US,
+    result.short_kernel_names = [ShortKernel(name=names[k], count=int(count[k]),
+                                             gpu_us_total=float(gpu_ns[k]) / NS_PER_US,
                                              cpu_us_total=float(cpu_ns[k]) / NS_PER_US) for k in top]
     return result
 
