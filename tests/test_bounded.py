@@ -401,7 +401,9 @@ def test_a_ctrl_c_while_the_forkserver_starts_is_not_lost(monkeypatch):
     if not hasattr(signal, "pthread_sigmask"):
         pytest.skip("no signal masks here")
     monkeypatch.setattr(forkserver, "ensure_running", lambda: os.kill(os.getpid(), signal.SIGINT))
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)     # (a shell may start us ignoring it)
     with pytest.raises(KeyboardInterrupt):
         engine._start_forkserver_ignoring_sigint()
         time.sleep(0.5)            # (not reached: the pending Ctrl-C is raised as the mask is lifted)
+    signal.signal(signal.SIGINT, previous)
     assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
