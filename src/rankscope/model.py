@@ -96,30 +96,19 @@ def register_kernel_pattern(regex: str, kernel_class: KernelClass) -> None:
 
 def classify_names(names: list[str], kinds_present_gpu: np.ndarray) -> np.ndarray:
     """Kernel class for each distinct name: `kinds_present_gpu[i]` says whether name i is used
-    by a device event. Host names get COMM when they are gloo collectives, else NONE. Each (name,
-    device or host) is classified once per process and pattern table (the ranks share their names)."""
-    table = (tuple(KERNEL_CLASS_PATTERNS), HOST_COMM_PATTERN)
-    known = _classified.get(table)
-    if known is None or len(known) > _MATCHED_MAX:
-        known = _classified[table] = {}
-    compiled = None
-    out = np.zeros(len(names), dtype=np.uint8)
-    for i, (name, on_device) in enumerate(zip(names, kinds_present_gpu.tolist())):
-        c = known.get((name, on_device))
-        if c is None:
-            if compiled is None:
-                compiled = [(re.compile(p, re.IGNORECASE), c) for p, c in KERNEL_CLASS_PATTERNS]
-            if on_device:
-                c = next((c for rx, c in compiled if rx.search(name)), KernelClass.COMP)
-            else:
-                c = KernelClass.COMM if re.search(HOST_COMM_PATTERN, name, re.IGNORECASE) else KernelClass.NONE
-            c = known[(name, on_device)] = int(c)
-        out[i] = c
+    by a device event (the first pattern of KERNEL_CLASS_PATTERNS that matches, else COMP). Host
+    names get COMM when they are gloo collectives, else NONE. Each (pattern, name) is searched once
+    per process (`name_matches`; the ranks share their names)."""
+    on_device = np.asarray(kinds_present_gpu, dtype=bool)
+    out = np.where(on_device, np.uint8(KernelClass.COMP), np.uint8(KernelClass.NONE))
+    open_ = on_device.copy()                 # device names no pattern has matched yet
+    for pattern, kernel_class in KERNEL_CLASS_PATTERNS:
+        hit = open_ & np.array(name_matches(re.compile(pattern, re.IGNORECASE), names), dtype=bool)
+        out[hit] = kernel_class
+        open_ &= ~hit
+    host_comm = np.array(name_matches(re.compile(HOST_COMM_PATTERN, re.IGNORECASE), names), dtype=bool)
+    out[~on_device & host_comm] = KernelClass.COMM
     return out
-
-
-#: Per pattern table (kernel classes, host collectives), the class of each (name, on device) seen.
-_classified: dict[tuple, dict[tuple[str, bool], int]] = {}
 
 
 def event_kernel_classes(kind: np.ndarray, name_codes: np.ndarray, names: list[str]) -> np.ndarray:
@@ -175,6 +164,12 @@ class NameCodes:
     def nonempty(self) -> list[str]:
         """The names, without ""."""
         return [n for n in self.names if n]
+
+    def distinct_at(self, rows: np.ndarray) -> tuple[list[str | None], np.ndarray]:
+        """The distinct names of the rows at `rows` (None: unnamed), and for each row the position of
+        its name among them: what is worked out once per name is then read at each row."""
+        distinct, at = np.unique(self.at(rows, -1), return_inverse=True)
+        return [self.name_of.get(c) for c in distinct.tolist()], at
 
     @cached_property
     def name_of(self) -> dict[int, str]:

@@ -443,9 +443,9 @@ def _name_classes(trace: RankTrace) -> dict[str, list[str]]:
 
 def _candidates(trace: RankTrace, host_names: list[str]) -> tuple[_Spans, _Spans]:
     """(the COMM device events, the host ops named one of `host_names`), each in event order."""
-    kind = event_columns(trace)["kind"]
-    comm = is_kind(kind, DEVICE_KINDS) & (event_columns(trace)["kclass"] == int(KernelClass.COMM))
-    rows = np.flatnonzero(comm | (is_kind(kind, HOST_OP_KINDS) & named_mask(trace, host_names)))
+    col = event_columns(trace)
+    comm = is_kind(col["kind"], DEVICE_KINDS) & (col["kclass"] == int(KernelClass.COMM))
+    rows = np.flatnonzero(comm | (is_kind(col["kind"], HOST_OP_KINDS) & named_mask(trace, host_names)))
     found = trace.events.select("name", "ts_ns", "dur_ns", "pid", "tid", "correlation", "external_id")[rows]
     found = found.with_columns(pl.col("name").cast(pl.String), row=pl.Series(rows, dtype=pl.Int64))
     is_comm = comm[rows]

@@ -292,16 +292,13 @@ def kernel_launch_stats(trace: RankTrace, runtime_cutoff_us: float = RUNTIME_CUT
             launch_delay_p95_us=quantiles(delay[on].astype(np.float64), [0.95])[0] / NS_PER_US,
             short_kernels=int(short[on].sum()), runtime_outliers=int(runtime_outlier[on].sum()),
             launch_delay_outliers=int(delay_outlier[on].sum())))
-    # per name code (unnamed left out): calls and summed times, exact (sums of ns stay below 2**53)
-    codes = name_codes(trace.events)
-    code = codes.at(j.row[short], -1)
-    named = code >= 0
-    distinct, at = np.unique(code[named], return_inverse=True)
-    count = np.bincount(at, minlength=len(distinct))
-    gpu_ns = np.bincount(at, weights=gpu[short][named], minlength=len(distinct))
-    cpu_ns = np.bincount(at, weights=cpu[short][named], minlength=len(distinct))
-    names = [codes.name_of[c] for c in distinct.tolist()]
-    top = sorted(range(len(names)), key=lambda k: (-count[k], names[k]))[:TOP_N]
+    # per name (unnamed left out): calls and summed times, exact (sums of ns stay below 2**53)
+    names, at = name_codes(trace.events).distinct_at(j.row[short])
+    count = np.bincount(at, minlength=len(names))
+    gpu_ns = np.bincount(at, weights=gpu[short], minlength=len(names))
+    cpu_ns = np.bincount(at, weights=cpu[short], minlength=len(names))
+    named = [k for k, name in enumerate(names) if name is not None]
+    top = sorted(named, key=lambda k: (-count[k], names[k]))[:TOP_N]
     result.short_kernel_names = [ShortKernel(name=names[k], count=int(count[k]),
                                              gpu_us_total=float(gpu_ns[k]) / NS_PER_US,
                                              cpu_us_total=float(cpu_ns[k]) / NS_PER_US) for k in top]
@@ -458,10 +455,9 @@ def memory_bandwidth(trace: RankTrace, include_last_step: bool = False) -> Memor
     bytes_, bandwidth_gbps = args["bytes"], args["bandwidth_gbps"]
     bandwidth_gbps[np.isnan(bandwidth_gbps)] = 0.0                          # unknown: -1 bytes, 0 GB/s
     # each distinct name classified once (unnamed: null), then read at each operation
-    codes = name_codes(trace.events)
-    distinct, at = np.unique(codes.at(mem, -1), return_inverse=True)
-    names = pl.Series("name", [codes.name_of.get(c) for c in distinct.tolist()], dtype=pl.String)
-    kind_of = pl.DataFrame([names]).select(copy_kind(pl.col("name"))).to_series().to_numpy()[at]
+    names, at = name_codes(trace.events).distinct_at(mem)
+    kind_of = (pl.DataFrame({"name": pl.Series(names, dtype=pl.String)})
+               .select(copy_kind(pl.col("name")))).to_series().to_numpy()[at]
     kinds = sorted(set(kind_of.tolist()))
     budget = max(1, SERIES_POINTS // len(kinds))
     for kind in kinds:
