@@ -10,33 +10,18 @@ and the Python re-timing in `rankscope.analyses.job.critical_path` are used inst
 """
 from setuptools import Extension, setup
 
+
+def _optional(module: str, source: str, depends: tuple[str, ...] = ()) -> Extension:
+    return Extension(module, sources=[source], depends=list(depends), extra_compile_args=["-O3"], optional=True)
+
+
+_INT64S = ("src/rankscope/analyses/_int64s.h",)
+
 setup(
     ext_modules=[
-        Extension(
-            "rankscope.ingest._fastcols",
-            sources=["src/rankscope/ingest/_fastcols.c"],
-            extra_compile_args=["-O3"],
-            optional=True,
-        ),
-        Extension(
-            "rankscope.analyses._nesting",
-            sources=["src/rankscope/analyses/_nesting.c"],
-            depends=["src/rankscope/analyses/_int64s.h"],
-            extra_compile_args=["-O3"],
-            optional=True,
-        ),
-        Extension(
-            "rankscope.analyses._intervals",
-            sources=["src/rankscope/analyses/_intervals.c"],
-            depends=["src/rankscope/analyses/_int64s.h"],
-            extra_compile_args=["-O3"],
-            optional=True,
-        ),
-        Extension(
-            "rankscope.analyses._retime",
-            sources=["src/rankscope/analyses/_retime.c"],
-            extra_compile_args=["-O3"],
-            optional=True,
-        ),
+        _optional("rankscope.ingest._fastcols", "src/rankscope/ingest/_fastcols.c"),
+        _optional("rankscope.analyses._nesting", "src/rankscope/analyses/_nesting.c", _INT64S),
+        _optional("rankscope.analyses._intervals", "src/rankscope/analyses/_intervals.c", _INT64S),
+        _optional("rankscope.analyses._retime", "src/rankscope/analyses/_retime.c"),
     ]
 )

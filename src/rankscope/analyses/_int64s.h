@@ -30,4 +30,18 @@ static int get_int64s(PyObject *obj, Int64s *out, const char *what, int writable
     return 0;
 }
 
+/* objs[0..n) into a[0..n) (from index first_output on writable). Returns how many were taken: n, or
+ * fewer with the exception set; either way release_int64s(a, that many) gives them back. */
+static int get_int64s_all(PyObject *const *objs, Int64s *a, const char *const *names, int n, int first_output) {
+    for (int got = 0; got < n; got++)
+        if (get_int64s(objs[got], &a[got], names[got], got >= first_output) < 0)
+            return got;
+    return n;
+}
+
+static void release_int64s(Int64s *a, int got) {
+    for (int i = 0; i < got; i++)
+        PyBuffer_Release(&a[i].view);
+}
+
 #endif

@@ -22,10 +22,9 @@ static PyObject *py_union(PyObject *self, PyObject *args) {
         return NULL;
     static const char *names[5] = {"starts", "ends", "order", "out_starts", "out_ends"};
     Int64s a[5];
-    int got = 0;
-    for (; got < 5; got++)
-        if (get_int64s(o[got], &a[got], names[got], got >= 3) < 0)
-            goto fail;
+    int got = get_int64s_all(o, a, names, 5, 3);
+    if (got < 5)
+        goto fail;
     Py_ssize_t n = a[0].n;
     if (a[1].n != n || a[2].n != n || a[3].n < n || a[4].n < n) {
         PyErr_SetString(PyExc_ValueError, "union: starts, ends and order differ in length, or an output is shorter");
@@ -55,12 +54,10 @@ static PyObject *py_union(PyObject *self, PyObject *args) {
         }
     }
     Py_END_ALLOW_THREADS
-    for (int i = 0; i < got; i++)
-        PyBuffer_Release(&a[i].view);
+    release_int64s(a, got);
     return PyLong_FromSsize_t(m);
 fail:
-    for (int i = 0; i < got; i++)
-        PyBuffer_Release(&a[i].view);
+    release_int64s(a, got);
     return NULL;
 }
 
@@ -83,10 +80,9 @@ static PyObject *py_find_sorted(PyObject *self, PyObject *args) {
         return NULL;
     static const char *names[3] = {"keys", "values", "out"};
     Int64s a[3];
-    int got = 0;
-    for (; got < 3; got++)
-        if (get_int64s(o[got], &a[got], names[got], got == 2) < 0)
-            goto fail;
+    int got = get_int64s_all(o, a, names, 3, 2);
+    if (got < 3)
+        goto fail;
     if (a[2].n < a[1].n) {
         PyErr_SetString(PyExc_ValueError, "find_sorted: out is shorter than values");
         goto fail;
@@ -114,12 +110,10 @@ static PyObject *py_find_sorted(PyObject *self, PyObject *args) {
         out[q] = (at < n && keys[at] == v) ? at : -1;
     }
     Py_END_ALLOW_THREADS
-    for (int i = 0; i < got; i++)
-        PyBuffer_Release(&a[i].view);
+    release_int64s(a, got);
     Py_RETURN_NONE;
 fail:
-    for (int i = 0; i < got; i++)
-        PyBuffer_Release(&a[i].view);
+    release_int64s(a, got);
     return NULL;
 }
 

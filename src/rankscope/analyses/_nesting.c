@@ -49,11 +49,10 @@ static PyObject *parents(PyObject *self, PyObject *args) {
     static const char *names[4] = {"g", "s", "e", "parent"};
     if (!PyArg_ParseTuple(args, "OOOO", &objs[0], &objs[1], &objs[2], &objs[3])) return NULL;
     Int64s a[4];
-    int got = 0;
     PyObject *result = NULL;
     int64_t *heap = NULL, *last_at_depth = NULL;
-    for (; got < 4; got++)
-        if (get_int64s(objs[got], &a[got], names[got], got == 3) < 0) goto done;
+    int got = get_int64s_all(objs, a, names, 4, 3);
+    if (got < 4) goto done;
     Py_ssize_t n = a[0].n;
     if (a[1].n != n || a[2].n != n || a[3].n != n) {
         PyErr_SetString(PyExc_ValueError, "array lengths differ");
@@ -92,7 +91,7 @@ static PyObject *parents(PyObject *self, PyObject *args) {
 done:
     free(heap);
     free(last_at_depth);
-    for (int i = 0; i < got; i++) PyBuffer_Release(&a[i].view);
+    release_int64s(a, got);
     return result;
 }
 
@@ -105,10 +104,9 @@ static PyObject *innermost(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOOOOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &objs[6]))
         return NULL;
     Int64s a[7];
-    int got = 0;
     PyObject *result = NULL;
-    for (; got < 7; got++)
-        if (get_int64s(objs[got], &a[got], names[got], got == 6) < 0) goto done;
+    int got = get_int64s_all(objs, a, names, 7, 6);
+    if (got < 7) goto done;
     Py_ssize_t n = a[0].n, m = a[4].n;
     if (a[1].n != n || a[2].n != n || a[3].n != n || a[5].n != m || a[6].n != m) {
         PyErr_SetString(PyExc_ValueError, "array lengths differ");
@@ -148,7 +146,7 @@ static PyObject *innermost(PyObject *self, PyObject *args) {
     Py_INCREF(Py_None);
     result = Py_None;
 done:
-    for (int i = 0; i < got; i++) PyBuffer_Release(&a[i].view);
+    release_int64s(a, got);
     return result;
 }
 
