@@ -97,7 +97,7 @@ def map_ranks(fn: Callable[[T], R], items: Iterable[T], engine: str = "local", w
     if engine == "processes":
         ctx = mp.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
         if ctx.get_start_method() == "forkserver":
-            _start_forkserver_ignoring_sigint()
+            _start_forkserver_sigint_blocked()
         pool = ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_ignore_sigint)
     else:
         pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="rankscope")
@@ -138,23 +138,25 @@ def _sigint_held():
         previous(signal.SIGINT, caught[0])
 
 
-def _start_forkserver_ignoring_sigint() -> None:
-    """Workers are forked from the forkserver with its signal mask: started while SIGINT is
-    blocked, it gives workers that never see it from birth, not only once their initializer has
-    run (a Ctrl-C while a worker still imports would print that worker's traceback). Blocked, not
-    ignored, in this process: a Ctrl-C in that moment stays pending and is raised here once the
-    server runs (an ignored one was lost, and the run went on). Only the main thread can do this;
-    elsewhere the initializer alone protects the workers."""
+def _start_forkserver_sigint_blocked() -> None:
+    """Workers are forked from the forkserver with its signal handlers: started while SIGINT is
+    ignored, it gives workers that ignore it from birth, not only once their initializer has run
+    (a Ctrl-C while a worker still imports would print that worker's traceback). It is also
+    blocked in this thread meanwhile: a signal sent to the process stays pending even while
+    ignored, so a Ctrl-C in that moment is raised once the server runs (ignored alone, it was lost
+    and the run went on). Not closed yet: a thread of the imported libraries (numpy's, polars')
+    that does not block SIGINT may take it in that moment and drop it. Only the main thread can do
+    this (the forkserver is a POSIX start method); elsewhere the initializer alone protects the
+    workers."""
     if threading.current_thread() is not threading.main_thread():
         return
     from multiprocessing import forkserver
-    if not hasattr(signal, "pthread_sigmask"):
-        forkserver.ensure_running()
-        return
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         forkserver.ensure_running()
     finally:
+        signal.signal(signal.SIGINT, previous)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
