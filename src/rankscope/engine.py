@@ -139,25 +139,25 @@ def _sigint_held():
 
 
 def _start_forkserver_sigint_blocked() -> None:
-    """Workers are forked from the forkserver with its signal handlers: started while SIGINT is
-    ignored, it gives workers that ignore it from birth, not only once their initializer has run
-    (a Ctrl-C while a worker still imports would print that worker's traceback). It is also
-    blocked in this thread meanwhile: a signal sent to the process stays pending even while
-    ignored, so a Ctrl-C in that moment is raised once the server runs (ignored alone, it was lost
-    and the run went on). Not closed yet: a thread of the imported libraries (numpy's, polars')
-    that does not block SIGINT may take it in that moment and drop it. Only the main thread can do
-    this (the forkserver is a POSIX start method); elsewhere the initializer alone protects the
-    workers."""
+    """Workers are forked from the forkserver with its signal mask: started while this thread
+    blocks SIGINT, the server and every worker it forks hold a Ctrl-C pending from birth, and their
+    ignoring it (the server's own, the workers' initializer) discards it; without the block, a
+    Ctrl-C while a worker still imports printed that worker's traceback. The resource tracker is
+    started first: its start unblocks SIGINT in this thread. This process keeps a handler
+    meanwhile (not SIG_IGN: a library thread that does not block SIGINT, such as polars', would
+    take the signal and drop it), and a Ctrl-C it catches is raised once the server runs. Only the
+    main thread can do this (the forkserver is a POSIX start method); elsewhere the initializer
+    alone protects the workers."""
     if threading.current_thread() is not threading.main_thread():
         return
-    from multiprocessing import forkserver
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        forkserver.ensure_running()
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    from multiprocessing import forkserver, resource_tracker
+    resource_tracker.ensure_running()
+    with _sigint_held():
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            forkserver.ensure_running()
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _stop(pool: Executor) -> None:
