@@ -363,6 +363,26 @@ def test_ctrl_c_at_any_moment_of_start_up(busy_job: Path, after_s: float):
     assert err.strip() == "rankscope: interrupted"
 
 
+def test_ctrl_c_leaves_no_temporary_folder(busy_job: Path, tmp_path: Path):
+    """multiprocessing keeps its worker server's socket in a folder of the temporary directory,
+    removed at a normal exit; the immediate exit after a Ctrl-C skipped that and left one behind
+    per interrupted run."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen(rankscope_cmd() + ["analyze", str(busy_job), "--engine", "processes", "--workers", "2",
+                                               "--no-cache", "-q"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "TMPDIR": str(tmp)})
+    deadline = time.monotonic() + 60
+    while not list(tmp.glob("pymp-*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert list(tmp.glob("pymp-*")), "the worker server's folder never appeared"
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert list(tmp.iterdir()) == []
+
+
 BIG_RESULTS = '''
 import os, signal, sys, threading
 from rankscope.engine import map_ranks

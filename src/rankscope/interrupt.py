@@ -3,6 +3,7 @@ no traceback."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
 INTERRUPTED_EXIT_CODE = 130
@@ -11,6 +12,7 @@ INTERRUPTED_EXIT_CODE = 130
 def exit_interrupted() -> None:
     """Say so in one line and leave at once (os._exit: worker threads still parsing are not
     waited for)."""
+    _remove_multiprocessing_temp_dir()
     try:
         sys.stderr.write("rankscope: interrupted\n")
         sys.stderr.flush()
@@ -18,3 +20,12 @@ def exit_interrupted() -> None:
     except (OSError, ValueError):
         pass
     os._exit(INTERRUPTED_EXIT_CODE)
+
+
+def _remove_multiprocessing_temp_dir() -> None:
+    """The folder multiprocessing made for the worker processes' server socket (/tmp/pymp-*) is
+    removed at a normal exit; os._exit skips that, and each Ctrl-C left one behind."""
+    process = sys.modules.get("multiprocessing.process")
+    tempdir = process.current_process()._config.get("tempdir") if process else None
+    if tempdir:
+        shutil.rmtree(tempdir, ignore_errors=True)
