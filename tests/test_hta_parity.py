@@ -511,6 +511,10 @@ def test_every_corpus_trace(rel_path):
         json.dumps(to_plain(r), allow_nan=False)
     q, m = results[4], results[5]
     assert len(q.series.t_ms) <= SERIES_POINTS and len(m.series.t_ms) <= SERIES_POINTS
+    # without the time series (as the rank summary asks): the same figures, no series
+    q_only, m_only = queue_length(trace, series=False), memory_bandwidth(trace, series=False)
+    assert to_plain(q_only.streams) == to_plain(q.streams) and to_plain(m_only.kinds) == to_plain(m.kinds)
+    assert q_only.series.t_ms == [] and m_only.series.t_ms == []
     if not trace.has_device_activity():
         t, o, i, k = results[:4]
         assert t.span_ms is None and t.compute_pct is None

@@ -370,8 +370,9 @@ def queue_length_changes(trace: RankTrace, include_last_step: bool = False,
 
 
 def queue_length(trace: RankTrace, include_last_step: bool = False,
-                 launch_names: Sequence[str] | None = None) -> QueueLength:
-    """`launch_names` replaces the launch-call table (e.g. `HTA_QUEUE_LENGTH_NAMES` to reproduce HTA)."""
+                 launch_names: Sequence[str] | None = None, series: bool = True) -> QueueLength:
+    """`launch_names` replaces the launch-call table (e.g. `HTA_QUEUE_LENGTH_NAMES` to reproduce HTA).
+    Without `series`, the time series is left empty (not computed)."""
     result = QueueLength(include_last_step, _origin(trace))
     ch = _queue_changes(trace, include_last_step, launch_names)
     if len(ch.ts_ns) == 0:
@@ -392,6 +393,8 @@ def queue_length(trace: RankTrace, include_last_step: bool = False,
             device=device, stream=stream, points=_point_stats(v),
             time_weighted_mean=float(prefix[-1] / span) if span > 0 else None,
             time_at_max_queue_ms=at_max / NS_PER_MS))
+        if not series:
+            continue
         ds = _downsample(tu, vu, budget)
         n = len(ds["start"])
         result.series.device += [device] * n
@@ -443,7 +446,8 @@ def copy_kind(name: pl.Expr) -> pl.Expr:
             .otherwise(pl.lit("Memcpy Unknown")))
 
 
-def memory_bandwidth(trace: RankTrace, include_last_step: bool = False) -> MemoryBandwidth:
+def memory_bandwidth(trace: RankTrace, include_last_step: bool = False, series: bool = True) -> MemoryBandwidth:
+    """Without `series`, the time series is left empty (not computed)."""
     result = MemoryBandwidth(include_last_step, _origin(trace))
     col = event_columns(trace)
     dev = scope_device_rows(trace, include_last_step)
@@ -473,12 +477,14 @@ def memory_bandwidth(trace: RankTrace, include_last_step: bool = False) -> Memor
         s, e = union(ts, ts + dur)
         busy = int((e - s).sum())
         total_bytes = int(b[b > 0].sum())
-        last = np.append(t[1:] != t[:-1], True)
-        ds = _downsample(t[last], v[last], budget)
         result.kinds.append(CopyKindBandwidth(
             kind=kind, ops=int(on.sum()), bytes=total_bytes, busy_ms=busy / NS_PER_MS,
             effective_gbps=(total_bytes / busy) if busy > 0 and total_bytes > 0 else None,   # bytes/ns = GB/s
             points=_point_stats(v[v > 0])))
+        if not series:
+            continue
+        last = np.append(t[1:] != t[:-1], True)
+        ds = _downsample(t[last], v[last], budget)
         n = len(ds["start"])
         result.series.kind += [kind] * n
         result.series.t_ms += _t_ms(ds["start"], result.origin_ns)

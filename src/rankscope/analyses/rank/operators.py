@@ -162,9 +162,10 @@ def operator_stats(trace: RankTrace, top_n: int = 20, group_by: str = "name",
     n_groups = int(group.max(initial=-1)) + 1
     first = np.full(n_groups, len(group), dtype=np.int64)       # each group's first op
     np.minimum.at(first, member, np.flatnonzero(kept))
+    bin_of = group + 1                              # bin 0 collects the ops of no group
 
     def total(values: np.ndarray) -> np.ndarray:    # exact: per-group sums stay below 2**53
-        return np.bincount(member, weights=values[kept], minlength=n_groups)
+        return np.bincount(bin_of, weights=values, minlength=n_groups + 1)[1:]
 
     key_names = names.gather(first).cast(pl.String)
     if group_by == "name":

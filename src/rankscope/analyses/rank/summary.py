@@ -198,7 +198,7 @@ def _op_name_totals(trace: RankTrace) -> NameTotals:
 
 def _hta_parity(trace: RankTrace) -> HtaParity:
     """HTA's per-rank figures, without the time series (kept small)."""
-    q, m = queue_length(trace), memory_bandwidth(trace)
+    q, m = queue_length(trace, series=False), memory_bandwidth(trace, series=False)
     return HtaParity(
         temporal=temporal_breakdown(trace), overlap=comm_comp_overlap(trace), idle=idle_time_breakdown(trace),
         launch=kernel_launch_stats(trace), queue=QueueLengthStats(q.include_last_step, q.origin_ns, q.streams),
