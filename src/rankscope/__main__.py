@@ -4,10 +4,16 @@ Importing the commands (numpy, polars) takes most of a second; a Ctrl-C in that 
 during a command does (`rankscope.interrupt`)."""
 from __future__ import annotations
 
+import os
+
 from rankscope.interrupt import exit_interrupted
 
 
 def run() -> None:
+    # numpy's OpenBLAS starts a thread per core that spins ~0.1 s of CPU after it starts; the
+    # analyses multiply no matrix large enough to need more than one (before numpy is imported;
+    # a value the user set is kept)
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
         from rankscope.cli import main
     except KeyboardInterrupt:
