@@ -363,6 +363,7 @@ def test_ctrl_c_at_any_moment_of_start_up(busy_job: Path, after_s: float):
     assert err.strip() == "rankscope: interrupted"
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the forkserver start method (Linux)")
 def test_ctrl_c_leaves_no_temporary_folder(busy_job: Path, tmp_path: Path):
     """multiprocessing keeps its worker server's socket in a folder of the temporary directory,
     removed at a normal exit; the immediate exit after a Ctrl-C skipped that and left one behind
@@ -412,6 +413,7 @@ def test_ctrl_c_while_a_worker_sends_its_result(tmp_path: Path, after_s: float):
     assert proc.stderr == ""
 
 
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads the server's signal mask in /proc")
 def test_a_ctrl_c_while_the_forkserver_starts_is_not_lost():
     """A Ctrl-C while the worker processes' server starts is raised once it runs, also when another
     thread (polars' runtime starts some) takes the signal: with SIGINT ignored in that moment, it
