@@ -273,12 +273,14 @@ def test_sqlite_view_with_endless_rows_is_refused(tmp_path: Path):
 # Ctrl-C
 @pytest.fixture(scope="module")
 def busy_job(tmp_path_factory) -> Path:
-    """12 plain-JSON ranks of ~8 MB (4 generated, each copied 3 times): seconds of work."""
+    """48 plain-JSON ranks of ~8 MB (4 generated, each linked 12 times): 1.5 s (worker processes)
+    to 2.1 s (threads) of work on 2 cores (with 12 ranks, a whole run took 0.8 s, and a Ctrl-C
+    meant for its start-up came as it ended)."""
     out = tmp_path_factory.mktemp("busy")
     generate_job(out / "gen", ranks=4, steps=6, gzip=False, scale=2)
     job = out / "job"
     job.mkdir()
-    for i, src in enumerate(sorted((out / "gen").glob("*.pt.trace.json")) * 3):
+    for i, src in enumerate(sorted((out / "gen").glob("*.pt.trace.json")) * 12):
         os.link(src, job / f"rank{i}.pt.trace.json")
     return job
 
