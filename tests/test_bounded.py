@@ -316,19 +316,32 @@ def _reading(pids: list[int], folder: Path) -> bool:
     return False
 
 
+def _start(args: list, env: dict | None = None) -> subprocess.Popen:
+    """The CLI in its own process group, so that a Ctrl-C (`_ctrl_c`) reaches it and its workers."""
+    return subprocess.Popen(rankscope_cmd() + [str(a) for a in args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
+
+
+def _ctrl_c(proc: subprocess.Popen) -> subprocess.CompletedProcess:
+    """SIGINT to the whole process group, as a terminal's Ctrl-C sends it; then the outcome."""
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _busy_processes(job: Path) -> list:
+    return ["analyze", job, "--engine", "processes", "--workers", "2", "--no-cache", "-q"]
+
+
 def _interrupt(args: list, folder: Path, after_s: float = 0.3) -> subprocess.CompletedProcess:
-    """Run the CLI in its own process group; once it (or a worker) has a file of `folder` open,
-    wait `after_s` and send SIGINT to the whole group, as a terminal's Ctrl-C does."""
-    proc = subprocess.Popen(rankscope_cmd() + [str(a) for a in args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    """Run the CLI; once it (or a worker) has a file of `folder` open, wait `after_s` and Ctrl-C it."""
+    proc = _start(args)
     deadline = time.monotonic() + 60
     while not _reading(_process_tree(proc.pid), folder) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     assert proc.poll() is None, f"finished before it could be interrupted:\n{proc.stderr.read()}"
     time.sleep(after_s)
-    os.killpg(proc.pid, signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return _ctrl_c(proc)
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="finds the reading process through /proc")
@@ -355,14 +368,11 @@ def test_ctrl_c_at_any_moment_of_start_up(busy_job: Path, after_s: float):
     """Ctrl-C while the commands are still being imported, or while the worker processes start
     (before any file is open): the same one line, no traceback from the driver or a worker, no
     semaphore reported leaked."""
-    proc = subprocess.Popen(rankscope_cmd() + ["analyze", str(busy_job), "--engine", "processes", "--workers", "2",
-                                               "--no-cache", "-q"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = _start(_busy_processes(busy_job))
     time.sleep(after_s)
-    os.killpg(proc.pid, signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
-    assert err.strip() == "rankscope: interrupted"
+    proc = _ctrl_c(proc)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.strip() == "rankscope: interrupted"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the forkserver start method (Linux)")
@@ -372,17 +382,13 @@ def test_ctrl_c_leaves_no_temporary_folder(busy_job: Path, tmp_path: Path):
     per interrupted run."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    proc = subprocess.Popen(rankscope_cmd() + ["analyze", str(busy_job), "--engine", "processes", "--workers", "2",
-                                               "--no-cache", "-q"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**os.environ, "TMPDIR": str(tmp)})
+    proc = _start(_busy_processes(busy_job), env={**os.environ, "TMPDIR": str(tmp)})
     deadline = time.monotonic() + 60
     while not list(tmp.glob("pymp-*")) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     assert list(tmp.glob("pymp-*")), "the worker server's folder never appeared"
-    os.killpg(proc.pid, signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+    proc = _ctrl_c(proc)
+    assert proc.returncode == 130, proc.stderr
     assert list(tmp.iterdir()) == []
 
 

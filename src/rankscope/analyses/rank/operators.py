@@ -242,7 +242,8 @@ def _op_times(trace: RankTrace) -> _OpTimes:
     n = len(g)
     # sums by bincount, exact: an op's summed ns stay below 2**53; bin 0 collects op -1 (none)
     child_sum = np.bincount(parent + 1, weights=dur, minlength=n + 1)[1:].astype(np.int64)
-    self_dev = np.bincount(dev_op + 1, weights=linked_dur, minlength=n + 1)[1:].astype(np.int64)
+    dev_bin = dev_op + 1
+    self_dev = np.bincount(dev_bin, weights=linked_dur, minlength=n + 1)[1:].astype(np.int64)
     hit = dev_op >= 0
     total_dev = self_dev.copy()
     node, amount = parent[dev_op[hit]], linked_dur[hit]
@@ -253,7 +254,7 @@ def _op_times(trace: RankTrace) -> _OpTimes:
         node = parent[node]
     return _OpTimes(order=order, thread=g, ts=s, dur=dur, parent=parent, self_cpu=np.maximum(dur - child_sum, 0),
                     self_dev=self_dev, total_dev=total_dev,
-                    dev_events=np.bincount(dev_op + 1, minlength=n + 1)[1:], threads=threads,
+                    dev_events=np.bincount(dev_bin, minlength=n + 1)[1:], threads=threads,
                     conflicts=forest.conflicts, device_ns=int(dev_dur.sum()), attributed_ns=int(linked_dur[hit].sum()))
 
 
