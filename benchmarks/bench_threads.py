@@ -1,14 +1,17 @@
-"""What running two ranks' analyses at once costs: `summarize_rank` of one rank alone, of two ranks in
-two threads of one process (the `local` engine's way), and of two ranks in two processes. Prints a table;
-run after `make_scale_set.py` built the set.
+"""What running two ranks' work at once costs: `summarize_rank` of one rank alone, of two ranks in
+two threads of one process (the `local` engine's way), and of two ranks in two processes; then one
+rank's summaries with another rank parsed over and over beside them (`read_trace`, what the other worker
+thread of a cold `analyze` is mostly doing), in a thread and in a process, and, as a control, with a
+numpy sort beside them in a thread (it holds no GIL while it runs, but uses the memory as hard). Prints a
+table; run after `make_scale_set.py` built the set.
 
     python benchmarks/bench_threads.py [--set 8x200MB] [--repeat 6]
 
 Each worker reads its rank once, runs `summarize_rank` once untimed (first-call costs: pattern tables,
 regexes), then --repeat times with the rank's derived views cleared, and reports its mean wall time per
-summary. Two threads share the GIL, two processes do not: the difference between those two rows is what
-the GIL costs the analyses when both cores run them (the machine is shared and noisy: compare rows of
-one run).
+summary; a neighbour reports its mean time per parse (or sort). Threads share the GIL, processes do not:
+the difference between a thread row and its process row is what the GIL costs when both cores run (the
+machine is shared and noisy: compare rows of one run).
 """
 from __future__ import annotations
 
@@ -33,6 +36,57 @@ def summarize_repeatedly(path: str, repeat: int, out) -> None:
         summarize_rank(trace)
     seconds = (time.perf_counter() - start) / repeat
     out.append(seconds) if isinstance(out, list) else out.put(seconds)
+
+
+def parse_until(path: str, stop, out, least: int = 1) -> None:
+    """Parse the rank at `path` until `stop` (an Event) is set, at least `least` times; the mean
+    seconds per parse go on `out`."""
+    from rankscope.ingest import read_trace
+    n, start = 0, time.perf_counter()
+    while not stop.is_set() or n < least:
+        read_trace(path)
+        n += 1
+    seconds = (time.perf_counter() - start) / n
+    out.append(seconds) if isinstance(out, list) else out.put(seconds)
+
+
+def sort_until(stop, out, least: int = 1) -> None:
+    """Sort 4 M random int64 (numpy releases the GIL while it sorts) until `stop` is set, at least
+    `least` times (the first sort is not timed: it faults in its output's pages)."""
+    import numpy as np
+    values = np.random.default_rng(0).integers(0, 1 << 40, 4_000_000)
+    np.sort(values)
+    n, start = 0, time.perf_counter()
+    while not stop.is_set() or n < least:
+        np.sort(values)
+        n += 1
+    out.append((time.perf_counter() - start) / n)
+
+
+def beside_thread(path: str, repeat: int, neighbour) -> tuple[list[float], float]:
+    """Summaries of `path` while `neighbour(stop, out)` runs in a thread: (summary times, its time)."""
+    out: list[float] = []
+    stop = threading.Event()
+    t = threading.Thread(target=neighbour, args=(stop, out))
+    t.start()
+    summaries: list[float] = []
+    summarize_repeatedly(path, repeat, summaries)
+    stop.set()
+    t.join()
+    return summaries, out[0]
+
+
+def beside_process(path: str, other: str, repeat: int) -> tuple[list[float], float]:
+    ctx = mp.get_context("spawn")
+    queue, stop = ctx.Queue(), ctx.Event()
+    proc = ctx.Process(target=parse_until, args=(other, stop, queue))
+    proc.start()
+    summaries: list[float] = []
+    summarize_repeatedly(path, repeat, summaries)
+    stop.set()
+    parse = queue.get()
+    proc.join()
+    return summaries, parse
 
 
 def alone(path: str, repeat: int) -> list[float]:
@@ -71,16 +125,33 @@ def main() -> None:
     files = sorted(str(f) for f in (DATA / args.set).glob("rank*"))[:2]
     if len(files) < 2:
         raise SystemExit(f"need two rank files in {DATA / args.set}: build the set with make_scale_set.py")
-    rows = [("one rank alone", alone(files[0], args.repeat)),
-            ("two ranks, two threads", in_threads(files, args.repeat)),
-            ("two ranks, two processes", in_processes(files, args.repeat))]
-    base = rows[0][1][0]
-    print(f"summarize_rank, {args.set}, mean of {args.repeat} per worker")
-    print(f"{'how':<26} {'ms per summary (each worker)':>30} {'vs alone':>9}")
-    for name, seconds in rows:
-        per = ", ".join(f"{s * 1000:.0f}" for s in seconds)
-        print(f"{name:<26} {per:>30} {max(seconds) / base:>8.2f}x")
+    done = threading.Event()
+    done.set()                      # one-shot runs, nothing beside them: the neighbours' own times
+    parse_alone: list[float] = []
+    parse_until(files[1], done, parse_alone, least=3)
+    sort_alone: list[float] = []
+    sort_until(done, sort_alone, least=10)
 
+    def parse_beside(stop, out) -> None:
+        parse_until(files[1], stop, out)
+
+    rows = [("one rank alone", alone(files[0], args.repeat), None, None),
+            ("two ranks, two threads", in_threads(files, args.repeat), None, None),
+            ("two ranks, two processes", in_processes(files, args.repeat), None, None),
+            ("one rank, a parse in a thread beside", *beside_thread(files[0], args.repeat, parse_beside),
+             parse_alone[0]),
+            ("one rank, a parse in a process beside", *beside_process(files[0], files[1], args.repeat),
+             parse_alone[0]),
+            ("one rank, a numpy sort in a thread beside", *beside_thread(files[0], args.repeat, sort_until),
+             sort_alone[0])]
+    base = rows[0][1][0]
+    print(f"summarize_rank, {args.set}, mean of {args.repeat} per worker; a neighbour's mean per parse (sort), "
+          f"and alone")
+    print(f"{'how':<42} {'ms per summary':>16} {'vs alone':>9} {'neighbour ms (alone)':>22}")
+    for name, seconds, neighbour, neighbour_alone in rows:
+        per = ", ".join(f"{s * 1000:.0f}" for s in seconds)
+        side = f"{neighbour * 1000:.0f} ({neighbour_alone * 1000:.0f})" if neighbour else ""
+        print(f"{name:<42} {per:>16} {max(seconds) / base:>8.2f}x {side:>22}")
 
 if __name__ == "__main__":
     main()
