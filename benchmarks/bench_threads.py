@@ -24,6 +24,20 @@ from pathlib import Path
 DATA = Path(__file__).resolve().parent / "data"
 
 
+def _put(out, value: float) -> None:
+    """`value` onto `out`: a list (threads) or a multiprocessing queue (processes)."""
+    out.append(value) if isinstance(out, list) else out.put(value)
+
+
+def _mean_until(stop, least: int, work) -> float:
+    """Mean seconds of `work()`, called until `stop` (an Event) is set and at least `least` times."""
+    n, start = 0, time.perf_counter()
+    while not stop.is_set() or n < least:
+        work()
+        n += 1
+    return (time.perf_counter() - start) / n
+
+
 def summarize_repeatedly(path: str, repeat: int, out) -> None:
     """Mean seconds of `summarize_rank` of the rank at `path`, put on `out` (a list or a queue)."""
     from rankscope.analyses.rank.summary import summarize_rank
@@ -34,20 +48,14 @@ def summarize_repeatedly(path: str, repeat: int, out) -> None:
     for _ in range(repeat):
         trace.derived.clear()
         summarize_rank(trace)
-    seconds = (time.perf_counter() - start) / repeat
-    out.append(seconds) if isinstance(out, list) else out.put(seconds)
+    _put(out, (time.perf_counter() - start) / repeat)
 
 
 def parse_until(path: str, stop, out, least: int = 1) -> None:
-    """Parse the rank at `path` until `stop` (an Event) is set, at least `least` times; the mean
-    seconds per parse go on `out`."""
+    """Parse the rank at `path` until `stop` is set, at least `least` times; the mean seconds per
+    parse go on `out`."""
     from rankscope.ingest import read_trace
-    n, start = 0, time.perf_counter()
-    while not stop.is_set() or n < least:
-        read_trace(path)
-        n += 1
-    seconds = (time.perf_counter() - start) / n
-    out.append(seconds) if isinstance(out, list) else out.put(seconds)
+    _put(out, _mean_until(stop, least, lambda: read_trace(path)))
 
 
 def sort_until(stop, out, least: int = 1) -> None:
@@ -56,11 +64,7 @@ def sort_until(stop, out, least: int = 1) -> None:
     import numpy as np
     values = np.random.default_rng(0).integers(0, 1 << 40, 4_000_000)
     np.sort(values)
-    n, start = 0, time.perf_counter()
-    while not stop.is_set() or n < least:
-        np.sort(values)
-        n += 1
-    out.append((time.perf_counter() - start) / n)
+    _put(out, _mean_until(stop, least, lambda: np.sort(values)))
 
 
 def beside_thread(path: str, repeat: int, neighbour) -> tuple[list[float], float]:
@@ -152,6 +156,7 @@ def main() -> None:
         per = ", ".join(f"{s * 1000:.0f}" for s in seconds)
         side = f"{neighbour * 1000:.0f} ({neighbour_alone * 1000:.0f})" if neighbour else ""
         print(f"{name:<42} {per:>16} {max(seconds) / base:>8.2f}x {side:>22}")
+
 
 if __name__ == "__main__":
     main()

@@ -333,12 +333,17 @@ def _busy_processes(job: Path) -> list:
     return ["analyze", job, "--engine", "processes", "--workers", "2", "--no-cache", "-q"]
 
 
+def _wait_for(proc: subprocess.Popen, ready) -> None:
+    """Until `ready()`, or the process ends, or 60 s pass."""
+    deadline = time.monotonic() + 60
+    while not ready() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def _interrupt(args: list, folder: Path, after_s: float = 0.3) -> subprocess.CompletedProcess:
     """Run the CLI; once it (or a worker) has a file of `folder` open, wait `after_s` and Ctrl-C it."""
     proc = _start(args)
-    deadline = time.monotonic() + 60
-    while not _reading(_process_tree(proc.pid), folder) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
+    _wait_for(proc, lambda: _reading(_process_tree(proc.pid), folder))
     assert proc.poll() is None, f"finished before it could be interrupted:\n{proc.stderr.read()}"
     time.sleep(after_s)
     return _ctrl_c(proc)
@@ -383,9 +388,7 @@ def test_ctrl_c_leaves_no_temporary_folder(busy_job: Path, tmp_path: Path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     proc = _start(_busy_processes(busy_job), env={**os.environ, "TMPDIR": str(tmp)})
-    deadline = time.monotonic() + 60
-    while not list(tmp.glob("pymp-*")) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
+    _wait_for(proc, lambda: any(tmp.glob("pymp-*")))
     assert list(tmp.glob("pymp-*")), "the worker server's folder never appeared"
     proc = _ctrl_c(proc)
     assert proc.returncode == 130, proc.stderr
