@@ -5,7 +5,9 @@ during a command does (`rankscope.interrupt`)."""
 from __future__ import annotations
 
 import os
+import sys
 
+from rankscope import prefork
 from rankscope.interrupt import exit_interrupted
 
 
@@ -14,6 +16,9 @@ def run() -> None:
     # analyses multiply no matrix large enough to need more than one (before numpy is imported;
     # a value the user set is kept)
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    # the local engine's worker process: forked now, while this process has one thread and has
+    # not imported polars (`rankscope.prefork`)
+    prefork.start(sys.argv[1:])
     try:
         from rankscope.cli import main
     except KeyboardInterrupt:

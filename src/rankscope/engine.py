@@ -4,6 +4,10 @@
              and polars/numpy release it too, so ranks parse in parallel while the job pays
              for one interpreter: measured on 8x200 MB, one process instead of 1 + N workers
              each holding their own polars/numpy, and no worker start-up on cached loads.
+             From the command line on Linux (`analyze`, `diff`, `mfu`), one of the N workers is
+             a process forked as the command started (`prefork`): the analyses hand the GIL back
+             and forth hundreds of times per rank, and two ranks in two processes do not wait
+             for each other's.
   processes  a pool of worker processes, for per-rank work that would hold the GIL.
   inprocess  one rank after the other (debugging, tiny inputs).
   ray        Ray tasks (`pip install 'rankscope[ray]'`): on the cluster at `address`, or on a local
@@ -26,12 +30,15 @@ import contextlib
 import logging
 import multiprocessing as mp
 import os
+import queue
 import signal
 import socket
 import sys
 import threading
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from typing import Callable, Iterable, TypeVar
+
+from rankscope import prefork
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -93,6 +100,9 @@ def map_ranks(fn: Callable[[T], R], items: Iterable[T], engine: str = "local", w
                 on_done(i, results[i])
         return results
     n = min(workers or default_workers(), len(items))
+    helper = prefork.helper() if engine == "local" and n >= 2 else None
+    if helper is not None:
+        return _map_with_helper(fn, items, n, on_done, helper)
     pool: Executor
     if engine == "processes":
         ctx = mp.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
@@ -113,6 +123,68 @@ def map_ranks(fn: Callable[[T], R], items: Iterable[T], engine: str = "local", w
         _stop(pool)
         raise
     pool.shutdown()
+    return results
+
+
+def _map_with_helper(fn: Callable[[T], R], items: list[T], n: int, on_done, helper: prefork.Helper) -> list[R]:
+    """The local engine with the command line's worker process (`prefork`) as one of its `n`
+    workers: n - 1 threads run `fn` here, one thread hands items to the worker process once it is
+    ready (if it is lost, that thread runs its item and the rest here). Results are collected, and
+    `on_done` called, in this thread, as they finish."""
+    results: list = [None] * len(items)
+    pending = iter(range(len(items)))
+    taken = threading.Lock()
+    stop = threading.Event()
+    finished: queue.SimpleQueue = queue.SimpleQueue()
+    left = [len(items)]          # items not taken yet (read by the waiting helper thread)
+
+    def take() -> int | None:
+        with taken:
+            i = None if stop.is_set() else next(pending, None)
+            left[0] -= i is not None
+            return i
+
+    def run_here(i: int) -> None:
+        try:
+            finished.put((i, fn(items[i]), None))
+        except BaseException as exc:
+            finished.put((i, None, exc))
+            stop.set()
+
+    def thread_worker() -> None:
+        while (i := take()) is not None:
+            run_here(i)
+
+    def helper_worker() -> None:
+        if helper.wait_ready(lambda: stop.is_set() or left[0] == 0):
+            while (i := take()) is not None:
+                try:
+                    finished.put((i, helper.run(fn, items[i]), None))
+                except prefork.HelperLost:
+                    run_here(i)
+                    break
+                except BaseException as exc:
+                    finished.put((i, None, exc))
+                    stop.set()
+                    return
+        thread_worker()               # not ready, or lost: the rest here
+
+    threads = [threading.Thread(target=thread_worker, name=f"rankscope_{k}", daemon=True) for k in range(n - 1)]
+    threads.append(threading.Thread(target=helper_worker, name="rankscope_prefork", daemon=True))
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(len(items)):
+            i, result, exc = finished.get()
+            if exc is not None:
+                raise exc
+            results[i] = result
+            if on_done:
+                on_done(i, result)
+    except BaseException:         # Ctrl-C, or `fn` raised: nothing more is started, the worker process ends
+        stop.set()
+        helper.stop()
+        raise
     return results
 
 
