@@ -51,7 +51,7 @@ print(json.dumps({"results": results, "driver": os.getpid(), "worker": helper.pi
 def _map(tmp_path: Path, **env: str) -> dict:
     (tmp_path / "tasks.py").write_text(TASKS)
     (tmp_path / "map.py").write_text(MAP)
-    proc = subprocess.run([sys.executable, "map.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    proc = subprocess.run([sys.executable, "map.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
                           env={**os.environ, **env})
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
@@ -123,7 +123,7 @@ def _volatile_free(doc):
 def test_analyze_says_the_same_with_and_without_the_worker_process(corpus):
     args = rankscope_cmd() + ["analyze", str(corpus_root() / "cpu-gloo-3d-pp2dp2tp2"), "--engine", "local",
                               "--workers", "2", "--no-cache", "--json"]
-    runs = [subprocess.run(args, capture_output=True, text=True, timeout=300,
+    runs = [subprocess.run(args, capture_output=True, text=True, timeout=300, check=False,
                            env={**os.environ, "RANKSCOPE_NO_WORKER_PROCESS": off}) for off in ("", "1")]
     for r in runs:
         assert r.returncode == 0, r.stderr
@@ -188,7 +188,7 @@ def _group_gone(pgid: int, within_s: float = 5.0) -> bool:
 
 def test_analyze_says_the_same_when_its_worker_process_is_killed(job: Path):
     args = rankscope_cmd() + ["analyze", str(job), "--engine", "local", "--workers", "2", "--no-cache", "--json"]
-    reference = subprocess.run(args, capture_output=True, text=True, timeout=300,
+    reference = subprocess.run(args, capture_output=True, text=True, timeout=300, check=False,
                                env={**os.environ, "RANKSCOPE_NO_WORKER_PROCESS": "1"})
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     worker = _worker_reading(proc, job)
