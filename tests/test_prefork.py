@@ -42,8 +42,8 @@ import tasks
 from rankscope.engine import map_ranks
 done = []
 results = map_ranks(tasks.work, range(12), engine="local", workers=2, on_done=lambda i, r: done.append(i))
-helper = prefork._helper
-print(json.dumps({"results": results, "driver": os.getpid(), "worker": helper.pid, "lost": helper.lost,
+worker = prefork._worker
+print(json.dumps({"results": results, "driver": os.getpid(), "worker": worker.pid, "lost": worker.lost,
                   "done": sorted(done)}))
 '''
 
@@ -72,6 +72,32 @@ def test_a_lost_worker_process_leaves_its_item_and_the_rest_here(tmp_path: Path)
     assert [i for i, _ in out["results"]] == list(range(12))
     assert {pid for _, pid in out["results"]} == {out["driver"]}     # the item it died on was run again here
     assert out["done"] == list(range(12))
+
+
+UNUSED = '''
+import json, os
+from rankscope import prefork
+prefork.start(["analyze", "job"])
+import tasks
+from rankscope.engine import map_ranks
+pid = prefork.worker().pid
+map_ranks(tasks.work, [0], engine="local", workers=2)          # one item: nothing to share
+try:
+    os.kill(pid, 0)
+    alive = True
+except ProcessLookupError:
+    alive = False
+print(json.dumps({"usable": prefork.worker() is not None, "alive": alive}))
+'''
+
+
+def test_a_map_that_cannot_use_the_worker_process_ends_it(tmp_path: Path):
+    (tmp_path / "tasks.py").write_text(TASKS)
+    (tmp_path / "unused.py").write_text(UNUSED)
+    proc = subprocess.run([sys.executable, "unused.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          check=False, env={**os.environ, "DRIVER_PID": "0"})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"usable": False, "alive": False}
 
 
 @pytest.mark.parametrize("argv, wanted", [

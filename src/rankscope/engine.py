@@ -88,6 +88,11 @@ def map_ranks(fn: Callable[[T], R], items: Iterable[T], engine: str = "local", w
     as each finishes (progress bars). `on_lost(item, why)` stands in for the result of an item
     whose worker died (Ray, after its retries); without it that raises EngineError."""
     items = list(items)
+    n = min(workers or default_workers(), len(items))
+    worker = prefork.worker()
+    if worker is not None and (engine != "local" or n < 2):
+        worker.stop()             # of no use to this map: its CPU and memory back now
+        worker = None
     if not items:
         return []
     if engine == "ray":
@@ -99,10 +104,8 @@ def map_ranks(fn: Callable[[T], R], items: Iterable[T], engine: str = "local", w
             if on_done:
                 on_done(i, results[i])
         return results
-    n = min(workers or default_workers(), len(items))
-    helper = prefork.helper() if engine == "local" and n >= 2 else None
-    if helper is not None:
-        return _map_with_helper(fn, items, n, on_done, helper)
+    if worker is not None:
+        return _map_with_worker_process(fn, items, n, on_done, worker)
     pool: Executor
     if engine == "processes":
         ctx = mp.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
@@ -126,7 +129,8 @@ def map_ranks(fn: Callable[[T], R], items: Iterable[T], engine: str = "local", w
     return results
 
 
-def _map_with_helper(fn: Callable[[T], R], items: list[T], n: int, on_done, helper: prefork.Helper) -> list[R]:
+def _map_with_worker_process(fn: Callable[[T], R], items: list[T], n: int, on_done,
+                             worker: prefork.WorkerProcess) -> list[R]:
     """The local engine with the command line's worker process (`prefork`) as one of its `n`
     workers: n - 1 threads run `fn` here, one thread hands items to the worker process once it is
     ready (if it is lost, that thread runs its item and the rest here). Results are collected, and
@@ -136,7 +140,7 @@ def _map_with_helper(fn: Callable[[T], R], items: list[T], n: int, on_done, help
     taken = threading.Lock()
     stop = threading.Event()
     finished: queue.SimpleQueue = queue.SimpleQueue()
-    left = [len(items)]          # items not taken yet (read by the waiting helper thread)
+    left = [len(items)]          # items not taken yet (read by the waiting worker thread)
 
     def take() -> int | None:
         with taken:
@@ -155,12 +159,12 @@ def _map_with_helper(fn: Callable[[T], R], items: list[T], n: int, on_done, help
         while (i := take()) is not None:
             run_here(i)
 
-    def helper_worker() -> None:
-        if helper.wait_ready(lambda: stop.is_set() or left[0] == 0):
+    def worker_process_feeder() -> None:
+        if worker.wait_ready(lambda: stop.is_set() or left[0] == 0):
             while (i := take()) is not None:
                 try:
-                    finished.put((i, helper.run(fn, items[i]), None))
-                except prefork.HelperLost:
+                    finished.put((i, worker.run(fn, items[i]), None))
+                except prefork.WorkerLost:
                     run_here(i)
                     break
                 except BaseException as exc:
@@ -170,7 +174,7 @@ def _map_with_helper(fn: Callable[[T], R], items: list[T], n: int, on_done, help
         thread_worker()               # not ready, or lost: the rest here
 
     threads = [threading.Thread(target=thread_worker, name=f"rankscope_{k}", daemon=True) for k in range(n - 1)]
-    threads.append(threading.Thread(target=helper_worker, name="rankscope_prefork", daemon=True))
+    threads.append(threading.Thread(target=worker_process_feeder, name="rankscope_prefork", daemon=True))
     for t in threads:
         t.start()
     try:
@@ -183,8 +187,10 @@ def _map_with_helper(fn: Callable[[T], R], items: list[T], n: int, on_done, help
                 on_done(i, result)
     except BaseException:         # Ctrl-C, or `fn` raised: nothing more is started, the worker process ends
         stop.set()
-        helper.stop()
+        worker.stop()
         raise
+    if not worker.ready:          # the map was over before it was ready (cached ranks): it would only take CPU
+        worker.stop()
     return results
 
 

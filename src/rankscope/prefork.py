@@ -8,7 +8,7 @@ process has a single thread (polars starts threads at import, and a fork then ca
 the command line forks it first thing (`start`), on Linux, for the commands that analyse ranks,
 and it imports what the per-rank work needs while this process imports the commands.
 
-The local engine then hands ranks to it from one of its worker threads (`Helper.run`) and the
+The local engine then hands ranks to it from one of its worker threads (`WorkerProcess.run`) and the
 other threads analyse the rest here. Nothing depends on it: a map that starts before it is ready
 does not wait for it, a map of fewer than two ranks or another engine leaves it unused, and if it
 dies its rank is analysed here and the map goes on without it. It ignores Ctrl-C (the terminal
@@ -32,14 +32,14 @@ _WORK_MODULES = ("rankscope.pipelines.job", "rankscope.analyses.rank.summary")
 _PR_SET_PDEATHSIG = 1
 _READY = "ready"
 
-_helper: Helper | None = None
+_worker: WorkerProcess | None = None
 
 
-class HelperLost(Exception):
+class WorkerLost(Exception):
     """The worker process died, or its pipe broke: what it was given is to be run here."""
 
 
-class Helper:
+class WorkerProcess:
     """The driver's end of the worker process: one task at a time (the local engine gives it one
     worker thread)."""
 
@@ -59,20 +59,23 @@ class Helper:
                 if give_up():
                     return False
                 if select.select([self._results], [], [], poll_s)[0]:
-                    self._receive()      # its first message says it is ready
+                    try:
+                        self._receive()      # its first message says it is ready
+                    except WorkerLost:
+                        return False
         return self.ready and not self.lost
 
     def run(self, fn: Callable[[Any], Any], item: Any) -> Any:
-        """fn(item) in the worker process. Raises what fn raised there, or HelperLost."""
+        """fn(item) in the worker process. Raises what fn raised there, or WorkerLost."""
         with self._lock:
             if self.lost:
-                raise HelperLost
+                raise WorkerLost
             try:
                 pickle.dump((fn, item), self._tasks, protocol=pickle.HIGHEST_PROTOCOL)
                 self._tasks.flush()
             except (OSError, pickle.PicklingError, TypeError, AttributeError) as exc:
                 self._lose()
-                raise HelperLost from exc
+                raise WorkerLost from exc
             ok, value = self._receive()
         if not ok:
             raise value
@@ -83,7 +86,7 @@ class Helper:
             message = pickle.load(self._results)
         except Exception as exc:         # EOF (it died), a broken pipe, a message cut short
             self._lose()
-            raise HelperLost from exc
+            raise WorkerLost from exc
         if message == _READY:
             self.ready = True
         return message
@@ -102,9 +105,9 @@ class Helper:
             pass
 
 
-def helper() -> Helper | None:
+def worker() -> WorkerProcess | None:
     """The worker process of this command line, while it is usable."""
-    return _helper if _helper is not None and not _helper.lost else None
+    return _worker if _worker is not None and not _worker.lost else None
 
 
 def wanted(argv: list[str]) -> bool:
@@ -139,8 +142,8 @@ _VALUE_OPTIONS = {"--engine", "--workers", "--address", "--cache-dir", "--thresh
 
 def start(argv: list[str]) -> None:
     """Fork the worker process when `wanted(argv)`. Call before numpy or polars is imported."""
-    global _helper
-    if _helper is not None or not wanted(argv):
+    global _worker
+    if _worker is not None or not wanted(argv):
         return
     tasks_r, tasks_w = os.pipe()
     results_r, results_w = os.pipe()
@@ -165,7 +168,7 @@ def start(argv: list[str]) -> None:
         os.close(tasks_w)
         os.close(results_r)
         return
-    _helper = Helper(pid, tasks_w, results_r)
+    _worker = WorkerProcess(pid, tasks_w, results_r)
 
 
 def _serve(tasks: int, results: int, parent: int) -> None:
