@@ -148,29 +148,28 @@ def _map_with_worker_process(fn: Callable[[T], R], items: list[T], n: int, on_do
             left[0] -= i is not None
             return i
 
-    def run_here(i: int) -> None:
+    def settle(i: int, call: Callable, arg) -> None:
+        """call(arg), item i's result, or what it raised (then nothing more is started), to the queue."""
         try:
-            finished.put((i, fn(items[i]), None))
+            finished.put((i, call(arg), None))
         except BaseException as exc:
             finished.put((i, None, exc))
             stop.set()
 
     def thread_worker() -> None:
         while (i := take()) is not None:
-            run_here(i)
+            settle(i, fn, items[i])
+
+    def in_worker_process(i: int) -> R:
+        try:
+            return worker.run(fn, items[i])
+        except prefork.WorkerLost:
+            return fn(items[i])       # here; and the rest too, below
 
     def worker_process_feeder() -> None:
         if worker.wait_ready(lambda: stop.is_set() or left[0] == 0):
-            while (i := take()) is not None:
-                try:
-                    finished.put((i, worker.run(fn, items[i]), None))
-                except prefork.WorkerLost:
-                    run_here(i)
-                    break
-                except BaseException as exc:
-                    finished.put((i, None, exc))
-                    stop.set()
-                    return
+            while not worker.lost and (i := take()) is not None:
+                settle(i, in_worker_process, i)
         thread_worker()               # not ready, or lost: the rest here
 
     threads = [threading.Thread(target=thread_worker, name=f"rankscope_{k}", daemon=True) for k in range(n - 1)]
