@@ -25,7 +25,7 @@ import sys
 import threading
 from typing import Any, Callable
 
-#: The commands whose per-rank work (parse and analyses) the worker takes half of.
+#: The commands whose per-rank work (parse and analyses) the worker process shares.
 COMMANDS = ("analyze", "diff", "mfu")
 #: What the per-rank work imports: done by the worker before it says it is ready.
 _WORK_MODULES = ("rankscope.pipelines.job", "rankscope.analyses.rank.summary")
