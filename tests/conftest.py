@@ -16,8 +16,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import zlib
 from decimal import Decimal
 from functools import lru_cache
@@ -225,3 +227,70 @@ def run_cli(args: list[str], tmp_path: Path, env: dict | None = None, timeout: i
 def assert_no_traceback(proc: subprocess.CompletedProcess) -> None:
     for stream, text in (("stderr", proc.stderr), ("stdout", proc.stdout)):
         assert "Traceback" not in text, f"traceback on {stream}:\n{text}"
+
+
+# ----------------------------------------------------------------------------------------------
+# The command line as a running process (Ctrl-C, its worker processes)
+def linked_job(out: Path, copies: int) -> Path:
+    """A folder of 4 generated plain-JSON ranks of ~8 MB, each hard-linked `copies` times (the links
+    are read like any file, then skipped as ranks claimed twice): seconds of work, little disk."""
+    from rankscope.synth import generate_job
+    generate_job(out / "gen", ranks=4, steps=6, gzip=False, scale=2)
+    job = out / "job"
+    job.mkdir()
+    for i, src in enumerate(sorted((out / "gen").glob("*.pt.trace.json")) * copies):
+        os.link(src, job / f"rank{i}.pt.trace.json")
+    return job
+
+
+def start_cli(args: list, env: dict | None = None) -> subprocess.Popen:
+    """The CLI in its own process group, so that a Ctrl-C (`ctrl_c`) reaches it and its workers."""
+    return subprocess.Popen(rankscope_cmd() + [str(a) for a in args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
+
+
+def ctrl_c(proc: subprocess.Popen) -> subprocess.CompletedProcess:
+    """SIGINT to the whole process group, as a terminal's Ctrl-C sends it; then the outcome."""
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def wait_for(proc: subprocess.Popen, ready) -> None:
+    """Until `ready()`, or the process ends, or 60 s pass."""
+    deadline = time.monotonic() + 60
+    while not ready() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants, `pid` first (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo += children.get(tree[-1], [])
+    return tree
+
+
+def reading(pids: list[int], folder: Path) -> bool:
+    """Whether one of `pids` has a file of `folder` open."""
+    for pid in pids:
+        try:
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(fd).startswith(str(folder)):
+                    return True
+            except OSError:
+                pass
+    return False

@@ -12,7 +12,6 @@ import json
 import os
 import pickle
 import random
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -22,14 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_no_traceback, rankscope_cmd, run_cli
+from conftest import assert_no_traceback, ctrl_c, linked_job, process_tree, reading, run_cli, start_cli, wait_for
 from rankscope.analyses.inputs.memory_snapshot import analyze_snapshot
 from rankscope.ingest import TraceError, read_trace
 from rankscope.ingest.kineto import CHUNK_BYTES, read_kineto
 from rankscope.ingest.memory_snapshot import read_memory_snapshot
 from rankscope.ingest.nccl_log import read_nccl_log
 from rankscope.ingest.nsys_sqlite import read_nsys_sqlite
-from rankscope.synth import generate_job
 
 MB = 1 << 20
 
@@ -101,7 +99,7 @@ print(trace.events.height, kib)
 GAP = 64 * MB
 
 
-def _peak_rss_reading(path: Path) -> tuple[int, int]:
+def _peak_rssreading(path: Path) -> tuple[int, int]:
     """(events read, peak RSS in bytes) of a fresh interpreter that reads `path`."""
     out = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, str(path)], capture_output=True, text=True,
                          timeout=300, check=True).stdout.split()
@@ -127,8 +125,8 @@ def test_whitespace_gap_is_not_held_in_memory(tmp_path: Path, place: str):
         with_gap.write_bytes(text)
     without.write_bytes(b'{"traceEvents": [' + b", ".join(events) + b"]}")
     del text, parts, gap
-    n_gap, peak_gap = _peak_rss_reading(with_gap)
-    n_plain, peak_plain = _peak_rss_reading(without)
+    n_gap, peak_gap = _peak_rssreading(with_gap)
+    n_plain, peak_plain = _peak_rssreading(without)
     assert n_gap == n_plain == 2000
     assert peak_gap - peak_plain < 8 * CHUNK_BYTES <= GAP // 4, (peak_gap >> 20, peak_plain >> 20)
 
@@ -276,77 +274,20 @@ def busy_job(tmp_path_factory) -> Path:
     """48 plain-JSON ranks of ~8 MB (4 generated, each linked 12 times): 1.5 s (worker processes)
     to 2.1 s (threads) of work on 2 cores (with 12 ranks, a whole run took 0.8 s, and a Ctrl-C
     meant for its start-up came as it ended)."""
-    out = tmp_path_factory.mktemp("busy")
-    generate_job(out / "gen", ranks=4, steps=6, gzip=False, scale=2)
-    job = out / "job"
-    job.mkdir()
-    for i, src in enumerate(sorted((out / "gen").glob("*.pt.trace.json")) * 12):
-        os.link(src, job / f"rank{i}.pt.trace.json")
-    return job
-
-
-def _process_tree(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(d.name))
-    tree, todo = [], [pid]
-    while todo:
-        tree.append(todo.pop())
-        todo += children.get(tree[-1], [])
-    return tree
-
-
-def _reading(pids: list[int], folder: Path) -> bool:
-    for pid in pids:
-        try:
-            fds = list(Path(f"/proc/{pid}/fd").iterdir())
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                if os.readlink(fd).startswith(str(folder)):
-                    return True
-            except OSError:
-                pass
-    return False
-
-
-def _start(args: list, env: dict | None = None) -> subprocess.Popen:
-    """The CLI in its own process group, so that a Ctrl-C (`_ctrl_c`) reaches it and its workers."""
-    return subprocess.Popen(rankscope_cmd() + [str(a) for a in args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
-
-
-def _ctrl_c(proc: subprocess.Popen) -> subprocess.CompletedProcess:
-    """SIGINT to the whole process group, as a terminal's Ctrl-C sends it; then the outcome."""
-    os.killpg(proc.pid, signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return linked_job(tmp_path_factory.mktemp("busy"), copies=12)
 
 
 def _busy_processes(job: Path) -> list:
     return ["analyze", job, "--engine", "processes", "--workers", "2", "--no-cache", "-q"]
 
 
-def _wait_for(proc: subprocess.Popen, ready) -> None:
-    """Until `ready()`, or the process ends, or 60 s pass."""
-    deadline = time.monotonic() + 60
-    while not ready() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-
-
 def _interrupt(args: list, folder: Path, after_s: float = 0.3) -> subprocess.CompletedProcess:
     """Run the CLI; once it (or a worker) has a file of `folder` open, wait `after_s` and Ctrl-C it."""
-    proc = _start(args)
-    _wait_for(proc, lambda: _reading(_process_tree(proc.pid), folder))
+    proc = start_cli(args)
+    wait_for(proc, lambda: reading(process_tree(proc.pid), folder))
     assert proc.poll() is None, f"finished before it could be interrupted:\n{proc.stderr.read()}"
     time.sleep(after_s)
-    return _ctrl_c(proc)
+    return ctrl_c(proc)
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="finds the reading process through /proc")
@@ -373,9 +314,9 @@ def test_ctrl_c_at_any_moment_of_start_up(busy_job: Path, after_s: float):
     """Ctrl-C while the commands are still being imported, or while the worker processes start
     (before any file is open): the same one line, no traceback from the driver or a worker, no
     semaphore reported leaked."""
-    proc = _start(_busy_processes(busy_job))
+    proc = start_cli(_busy_processes(busy_job))
     time.sleep(after_s)
-    proc = _ctrl_c(proc)
+    proc = ctrl_c(proc)
     assert proc.returncode == 130, proc.stderr
     assert proc.stderr.strip() == "rankscope: interrupted"
 
@@ -387,10 +328,10 @@ def test_ctrl_c_leaves_no_temporary_folder(busy_job: Path, tmp_path: Path):
     per interrupted run."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    proc = _start(_busy_processes(busy_job), env={**os.environ, "TMPDIR": str(tmp)})
-    _wait_for(proc, lambda: any(tmp.glob("pymp-*")))
+    proc = start_cli(_busy_processes(busy_job), env={**os.environ, "TMPDIR": str(tmp)})
+    wait_for(proc, lambda: any(tmp.glob("pymp-*")))
     assert list(tmp.glob("pymp-*")), "the worker server's folder never appeared"
-    proc = _ctrl_c(proc)
+    proc = ctrl_c(proc)
     assert proc.returncode == 130, proc.stderr
     assert list(tmp.iterdir()) == []
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_no_traceback, corpus_root, rankscope_cmd
+from conftest import (assert_no_traceback, corpus_root, ctrl_c, linked_job, process_tree, reading, run_cli, start_cli,
+                      wait_for)
 from rankscope import prefork
-from rankscope.synth import generate_job
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
                                 reason="the worker process is forked on Linux with two usable CPUs")
@@ -48,17 +48,18 @@ print(json.dumps({"results": results, "driver": os.getpid(), "worker": worker.pi
 '''
 
 
-def _map(tmp_path: Path, **env: str) -> dict:
+def _run(tmp_path: Path, script: str, **env: str) -> dict:
+    """`script` run by a fresh interpreter beside the `tasks` module; the JSON it prints."""
     (tmp_path / "tasks.py").write_text(TASKS)
-    (tmp_path / "map.py").write_text(MAP)
-    proc = subprocess.run([sys.executable, "map.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
-                          env={**os.environ, **env})
+    (tmp_path / "script.py").write_text(script)
+    proc = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          check=False, env={**os.environ, **env})
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
 
 def test_the_worker_process_takes_items_beside_the_threads(tmp_path: Path):
-    out = _map(tmp_path)
+    out = _run(tmp_path, MAP)
     assert [i for i, _ in out["results"]] == list(range(12))        # every item, in item order
     assert out["done"] == list(range(12))                            # on_done once for each
     pids = {pid for _, pid in out["results"]}
@@ -67,7 +68,7 @@ def test_the_worker_process_takes_items_beside_the_threads(tmp_path: Path):
 
 
 def test_a_lost_worker_process_leaves_its_item_and_the_rest_here(tmp_path: Path):
-    out = _map(tmp_path, DIE_IN_WORKER="1")
+    out = _run(tmp_path, MAP, DIE_IN_WORKER="1")
     assert out["lost"]
     assert [i for i, _ in out["results"]] == list(range(12))
     assert {pid for _, pid in out["results"]} == {out["driver"]}     # the item it died on was run again here
@@ -92,12 +93,7 @@ print(json.dumps({"usable": prefork.worker() is not None, "alive": alive}))
 
 
 def test_a_map_that_cannot_use_the_worker_process_ends_it(tmp_path: Path):
-    (tmp_path / "tasks.py").write_text(TASKS)
-    (tmp_path / "unused.py").write_text(UNUSED)
-    proc = subprocess.run([sys.executable, "unused.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          check=False, env={**os.environ, "DRIVER_PID": "0"})
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout) == {"usable": False, "alive": False}
+    assert _run(tmp_path, UNUSED) == {"usable": False, "alive": False}
 
 
 @pytest.mark.parametrize("argv, wanted", [
@@ -138,67 +134,33 @@ def test_the_value_options_are_those_of_the_commands():
     assert taking == prefork._VALUE_OPTIONS
 
 
-def _volatile_free(doc):
-    if isinstance(doc, dict):
-        return {k: _volatile_free(v) for k, v in doc.items() if k not in ("generated_at", "elapsed_s")}
-    if isinstance(doc, list):
-        return [_volatile_free(v) for v in doc]
-    return doc
-
-
-def test_analyze_says_the_same_with_and_without_the_worker_process(corpus):
-    args = rankscope_cmd() + ["analyze", str(corpus_root() / "cpu-gloo-3d-pp2dp2tp2"), "--engine", "local",
-                              "--workers", "2", "--no-cache", "--json"]
-    runs = [subprocess.run(args, capture_output=True, text=True, timeout=300, check=False,
-                           env={**os.environ, "RANKSCOPE_NO_WORKER_PROCESS": off}) for off in ("", "1")]
+def test_analyze_says_the_same_with_and_without_the_worker_process(corpus, tmp_path: Path):
+    args = ["analyze", corpus_root() / "cpu-gloo-3d-pp2dp2tp2", "--engine", "local", "--workers", "2", "--no-cache",
+            "--json"]
+    runs = [run_cli(args, tmp_path, env={"RANKSCOPE_NO_WORKER_PROCESS": off}, timeout=300) for off in ("", "1")]
     for r in runs:
         assert r.returncode == 0, r.stderr
     with_worker, without = (json.loads(r.stdout) for r in runs)
     assert len(with_worker["ranks"]) == 8
-    assert _volatile_free(with_worker) == _volatile_free(without)
+    assert with_worker == without
 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory) -> Path:
-    """24 plain-JSON files of ~8 MB (4 generated ranks, each linked 6 times: the copies are skipped
-    as ranks claimed twice, after they are read): a few seconds of work."""
-    out = tmp_path_factory.mktemp("prefork")
-    generate_job(out / "gen", ranks=4, steps=6, gzip=False, scale=2)
-    job = out / "job"
-    job.mkdir()
-    for i, src in enumerate(sorted((out / "gen").glob("*.pt.trace.json")) * 6):
-        os.link(src, job / f"rank{i}.pt.trace.json")
-    return job
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    found.append(int(d.name))
-            except (OSError, IndexError, ValueError):
-                pass
-    return found
-
-
-def _reads(pid: int, folder: Path) -> bool:
-    try:
-        return any(os.readlink(fd).startswith(str(folder)) for fd in Path(f"/proc/{pid}/fd").iterdir())
-    except OSError:
-        return False
+    """24 plain-JSON files of ~8 MB (4 generated ranks, each linked 6 times): a few seconds of work."""
+    return linked_job(tmp_path_factory.mktemp("prefork"), copies=6)
 
 
 def _worker_reading(proc: subprocess.Popen, folder: Path) -> int | None:
     """The command line's worker process once it has a file of `folder` open (60 s at most)."""
-    deadline = time.monotonic() + 60
-    while proc.poll() is None and time.monotonic() < deadline:
-        for child in _children(proc.pid):
-            if _reads(child, folder):
-                return child
-        time.sleep(0.01)
-    return None
+    readers: list[int] = []
+
+    def worker_reads() -> bool:
+        readers[:] = [child for child in process_tree(proc.pid)[1:] if reading([child], folder)]
+        return bool(readers)
+
+    wait_for(proc, worker_reads)
+    return readers[0] if readers else None
 
 
 def _group_gone(pgid: int, within_s: float = 5.0) -> bool:
@@ -212,26 +174,23 @@ def _group_gone(pgid: int, within_s: float = 5.0) -> bool:
     return False
 
 
-def test_analyze_says_the_same_when_its_worker_process_is_killed(job: Path):
-    args = rankscope_cmd() + ["analyze", str(job), "--engine", "local", "--workers", "2", "--no-cache", "--json"]
-    reference = subprocess.run(args, capture_output=True, text=True, timeout=300, check=False,
-                               env={**os.environ, "RANKSCOPE_NO_WORKER_PROCESS": "1"})
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+def test_analyze_says_the_same_when_its_worker_process_is_killed(job: Path, tmp_path: Path):
+    args = ["analyze", job, "--engine", "local", "--workers", "2", "--no-cache", "--json"]
+    reference = run_cli(args, tmp_path, env={"RANKSCOPE_NO_WORKER_PROCESS": "1"}, timeout=300)
+    proc = start_cli(args)
     worker = _worker_reading(proc, job)
     assert worker is not None, "the worker process never read a rank"
     os.kill(worker, signal.SIGKILL)
     out, err = proc.communicate(timeout=300)
     assert (proc.returncode, err) == (reference.returncode, reference.stderr)
     assert len(json.loads(out)["ranks"]) == len(json.loads(reference.stdout)["ranks"]) > 0
-    assert _volatile_free(json.loads(out)) == _volatile_free(json.loads(reference.stdout))
+    assert json.loads(out) == json.loads(reference.stdout)
 
 
 def test_ctrl_c_leaves_no_worker_process(job: Path):
-    proc = subprocess.Popen(rankscope_cmd() + ["analyze", str(job), "--workers", "2", "--no-cache", "-q"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = start_cli(["analyze", job, "--workers", "2", "--no-cache", "-q"])
     assert _worker_reading(proc, job) is not None, "the worker process never read a rank"
-    os.killpg(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert_no_traceback(subprocess.CompletedProcess(proc.args, proc.returncode, "", err))
-    assert proc.returncode == 130 and err.strip() == "rankscope: interrupted"
+    done = ctrl_c(proc)
+    assert_no_traceback(done)
+    assert done.returncode == 130 and done.stderr.strip() == "rankscope: interrupted"
     assert _group_gone(proc.pid), "a process of the command outlived it"

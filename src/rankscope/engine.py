@@ -35,7 +35,7 @@ import signal
 import socket
 import sys
 import threading
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Callable, Iterable, TypeVar
 
 from rankscope import prefork
@@ -104,16 +104,12 @@ def map_ranks(fn: Callable[[T], R], items: Iterable[T], engine: str = "local", w
             if on_done:
                 on_done(i, results[i])
         return results
-    if worker is not None:
-        return _map_with_worker_process(fn, items, n, on_done, worker)
-    pool: Executor
-    if engine == "processes":
-        ctx = mp.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
-        if ctx.get_start_method() == "forkserver":
-            _start_forkserver_sigint_blocked()
-        pool = ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_ignore_sigint)
-    else:
-        pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="rankscope")
+    if engine == "local":
+        return _map_local(fn, items, n, on_done, worker)
+    ctx = mp.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
+    if ctx.get_start_method() == "forkserver":
+        _start_forkserver_sigint_blocked()
+    pool = ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_ignore_sigint)
     try:
         with _sigint_held():
             futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
@@ -129,24 +125,25 @@ def map_ranks(fn: Callable[[T], R], items: Iterable[T], engine: str = "local", w
     return results
 
 
-def _map_with_worker_process(fn: Callable[[T], R], items: list[T], n: int, on_done,
-                             worker: prefork.WorkerProcess) -> list[R]:
-    """The local engine with the command line's worker process (`prefork`) as one of its `n`
-    workers: n - 1 threads run `fn` here, one thread hands items to the worker process once it is
-    ready (if it is lost, that thread runs its item and the rest here). Results are collected, and
-    `on_done` called, in this thread, as they finish."""
+def _map_local(fn: Callable[[T], R], items: list[T], n: int, on_done,
+               worker: prefork.WorkerProcess | None) -> list[R]:
+    """The local engine: `n` threads take the items in turn and run `fn` here; with the command
+    line's worker process (`prefork`), one of them hands its items to that process instead, once it
+    is ready (if it is lost, that thread runs its item and the rest here). Results are collected,
+    and `on_done` called, in this thread, as they finish. After a failure or a Ctrl-C nothing more
+    is started; threads already running finish in the background."""
     results: list = [None] * len(items)
-    pending = iter(range(len(items)))
     taken = threading.Lock()
     stop = threading.Event()
     finished: queue.SimpleQueue = queue.SimpleQueue()
-    left = [len(items)]          # items not taken yet (read by the waiting worker thread)
+    next_item = [0]
 
     def take() -> int | None:
         with taken:
-            i = None if stop.is_set() else next(pending, None)
-            left[0] -= i is not None
-            return i
+            if stop.is_set() or next_item[0] == len(items):
+                return None
+            next_item[0] += 1
+            return next_item[0] - 1
 
     def settle(i: int, call: Callable, arg) -> None:
         """call(arg), item i's result, or what it raised (then nothing more is started), to the queue."""
@@ -167,13 +164,13 @@ def _map_with_worker_process(fn: Callable[[T], R], items: list[T], n: int, on_do
             return fn(items[i])       # here; and the rest too, below
 
     def worker_process_feeder() -> None:
-        if worker.wait_ready(lambda: stop.is_set() or left[0] == 0):
+        if worker.wait_ready(lambda: stop.is_set() or next_item[0] == len(items)):
             while not worker.lost and (i := take()) is not None:
                 settle(i, in_worker_process, i)
         thread_worker()               # not ready, or lost: the rest here
 
-    threads = [threading.Thread(target=thread_worker, name=f"rankscope_{k}", daemon=True) for k in range(n - 1)]
-    threads.append(threading.Thread(target=worker_process_feeder, name="rankscope_prefork", daemon=True))
+    targets = [thread_worker] * n if worker is None else [thread_worker] * (n - 1) + [worker_process_feeder]
+    threads = [threading.Thread(target=t, name=f"rankscope_{k}", daemon=True) for k, t in enumerate(targets)]
     for t in threads:
         t.start()
     try:
@@ -186,9 +183,10 @@ def _map_with_worker_process(fn: Callable[[T], R], items: list[T], n: int, on_do
                 on_done(i, result)
     except BaseException:         # Ctrl-C, or `fn` raised: nothing more is started, the worker process ends
         stop.set()
-        worker.stop()
+        if worker is not None:
+            worker.stop()
         raise
-    if not worker.ready:          # the map was over before it was ready (cached ranks): it would only take CPU
+    if worker is not None and not worker.ready:   # the map was over before it was ready (cached ranks)
         worker.stop()
     return results
 
@@ -237,15 +235,14 @@ def _start_forkserver_sigint_blocked() -> None:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
-def _stop(pool: Executor) -> None:
-    """Cancel the pool's pending work; terminate its worker processes and wait for them (threads
-    cannot be stopped: they are not waited for).
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Cancel the pool's pending work; terminate its worker processes and wait for them.
 
     A worker killed while it was sending its result leaves half a message in the result pipe; the
     pool's manager thread would wait for the rest for ever, since this process still holds a
     writing end. Closing that end once the workers are dead turns the wait into an end of file,
     and the pool winds down (its semaphores released, so none is reported leaked at exit)."""
-    processes = list((getattr(pool, "_processes", None) or {}).values())    # ProcessPoolExecutor's, by pid
+    processes = list((pool._processes or {}).values())
     for p in processes:
         p.terminate()
     for p in processes:

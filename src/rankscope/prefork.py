@@ -74,7 +74,7 @@ class WorkerProcess:
                 pickle.dump((fn, item), self._tasks, protocol=pickle.HIGHEST_PROTOCOL)
                 self._tasks.flush()
             except (OSError, pickle.PicklingError, TypeError, AttributeError) as exc:
-                self._lose()
+                self.stop()
                 raise WorkerLost from exc
             ok, value = self._receive()
         if not ok:
@@ -85,15 +85,11 @@ class WorkerProcess:
         try:
             message = pickle.load(self._results)
         except Exception as exc:         # EOF (it died), a broken pipe, a message cut short
-            self._lose()
+            self.stop()
             raise WorkerLost from exc
         if message == _READY:
             self.ready = True
         return message
-
-    def _lose(self) -> None:
-        self.lost = True
-        self.stop()
 
     def stop(self) -> None:
         """End the worker (its task, if any, is dropped) and reap it."""
