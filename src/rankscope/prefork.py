@@ -190,7 +190,8 @@ def _serve(tasks: int, results: int, parent: int) -> None:
     out = os.fdopen(results, "wb")
     pickle.dump(_READY, out)
     out.flush()
-    with os.fdopen(tasks, "rb") as inbox:
+    from rankscope.ingest import reuse
+    with os.fdopen(tasks, "rb") as inbox, reuse.between_ranks():    # it serves one analysis's ranks
         while True:
             try:
                 fn, item = pickle.load(inbox)

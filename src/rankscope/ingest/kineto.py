@@ -32,6 +32,7 @@ import msgspec
 import numpy as np
 import polars as pl
 
+from rankscope.ingest import reuse
 from rankscope.ingest.columns import DTYPES, T_NOT_A_NUMBER, Col, columnize, scan_json, scan_state
 from rankscope.ingest.discover import checked_rank, open_regular, rank_from_filename
 from rankscope.ingest.errors import TraceError
@@ -297,19 +298,23 @@ class _Column:
     """A column appended to chunk by chunk, in one anonymous memory map that grows in place
     (mremap: no copy) and that pages in only where it is written: no list of chunks to
     concatenate into a second copy at the end, and no holes left in the malloc heap (on 8 x 200 MB
-    both together were a third of the parse's peak memory)."""
-    __slots__ = ("buffer", "dtype", "n")
+    both together were a third of the parse's peak memory). While a job's ranks are read, the map
+    of the same column (`key`) of an earlier rank is reused once its frame is gone
+    (`reuse.between_ranks`)."""
+    __slots__ = ("buffer", "dtype", "n", "key")
 
-    def __init__(self, dtype: np.dtype) -> None:
+    def __init__(self, dtype: np.dtype, key: tuple[str, str]) -> None:
         self.dtype = np.dtype(dtype)
         self.buffer: mmap.mmap | None = None
         self.n = 0
+        self.key = key
 
     def append(self, values: np.ndarray) -> None:
         size = self.dtype.itemsize
         need = (self.n + len(values)) * size
         if self.buffer is None:
-            self.buffer = _anonymous_map(max(need, _COLUMN_START_BYTES))
+            self.buffer = (reuse.spare_map(self.key, need)
+                           or _anonymous_map(max(need, _COLUMN_START_BYTES)))
         elif need > len(self.buffer):
             self._grow(max(need, 2 * len(self.buffer)))
         np.frombuffer(self.buffer, self.dtype, len(values), self.n * size)[:] = values
@@ -437,13 +442,19 @@ class _Accumulator:
         for name, values in columns.items():
             column = g.get(name)
             if column is None:
-                g[name] = column = _Column(values.dtype)
+                g[name] = column = _Column(values.dtype, (group, name))
             column.append(values)
 
     def take(self, group: str, name: str, dtype=np.int64) -> np.ndarray:
-        """One kept column (released from the accumulator)."""
+        """One kept column (released from the accumulator; its map, once unused, can serve the same
+        column of the next rank)."""
         column = self.parts.get(group, {}).pop(name, None)
-        return np.zeros(0, dtype=dtype) if column is None else column.values()
+        if column is None:
+            return np.zeros(0, dtype=dtype)
+        values = column.values()
+        if column.buffer is not None:
+            reuse.offer_map(column.key, column.buffer)
+        return values
 
 
     def _count_phases(self, counts: np.ndarray) -> None:

@@ -6,7 +6,7 @@ the cross-rank part works on the small summaries only.
 """
 from __future__ import annotations
 
-import ctypes
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -19,7 +19,7 @@ import msgspec
 import numpy as np
 
 from rankscope import engine as engines
-from rankscope.ingest import Cache, TraceError, load_rank, read_trace
+from rankscope.ingest import Cache, TraceError, load_rank, read_trace, reuse
 from rankscope.ingest.cache import content_key
 from rankscope.ingest.consistency import different_jobs
 from rankscope.ingest.discover import assign_ranks, discover
@@ -128,20 +128,6 @@ def _import_reduce() -> None:
     import rankscope.findings  # noqa: F401
 
 
-def _trim_heap(engine: str) -> None:
-    """Hand the C heap's free pages back to the OS (glibc's malloc_trim) once the map is done.
-    Receiving the summaries frees most of what it allocates (Ray's replies, the strings and
-    arrays `_arrived` replaces), but glibc keeps the pages, between the objects that stay, where
-    neither the reduce (polars has its own allocator) nor anything else would reuse them: 20 MB
-    of 124 MB at 256 ranks on Ray. Nothing happens where the C library has no malloc_trim."""
-    if engine == "ray":
-        gc.collect()                  # Ray's replies leave reference cycles (a full collection: ~15 ms)
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (AttributeError, OSError, TypeError):
-        pass
-
-
 _summary_decoder: msgspec.msgpack.Decoder | None = None
 _summary_decoder_lock = threading.Lock()
 
@@ -231,9 +217,11 @@ def _assign(metas: list[RankMeta]) -> tuple[list[RankMeta], list[str], list[Inpu
 
 
 def _map_files(inputs, task_fn, cache_dir, use_cache, engine, workers, on_progress,
-               address=None, on_arrival: Callable[[object], None] | None = None) -> tuple[list, list, str]:
+               address=None, on_arrival: Callable[[object], None] | None = None,
+               reuse_memory: bool = False) -> tuple[list, list, str]:
     """Discover the files and map `task_fn` over them: (results, problems, engine used).
-    `on_arrival(result)` runs in the driver on each result as it comes in."""
+    `on_arrival(result)` runs in the driver on each result as it comes in. `reuse_memory`: a rank's
+    memory serves the next here (`reuse.between_ranks`)."""
     items = inputs if isinstance(inputs, list) else [inputs]
     found = discover(items)
     problems = [InputProblem(str(f), why, fatal=False) for f, why in found.ignored]
@@ -253,8 +241,11 @@ def _map_files(inputs, task_fn, cache_dir, use_cache, engine, workers, on_progre
         if on_progress:
             on_progress(done, len(tasks), tasks[i].path)
 
-    results = engines.map_ranks(task_fn, tasks, engine=chosen, workers=workers, on_done=progress, address=address,
-                                on_lost=lambda task, why: InputProblem(task.path, why))
+    with reuse.between_ranks() if reuse_memory else contextlib.nullcontext():
+        results = engines.map_ranks(task_fn, tasks, engine=chosen, workers=workers, on_done=progress,
+                                    address=address, on_lost=lambda task, why: InputProblem(task.path, why))
+        if chosen == "ray":
+            gc.collect()              # Ray's replies leave reference cycles: freed before the heap is trimmed
     problems += [r for r in results if isinstance(r, InputProblem)]
     return [r for r in results if not isinstance(r, InputProblem)], problems, chosen
 
@@ -281,8 +272,7 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
         _arrived(result, strings)
 
     summaries, problems, chosen = _map_files(inputs, _rank_task, cache_dir, use_cache, engine, workers,
-                                             on_progress, address, arrived)
-    _trim_heap(chosen)
+                                             on_progress, address, arrived, reuse_memory=True)
     from rankscope.findings import evaluate as evaluate_findings, ordered
     kept_metas, rank_warnings, rank_problems = _assign([s.meta for s in summaries])
     by_file = {s.meta.file: s for s in summaries}

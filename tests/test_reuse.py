@@ -1,0 +1,98 @@
+"""Memory kept from one rank for the next (`rankscope.ingest.reuse`): a rank read inside
+`between_ranks()`, in memory an earlier rank used, has exactly the frames it has when read alone,
+and a rank still held is never overwritten. Expected values: the same files read outside
+`between_ranks()`, where nothing is reused."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from conftest import DLRM, corpus_files
+from rankscope.ingest import read_trace, reuse
+
+RESNET = "kineto-resnet50-workers0"
+
+
+def _frames(path: Path) -> dict:
+    return read_trace(path)[0].frames()
+
+
+def _same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        assert a[name].equals(b[name]), name
+
+
+@pytest.fixture
+def counted_reuse(monkeypatch) -> list:
+    """Every map `spare_map` hands back (so that a test can tell that memory was reused)."""
+    handed: list = []
+    spare_map = reuse.spare_map
+
+    def counting(key, nbytes):
+        m = spare_map(key, nbytes)
+        if m is not None:
+            handed.append(key)
+        return m
+    monkeypatch.setattr(reuse, "spare_map", counting)
+    return handed
+
+
+def test_a_rank_read_in_an_earlier_ranks_memory_has_its_own_frames(corpus: Path, counted_reuse: list):
+    big, small = corpus_files(corpus, RESNET)[0], corpus_files(corpus, DLRM)[0]
+    alone = {p: _frames(p) for p in (big, small)}
+    assert not counted_reuse                    # outside between_ranks nothing is kept
+    with reuse.between_ranks():
+        for path in (big, small, big, small):   # larger, then smaller, then larger again
+            _same(_frames(path), alone[path])
+    assert len(counted_reuse) > 10              # the columns' maps were reused
+    assert not reuse._spare                     # and let go on leaving
+
+
+def test_a_rank_still_held_is_not_overwritten(corpus: Path, counted_reuse: list):
+    first, second = corpus_files(corpus, DLRM)[:2]
+    alone = {p: _frames(p) for p in (first, second)}
+    with reuse.between_ranks():
+        held = _frames(first)
+        again = _frames(second)                 # read while `held` views its maps
+        _same(held, alone[first])
+        _same(again, alone[second])
+        del again
+        _same(_frames(first), alone[first])     # in the maps the second read let go
+        _same(held, alone[first])
+        assert counted_reuse
+
+
+def test_ranks_read_by_threads_at_once(corpus: Path, counted_reuse: list):
+    files = corpus_files(corpus, DLRM)
+    alone = {p: _frames(p) for p in files}
+    failures: list = []
+
+    def read(paths: list[Path]) -> None:
+        try:
+            for p in paths * 2:
+                _same(_frames(p), alone[p])
+        except BaseException as exc:
+            failures.append(exc)
+
+    with reuse.between_ranks():
+        threads = [threading.Thread(target=read, args=(files[k::2],)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not failures, failures
+    assert counted_reuse
+
+
+def test_between_ranks_nests(corpus: Path, counted_reuse: list):
+    path = corpus_files(corpus, DLRM)[0]
+    with reuse.between_ranks():
+        with reuse.between_ranks():
+            _frames(path)
+        assert reuse._spare                     # the outer one still keeps them
+        _frames(path)
+    assert not reuse._spare
+    assert counted_reuse
