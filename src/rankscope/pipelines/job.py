@@ -241,7 +241,9 @@ def _map_files(inputs, task_fn, cache_dir, use_cache, engine, workers, on_progre
         if on_progress:
             on_progress(done, len(tasks), tasks[i].path)
 
-    with reuse.between_ranks() if reuse_memory else contextlib.nullcontext():
+    # a single rank has no next one to serve: it would only hold more memory (a 1 GB rank's
+    # `analyze` peaked at 0.87x the file instead of 0.76x)
+    with reuse.between_ranks() if reuse_memory and len(tasks) > 1 else contextlib.nullcontext():
         results = engines.map_ranks(task_fn, tasks, engine=chosen, workers=workers, on_done=progress,
                                     address=address, on_lost=lambda task, why: InputProblem(task.path, why))
         if chosen == "ray":
