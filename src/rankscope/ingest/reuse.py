@@ -15,16 +15,17 @@ Used where ranks are analysed (`analyze`, and its worker process). A parse alone
 (a reused map is resident from the rank's start, where a new one grows page by page as the
 parse writes it).
 
-Leaving the outermost `between_ranks()` drops the spare maps, restores glibc's defaults and hands
-the heap's free pages back (`malloc_trim`: receiving the summaries also leaves free pages between
-the objects that stay, 20 MB of 124 MB at 256 ranks on Ray). Outside it nothing is kept. Where the
-C library has no `mallopt` (macOS, musl) only the maps are reused.
+Leaving the outermost `between_ranks()` drops the spare maps and restores glibc's defaults (the
+caller trims the heap after its map). Outside it nothing is kept. Maps are reused on Linux only (an
+mmap that cannot be resized, as on macOS, cannot tell whether an array still views it); the heap
+settings are glibc's (other C libraries have no `mallopt`, or ignore these).
 """
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import mmap
+import sys
 import threading
 from collections.abc import Hashable, Iterator
 
@@ -34,6 +35,8 @@ _DEFAULT = {_M_TRIM_THRESHOLD: 128 << 10, _M_TOP_PAD: 128 << 10, _M_MMAP_THRESHO
 #: Between ranks: blocks up to 32 MB (glibc's largest allowed value on 64-bit) come from the heap,
 #: up to 1 GB of free memory at its top is kept, and it grows by at least 64 MB at a time.
 _KEEP = {_M_TRIM_THRESHOLD: 1 << 30, _M_TOP_PAD: 64 << 20, _M_MMAP_THRESHOLD: 32 << 20}
+
+_REUSE_MAPS = sys.platform.startswith("linux")
 
 _lock = threading.Lock()
 _depth = 0             # between_ranks() entered and not left
@@ -57,7 +60,6 @@ def between_ranks() -> Iterator[None]:
             if _depth == 0:
                 _spare.clear()
                 _mallopt(_DEFAULT)
-                _malloc_trim()
 
 
 def spare_map(key: Hashable, nbytes: int) -> mmap.mmap | None:
@@ -75,10 +77,8 @@ def offer_map(key: Hashable, m: mmap.mmap) -> None:
     """Column `key` hands out its map's values (as array views): the map serves the same column of
     a later rank once those views are gone. Outside `between_ranks()`: nothing is kept."""
     with _lock:
-        if _depth:
-            maps = _spare.setdefault(key, [])
-            if not any(s is m for s in maps):
-                maps.append(m)
+        if _depth and _REUSE_MAPS:
+            _spare.setdefault(key, []).append(m)
 
 
 def _viewed(m: mmap.mmap) -> bool:
@@ -86,8 +86,6 @@ def _viewed(m: mmap.mmap) -> bool:
     try:
         m.resize(len(m))
     except BufferError:
-        return True
-    except (OSError, SystemError, ValueError):      # cannot resize here at all (no mremap): unknown
         return True
     return False
 
@@ -97,12 +95,5 @@ def _mallopt(values: dict[int, int]) -> None:
         libc = ctypes.CDLL(None)
         for param, value in values.items():
             libc.mallopt(param, value)
-    except (AttributeError, OSError, TypeError):
-        pass
-
-
-def _malloc_trim() -> None:
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
     except (AttributeError, OSError, TypeError):
         pass
