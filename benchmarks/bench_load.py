@@ -2,8 +2,8 @@
 """Load benchmark: rankscope (cold and cached) vs Holistic Trace Analysis on generated multi-rank sets.
 
 For each size (``--mb``, default 50 and 200 MB per rank) the scale set of ``--ranks`` (default 8) ranks is
-built or reused (``make_scale_set.py``), its files are read once so every tool sees a warm page cache,
-then, side by side in this one run, each in a fresh subprocess:
+built or reused (``make_scale_set.py``), then, side by side in this one run, each in a fresh subprocess
+right after the set's files are read (twice) so that every tool sees a warm page cache:
 
 * ``rankscope cold``  : ``rankscope analyze DIR --json --cache-dir <fresh empty dir>`` (stdout -> /dev/null)
 * ``rankscope cached``: the same command again on the now warm cache dir
@@ -242,9 +242,13 @@ def settle(seconds: float) -> None:
 
 
 def run_measured(cmd: list[str], *, env: dict | None, stdout, timeout: float, interval: float,
-                 stderr_path: Path, with_pss: bool = HAVE_PSS, settle_s: float = 0.0) -> dict:
-    """Run cmd in a fresh process (after `settle(settle_s)`); wall, tree CPU seconds, tree peak RSS, rc."""
+                 stderr_path: Path, with_pss: bool = HAVE_PSS, settle_s: float = 0.0,
+                 warm: list[Path] | None = None) -> dict:
+    """Run cmd in a fresh process (after `settle(settle_s)`, then `warm_page_cache(warm)`); wall, tree
+    CPU seconds, tree peak RSS, rc."""
     settle(settle_s)
+    if warm:
+        warm_page_cache(warm)
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     cpu0 = _children_cpu()
     with open(stderr_path, "wb") as err:
@@ -332,9 +336,12 @@ def ensure_hta_venv() -> Path:
 
 
 def warm_page_cache(files: list[Path]) -> None:
-    """Read every file twice before any timed run: into the page cache, and (the second access)
-    onto the kernel's active list. With one read, the first rankscope run of an invocation was
-    0.2-0.4 s slower than the next two in 4 invocations of 4; with two, in none of 3."""
+    """Read every file twice: into the page cache, and (the second access) onto the kernel's
+    active list. With one read, the first rankscope run of an invocation was 0.2-0.4 s slower than
+    the next two in 4 invocations of 4; with two, in none of 3. `bench_size` does it before every
+    timed run: on this virtual machine the page cache loses pages of files not read for a while,
+    with 16 GB free (2026-11-27: half the pages of 4 of the 8 ranks of 8 x 200 MB were gone after an
+    HTA run; reading one such rank took 163 ms instead of 25 ms)."""
     buf = bytearray(1 << 22)
     for _ in range(2):
         for p in files:
@@ -351,7 +358,6 @@ def bench_size(mb: float, args, rs_cmd, rs_env, hta_py) -> dict:
     files = sorted(data_dir / f for f in stamp["files"])
     total_bytes = sum(p.stat().st_size for p in files)
     largest = max(p.stat().st_size for p in files)
-    warm_page_cache(files)
     logdir = Path(tempfile.mkdtemp(prefix="bench-load-logs-"))
     res = {"set": name, "mb_target": mb, "ranks": args.ranks, "data_dir": str(data_dir), "files": len(files),
            "total_bytes": total_bytes, "largest_file_bytes": largest, "copies_of_base": stamp.get("copies"),
@@ -375,7 +381,7 @@ def bench_size(mb: float, args, rs_cmd, rs_env, hta_py) -> dict:
                         with open(os.devnull, "wb") as devnull:
                             r = run_measured(cmd, env=env, stdout=devnull, timeout=args.timeout,
                                              interval=args.interval, stderr_path=logdir / f"{kind}-{rep}.err",
-                                             with_pss=args.pss, settle_s=args.settle)
+                                             with_pss=args.pss, settle_s=args.settle, warm=files)
                         _report_run(kind, r)
                         res["runs"].setdefault(kind, []).append(r)
             cmd = rs_cmd + ["analyze", str(data_dir), "--json", "--cache-dir", str(caches[-len(variants)])]
@@ -397,7 +403,7 @@ def bench_size(mb: float, args, rs_cmd, rs_env, hta_py) -> dict:
             with open(out_path, "wb") as out:
                 r = run_measured(cmd, env=dict(os.environ), stdout=out, timeout=args.timeout,
                                  interval=args.interval, stderr_path=logdir / f"{kind}-{rep}.err", with_pss=args.pss,
-                                 settle_s=args.settle)
+                                 settle_s=args.settle, warm=files)
             r["cmd"] = [str(hta_py), "-c", "<HTA_SCRIPT>", str(data_dir)] + extra
             try:
                 r["hta"] = json.loads(out_path.read_text().strip().splitlines()[-1])
@@ -658,7 +664,7 @@ def main(argv: list[str] | None = None) -> int:
                       "cpu": "getrusage(RUSAGE_CHILDREN) delta: user+sys of the process and its descendants"
                              + (" (this process is a child subreaper, so orphaned helpers are counted too)"
                                 if SUBREAPER else " (waited-for descendants only)"),
-                      "page_cache": "each set is read once before timing (warm page cache for every tool)",
+                      "page_cache": "the set's files are read twice right before every timed run (warm page cache for every tool)",
                       "cores_assumed": cores, "mb": "1 MB = 1e6 bytes, uncompressed"},
            "rankscope_cmd": rs_cmd, "targets": tgt, "results": results}
     path = a.results / f"load-{stamp}.json"
