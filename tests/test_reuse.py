@@ -4,6 +4,7 @@ and a rank still held is never overwritten. Expected values: the same files read
 `between_ranks()`, where nothing is reused."""
 from __future__ import annotations
 
+import contextlib
 import threading
 from pathlib import Path
 
@@ -96,3 +97,20 @@ def test_between_ranks_nests(corpus: Path, counted_reuse: list):
         _frames(path)
     assert not reuse._spare
     assert counted_reuse
+
+
+@pytest.mark.parametrize("engine", ["inprocess", "local"])
+def test_a_job_analysed_with_memory_kept_between_ranks(corpus: Path, counted_reuse: list, monkeypatch, engine: str):
+    """The whole analysis (every rank's summary, the cross-rank results, the findings) of an
+    8-rank job is the one made with nothing kept between ranks."""
+    from rankscope.pipelines import job
+    from rankscope.results import to_plain
+    folder = corpus / "cpu-gloo-3d-pp2dp2tp2"
+
+    with_reuse = to_plain(job.analyze(folder, use_cache=False, engine=engine, workers=2))
+    assert counted_reuse                        # memory was reused
+    monkeypatch.setattr(reuse, "between_ranks", contextlib.nullcontext)
+    counted_reuse.clear()
+    without = to_plain(job.analyze(folder, use_cache=False, engine=engine, workers=2))
+    assert not counted_reuse
+    assert with_reuse == without
