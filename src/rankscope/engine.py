@@ -83,10 +83,12 @@ def choose_engine(engine: str, total_bytes: int, n_items: int, workers: int, add
 
 def map_ranks(fn: Callable[[T], R], items: Iterable[T], engine: str = "local", workers: int | None = None,
               on_done: Callable[[int, R], None] | None = None, address: str | None = None,
-              on_lost: Callable[[T, str], R] | None = None) -> list[R]:
+              on_lost: Callable[[T, str], R] | None = None, keep_memory: bool = False) -> list[R]:
     """Apply `fn` to every item; results in item order. `on_done(i, result)` runs in the driver
     as each finishes (progress bars). `on_lost(item, why)` stands in for the result of an item
-    whose worker died (Ray, after its retries); without it that raises EngineError."""
+    whose worker died (Ray, after its retries); without it that raises EngineError.
+    `keep_memory`: where several items run in this process (local, inprocess), the memory of one
+    rank serves the next (`rankscope.ingest.reuse`; the worker process always keeps it)."""
     items = list(items)
     n = min(workers or default_workers(), len(items))
     worker = prefork.worker()
@@ -99,13 +101,15 @@ def map_ranks(fn: Callable[[T], R], items: Iterable[T], engine: str = "local", w
         return _map_ray(fn, items, workers, on_done, address, on_lost)
     results: list = [None] * len(items)
     if engine == "inprocess" or len(items) <= 1:
-        for i, item in enumerate(items):
-            results[i] = fn(item)
-            if on_done:
-                on_done(i, results[i])
+        with _kept_between_ranks(keep_memory and len(items) > 1):
+            for i, item in enumerate(items):
+                results[i] = fn(item)
+                if on_done:
+                    on_done(i, results[i])
         return results
     if engine == "local":
-        return _map_local(fn, items, n, on_done, worker)
+        with _kept_between_ranks(keep_memory):
+            return _map_local(fn, items, n, on_done, worker)
     ctx = mp.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
     if ctx.get_start_method() == "forkserver":
         _start_forkserver_sigint_blocked()
@@ -123,6 +127,16 @@ def map_ranks(fn: Callable[[T], R], items: Iterable[T], engine: str = "local", w
         raise
     pool.shutdown()
     return results
+
+
+def _kept_between_ranks(keep: bool) -> contextlib.AbstractContextManager:
+    """Around ranks run one after another in this process: `reuse.between_ranks()` when `keep` (a
+    single rank has no next one, and would only hold more memory: a 1 GB rank's `analyze` peaked
+    at 0.87x the file instead of 0.76x). Imported here: the engine itself needs no numpy."""
+    if not keep:
+        return contextlib.nullcontext()
+    from rankscope.ingest import reuse
+    return reuse.between_ranks()
 
 
 def _map_local(fn: Callable[[T], R], items: list[T], n: int, on_done,

@@ -16,7 +16,7 @@ Used where ranks are analysed (`analyze`, and its worker process). A parse alone
 parse writes it).
 
 Leaving the outermost `between_ranks()` drops the spare maps and restores glibc's defaults (the
-caller trims the heap after its map). Outside it nothing is kept. Maps are reused on Linux only (an
+caller hands the heap's free pages back after its map: `trim_heap`). Outside it nothing is kept. Maps are reused on Linux only (an
 mmap that cannot be resized, as on macOS, cannot tell whether an array still views it); the heap
 settings are glibc's (other C libraries have no `mallopt`, or ignore these).
 """
@@ -90,10 +90,19 @@ def _viewed(m: mmap.mmap) -> bool:
     return False
 
 
+def trim_heap() -> None:
+    """Hand the C heap's free pages back to the OS (glibc's malloc_trim)."""
+    _libc("malloc_trim", 0)
+
+
 def _mallopt(values: dict[int, int]) -> None:
+    for param, value in values.items():
+        _libc("mallopt", param, value)
+
+
+def _libc(function: str, *args: int) -> None:
+    """Call a C library function; nothing where the C library has none by that name."""
     try:
-        libc = ctypes.CDLL(None)
-        for param, value in values.items():
-            libc.mallopt(param, value)
+        getattr(ctypes.CDLL(None), function)(*args)
     except (AttributeError, OSError, TypeError):
         pass

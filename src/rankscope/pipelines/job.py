@@ -6,8 +6,6 @@ the cross-rank part works on the small summaries only.
 """
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import dataclasses
 import functools
 import gc
@@ -137,10 +135,7 @@ def _trim_heap(engine: str) -> None:
     of 124 MB at 256 ranks on Ray. Nothing happens where the C library has no malloc_trim."""
     if engine == "ray":
         gc.collect()                  # Ray's replies leave reference cycles (a full collection: ~15 ms)
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (AttributeError, OSError, TypeError):
-        pass
+    reuse.trim_heap()
 
 
 _summary_decoder: msgspec.msgpack.Decoder | None = None
@@ -233,12 +228,10 @@ def _assign(metas: list[RankMeta]) -> tuple[list[RankMeta], list[str], list[Inpu
 
 def _map_files(inputs, task_fn, cache_dir, use_cache, engine, workers, on_progress,
                address=None, on_arrival: Callable[[object], None] | None = None,
-               reuse_memory: bool = False) -> tuple[list, list, str]:
+               keep_memory: bool = False) -> tuple[list, list, str]:
     """Discover the files and map `task_fn` over them: (results, problems, engine used).
-    `on_arrival(result)` runs in the driver on each result as it comes in. `reuse_memory`: where
-    this process reads several ranks, a rank's memory serves the next (`reuse.between_ranks`); a
-    single rank has no next one, and would only hold more memory (a 1 GB rank's `analyze` peaked at
-    0.87x the file instead of 0.76x)."""
+    `on_arrival(result)` runs in the driver on each result as it comes in. `keep_memory`: see
+    `engines.map_ranks`."""
     items = inputs if isinstance(inputs, list) else [inputs]
     found = discover(items)
     problems = [InputProblem(str(f), why, fatal=False) for f, why in found.ignored]
@@ -258,10 +251,8 @@ def _map_files(inputs, task_fn, cache_dir, use_cache, engine, workers, on_progre
         if on_progress:
             on_progress(done, len(tasks), tasks[i].path)
 
-    here = reuse_memory and len(tasks) > 1 and chosen in ("local", "inprocess")
-    with reuse.between_ranks() if here else contextlib.nullcontext():
-        results = engines.map_ranks(task_fn, tasks, engine=chosen, workers=workers, on_done=progress,
-                                    address=address, on_lost=lambda task, why: InputProblem(task.path, why))
+    results = engines.map_ranks(task_fn, tasks, engine=chosen, workers=workers, on_done=progress, address=address,
+                                on_lost=lambda task, why: InputProblem(task.path, why), keep_memory=keep_memory)
     problems += [r for r in results if isinstance(r, InputProblem)]
     return [r for r in results if not isinstance(r, InputProblem)], problems, chosen
 
@@ -288,7 +279,7 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
         _arrived(result, strings)
 
     summaries, problems, chosen = _map_files(inputs, _rank_task, cache_dir, use_cache, engine, workers,
-                                             on_progress, address, arrived, reuse_memory=True)
+                                             on_progress, address, arrived, keep_memory=True)
     _trim_heap(chosen)
     from rankscope.findings import evaluate as evaluate_findings, ordered
     kept_metas, rank_warnings, rank_problems = _assign([s.meta for s in summaries])
