@@ -147,20 +147,28 @@ def test_analyze_says_the_same_with_and_without_the_worker_process(corpus, tmp_p
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory) -> Path:
-    """24 plain-JSON files of ~8 MB (4 generated ranks, each linked 6 times): a few seconds of work."""
-    return linked_job(tmp_path_factory.mktemp("prefork"), copies=6)
+    """48 plain-JSON files of ~8 MB (4 generated ranks, each linked 12 times): ~2 s of work."""
+    return linked_job(tmp_path_factory.mktemp("prefork"), copies=12)
 
 
 def _worker_reading(proc: subprocess.Popen, folder: Path) -> int | None:
-    """The command line's worker process once it has a file of `folder` open (60 s at most)."""
-    readers: list[int] = []
+    """The command line's worker process once it has a file of `folder` open (60 s at most). A rank
+    file is open only while it is scanned (~10 ms of each ~50 ms rank here), so once the worker is
+    known, only its open files are looked at, every millisecond: a poll of the whole process tree
+    every 20 ms missed all of them in a run on a CI machine."""
+    children: list[int] = []
 
-    def worker_reads() -> bool:
-        readers[:] = [child for child in process_tree(proc.pid)[1:] if reading([child], folder)]
-        return bool(readers)
+    def forked() -> bool:
+        children[:] = process_tree(proc.pid)[1:]
+        return bool(children)
 
-    wait_for(proc, worker_reads)
-    return readers[0] if readers else None
+    wait_for(proc, forked)
+    deadline = time.monotonic() + 60
+    while children and proc.poll() is None and time.monotonic() < deadline:
+        if reading(children, folder):
+            return children[0]
+        time.sleep(0.001)
+    return None
 
 
 def _group_gone(pgid: int, within_s: float = 5.0) -> bool:
