@@ -5,6 +5,10 @@ and a rank still held is never overwritten. Expected values: the same files read
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import json
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -114,3 +118,55 @@ def test_a_job_analysed_with_memory_kept_between_ranks(corpus: Path, counted_reu
     without = to_plain(job.analyze(folder, use_cache=False, engine=engine, workers=2))
     assert not counted_reuse
     assert with_reuse == without
+
+
+HEAP = '''
+import ctypes, json, sys
+from rankscope.ingest import reuse
+
+libc = ctypes.CDLL(None)
+
+class Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc.mallinfo2.restype = Mallinfo2
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+
+def mapped(nbytes):
+    """Whether malloc gives a block of `nbytes` a memory map of its own (mallinfo2's count of those)."""
+    before = libc.mallinfo2().hblks
+    block = libc.malloc(nbytes)
+    mapped = libc.mallinfo2().hblks > before
+    libc.free(block)
+    return mapped
+
+if sys.argv[1] == "own":
+    reuse.own_process()
+libc.free(libc.malloc(8 << 20))       # a mapped 8 MB block freed: glibc's mmap threshold rises to 8 MB
+seen = {"before": mapped(4 << 20)}
+with reuse.between_ranks():
+    seen["inside"] = mapped(16 << 20)
+reuse.trim_heap()                     # as analyze does after its map: the heap's free top handed back
+seen["after"] = mapped(4 << 20)
+print(json.dumps(seen))
+'''
+
+
+@pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "mallinfo2"), reason="glibc's malloc (2.33 or later)")
+@pytest.mark.parametrize("process, expected", [
+    # a user's process: glibc's own rules throughout (its threshold follows the largest mapped block freed)
+    ("user", {"before": False, "inside": True, "after": False}),
+    # rankscope's own: blocks up to 32 MB from the heap inside; after it, glibc's fixed 128 KB threshold
+    ("own", {"before": False, "inside": False, "after": True}),
+])
+def test_the_heap_is_set_only_in_rankscopes_own_processes(tmp_path: Path, process: str, expected: dict):
+    """Once a program sets glibc's mmap threshold, glibc never adapts it again: a user's process
+    that analyses a job keeps glibc's behaviour. Expected values: glibc's rules (mallopt(3),
+    "M_MMAP_THRESHOLD": the dynamic threshold, and its end once a threshold is set)."""
+    script = tmp_path / "heap.py"
+    script.write_text(HEAP)
+    proc = subprocess.run([sys.executable, script, process], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == expected

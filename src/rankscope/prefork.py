@@ -191,6 +191,7 @@ def _serve(tasks: int, results: int, parent: int) -> None:
     pickle.dump(_READY, out)
     out.flush()
     from rankscope.ingest import reuse
+    reuse.own_process()
     with os.fdopen(tasks, "rb") as inbox, reuse.between_ranks():    # it serves one analysis's ranks
         while True:
             try:

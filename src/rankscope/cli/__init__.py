@@ -9,6 +9,7 @@ import gc
 
 import click
 
+from rankscope.ingest import reuse
 from rankscope.interrupt import exit_interrupted
 from rankscope.version import __version__
 from rankscope.cli import analyze, calibrate, diff, export, memory, mfu, nccl, synth, thresholds, validate
@@ -41,6 +42,7 @@ def main() -> None:
     # `rankscope.api` import) live as long as the process: out of the cyclic collector's sight,
     # its full passes during a parse no longer walk them all.
     gc.freeze()
+    reuse.own_process()      # the heap kept between ranks (`rankscope.ingest.reuse`)
 
 
 for _subcommand in (analyze, validate, synth, thresholds, export, diff, nccl, memory, mfu, calibrate):

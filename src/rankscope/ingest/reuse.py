@@ -7,8 +7,11 @@ the next (~1.4 us a page here): on 208 MB ranks ~17,000 faults in the parse and 
 analyses, each rank. Inside `between_ranks()`:
 
 * a column's memory map, once its frame is dropped, serves the same column of the next rank;
-* glibc's malloc keeps freed heap memory (no trim) and takes blocks up to 32 MB from the heap
-  instead of a memory map of their own.
+* in rankscope's own processes (the command line and its worker process: `own_process`), glibc's
+  malloc keeps freed heap memory (no trim) and takes blocks up to 32 MB from the heap instead of
+  a memory map of their own. Not in a user's process that calls `rankscope.analyze`: once a
+  program sets these, glibc never again adapts its mmap threshold to the blocks freed (numpy
+  work on 8 MB arrays after an analysis ran 1.55x slower: `benchmarks/bench_library_heap.py`).
 
 Used where ranks are analysed (`analyze`, and its worker process). A parse alone (`validate`,
 `load`) does without: its peak memory, which has a budget of 1.5x the largest file, grew by ~4%
@@ -16,9 +19,10 @@ Used where ranks are analysed (`analyze`, and its worker process). A parse alone
 parse writes it).
 
 Leaving the outermost `between_ranks()` drops the spare maps and restores glibc's defaults (the
-caller hands the heap's free pages back after its map: `trim_heap`). Outside it nothing is kept. Maps are reused on Linux only (an
-mmap that cannot be resized, as on macOS, cannot tell whether an array still views it); the heap
-settings are glibc's (other C libraries have no `mallopt`, or ignore these).
+caller hands the heap's free pages back after its map: `trim_heap`). Outside it nothing is kept.
+Maps are reused on Linux only (an mmap that cannot be resized, as on macOS, cannot tell whether
+an array still views it); the heap settings are glibc's (other C libraries have no `mallopt`, or
+ignore these).
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ _REUSE_MAPS = sys.platform.startswith("linux")
 
 _lock = threading.Lock()
 _depth = 0             # between_ranks() entered and not left
+_heap_is_ours = False  # glibc's heap settings may be changed (`own_process`)
 #: Spare column maps by column key: maps whose column was taken; reused once no array views them.
 _spare: dict[Hashable, list[mmap.mmap]] = {}
 
@@ -50,7 +55,7 @@ def between_ranks() -> Iterator[None]:
     global _depth
     with _lock:
         _depth += 1
-        if _depth == 1:
+        if _depth == 1 and _heap_is_ours:
             _mallopt(_KEEP)
     try:
         yield
@@ -59,7 +64,15 @@ def between_ranks() -> Iterator[None]:
             _depth -= 1
             if _depth == 0:
                 _spare.clear()
-                _mallopt(_DEFAULT)
+                if _heap_is_ours:
+                    _mallopt(_DEFAULT)
+
+
+def own_process() -> None:
+    """This process is rankscope's own (the command line, its worker process): `between_ranks()`
+    also keeps heap memory. Set before the first `between_ranks()`."""
+    global _heap_is_ours
+    _heap_is_ours = True
 
 
 def spare_map(key: Hashable, nbytes: int) -> mmap.mmap | None:
