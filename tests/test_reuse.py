@@ -110,6 +110,7 @@ def test_a_job_analysed_with_memory_kept_between_ranks(corpus: Path, counted_reu
     from rankscope.pipelines import job
     from rankscope.results import to_plain
     folder = corpus / "cpu-gloo-3d-pp2dp2tp2"
+    monkeypatch.setattr(reuse, "_heap_is_ours", True)     # the heap kept too, as in the command line
 
     with_reuse = to_plain(job.analyze(folder, use_cache=False, engine=engine, workers=2))
     assert counted_reuse                        # memory was reused
@@ -138,9 +139,9 @@ def mapped(nbytes):
     """Whether malloc gives a block of `nbytes` a memory map of its own (mallinfo2's count of those)."""
     before = libc.mallinfo2().hblks
     block = libc.malloc(nbytes)
-    mapped = libc.mallinfo2().hblks > before
+    own_map = libc.mallinfo2().hblks > before
     libc.free(block)
-    return mapped
+    return own_map
 
 if sys.argv[1] == "own":
     reuse.own_process()
