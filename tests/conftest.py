@@ -256,11 +256,13 @@ def ctrl_c(proc: subprocess.Popen) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def wait_for(proc: subprocess.Popen, ready) -> None:
-    """Until `ready()`, or the process ends, or 60 s pass."""
+def wait_for(proc: subprocess.Popen, ready, poll_s: float = 0.02) -> bool:
+    """Until `ready()`, or the process ends, or 60 s pass (`ready()` asked every `poll_s`): whether
+    it became ready."""
     deadline = time.monotonic() + 60
-    while not ready() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
+    while not (done := ready()) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(poll_s)
+    return done
 
 
 def process_tree(pid: int) -> list[int]:

@@ -99,7 +99,7 @@ print(trace.events.height, kib)
 GAP = 64 * MB
 
 
-def _peak_rssreading(path: Path) -> tuple[int, int]:
+def _peak_rss_reading(path: Path) -> tuple[int, int]:
     """(events read, peak RSS in bytes) of a fresh interpreter that reads `path`."""
     out = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, str(path)], capture_output=True, text=True,
                          timeout=300, check=True).stdout.split()
@@ -125,8 +125,8 @@ def test_whitespace_gap_is_not_held_in_memory(tmp_path: Path, place: str):
         with_gap.write_bytes(text)
     without.write_bytes(b'{"traceEvents": [' + b", ".join(events) + b"]}")
     del text, parts, gap
-    n_gap, peak_gap = _peak_rssreading(with_gap)
-    n_plain, peak_plain = _peak_rssreading(without)
+    n_gap, peak_gap = _peak_rss_reading(with_gap)
+    n_plain, peak_plain = _peak_rss_reading(without)
     assert n_gap == n_plain == 2000
     assert peak_gap - peak_plain < 8 * CHUNK_BYTES <= GAP // 4, (peak_gap >> 20, peak_plain >> 20)
 

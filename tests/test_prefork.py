@@ -162,12 +162,8 @@ def _worker_reading(proc: subprocess.Popen, folder: Path) -> int | None:
         children[:] = process_tree(proc.pid)[1:]
         return bool(children)
 
-    wait_for(proc, forked)
-    deadline = time.monotonic() + 60
-    while children and proc.poll() is None and time.monotonic() < deadline:
-        if reading(children, folder):
-            return children[0]
-        time.sleep(0.001)
+    if wait_for(proc, forked) and wait_for(proc, lambda: reading(children, folder), poll_s=0.001):
+        return children[0]
     return None
 
 
