@@ -285,7 +285,8 @@ def test_clean_set_is_complete_and_exits_0(corpus: Path, tmp_path: Path):
     out = json.loads(as_json.stdout)
     capture = out["job"]["capture"]
     assert capture.pop("headline").startswith("complete (no trace cut")
-    assert capture == {"complete": True, "partial": False, "issues": [], "partial_ranks": [], "restated_warnings": []}
+    assert capture == {"complete": True, "partial": False, "issues": [], "partial_ranks": [], "restated_warnings": [],
+                       "coverage": None}
     assert all("partial_input" not in f["evidence"] for f in out["findings"])
 
 

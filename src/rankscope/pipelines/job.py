@@ -21,6 +21,7 @@ from rankscope import engine as engines
 from rankscope.ingest import Cache, TraceError, load_rank, read_trace, reuse
 from rankscope.ingest.cache import content_key
 from rankscope.ingest.consistency import different_jobs
+from rankscope.ingest.devices import NOT_A_CAPTURE, device_name
 from rankscope.ingest.discover import assign_ranks, discover
 from rankscope.model import InputProblem, RankMeta, RankTrace
 from rankscope.pipelines import checking_arguments
@@ -287,7 +288,8 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
     kept = [by_file[m.file] for m in kept_metas]
     problems += rank_problems
     cross = _cross_rank(kept, values)
-    result = Analysis(job=_job_info(kept, rank_warnings), ranks=kept, problems=problems, engine=chosen,
+    refused = [str(p) for p in problems if p.fatal and p.problem.startswith(NOT_A_CAPTURE)]
+    result = Analysis(job=_job_info(kept, rank_warnings, refused), ranks=kept, problems=problems, engine=chosen,
                       cross=cross)
     result.findings = _noted_partial(evaluate_findings(result, values), result.job)
     if nccl_logs:
@@ -353,6 +355,7 @@ def _devices(ranks: list[RankSummary]) -> list[str]:
     deviceProperties add one entry named from the events themselves (the device ids their
     kernels, copies and sets ran on). Empty only for a job without device events."""
     names = {d.get("name") for r in ranks for d in r.meta.devices if isinstance(d.get("name"), str)}
+    kinds = sorted({device_name(r.meta.device_kind) for r in ranks if r.has_device})
     unnamed = [r for r in ranks if r.has_device
                and not any(isinstance(d.get("name"), str) for d in r.meta.devices)]
     out = sorted(n for n in names if n)
@@ -366,11 +369,11 @@ def _devices(ranks: list[RankSummary]) -> list[str]:
             which = f"devices {ids[0]}..{ids[-1]}, "
         else:
             which = f"devices {', '.join(map(str, ids))}, "
-        out.append(f"GPU ({which}no deviceProperties in the trace)")
+        out.append(f"{'/'.join(kinds) or 'GPU'} ({which}no deviceProperties in the trace)")
     return out
 
 
-def _job_info(ranks: list[RankSummary], warnings: list[str]) -> JobInfo:
+def _job_info(ranks: list[RankSummary], warnings: list[str], refused: list[str] = ()) -> JobInfo:
     world, missing, coverage = _coverage([r.meta for r in ranks])
     warnings = list(warnings) + coverage
     rank_ids = [r.rank for r in ranks]
@@ -388,7 +391,8 @@ def _job_info(ranks: list[RankSummary], warnings: list[str]) -> JobInfo:
     if launched:
         warnings.append(launches_not_captured(sum(r.kernel_launches for r in launched),
                                               None if len(launched) == len(ranks) else [r.rank for r in launched]))
-    no_device = [r.rank for r in ranks if not r.has_device and not r.kernel_launches]
+    no_device = [r.rank for r in ranks if not r.has_device and not r.kernel_launches
+                 and not r.meta.device_other_events]
     if no_device and len(no_device) < len(ranks):
         warnings.append(f"no GPU events on rank(s) {', '.join(map(str, no_device))}")
     elif ranks and len(no_device) == len(ranks):
@@ -398,7 +402,7 @@ def _job_info(ranks: list[RankSummary], warnings: list[str]) -> JobInfo:
         steps=steps, devices=devices, warnings=warnings, missing_ranks=missing,
         steps_source=sources.pop() if len(sources) == 1 else ("mixed" if sources else "none"),
         span_ms=span_ms, hosts=sorted({r.meta.hostname for r in ranks if r.meta.hostname}),
-        capture=job_capture(ranks, warnings),
+        capture=job_capture(ranks, warnings, refused, (len(ranks), world) if missing and world else None),
     )
 
 
