@@ -205,3 +205,8 @@ def no_device_words(issue_kinds) -> str:
     if "device_not_analysed" in kinds:
         return "device activity not analysed"
     return "no GPU activity captured" if "kernels_not_captured" in kinds else "CPU-only job"
+
+
+#: Where in its step a device idle gap lies (Gap.position), as the reports say it.
+GAP_POSITIONS = {"between": "", "before_first": " before the step's first kernel",
+                 "after_last": " after the step's last kernel"}

@@ -14,8 +14,8 @@ from rankscope.analyses.rank.breakdown import CATEGORIES
 from rankscope.render.base import TerminalRenderer
 from rankscope.render.figures import (BREAKDOWN, COMM_BY_DIM, COMM_BY_DIM_NOTE, DETAILS, PIPELINE_STAGE, STEP_TIME,
                                       STRAGGLER, legend)
-from rankscope.render.format import (distinct_shortened, literal, no_device_words, number, percent, print_table,
-                                     printable, ranges, shortened)
+from rankscope.render.format import (GAP_POSITIONS, distinct_shortened, literal, no_device_words, number, percent,
+                                     print_table, printable, ranges, shortened)
 from rankscope.results import Analysis
 
 
@@ -223,13 +223,14 @@ def _highlights(a: Analysis, console: Console) -> None:
     if with_gaps:
         s = max(with_gaps, key=lambda r: r.gaps.gap_ms)
         by = ", ".join(f"{k} {v:,.1f}" for k, v in s.gaps.gap_ms_by_host_activity.items() if v > 0)
-        console.print(f"[bold]GPU idle gaps[/] (>= {s.gaps.gap_min_us:.0f} µs), rank {s.rank}: {s.gaps.gaps} gaps, "
-                      f"{s.gaps.gap_ms:,.1f} ms; host meanwhile (ms): {by}", highlight=False)
+        device = "Training-thread" if s.breakdown_mode == "cpu_only" else "GPU"
+        console.print(f"[bold]{device} idle gaps[/] (>= {s.gaps.gap_min_us:.0f} µs), rank {s.rank}: {s.gaps.gaps} "
+                      f"gaps, {s.gaps.gap_ms:,.1f} ms; host meanwhile (ms): {by}", highlight=False)
         for g in s.gaps.top[:3]:
-            console.print(f"  step {g.step} +{g.start_in_step_ms:,.1f} ms: {g.duration_ms:,.2f} ms idle, host "
-                          f"{_HOST_ACTIVITY[g.host_activity]}"
+            console.print(f"  step {g.step} +{g.start_in_step_ms:,.1f} ms: {g.duration_ms:,.2f} ms idle"
+                          f"{GAP_POSITIONS[g.position]}, host {_HOST_ACTIVITY[g.host_activity]}"
                           + (f" ({literal(g.busy_host_op)})" if g.busy_host_op else "")
-                          + f"; ended by {escape(shortened(g.next_device_op))}"
+                          + (f"; ended by {escape(shortened(g.next_device_op))}" if g.next_device_op else "")
                           + (f" launched from {literal(g.launched_by)}" if g.launched_by else ""), highlight=False)
     ranked = [s for s in a.ranks if s.kernels and s.kernels.stats.kernels.name]
     if ranked:
@@ -250,8 +251,8 @@ def _names(names: list[str]) -> list[str]:
     return distinct_shortened(list(names[:3]), 48)
 
 
-_HOST_ACTIVITY = {"dataloader": "in the DataLoader", "sync": "blocked in a synchronize", "host": "busy in CPU ops",
-                  "idle_other": "outside any op"}
+_HOST_ACTIVITY = {"dataloader": "in the DataLoader", "sync": "blocked in a synchronize",
+                  "host": "busy in CPU ops or Python", "idle_other": "outside any op"}
 
 
 def _breakdown_table(a: Analysis, shown: list, console: Console) -> None:
