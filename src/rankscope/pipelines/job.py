@@ -18,7 +18,7 @@ import msgspec
 import numpy as np
 
 from rankscope import engine as engines
-from rankscope.ingest import Cache, TraceError, load_rank, read_trace, reuse
+from rankscope.ingest import Cache, TraceError, load_rank, read_trace, read_traces, reuse, several_ranks
 from rankscope.ingest.cache import content_key
 from rankscope.ingest.consistency import different_jobs
 from rankscope.ingest.devices import NOT_A_CAPTURE, device_name
@@ -66,8 +66,9 @@ def _rank_task(task: _Task) -> RankSummary | InputProblem:
     """The per-rank map step (runs in a worker). With a cache, the summary itself is cached too
     (keyed by file content and analysis code). What travels to the driver is compacted."""
     summary = _summary(task)
-    if summary.collectives is not None:
-        summary.collectives.compact()
+    for one in summary if isinstance(summary, list) else [summary]:
+        if one.collectives is not None:
+            one.collectives.compact()
     return summary
 
 
@@ -104,12 +105,16 @@ def share_strings(obj: Any, pool: dict[str, str]) -> Any:
     return obj
 
 
-def _arrived(result: RankSummary | InputProblem, strings: dict[str, str]) -> None:
+def _arrived(result: RankSummary | list[RankSummary] | InputProblem, strings: dict[str, str]) -> None:
     """Runs in the driver on each rank's summary as it arrives, so that what the driver holds per
     rank stays small while the others are mapped: the strings every rank repeats are shared
     (`share_strings`), and the collectives' arrays are copied out of the buffer the engine
     delivered them in (Ray unpickles numpy arrays as views into the task's whole reply, which
     they would keep alive)."""
+    if isinstance(result, list):
+        for one in result:
+            _arrived(one, strings)
+        return
     if isinstance(result, InputProblem):
         return
     rc = result.collectives
@@ -159,9 +164,11 @@ def decode_summary(blob: bytes) -> RankSummary | None:
         return None
 
 
-def _summary(task: _Task) -> RankSummary:
+def _summary(task: _Task) -> RankSummary | list[RankSummary]:
     from rankscope.analyses import code_fingerprint
     from rankscope.analyses.rank.summary import summarize_rank
+    if several_ranks(task.path):          # an Nsight report of a whole job: one summary per process (not cached)
+        return [summarize_rank(t) for t in read_traces(task.path)]
     if not task.use_cache:
         return summarize_rank(read_trace(task.path)[0])
     cache = Cache(task.cache_dir)
@@ -183,7 +190,9 @@ def _summary(task: _Task) -> RankSummary:
 
 @one_line_errors
 def _load_task(task: _Task) -> RankMeta | InputProblem:
-    """Ingest only (parse, or find in the cache): the rank's metadata."""
+    """Ingest only (parse, or find in the cache): the rank's metadata (of each rank the file holds)."""
+    if several_ranks(task.path):
+        return [t.meta for t in read_traces(task.path)]
     if not task.use_cache:
         return read_trace(task.path)[0].meta
     cache = Cache(task.cache_dir)
@@ -209,18 +218,18 @@ def _assign(metas: list[RankMeta]) -> tuple[list[RankMeta], list[str], list[Inpu
     """Ranks for the files read: sets rank/rank_source on the kept ones (sorted by rank); returns
     them, warnings, and the problems (duplicates skipped, per-file warnings of the kept, one line
     when the cache could not be written)."""
-    metas = sorted(metas, key=lambda m: m.file)
-    assignments, warnings, duplicates = assign_ranks([m.file for m in metas], [m.dist_rank for m in metas],
+    metas = sorted(metas, key=rank_input)
+    assignments, warnings, duplicates = assign_ranks([rank_input(m) for m in metas], [m.dist_rank for m in metas],
                                                      [not m.salvaged for m in metas])
     warnings += different_jobs(metas)         # all files read: a rank two jobs claim keeps only one
-    by_file = {m.file: m for m in metas}
+    by_file = {rank_input(m): m for m in metas}
     kept = []
     for a in assignments:
         m = by_file[a.file]
         m.rank, m.rank_source = a.rank, a.source
         kept.append(m)
     problems = [InputProblem(f, why) for f, why in duplicates]
-    problems += [InputProblem(m.file, p, fatal=False) for m in kept for p in m.problems]
+    problems += [InputProblem(rank_input(m), p, fatal=False) for m in kept for p in m.problems]
     cache_errors = sorted({m.cache_error for m in metas if m.cache_error})
     if cache_errors:                  # once per run, whatever the number of ranks that met it
         problems.append(InputProblem("cache", f"{cache_errors[0]}; the results are not affected", fatal=False))
@@ -255,7 +264,8 @@ def _map_files(inputs, task_fn, cache_dir, use_cache, engine, workers, on_progre
     results = engines.map_ranks(task_fn, tasks, engine=chosen, workers=workers, on_done=progress, address=address,
                                 on_lost=lambda task, why: InputProblem(task.path, why), keep_memory=keep_memory)
     problems += [r for r in results if isinstance(r, InputProblem)]
-    return [r for r in results if not isinstance(r, InputProblem)], problems, chosen
+    found = [one for r in results if not isinstance(r, InputProblem) for one in (r if isinstance(r, list) else [r])]
+    return found, problems, chosen
 
 
 def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True,
@@ -284,8 +294,8 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
     _trim_heap(chosen)
     from rankscope.findings import evaluate as evaluate_findings, ordered
     kept_metas, rank_warnings, rank_problems = _assign([s.meta for s in summaries])
-    by_file = {s.meta.file: s for s in summaries}
-    kept = [by_file[m.file] for m in kept_metas]
+    by_file = {rank_input(s.meta): s for s in summaries}
+    kept = [by_file[rank_input(m)] for m in kept_metas]
     problems += rank_problems
     cross = _cross_rank(kept, values)
     refused = [str(p) for p in problems if p.fatal and p.problem.startswith(NOT_A_CAPTURE)]
@@ -298,6 +308,11 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
         result.findings = ordered(result.findings + logs.findings)
         result.problems += logs.problems
     return result
+
+
+def rank_input(m: RankMeta) -> str:
+    """What a rank was read from: its file, and its process where the file holds several ranks."""
+    return m.file if m.process is None else f"{m.file} (pid {m.process})"
 
 
 def _noted_partial(findings: list[Finding], job: JobInfo) -> list[Finding]:
