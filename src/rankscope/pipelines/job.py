@@ -26,6 +26,7 @@ from rankscope.ingest.discover import assign_ranks, discover
 from rankscope.model import InputProblem, RankMeta, RankTrace
 from rankscope.pipelines import checking_arguments
 from rankscope.results import Analysis, Finding, Ingest, JobInfo
+from rankscope.results.jobs import FoundJob
 
 if TYPE_CHECKING:
     from rankscope.analyses.rank.summary import RankSummary
@@ -271,7 +272,8 @@ def _map_files(inputs, task_fn, cache_dir, use_cache, engine, workers, on_progre
 def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True,
             engine: str = "auto", workers: int | None = None,
             on_progress: Callable[[int, int, str], None] | None = None, address: str | None = None,
-            thresholds: dict[str, float] | None = None, nccl_logs: list | None = None) -> Analysis:
+            thresholds: dict[str, float] | None = None, nccl_logs: list | None = None,
+            job: int | None = None) -> Analysis:
     """Analyse a job: a folder of per-rank traces, one file, or a list of either.
     `on_progress(done, total, file)` is called as ranks finish. `engine="ray"` maps the ranks on
     Ray: the cluster at `address` (e.g. "auto", "ray://head:10001"), else a local runtime.
@@ -279,10 +281,13 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
     same values decide the cross-rank verdicts and the findings; unknown names raise ArgumentError
     (a ValueError) before any file is read. `nccl_logs`: NCCL_DEBUG=INFO
     logs of the job (several = runs to compare); their findings join the job's, an unusable log is a
-    problem."""
+    problem. Inputs that hold several jobs (ingest/jobs.py) are not merged: without `job` (1 = the
+    earliest) the result lists them (`jobs`) and analyses none."""
     from rankscope.thresholds import resolve
     with checking_arguments():
         values = resolve(thresholds)
+        if job is not None and job < 1:
+            raise ValueError(f"job {job}: jobs are numbered from 1")
     strings: dict[str, str] = {}
 
     def arrived(result: RankSummary | InputProblem) -> None:
@@ -292,15 +297,19 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
     summaries, problems, chosen = _map_files(inputs, _rank_task, cache_dir, use_cache, engine, workers,
                                              on_progress, address, arrived, keep_memory=True)
     _trim_heap(chosen)
+    summaries, found, picked = _one_job(summaries, job)
+    if picked is None:
+        return Analysis(job=_job_info([], []), ranks=[], problems=problems, engine=chosen, jobs=found)
     from rankscope.findings import evaluate as evaluate_findings, ordered
     kept_metas, rank_warnings, rank_problems = _assign([s.meta for s in summaries])
+    rank_warnings += picked
     by_file = {rank_input(s.meta): s for s in summaries}
     kept = [by_file[rank_input(m)] for m in kept_metas]
     problems += rank_problems
     cross = _cross_rank(kept, values)
     refused = [str(p) for p in problems if p.fatal and p.problem.startswith(NOT_A_CAPTURE)]
     result = Analysis(job=_job_info(kept, rank_warnings, refused), ranks=kept, problems=problems, engine=chosen,
-                      cross=cross)
+                      cross=cross, jobs=found)
     result.findings = _noted_partial(evaluate_findings(result, values), result.job)
     if nccl_logs:
         from rankscope.pipelines.inputs import analyze_nccl_logs
@@ -310,15 +319,44 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
     return result
 
 
+def _one_job(summaries: list[RankSummary], job: int | None
+             ) -> tuple[list[RankSummary], list[FoundJob], list[str] | None]:
+    """The summaries of the job to analyse, the jobs found (none when the inputs are one job), and
+    the warning saying which was picked; None instead of it when the inputs hold several jobs and
+    `job` picks none of them."""
+    from rankscope.ingest.jobs import layout_sizes, span_utc, split_jobs
+    jobs = split_jobs([s.meta for s in summaries])
+    if len(jobs) == 1 and job in (None, 1):
+        return summaries, [], []
+    found = []
+    for i, ms in enumerate(jobs, start=1):
+        start, end = span_utc(ms) or (None, None)
+        found.append(FoundJob(job=i, world_size=ms[0].world_size,
+                              ranks=sorted({m.dist_rank for m in ms if m.dist_rank is not None}),
+                              files=sorted({m.file for m in ms}), group_sizes=list(layout_sizes(ms[0])),
+                              start_utc=start, end_utc=end))
+    if job is None or job > len(jobs):
+        return [], found, None
+    keep = {rank_input(m) for m in jobs[job - 1]}
+    return ([s for s in summaries if rank_input(s.meta) in keep], found,
+            [f"the inputs hold {len(jobs)} jobs: job {job} analysed (--job {job}), the files of the others are not"])
+
+
 def rank_input(m: RankMeta) -> str:
     """What a rank was read from: its file, and its process where the file holds several ranks."""
     return m.file if m.process is None else f"{m.file} (pid {m.process})"
 
 
 def _noted_partial(findings: list[Finding], job: JobInfo) -> list[Finding]:
-    """Findings drawn from partial data say so (docs/concepts.md "Capture quality"): those whose ranks
-    include a partial rank (a finding of no rank is the whole job's), or every finding when the files
-    look like different jobs, get `evidence["partial_input"]` (those ranks) and a note after their summary."""
+    """Findings drawn from partial data say so (docs/concepts.md "Capture quality"): with ranks missing,
+    every finding (`evidence["ranks_present"]`, "2 of 128 ranks present" after its summary); those whose
+    ranks include a partial rank (a finding of no rank is the whole job's), or every finding when the
+    files look like different jobs, get `evidence["partial_input"]` (those ranks) and a note after their
+    summary."""
+    coverage = job.capture.coverage if job.capture is not None else None
+    for f in findings if coverage else []:          # ranks missing: every verdict is of the ranks present
+        f.evidence["ranks_present"] = coverage
+        f.summary += f" ({coverage}: drawn from those)"
     if job.capture is None or not job.capture.partial:
         return findings
     from rankscope.analyses.job.capture import ranks_text

@@ -265,7 +265,8 @@ def _collectives(report: dict, figures: dict) -> str:
     by_type = coll.get("by_type") or []
     out = ['<section id="collectives"><h2>Stragglers and collectives</h2>']
     if report.get("straggler_verdict"):
-        out.append(f"<p><b>{escaped(report['straggler_verdict'])}</b></p>")
+        coverage = ((report.get("job") or {}).get("capture") or {}).get("coverage")
+        out.append(f"<p><b>{escaped((coverage + ': ' if coverage else '') + report['straggler_verdict'])}</b></p>")
     stragglers = report.get("stragglers") or []
     if stragglers:
         shown = [STRAGGLER[k] for k in ("cost", "last_arrival", "step_time_z")]

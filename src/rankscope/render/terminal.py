@@ -70,6 +70,11 @@ def _capture(a: Analysis, console: Console) -> None:
         console.print(Padding(Text(printable(f"{issue.kind}: {issue.detail}")), (0, 0, 0, 4)))
 
 
+def _present(a: Analysis) -> str:
+    """"2 of 128 ranks present: " before a verdict across ranks, when ranks are missing."""
+    return f"{a.job.capture.coverage}: " if a.job.capture and a.job.capture.coverage else ""
+
+
 def _no_device_words(a: Analysis) -> str:
     return no_device_words(i.kind for i in a.job.capture.issues) if a.job.capture else no_device_words(())
 
@@ -189,7 +194,7 @@ def _cross_section(a: Analysis, console: Console) -> None:
     if a.cross is None or len(a.ranks) < 2:
         return
     d = a.cross.as_dict()
-    console.print(f"[bold]Across ranks:[/] {literal(d['straggler_verdict'])}", highlight=False)
+    console.print(f"[bold]Across ranks:[/] {_present(a)}{literal(d['straggler_verdict'])}", highlight=False)
     if d["stragglers"]:
         table = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, caption=legend(STRAGGLER),
                       caption_justify="left")
@@ -347,6 +352,8 @@ def _critical_path(a: Analysis, console: Console) -> None:
                       for x in cp.by_rank_category[:MAX_PATH_ENTRIES])
     owner = (f"rank {cp.owner} holds {cp.owner_pct:.0f}% of it" if cp.owner is not None else
              f"no single rank holds it (at most {cp.owner_pct:.0f}% on one rank)")
+    if _present(a):
+        owner = f"{_present(a)}{owner.replace(' of it', ' of the path of the ranks present')}"
     console.print(f"[bold]Critical path[/] (the chain of work across ranks that set each step's end, through "
                   f"collectives to the last arriver; mean {cp.step_ms:,.1f} ms per step): {parts}; {owner}",
                   highlight=False)
