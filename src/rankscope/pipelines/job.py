@@ -372,6 +372,7 @@ def _cross_rank(summaries: list[RankSummary], thresholds: Thresholds) -> CrossRa
     """The cross-rank reduce over the ranks' collectives, which it uses up: each summary's
     `collectives` (per-instance data, the bulk of what the driver holds per rank) is released, and
     `Analysis.cross` keeps what the reduce made of them; `thresholds` decide its verdicts."""
+    from rankscope.analyses.job.regroup import regroup_unnamed
     from rankscope.analyses.job.stragglers import cross_rank
     ranks = []
     for s in summaries:
@@ -379,6 +380,7 @@ def _cross_rank(summaries: list[RankSummary], thresholds: Thresholds) -> CrossRa
             s.collectives.rank = s.rank
             ranks.append(s.collectives)
             s.collectives = None
+    regroup_unnamed(ranks)            # unnamed groups to the dimensions their collectives show, any mesh order
     return cross_rank(ranks, thresholds=thresholds) if ranks else None
 
 
