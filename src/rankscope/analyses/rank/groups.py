@@ -29,7 +29,7 @@ from dataclasses import dataclass
 DIM_PATTERNS: list[tuple[str, str]] = [
     (r"dp_shard|fsdp|zero|sharded_data", "dp_shard"),
     (r"dp_replicate|hsdp_replicate|replicate", "dp_replicate"),
-    (r"embedding|(^|[^a-z])emb($|[^a-z])", "emb"),
+    (r"sharded_?emb|emb(edding)?_?shard|(^|[^a-z])emb($|[^a-z])", "emb"),    # not Megatron's EMBEDDING_GROUP
     (r"expert|(^|[^a-z])ep($|[^a-z])|moe", "ep"),
     (r"context|(^|[^a-z])cp($|[^a-z])", "cp"),
     (r"tensor|(^|[^a-z])tp($|[^a-z])", "tp"),
