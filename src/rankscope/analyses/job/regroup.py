@@ -54,16 +54,16 @@ def regroup_unnamed(ranks: Sequence[RankCollectives]) -> dict[str, list[list[int
     return {d: sorted({g for g in new[d].values()}) for d in dims if new[d] is not assigned[d]}
 
 
-def _ends(ranks: Sequence[RankCollectives], dims: list[str]) -> dict[tuple[str, str, int], np.ndarray]:
-    """(dimension, type, rank) -> the sorted ends of those instances."""
-    out: dict[tuple[str, str, int], list[int]] = defaultdict(list)
+def _ends(ranks: Sequence[RankCollectives], dims: list[str]) -> dict[tuple[str, int], dict[str, np.ndarray]]:
+    """(dimension, rank) -> type -> the sorted ends of those instances."""
+    out: dict[tuple[str, int], dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
     for rc in ranks:
         if len(rc.dim) != len(rc.type):
             continue
         for d, t, e in zip(rc.dim, rc.type, rc.end_ns):
             if d in dims:
-                out[(d, t, rc.rank)].append(int(e))
-    return {k: np.sort(np.asarray(v, dtype=np.int64)) for k, v in out.items()}
+                out[(d, rc.rank)][t].append(int(e))
+    return {k: {t: np.sort(np.asarray(v, dtype=np.int64)) for t, v in by_type.items()} for k, by_type in out.items()}
 
 
 def _distance(ends: dict, dim: str, part: dict[int, tuple[int, ...]]) -> float:
@@ -72,14 +72,12 @@ def _distance(ends: dict, dim: str, part: dict[int, tuple[int, ...]]) -> float:
     per_rank = []
     for rank, members in part.items():
         gaps = []
-        for (d, t, r), mine in ends.items():
-            if d != dim or r != rank:
-                continue
-            theirs = [ends.get((d, _COUNTERPART.get(t, t), b)) for b in members if b != rank]
-            theirs = np.sort(np.concatenate([x for x in theirs if x is not None])) if any(
-                x is not None for x in theirs) else np.zeros(0, np.int64)
-            if len(theirs) == 0:
+        for t, mine in ends.get((dim, rank), {}).items():
+            theirs = [ends.get((dim, b), {}).get(_COUNTERPART.get(t, t)) for b in members if b != rank]
+            theirs = [x for x in theirs if x is not None]
+            if not theirs:
                 return math.inf
+            theirs = np.sort(np.concatenate(theirs))
             j = np.clip(np.searchsorted(theirs, mine), 1, max(len(theirs) - 1, 1))
             near = np.minimum(np.abs(mine - theirs[j - 1]), np.abs(mine - theirs[np.minimum(j, len(theirs) - 1)]))
             gaps.append(near)
