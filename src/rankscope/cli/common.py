@@ -150,7 +150,7 @@ def print_problems(result: Result) -> None:
 def say_jobs(jobs: list, picked: int | None) -> None:
     """The jobs inputs hold, one stderr line each, after why none was analysed."""
     from rankscope.render.jobs import job_line
-    why = (f"--job {picked}: the inputs hold {len(jobs)} jobs" if picked else
+    why = (f"--job {picked}: the inputs hold {len(jobs)} job{'s' if len(jobs) != 1 else ''}" if picked else
            f"the inputs hold {len(jobs)} jobs (their files differ in world size, layout or time, and share no "
            f"process): pick one with --job N")
     err(why)

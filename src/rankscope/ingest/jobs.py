@@ -1,5 +1,5 @@
-"""Which job each file belongs to, when one folder holds several (docs/inputs.md "Several jobs in
-one folder").
+"""Which job each file belongs to, when one folder holds several (docs/concepts.md "Capture
+quality": several jobs in one folder).
 
 Files are of different jobs when they disagree on the world size or on the sizes of their
 process groups (the layout), or when their time ranges on the epoch clock are apart (over
@@ -26,7 +26,7 @@ def split_jobs(metas: list[RankMeta]) -> list[list[RankMeta]]:
         return [list(metas)]
     by_shape: dict[tuple, list[RankMeta]] = defaultdict(list)
     for m in metas:
-        by_shape[(m.world_size, _layout(m))].append(m)
+        by_shape[(m.world_size, layout_sizes(m))].append(m)
     jobs = [job for group in by_shape.values() for job in _apart_in_time(group)]
     return sorted(jobs, key=lambda ms: (min((_start(m) for m in ms), default=0), ms[0].file))
 
@@ -40,11 +40,6 @@ def span_utc(metas: list[RankMeta]) -> tuple[str, str] | None:
 
 
 def layout_sizes(m: RankMeta) -> tuple[int, ...]:
-    """The sizes of the rank's process groups other than the world (the shape of its layout)."""
-    return _layout(m)
-
-
-def _layout(m: RankMeta) -> tuple[int, ...]:
     """The sizes of the rank's process groups other than the world (the shape of its layout)."""
     sizes = {pg.get("pg_size") for pg in m.pg_config if isinstance(pg, dict)}
     return tuple(sorted(s for s in sizes if isinstance(s, int) and 1 < s != m.world_size))

@@ -190,7 +190,7 @@ def _summary(task: _Task) -> RankSummary | list[RankSummary]:
 
 
 @one_line_errors
-def _load_task(task: _Task) -> RankMeta | InputProblem:
+def _load_task(task: _Task) -> RankMeta | list[RankMeta] | InputProblem:
     """Ingest only (parse, or find in the cache): the rank's metadata (of each rank the file holds)."""
     if several_ranks(task.path):
         return [t.meta for t in read_traces(task.path)]

@@ -69,20 +69,20 @@ def idle_gaps(trace: RankTrace, windows: StepWindows | None = None, timeline: Ti
     ts_all, end_all = trace.events["ts_ns"].to_numpy(), event_end_ns(trace)
     dev_rows = rows_of_kinds(trace, DEVICE_KINDS)
     if len(dev_rows):
-        players = [dev_rows[trace.events["device"].to_numpy()[dev_rows] == d]
+        activity_rows = [dev_rows[trace.events["device"].to_numpy()[dev_rows] == d]
                    for d in np.unique(trace.events["device"].to_numpy()[dev_rows])]
-        busy = [union(ts_all[rows], end_all[rows]) for rows in players]
+        busy = [union(ts_all[rows], end_all[rows]) for rows in activity_rows]
     else:                                     # CPU-only: the training thread's computation and collectives
         timeline = timeline or classify_timeline(trace, [w_start, w_end])
         on = timeline.comp | timeline.comm
         busy = [union(timeline.start_ns[on], timeline.start_ns[on] + timeline.length_ns[on])]
-        players = [_training_ops(trace, timeline.training_tid)]
+        activity_rows = [_training_ops(trace, timeline.training_tid)]
     found = [_gaps_of(s, e, w_start, w_end, int(gap_min_us * 1e3)) for s, e in busy]
     gap_s = np.concatenate([f[0] for f in found])
     gap_e = np.concatenate([f[1] for f in found])
     step_i = np.concatenate([f[2] for f in found])
     position = np.concatenate([f[3] for f in found])
-    next_row = np.concatenate([_first_at(rows, ts_all[rows], f[1], f[3]) for rows, f in zip(players, found)])
+    next_row = np.concatenate([_first_at(rows, ts_all[rows], f[1], f[3]) for rows, f in zip(activity_rows, found)])
     if len(gap_s) == 0:
         return empty
 
