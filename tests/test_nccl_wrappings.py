@@ -91,7 +91,8 @@ def test_warn_and_error_lines_with_rank_and_host(corpus: Path, tmp_path: Path):
     torchrun's label rank1. Both listed with their rank; the WARN with its host."""
     lines = (corpus / LOG).read_text().splitlines(keepends=True)
     warn = "mew0:64904:64921 [1] NCCL WARN NET/IB : Got completion from peer 192.168.0.4 with status=12\n"
-    error = "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error (run with NCCL_DEBUG=INFO)\n"
+    error = ("RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error "
+             "(run with NCCL_DEBUG=INFO)\n")
     text = "".join(f"0: {ln}" for ln in lines[:40]) + f"1: {warn}" + "".join(f"0: {ln}" for ln in lines[40:])
     (tmp_path / "srun.out").write_text(text)
     (tmp_path / "torchrun.out").write_text("".join(lines) + f"[rank1]:{error}")

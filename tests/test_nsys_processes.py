@@ -57,7 +57,8 @@ def _export(path: Path, schema: list[str], processes: dict[int, tuple[int, list[
         for name, a, b in kernels:
             corr += 1
             con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME (start, \"end\", eventClass, globalTid, correlationId,"
-                        " nameId, returnValue) VALUES (?, ?, 0, ?, ?, 1, 0)", ((a - 20) * US, (a - 15) * US, gtid, corr))
+                        " nameId, returnValue) VALUES (?, ?, 0, ?, ?, 1, 0)",
+                        ((a - 20) * US, (a - 15) * US, gtid, corr))
             con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL (start, \"end\", deviceId, contextId, streamId, "
                         "correlationId, globalPid, demangledName, shortName, registersPerThread, gridX, gridY, gridZ, "
                         "blockX, blockY, blockZ, staticSharedMemory, dynamicSharedMemory, localMemoryPerThread, "

@@ -45,8 +45,11 @@ def test_same_world_size_apart_in_time_are_two_jobs(corpus: Path, tmp_path: Path
     """Ranks 0-1 of cpu-gloo-4rank-healthy and ranks 2-3 of cpu-gloo-4rank-straggler: one world size
     (4) and layout, but recorded 17 s apart by other processes (pids in their metadata): two jobs,
     the healthy one first (its first event is earlier); `job=1` analyses its two ranks, 2 of 4 present."""
-    healthy = [f for f in corpus_files(corpus, "cpu-gloo-4rank-healthy") if fresh_json(f)["distributedInfo"]["rank"] < 2]
-    slow = [f for f in corpus_files(corpus, "cpu-gloo-4rank-straggler") if fresh_json(f)["distributedInfo"]["rank"] >= 2]
+    def rank(f: Path) -> int:
+        return fresh_json(f)["distributedInfo"]["rank"]
+
+    healthy = [f for f in corpus_files(corpus, "cpu-gloo-4rank-healthy") if rank(f) < 2]
+    slow = [f for f in corpus_files(corpus, "cpu-gloo-4rank-straggler") if rank(f) >= 2]
     pids = [{e["pid"] for e in x_events(fresh_json(f)) if isinstance(e["pid"], int)} for f in healthy + slow]
     assert not (set().union(*pids[:2]) & set().union(*pids[2:]))
     assert max(_first_ts_ns(f) for f in healthy) + 5 * 10**9 < min(_first_ts_ns(f) for f in slow)

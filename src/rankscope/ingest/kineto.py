@@ -1179,7 +1179,8 @@ def _build(path: Path, size: int, parsed: _Parsed, header: dict) -> RankTrace:
         device_kind=device_kind(categories, [d["name"] for d in devices if isinstance(d, dict)
                                              and isinstance(d.get("name"), str)], bool(is_dev.any() or n_device_other)),
         device_other_events=n_device_other,
-        device_other_categories=sorted(c for c, k in not_read.items() if k == Kind.DEVICE_OTHER) if n_device_other else [],
+        device_other_categories=(sorted(c for c, k in not_read.items() if k == Kind.DEVICE_OTHER)
+                                 if n_device_other else []),
         unknown_events=n_unknown,
         thread_names=threads, process_names=processes,
         span_ns=span, salvaged=parsed.cut_at_byte is not None, problems=problems, size_bytes=size,

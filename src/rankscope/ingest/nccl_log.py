@@ -59,7 +59,8 @@ _PREFIX = re.compile(r"(?<![^\s:\[\]])(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid
 _LABEL = re.compile(r"^\s{0,8}(?:(?P<srun>\d{1,7}): |\[\d{1,7},(?P<mpi>\d{1,7})\]<(?:stdout|stderr)>: ?|"
                     r"\[(?:rank|default)(?P<torchrun>\d{1,7})\]: ?)")
 #: Lines that report an NCCL error outside WARN lines (torch's "NCCL error in: ...", result codes).
-_ERROR = re.compile(r"\bNCCL error\b|\bnccl(?:System|Internal|UnhandledCuda|Remote|InvalidUsage|InvalidArgument)Error\b")
+_ERROR = re.compile(r"\bNCCL error\b|"
+                    r"\bnccl(?:System|Internal|UnhandledCuda|Remote|InvalidUsage|InvalidArgument)Error\b")
 _VERSION = re.compile(r"NCCL version (\S+)")
 _DRIVER = re.compile(r"cudaDriverVersion (\d+)")
 _ENV = re.compile(r"^(NCCL_\w+) set by environment to (.*)$")
@@ -453,13 +454,12 @@ def _perf_row(columns: list[str], cells: list[str]) -> PerfRow | None:
 
 
 def merge_runs(logs: list[NcclLog]) -> list[NcclLog]:
-    """The logs as runs: logs that share a communicator (`commId`) are one run, merged in the order
-    given (per-rank files of one job); the others stay one run each. A variable set differently on
+    """The logs as runs: logs that hold other ranks of one communicator (`commId`) are one run,
+    merged in the order given (per-rank files of one job); the others stay one run each. A variable set differently on
     the ranks of one run is kept per rank (`env_by_rank`), not taken for a difference between runs."""
     groups: list[list[NcclLog]] = []
     for log in logs:
-        ids = {c for c in log.comms if c.startswith("0x")}
-        joined = [g for g in groups if ids & {c for other in g for c in other.comms if c.startswith("0x")}]
+        joined = [g for g in groups if _other_ranks_of_one_comm(log, g)]
         for g in joined[1:]:
             joined[0].extend(g)
             groups.remove(g)
@@ -468,6 +468,21 @@ def merge_runs(logs: list[NcclLog]) -> list[NcclLog]:
         else:
             groups.append([log])
     return [g[0] if len(g) == 1 else _merged(g) for g in groups]
+
+
+def _other_ranks_of_one_comm(log: NcclLog, group: list[NcclLog]) -> bool:
+    """Whether `log` shares a communicator with the logs of `group` and holds other ranks of it (a
+    log and its copy, or two runs of one job, hold the same ranks: not one run)."""
+    shared = False
+    for key, comm in log.comms.items():
+        if not key.startswith("0x"):
+            continue
+        theirs = {r for other in group if key in other.comms for r in other.comms[key].ranks}
+        if theirs:
+            if theirs & set(comm.ranks):
+                return False
+            shared = True
+    return shared
 
 
 def _merged(logs: list[NcclLog]) -> NcclLog:

@@ -166,7 +166,7 @@ def _breakdown(report: dict, figures: dict) -> str:
 
 #: One color per parallel dimension (exposed; overlapped is drawn lighter).
 DIM_COLORS = {"pp": "#6a1b9a", "dp": "#1565c0", "dp_shard": "#00838f", "dp_replicate": "#283593", "tp": "#c62828",
-              "cp": "#ef6c00", "ep": "#2e7d32", "other": "#757575"}
+              "cp": "#ef6c00", "ep": "#2e7d32", "emb": "#8d6e63", "other": "#757575"}
 MAX_LISTED_GROUPS = 16
 
 

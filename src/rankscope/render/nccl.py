@@ -142,8 +142,9 @@ def _run(run: NcclRun, console: Console) -> None:
     for name, by_rank in log.env_by_rank.items():
         console.print(f"  {literal(name)} per rank: " + ", ".join(f"rank {r} {literal(v)}" for r, v in by_rank.items()))
     if log.warning_count:
+        shown = len(log.warning_lines)
         console.print(f"  [yellow]NCCL warnings and errors: {log.warning_count}[/]"
-                      + (f" (the first {len(log.warning_lines)})" if len(log.warning_lines) < log.warning_count else ""))
+                      + (f" (the first {shown})" if shown < log.warning_count else ""))
         for w in log.warning_lines[:MAX_WARNING_LINES]:
             where = ", ".join(x for x in (f"rank {w.rank}" if w.rank is not None else None,
                                           f"host {w.host}" if w.host else None) if x)
