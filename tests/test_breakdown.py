@@ -72,11 +72,18 @@ def test_breakdown_hand_counted(tmp_path):
 
 def test_gap_attribution_hand_counted(tmp_path):
     g = idle_gaps(_gpu_step(tmp_path), gap_min_us=100)
-    # device idle stretches >= 100 µs inside the step: 500-600 (100, host in sync 520-590) and 650-990 (340)
-    assert g.gaps == 2 and g.gap_ms == pytest.approx(0.44)
+    # device idle stretches >= 100 µs inside the step: 500-600 (100, host in sync 520-590), 650-990 (340)
+    # and, before the step's first kernel, 0-100 (DataLoader 0-80, aten::mm 90-100, launch 95-96); the
+    # window ends with the last kernel (1100): nothing after it
+    assert g.gaps == 3 and g.gap_ms == pytest.approx(0.54)
     longest = g.top[0]
     assert longest.duration_ms == pytest.approx(0.34) and longest.host_activity == "idle_other"
+    assert longest.position == "between"
     assert g.top[1].host_activity == "sync" and g.top[1].next_device_op == "sm80_xmma_gemm_bf16"
+    lead = g.top[2]
+    assert (lead.position, lead.start_in_step_ms, lead.duration_ms) == ("before_first", 0.0, pytest.approx(0.1))
+    assert lead.host_activity == "dataloader" and lead.host_ms["dataloader"] == pytest.approx(0.08)
+    assert lead.host_ms["host"] == pytest.approx(0.01) and lead.next_device_op == "sm80_xmma_gemm_bf16"
 
 
 def test_trace_without_steps_is_one_whole_step(tmp_path):

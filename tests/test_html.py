@@ -47,11 +47,12 @@ SECTIONS = ["job", "findings", "breakdown", "step-heatmap", "collectives", "over
 #: events; DLRM = 8 V100 ranks with NCCL collectives, no [memory] events.
 CHARTS = {
     GLOO_STRAGGLER: {"chart-breakdown", "chart-step-heatmap", "chart-collective-skew", "chart-rank-wait",
-                     "chart-overlap", "chart-memory", "chart-swimlane-0", "chart-swimlane-1"},
+                     "chart-overlap", "chart-idle-gaps", "chart-memory", "chart-swimlane-0", "chart-swimlane-1"},
     RESNET: {"chart-breakdown", "chart-step-heatmap", "chart-idle-hta", "chart-idle-gaps", "chart-kernel-classes",
              "chart-memory"},
+    # DLRM's one dimension is its sharded embeddings over the whole job (emb 8, issue 33): no layout section
     DLRM: {"chart-breakdown", "chart-step-heatmap", "chart-collective-skew", "chart-rank-wait", "chart-overlap",
-           "chart-idle-hta", "chart-idle-gaps", "chart-kernel-classes", "chart-swimlane-0", "chart-comm-by-dim"},
+           "chart-idle-hta", "chart-idle-gaps", "chart-kernel-classes", "chart-swimlane-0"},
 }
 
 FINDING = {"id": "straggler_rank", "severity": "medium", "ranks": [2], "steps": [3, 4, 5],

@@ -137,10 +137,11 @@ def test_distributed_info_out_of_range_is_ignored_with_a_line(dlrm_dir: Path, tm
 
 # ----------------------------------------------------------------------------------------------
 # Files that cannot be one job
-def test_files_of_two_jobs_are_said(corpus: Path, tmp_path: Path):
+def test_files_of_two_jobs_are_not_merged(corpus: Path, tmp_path: Path):
     """Two ranks of param-dlrm-8rank (world size 8, Sept 2023) and two of hta-sampled-2rank (world
-    size 128, April 2023), read from their distributedInfo and timestamps with json: analysed, with
-    a warning naming the world sizes and one naming the time ranges, each listing all four files."""
+    size 128, April 2023), read from their distributedInfo and timestamps with json: not analysed as
+    one job (issue 33). Without a pick the jobs are listed, earliest first, and none is analysed;
+    `job=2` analyses the two DLRM ranks alone, with no different-jobs warning."""
     dlrm = corpus_files(corpus, DLRM)[:2]
     sampled = corpus_files(corpus, "hta-sampled-2rank")
     job = tmp_path / "mixed"
@@ -150,14 +151,15 @@ def test_files_of_two_jobs_are_said(corpus: Path, tmp_path: Path):
     worlds = [json.loads(raw_text(f))["distributedInfo"]["world_size"] for f in dlrm + sampled]
     assert worlds == [8, 8, 128, 128]
     result = api.analyze(job, use_cache=False, engine="inprocess")
-    assert result.usable
-    said = [w for w in result.job.warnings if w.startswith("these files look like different jobs: ")]
-    assert said[0] == (f"these files look like different jobs: world size 128 in {sampled[0].name}, "
-                       f"{sampled[1].name}; 8 in {dlrm[0].name}, {dlrm[1].name}")
-    assert said[1].startswith(f"these files look like different jobs: time ranges that do not overlap: "
-                              f"{_first_day(sampled)} ")
-    assert f"UTC in {sampled[0].name}, {sampled[1].name}; {_first_day(dlrm)} " in said[1]
-    assert said[1].endswith(f"UTC in {dlrm[0].name}, {dlrm[1].name}") and len(said) == 2
+    assert not result.usable
+    assert [(j.job, j.world_size, [Path(f).name for f in j.files]) for j in result.jobs] == \
+        [(1, 128, [f.name for f in sampled]), (2, 8, [f.name for f in dlrm])]
+    assert result.jobs[0].start_utc.startswith(_first_day(sampled))
+    assert result.jobs[1].start_utc.startswith(_first_day(dlrm))
+    picked = api.analyze(job, use_cache=False, engine="inprocess", job=2)
+    assert [Path(s.meta.file).name for s in picked.ranks] == [f.name for f in dlrm]
+    assert not any(w.startswith("these files look like different jobs") for w in picked.job.warnings)
+    assert "the inputs hold 2 jobs: job 2 analysed (--job 2), the files of the others are not" in picked.job.warnings
 
 
 def _first_day(files: list[Path]) -> str:

@@ -40,7 +40,9 @@ class Kind(IntEnum):
     SYNC = 9             # cuda_sync (event/stream waits recorded on the device)
     OVERHEAD = 10
     TRACE = 11           # the profiler's own "Trace" span
-    OTHER = 12
+    OTHER = 12           # a category profilers write that no analysis reads (cuda_event, ...)
+    DEVICE_OTHER = 13    # device activity of a kind rankscope does not analyse (DEVICE_OTHER_CATEGORY)
+    UNKNOWN = 14         # a category no profiler writes: the event is not understood
 
 
 #: Trace category (lower-cased) -> kind. Current Kineto names and the 2021 ones.
@@ -57,7 +59,34 @@ CATEGORY_KINDS: dict[str, Kind] = {
     "cuda_sync": Kind.SYNC,
     "overhead": Kind.OVERHEAD,
     "trace": Kind.TRACE,
+    # other devices (Kineto's activity types): host runtimes, and MTIA's on-device (CCP) activity
+    "mtia_runtime": Kind.RUNTIME, "xpu_runtime": Kind.RUNTIME, "xpu_driver": Kind.DRIVER,
+    "hpu_op": Kind.RUNTIME, "privateuse1_runtime": Kind.RUNTIME, "privateuse1_driver": Kind.DRIVER,
+    "mlu_runtime": Kind.RUNTIME, "gcu_runtime": Kind.RUNTIME, "gcu_driver": Kind.DRIVER,
+    "mtia_ccp_events": Kind.KERNEL,
+    "mlu_memcpy": Kind.MEMCPY, "mlu_memset": Kind.MEMSET, "gcu_memcpy": Kind.MEMCPY, "gcu_memset": Kind.MEMSET,
+    "mlu_user_annotation": Kind.GPU_ANNOTATION, "gcu_user_annotation": Kind.GPU_ANNOTATION,
+    "xpu_sync": Kind.SYNC, "gcu_sync": Kind.SYNC,
+    # written by profilers, read by no analysis
+    "cuda_event": Kind.OTHER, "cuda_profiler_range": Kind.OTHER, "glow_runtime": Kind.OTHER,
+    "collective_comm": Kind.OTHER, "external_correlation": Kind.OTHER, "cpu_instant_event": Kind.OTHER,
+    "mtia_counters": Kind.OTHER, "mtia_workloadd": Kind.OTHER, "xpu_scope_profiler": Kind.OTHER,
+    "mlu_profiler_range": Kind.OTHER, "mlu_notifier": Kind.OTHER, "gcu_profiler_range": Kind.OTHER,
 }
+#: Categories of device activity that no analysis reads (other accelerators' own event kinds, such
+#: as MTIA's `mtia_insight`): counted per device kind and named, never taken for host work.
+DEVICE_OTHER_CATEGORY = (r"^(mtia|xpu|hpu|npu|tpu|ipu|mlu|gcu|privateuse1)_|(^|_)(device|ccp|dma)(_|$)"
+                         r"|(^|_)(kernel|kernels)$")
+
+
+def category_kind(category: str) -> Kind:
+    """The kind of a complete event of this trace category (case-insensitive): CATEGORY_KINDS, else
+    DEVICE_OTHER for device activity of another kind, else UNKNOWN."""
+    text = category.lower()
+    known = CATEGORY_KINDS.get(text)
+    if known is not None:
+        return known
+    return Kind.DEVICE_OTHER if re.search(DEVICE_OTHER_CATEGORY, text) else Kind.UNKNOWN
 
 DEVICE_KINDS = (Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET)
 HOST_OP_KINDS = (Kind.CPU_OP, Kind.USER_ANNOTATION)
@@ -255,6 +284,11 @@ class RankMeta:
     size_bytes: int = 0
     device_events: int = 0                # kernels + memcpy + memset
     profiler_steps: int = 0               # distinct ProfilerStep#N marks on the host
+    device_kind: str | None = None        # what the device activity ran on (ingest/devices.py DEVICE_KINDS)
+    device_other_events: int = 0          # device activity of a kind not analysed (Kind.DEVICE_OTHER) ...
+    device_other_categories: list[str] = field(default_factory=list)   # ... in these trace categories
+    unknown_events: int = 0               # complete events of a category no profiler writes (Kind.UNKNOWN)
+    process: int | None = None            # the pid, where the file holds several ranks (an Nsight report of a job)
     cache_error: str | None = None        # why this run could not write the cache (set after caching)
 
     def to_dict(self) -> dict[str, Any]:

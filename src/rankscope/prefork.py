@@ -131,7 +131,7 @@ def wanted(argv: list[str]) -> bool:
 
 
 #: The options of those commands that take a value (the word after them is no input path).
-_VALUE_OPTIONS = {"--engine", "--workers", "--address", "--cache-dir", "--threshold", "--html", "--nccl-log",
+_VALUE_OPTIONS = {"--engine", "--workers", "--address", "--cache-dir", "--threshold", "--html", "--nccl-log", "--job",
                   "--model-flops-per-step", "--layers", "--hidden", "--heads", "--vocab", "--seq", "--batch",
                   "--recompute", "--dtype"}
 

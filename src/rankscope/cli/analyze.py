@@ -17,6 +17,7 @@ from rankscope.cli.common import (
     json_option,
     no_trace,
     quiet_option,
+    say_jobs,
     show,
     with_progress,
 )
@@ -34,12 +35,14 @@ from rankscope.results import Analysis
               help="Also write a self-contained HTML report (findings and charts, works offline) to PATH.")
 @click.option("--nccl-log", "nccl_logs", multiple=True, type=click.Path(), metavar="LOG",
               help="An NCCL_DEBUG=INFO log of the job (repeatable; several = runs to compare): its findings join.")
+@click.option("--job", "job", type=click.IntRange(min=1), default=None, metavar="N",
+              help="When the inputs hold several jobs (listed without it), analyse job N (1 = the earliest).")
 @cache_options()
 @engine_options
 @json_option("rankscope.analysis/1")
 @quiet_option
 def command(paths, demo, thresholds, cache_dir, no_cache, engine, address, workers, as_json, quiet,
-            html_path, nccl_logs) -> None:
+            html_path, nccl_logs, job) -> None:
     """Analyse a job: a folder of per-rank traces (or files)."""
     from rankscope.thresholds import parse_override
     if demo:
@@ -54,8 +57,11 @@ def command(paths, demo, thresholds, cache_dir, no_cache, engine, address, worke
     result = with_progress(lambda progress: analyze(list(paths), cache_dir=cache_dir, use_cache=not no_cache,
                                                     engine=engine, workers=workers, on_progress=progress,
                                                     address=address, thresholds=overrides,
-                                                    nccl_logs=list(nccl_logs)),
+                                                    nccl_logs=list(nccl_logs), job=job),
                            quiet, "analysing ranks")
+    if result.jobs and not result.usable:
+        say_jobs(result.jobs, job)
+        sys.exit(EXIT_NOTHING)
     code = exit_code(result, no_trace(result))
     if result.usable:
         show(result, as_json, brief=quiet)

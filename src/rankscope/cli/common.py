@@ -147,6 +147,17 @@ def print_problems(result: Result) -> None:
         err(str(p) if p.fatal else f"warning: {p}")
 
 
+def say_jobs(jobs: list, picked: int | None) -> None:
+    """The jobs inputs hold, one stderr line each, after why none was analysed."""
+    from rankscope.render.jobs import job_line
+    why = (f"--job {picked}: the inputs hold {len(jobs)} job{'s' if len(jobs) != 1 else ''}" if picked else
+           f"the inputs hold {len(jobs)} jobs (their files differ in world size, layout or time, and share no "
+           f"process): pick one with --job N")
+    err(why)
+    for j in jobs:
+        err(job_line(j))
+
+
 def no_trace(result: Result) -> str:
     """What the trace commands say when no file was usable."""
     return "no usable trace found" + ("" if result.problems else " (give a folder of *.pt.trace.json[.gz] files)")

@@ -7,7 +7,7 @@ from rankscope.ingest.cache import Cache, content_key
 from rankscope.ingest.errors import TraceError
 from rankscope.model import RankTrace
 
-__all__ = ["Cache", "TraceError", "load_rank", "read_trace"]
+__all__ = ["Cache", "TraceError", "load_rank", "read_trace", "read_traces", "several_ranks"]
 
 
 def read_trace(path: str | Path) -> tuple[RankTrace, dict]:
@@ -19,6 +19,22 @@ def read_trace(path: str | Path) -> tuple[RankTrace, dict]:
     if is_sqlite(path) or str(path).lower().endswith(SQLITE_SUFFIXES):
         return read_nsys_sqlite(path)
     return read_kineto(path)
+
+
+def read_traces(path: str | Path) -> list[RankTrace]:
+    """Every rank one file holds: one, except an Nsight Systems report of several processes with
+    device activity (one per process). Raises TraceError."""
+    from rankscope.ingest.nsys_sqlite import SQLITE_SUFFIXES, is_sqlite, read_nsys_processes
+    if is_sqlite(path) or str(path).lower().endswith(SQLITE_SUFFIXES):
+        return [t for t, _ in read_nsys_processes(path)]
+    return [read_trace(path)[0]]
+
+
+def several_ranks(path: str | Path) -> bool:
+    """Whether the file holds several ranks (`read_traces`); False for any file that is no
+    readable Nsight report of several processes."""
+    from rankscope.ingest.nsys_sqlite import device_process_count, is_sqlite
+    return is_sqlite(path) and device_process_count(path) > 1
 
 
 def load_rank(path: str | Path, cache: Cache | None = None, key: str | None = None) -> tuple[RankTrace, bool]:

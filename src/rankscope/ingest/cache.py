@@ -34,7 +34,7 @@ from rankscope.ingest.discover import open_regular
 from rankscope.model import FRAME_NAMES, HOST_COMM_PATTERN, KERNEL_CLASS_PATTERNS, RankMeta, RankTrace
 
 #: Bump when the parser's output changes: old entries are then ignored.
-PARSER_VERSION = "6"
+PARSER_VERSION = "7"
 _EDGE_BYTES = 1 << 20
 #: A temporary file or folder this old (seconds since its last change) belongs to a dead writer.
 STALE_TEMP_S = 600

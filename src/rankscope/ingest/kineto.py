@@ -36,7 +36,8 @@ from rankscope.ingest import reuse
 from rankscope.ingest.columns import DTYPES, T_NOT_A_NUMBER, Col, columnize, scan_json, scan_state
 from rankscope.ingest.discover import checked_rank, open_regular, rank_from_filename
 from rankscope.ingest.errors import TraceError
-from rankscope.model import (CATEGORY_KINDS, DEVICE_KINDS, PROFILER_STEP_PATTERN, Kind, RankMeta, RankTrace,
+from rankscope.ingest.devices import device_kind, refusal
+from rankscope.model import (DEVICE_KINDS, PROFILER_STEP_PATTERN, Kind, RankMeta, RankTrace, category_kind,
                              event_kernel_classes)
 
 CHUNK_BYTES = 2 << 20          # decompressed bytes decoded at once (transient memory ~6x this)
@@ -558,9 +559,9 @@ def _code_mask(table: dict, texts: tuple[str, ...]) -> np.ndarray:
 
 def _cat_kind_lut(cat_table: dict) -> np.ndarray:
     """Lookup: category code (and -1, for absent, as the last entry) -> Kind."""
-    lut = np.full(len(cat_table) + 1, int(Kind.OTHER), dtype=np.uint8)
+    lut = np.full(len(cat_table) + 1, int(Kind.OTHER), dtype=np.uint8)       # no category: unclassified
     for text, i in cat_table.items():
-        lut[i] = int(CATEGORY_KINDS.get(text.lower(), Kind.OTHER))
+        lut[i] = int(category_kind(text))
     return lut
 
 
@@ -1101,6 +1102,13 @@ def _build(path: Path, size: int, parsed: _Parsed, header: dict) -> RankTrace:
     names = _inverse(t.name)
     name_codes = acc.take("x", "name", np.int32)
     is_dev = np.isin(kind, [int(k) for k in DEVICE_KINDS])
+    categories = _inverse(t.cat)
+    not_read = {c: category_kind(c) for c in categories if category_kind(c) in (Kind.UNKNOWN, Kind.DEVICE_OTHER)}
+    n_unknown, n_device_other = int((kind == int(Kind.UNKNOWN)).sum()), int((kind == int(Kind.DEVICE_OTHER)).sum())
+    why = refusal(len(kind), n_unknown, int(is_dev.sum()) + n_device_other,
+                  [c for c, k in not_read.items() if k == Kind.UNKNOWN], phase_counts)
+    if why:
+        raise TraceError(why)
     kclass = event_kernel_classes(kind, name_codes, names)
 
     device = acc.take("x", "device", np.int32)
@@ -1168,6 +1176,12 @@ def _build(path: Path, size: int, parsed: _Parsed, header: dict) -> RankTrace:
         display_time_unit=header.get("displayTimeUnit") if isinstance(header.get("displayTimeUnit"), str) else None,
         events_total=acc.n_events, phase_counts=phase_counts,
         device_events=int(is_dev.sum()), profiler_steps=n_profiler_steps,
+        device_kind=device_kind(categories, [d["name"] for d in devices if isinstance(d, dict)
+                                             and isinstance(d.get("name"), str)], bool(is_dev.any() or n_device_other)),
+        device_other_events=n_device_other,
+        device_other_categories=(sorted(c for c, k in not_read.items() if k == Kind.DEVICE_OTHER)
+                                 if n_device_other else []),
+        unknown_events=n_unknown,
         thread_names=threads, process_names=processes,
         span_ns=span, salvaged=parsed.cut_at_byte is not None, problems=problems, size_bytes=size,
         cut_at_byte=parsed.cut_at_byte, cut_reason=parsed.cut_reason or None, dropped=dropped,
@@ -1292,7 +1306,7 @@ LEGACY_PROCESS_KINDS = {"cpu functions": Kind.CPU_OP, "cuda functions": Kind.KER
 
 
 def _legacy_kinds(kind: np.ndarray, pid: np.ndarray, pid_table: dict) -> np.ndarray:
-    """Give the complete events of unknown category (Kind.OTHER) filed under a torch 1.x process
+    """Give the complete events without a category (Kind.OTHER) filed under a torch 1.x process
     name (LEGACY_PROCESS_KINDS) their kind, in place; return where that happened."""
     changed = np.zeros(len(kind), dtype=bool)
     for text, code in pid_table.items():

@@ -14,6 +14,14 @@ Which communicator a line belongs to: lines that name a `comm 0x...` set it for 
 lines (channels, rings, trees, transports) take their thread's, else the last communicator
 initialised on their process and device. A comm is keyed by its `commId` (shared by its ranks).
 
+Lines as launchers write them: the label each line carries is stripped first and kept as the
+line's rank: srun's `--label` (`0: `), OpenMPI's `--tag-output` (`[1,0]<stdout>:`, job 1 rank 0)
+and torchrun's (`[rank0]:`, `[default0]:`). NCCL WARN / ABORT lines, and lines that report an NCCL
+error (`NCCL error`, `ncclSystemError`...), are kept with their host, pid, device and rank.
+
+Logs of one communicator written per rank (`NCCL_DEBUG_FILE=nccl.%h.%p.log`) are one run:
+`merge_runs` joins the logs that share a `commId` into one, each rank's settings kept as such.
+
 Not a log (empty, binary, no NCCL line and no nccl-tests output) -> TraceError, one line.
 """
 from __future__ import annotations
@@ -46,6 +54,13 @@ SNIFF_BYTES = 8192
 # does (lookbehind), and no two quantifiers can share the same characters.
 _PREFIX = re.compile(r"(?<![^\s:\[\]])(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] NCCL "
                      r"(?P<level>INFO|WARN|TRACE|ABORT)\b ?(?P<msg>.*)$")
+#: Launchers' line labels: srun --label ("12: "), OpenMPI --tag-output ("[1,12]<stdout>:"), torchrun ("[rank12]:",
+#: "[default12]:"); the number is the rank.
+_LABEL = re.compile(r"^\s{0,8}(?:(?P<srun>\d{1,7}): |\[\d{1,7},(?P<mpi>\d{1,7})\]<(?:stdout|stderr)>: ?|"
+                    r"\[(?:rank|default)(?P<torchrun>\d{1,7})\]: ?)")
+#: Lines that report an NCCL error outside WARN lines (torch's "NCCL error in: ...", result codes).
+_ERROR = re.compile(r"\bNCCL error\b|"
+                    r"\bnccl(?:System|Internal|UnhandledCuda|Remote|InvalidUsage|InvalidArgument)Error\b")
 _VERSION = re.compile(r"NCCL version (\S+)")
 _DRIVER = re.compile(r"cudaDriverVersion (\d+)")
 _ENV = re.compile(r"^(NCCL_\w+) set by environment to (.*)$")
@@ -166,6 +181,18 @@ class PerfTest:
     avg_busbw_gbps: float | None = None
 
 
+@dataclass(frozen=True)
+class NcclWarning:
+    """An NCCL WARN / ABORT line, or a line reporting an NCCL error: where it comes from."""
+    level: str                    # WARN | ABORT | ERROR (a line that reports an NCCL error)
+    text: str
+    host: str | None
+    pid: int | None
+    device: int | None
+    rank: int | None              # the launcher's label, else the rank of the thread's communicator
+    file: str
+
+
 @dataclass
 class NcclLog:
     file: str
@@ -184,6 +211,9 @@ class NcclLog:
     perf: list[PerfTest] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     warning_count: int = 0
+    warning_lines: list[NcclWarning] = field(default_factory=list)      # the first MAX_WARNINGS, with their origin
+    files: list[str] = field(default_factory=list)                      # the logs of this run (several: merge_runs)
+    env_by_rank: dict[str, dict[int, str]] = field(default_factory=dict)   # a variable set differently per rank
     lines: int = 0
     nccl_lines: int = 0
 
@@ -223,11 +253,17 @@ class _Parser:
         self.ptr_rank: dict[str, int] = {}
         self.table: list[str] | None = None           # nccl-tests header columns while inside its table
         self.cells: list[str] = []
+        self.label: int | None = None                 # the launcher's rank label of the line being read
 
     def parse(self, lines: Iterable[str]) -> NcclLog:
         for line in lines:
             self.log.lines += 1
             line = line.rstrip("\r\n")
+            label = _LABEL.match(line)
+            self.label = None
+            if label:
+                self.label = int(label["srun"] or label["mpi"] or label["torchrun"])
+                line = line[label.end():]
             m = _PREFIX.search(line)
             stdout_part = line
             if m:
@@ -236,10 +272,22 @@ class _Parser:
                 self.log.nccl_lines += 1
                 key = (host, int(m["pid"]), int(m["tid"]))
                 self._nccl(key, int(m["dev"]), m["level"], m["msg"].strip())
+            elif _ERROR.search(line):
+                self._warn("ERROR", line.strip(), None, None, None)
             if stdout_part.strip():
                 self._stdout(stdout_part.strip())
         self.log.hosts = list(self.hosts)
+        self.log.files = [self.log.file]
         return self.log
+
+    def _warn(self, level: str, text: str, thread: tuple | None, dev: int | None, rank: int | None) -> None:
+        log = self.log
+        log.warning_count += 1
+        if len(log.warnings) < MAX_WARNINGS:
+            log.warnings.append(text)
+            rank = self.label if self.label is not None else rank
+            log.warning_lines.append(NcclWarning(level, text, thread[0] if thread else None,
+                                                 thread[1] if thread else None, dev, rank, log.file))
 
     def _host(self, host: str, at_line_start: bool) -> tuple[str, str]:
         """(host, stdout text glued before it). A line that starts with the prefix names a host
@@ -263,10 +311,8 @@ class _Parser:
     # ---- NCCL lines
     def _nccl(self, thread: tuple, dev: int, level: str, msg: str) -> None:
         log = self.log
-        if level == "WARN":
-            log.warning_count += 1
-            if len(log.warnings) < MAX_WARNINGS:
-                log.warnings.append(msg)
+        if level in ("WARN", "ABORT"):
+            self._warn(level, msg, thread, dev, self.ptr_rank.get(self.thread_comm.get(thread)))
             return
         where = (thread[0], thread[1], dev)
         if (m := _COMM_PTR.search(msg)) and m[1] in self.ptr_comm:
@@ -405,3 +451,74 @@ def _perf_row(columns: list[str], cells: list[str]) -> PerfRow | None:
     return PerfRow(size, count, keys.get("type", ""), keys.get("redop", ""), _num(keys.get("root", ""), int),
                    groups[0], groups[1] if len(groups) > 1 else None)
 
+
+
+def merge_runs(logs: list[NcclLog]) -> list[NcclLog]:
+    """The logs as runs: logs that hold other ranks of one communicator (`commId`) are one run,
+    merged in the order given (per-rank files of one job); the others stay one run each. A variable set differently on
+    the ranks of one run is kept per rank (`env_by_rank`), not taken for a difference between runs."""
+    groups: list[list[NcclLog]] = []
+    for log in logs:
+        joined = [g for g in groups if _other_ranks_of_one_comm(log, g)]
+        for g in joined[1:]:
+            joined[0].extend(g)
+            groups.remove(g)
+        if joined:
+            joined[0].append(log)
+        else:
+            groups.append([log])
+    return [g[0] if len(g) == 1 else _merged(g) for g in groups]
+
+
+def _other_ranks_of_one_comm(log: NcclLog, group: list[NcclLog]) -> bool:
+    """Whether `log` shares a communicator with the logs of `group` and holds other ranks of it (a
+    log and its copy, or two runs of one job, hold the same ranks: not one run)."""
+    shared = False
+    for key, comm in log.comms.items():
+        if not key.startswith("0x"):
+            continue
+        theirs = {r for other in group if key in other.comms for r in other.comms[key].ranks}
+        if theirs:
+            if theirs & set(comm.ranks):
+                return False
+            shared = True
+    return shared
+
+
+def _merged(logs: list[NcclLog]) -> NcclLog:
+    out = NcclLog(file=" + ".join(log.file for log in logs), files=[log.file for log in logs])
+    out.nccl_version = next((log.nccl_version for log in logs if log.nccl_version), None)
+    out.cuda_driver_version = next((log.cuda_driver_version for log in logs if log.cuda_driver_version), None)
+    out.hosts = list(dict.fromkeys(h for log in logs for h in log.hosts))
+    for log in logs:
+        out.devices.update(log.devices)
+        out.topology.update({k: v for k, v in log.topology.items() if k not in out.topology})
+        out.graphs += [g for g in log.graphs if g not in out.graphs]
+        out.ops.update(log.ops)
+        out.algorithms.update(log.algorithms)
+        out.perf += log.perf
+        out.warnings += log.warnings[:MAX_WARNINGS - len(out.warnings)]
+        out.warning_lines += log.warning_lines[:MAX_WARNINGS - len(out.warning_lines)]
+        out.warning_count += log.warning_count
+        out.lines += log.lines
+        out.nccl_lines += log.nccl_lines
+        for key, comm in log.comms.items():
+            mine = out.comms.setdefault(key, NcclComm(comm_id=key, nranks=comm.nranks))
+            mine.ranks.update(comm.ranks)
+            for name in ("nnodes", "coll_channels", "collnet_channels", "nvls_channels", "p2p_channels"):
+                if getattr(mine, name) is None:
+                    setattr(mine, name, getattr(comm, name))
+            for part in ("rings", "trees", "transports"):
+                getattr(mine, part).update({k: v for k, v in getattr(comm, part).items()
+                                            if k not in getattr(mine, part)})
+    by_name: dict[str, dict[int, str]] = {}
+    for log in logs:
+        ranks = sorted({r for c in log.comms.values() for r in c.ranks}) or [-1]
+        for name, value in log.env.items():
+            by_name.setdefault(name, {})[ranks[0]] = value
+    for name, values in by_name.items():
+        if len(set(values.values())) == 1:          # one value (NCCL may print it on one rank only)
+            out.env[name] = next(iter(values.values()))
+        else:
+            out.env_by_rank[name] = dict(sorted(values.items()))
+    return out

@@ -117,9 +117,18 @@ def query_time_limit_s(size: int) -> float:
         return QUERY_TIME_LIMIT_S + size / QUERY_BYTES_PER_S
 
 
-def read_nsys_sqlite(path: str | Path, time_limit_s: float | None = None) -> tuple[RankTrace, dict]:
-    """Parse one nsys SQLite export. Returns the RankTrace (rank not yet assigned, like
-    read_kineto) and a header dict (`env`: RANK etc. when captured). Raises TraceError.
+def read_nsys_processes(path: str | Path, time_limit_s: float | None = None) -> list[tuple[RankTrace, dict]]:
+    """Parse one nsys SQLite export into one (trace, header) per process with device activity: a
+    report of a whole job (`nsys profile torchrun ...`) holds every worker, each a rank (its rank
+    from its device index, said in its problems); a report of one process gives one. Raises
+    TraceError."""
+    return read_nsys_sqlite(path, time_limit_s, processes=True)
+
+
+def read_nsys_sqlite(path: str | Path, time_limit_s: float | None = None, processes: bool | None = None):
+    """Parse one nsys SQLite export of one process with device activity. Returns the RankTrace
+    (rank not yet assigned, like read_kineto) and a header dict (`env`: RANK etc. when captured).
+    Raises TraceError (also for a report of several such processes: `read_nsys_processes`).
     `time_limit_s`: of each query (default `query_time_limit_s`)."""
     path = Path(path)
     try:
@@ -136,11 +145,14 @@ def read_nsys_sqlite(path: str | Path, time_limit_s: float | None = None) -> tup
         raise TraceError(f"cannot open the SQLite database ({exc})") from None
     try:
         limit = time_limit_s if time_limit_s is not None else query_time_limit_s(size)
-        return _read(_Db(con, limit, size // MIN_ROW_BYTES + 1), path, size)
+        found = _read(_Db(con, limit, size // MIN_ROW_BYTES + 1), path, size)
     except sqlite3.DatabaseError as exc:
         raise TraceError(f"corrupt or unreadable SQLite database ({exc})") from None
     finally:
         con.close()
+    if processes is None and len(found) > 1:         # several ranks in one file: the caller asked for one
+        raise TraceError(f"report of {len(found)} processes with device activity: read with read_nsys_processes")
+    return found if processes is not None else found[0]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -207,7 +219,9 @@ def _table(sql: str) -> str:
     return f"reading {''.join(tables[-1])}" if tables else "reading the schema"
 
 
-def _read(db: _Db, path: Path, size: int) -> tuple[RankTrace, dict]:
+def _read(db: _Db, path: Path, size: int) -> list[tuple[RankTrace, dict]]:
+    """One (trace, header) per process with device activity (one for the whole report when it has
+    at most one such process, or when the export does not say which process ran the activity)."""
     if not any(t in db.tables for t in NSYS_MARK_TABLES):
         raise TraceError("SQLite database without Nsight Systems tables (CUPTI_ACTIVITY_KIND_*, NVTX_EVENTS, "
                          "StringIds): not an nsys export")
@@ -226,7 +240,49 @@ def _read(db: _Db, path: Path, size: int) -> tuple[RankTrace, dict]:
         problems.append(f"{n} event{'s' if n > 1 else ''} dropped: "
                         + ", ".join(f"{k} with {reason}" for reason, k in dropped.items()))
     frame = _steps_from_nvtx(frame, problems).sort("ts_ns", maintain_order=True)
+    env = _captured_env(db)
+    processes = _device_processes(frame)
+    if len(processes) <= 1:
+        trace = _trace(db, path, size, frame, env, problems)
+        trace.meta.dropped = dropped
+        return [(trace, {"env": env})]
+    out = []
+    ranks = _process_ranks(processes)
+    for pid, (device, rank, source) in ranks.items():
+        own = frame.filter(pl.col("process") == pid)
+        said = (f"process {pid} of {len(ranks)} with device activity in this report (device {device}): rank {rank} "
+                f"{source}")
+        trace = _trace(db, path, size, own, {}, problems + [said])
+        trace.meta.dist_rank, trace.meta.world_size, trace.meta.process = rank, len(ranks), pid
+        trace.meta.devices = [d for d in trace.meta.devices if d.get("id") == device] or trace.meta.devices
+        trace.meta.dropped = dropped if not out else {}       # the report's drops, counted once
+        out.append((trace, {"env": {}}))
+    return out
 
+
+def _device_processes(frame: pl.DataFrame) -> dict[int, int]:
+    """The processes that ran device activity (pid -> the device most of it ran on); empty when
+    the export does not say which process ran it (no globalPid)."""
+    dev = frame.filter(pl.col("kind").is_in([int(k) for k in DEVICE_KINDS]) & pl.col("process").is_not_null())
+    if dev.is_empty():
+        return {}
+    top = dev.group_by("process", "device").len().sort(["process", "len", "device"], descending=[False, True, False])
+    return {int(p): int(d) for p, d in top.unique("process", keep="first", maintain_order=True).select(
+        "process", "device").iter_rows()}
+
+
+def _process_ranks(processes: dict[int, int]) -> dict[int, tuple[int, int, str]]:
+    """pid -> (device, rank, where the rank comes from): the device index when every process has a
+    device of its own (torchrun's workers, one GPU each), else the order of the pids."""
+    devices = sorted(processes.values())
+    if len(set(devices)) == len(devices):
+        return {pid: (d, d, "from its device index (the report names no rank)") for pid, d in
+                sorted(processes.items(), key=lambda kv: kv[1])}
+    return {pid: (processes[pid], i, "from the order of the pids (processes share devices; the report names no "
+                                     "rank)") for i, pid in enumerate(sorted(processes))}
+
+
+def _trace(db: _Db, path: Path, size: int, frame: pl.DataFrame, env: dict, problems: list[str]) -> RankTrace:
     kind = frame["kind"].to_numpy().astype(np.uint8)
     names = frame["name"].fill_null("").to_numpy().astype(object)
     uniq, codes = np.unique(names, return_inverse=True)
@@ -241,11 +297,9 @@ def _read(db: _Db, path: Path, size: int) -> tuple[RankTrace, dict]:
         "kclass": event_kernel_classes(kind, codes.astype(np.int32), list(uniq)).astype(np.uint8),
     })
     gpu_args = _gpu_args(frame)
-    header = {"env": _captured_env(db)}
-    meta = _meta(db, path, size, events, header["env"], problems)
-    meta.dropped = dropped
+    meta = _meta(db, path, size, events, env, list(problems))
     empty = {name: pl.DataFrame(schema=schema) for name, schema in _EMPTY.items()}
-    return RankTrace(meta=meta, events=events, gpu_args=gpu_args, **empty), header
+    return RankTrace(meta=meta, events=events, gpu_args=gpu_args, **empty)
 
 
 def _drop_unusable_times(frame: pl.DataFrame, epoch: int) -> tuple[pl.DataFrame, dict[str, int]]:
@@ -274,6 +328,9 @@ def _drop_unusable_times(frame: pl.DataFrame, epoch: int) -> tuple[pl.DataFrame,
     counts = np.bincount(reasons, minlength=len(TIME_REASONS) + 1)
     dropped = {reason: int(n) for reason, n in zip(TIME_REASONS, counts[1:]) if n}
     frame = frame.with_columns(pl.Series("ts_ns", t), pl.Series("dur_ns", d))
+    host = ~pl.col("kind").is_in([int(k) for k in DEVICE_KINDS] + [int(Kind.SYNC)])
+    process = pl.col("process") if "process" in frame.columns else pl.lit(None, pl.Int64)
+    frame = frame.with_columns(pl.when(host).then(pl.col("pid")).otherwise(process).cast(pl.Int64).alias("process"))
     return (frame.filter(pl.Series(reasons == 0)) if dropped else frame), dropped
 
 
@@ -291,13 +348,14 @@ def _frame(rows: list[tuple], columns: list[str], kind: Kind) -> pl.DataFrame:
 
 
 def _device_columns(db: _Db, table: str) -> str:
-    """start, dur, pid (= device), tid (= stream), device, stream, correlation."""
+    """start, dur, pid (= device), tid (= stream), device, stream, correlation, process (the pid of
+    globalPid, bits 24-47)."""
     c = lambda *names: db.col(table, *names)     # noqa: E731
     return (f"t.start, t.\"end\" - t.start, {c('deviceId')}, {c('streamId')}, {c('deviceId')}, {c('streamId')}, "
-            f"{c('correlationId')}")
+            f"{c('correlationId')}, ({c('globalPid')} >> 24) & 16777215")
 
 
-_DEVICE_NAMES = ["ts_ns", "dur_ns", "pid", "tid", "device", "stream", "correlation"]
+_DEVICE_NAMES = ["ts_ns", "dur_ns", "pid", "tid", "device", "stream", "correlation", "process"]
 
 
 def _kernels(db: _Db) -> pl.DataFrame | None:
@@ -320,7 +378,7 @@ def _memcpy(db: _Db) -> pl.DataFrame | None:
     c = lambda *names: db.col(table, *names)     # noqa: E731
     rows = db.rows(f"SELECT {_device_columns(db, table)}, {c('bytes')}, {c('copyKind')}, {c('srcKind')}, "
                    f"{c('dstKind')} FROM {table} t")
-    named = [r[:7] + (r[7], _memcpy_name(*r[8:])) for r in rows]
+    named = [r[:8] + (r[8], _memcpy_name(*r[9:])) for r in rows]
     return _frame(named, _DEVICE_NAMES + ["bytes", "name"], Kind.MEMCPY)
 
 
@@ -336,7 +394,7 @@ def _memset(db: _Db) -> pl.DataFrame | None:
         return None
     rows = db.rows(f"SELECT {_device_columns(db, table)}, {db.col(table, 'bytes')}, {db.col(table, 'memKind')} "
                    f"FROM {table} t")
-    named = [r[:8] + (f"Memset ({MEMORY_KINDS.get(r[8], 'Unknown')})",) for r in rows]
+    named = [r[:9] + (f"Memset ({MEMORY_KINDS.get(r[9], 'Unknown')})",) for r in rows]
     return _frame(named, _DEVICE_NAMES + ["bytes", "name"], Kind.MEMSET)
 
 
@@ -345,7 +403,7 @@ def _syncs(db: _Db) -> pl.DataFrame | None:
     if not {"start", "end"} <= db.columns(table):
         return None
     rows = db.rows(f"SELECT {_device_columns(db, table)}, {db.col(table, 'syncType')} FROM {table} t")
-    named = [r[:7] + (SYNC_TYPES.get(r[7], "Unknown Sync"),) for r in rows]
+    named = [r[:8] + (SYNC_TYPES.get(r[8], "Unknown Sync"),) for r in rows]
     return _frame(named, _DEVICE_NAMES + ["name"], Kind.SYNC)
 
 
@@ -462,10 +520,6 @@ def _devices(db: _Db) -> list[dict]:
 def _meta(db: _Db, path: Path, size: int, events: pl.DataFrame, env: dict, problems: list[str]) -> RankMeta:
     host_pids = events.filter(~pl.col("kind").is_in([int(k) for k in DEVICE_KINDS] + [int(Kind.SYNC)]))["pid"]
     pids = sorted(set(host_pids.unique().to_list()) - {-1})
-    gpu_pids = sorted(set(events.filter(pl.col("kind") == int(Kind.RUNTIME))["pid"].unique().to_list()) - {-1})
-    if len(gpu_pids) > 1:
-        problems.append(f"{len(gpu_pids)} processes with CUDA activity in one report (pids "
-                        f"{', '.join(map(str, gpu_pids[:8]))}): analysed together as one rank")
     threads, processes = {}, {}
     if {"nameId", "globalTid"} <= db.columns("ThreadNames") and "StringIds" in db.tables:
         for gtid, name in db.rows("SELECT t.globalTid, s.value FROM ThreadNames t JOIN StringIds s ON s.id = t.nameId"):
@@ -489,7 +543,7 @@ def _meta(db: _Db, path: Path, size: int, events: pl.DataFrame, env: dict, probl
         file=str(path), rank=-1, rank_source="unknown", format="nsys-sqlite",
         dist_rank=dist_rank, world_size=world_size,
         backend="nccl" if (events["kclass"] == int(KernelClass.COMM)).any() else None,
-        devices=_devices(db), hostname=hostname, base_time_ns=_session_epoch_ns(db) or None,
+        devices=_devices(db), hostname=hostname,         # times are epoch ns already: no base time to add
         events_total=events.height, phase_counts={"X": events.height},
         device_events=int(np.isin(kinds, [int(k) for k in DEVICE_KINDS]).sum()),
         profiler_steps=int(step_names.str.extract(PROFILER_STEP_PATTERN, 1).drop_nulls().n_unique()),
@@ -497,3 +551,24 @@ def _meta(db: _Db, path: Path, size: int, events: pl.DataFrame, env: dict, probl
         span_ns=(int(ts.min()), int((ts + dur).max())) if len(ts) else None,
         problems=problems + rank_problems, size_bytes=size,
     )
+
+
+def device_process_count(path: str | Path) -> int:
+    """How many processes ran device activity in this report (0 when it is unreadable or does not
+    say): a query of the kernel, memcpy and memset tables alone."""
+    try:
+        con = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro&immutable=1", uri=True)
+    except sqlite3.Error:
+        return 0
+    try:
+        db = _Db(con, query_time_limit_s(Path(path).stat().st_size), 1 << 20)
+        tables = [t for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
+                  if "globalPid" in db.columns(t)]
+        if not tables:
+            return 0
+        union = " UNION ".join(f"SELECT DISTINCT (globalPid >> 24) & 16777215 FROM {t}" for t in tables)
+        return int(db.rows(f"SELECT COUNT(*) FROM ({union})")[0][0])
+    except (sqlite3.Error, TraceError, OSError):
+        return 0
+    finally:
+        con.close()

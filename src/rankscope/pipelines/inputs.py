@@ -15,19 +15,20 @@ from rankscope.results import MemoryResult, NcclResult
 
 
 def analyze_nccl_logs(logs: list[str | Path], thresholds: Mapping[str, float] | None = None) -> NcclResult:
-    """NCCL_DEBUG=INFO logs, each one run (e.g. healthy vs slow), compared and judged against
+    """NCCL_DEBUG=INFO logs, each one run (e.g. healthy vs slow; logs sharing a communicator are one
+    run, `merge_runs`), compared and judged against
     `thresholds`: overrides by name or the resolved values in force (`rankscope.thresholds.resolve`),
     by default the defaults; unknown names raise ArgumentError before any file is read."""
     from rankscope.analyses.inputs.nccl import compare_nccl_logs
     from rankscope.findings import nccl_findings
-    from rankscope.ingest.nccl_log import read_nccl_log
+    from rankscope.ingest.nccl_log import merge_runs, read_nccl_log
     from rankscope.thresholds import resolve
     with checking_arguments():
         values = resolve(thresholds)
     parsed, problems = _read(logs, read_nccl_log)
     if not parsed:
         return NcclResult(None, [], problems)
-    report = compare_nccl_logs(parsed)
+    report = compare_nccl_logs(merge_runs(parsed))       # per-rank logs of one communicator: one run
     return NcclResult(report, nccl_findings(report, values), problems)
 
 

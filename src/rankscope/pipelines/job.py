@@ -18,13 +18,15 @@ import msgspec
 import numpy as np
 
 from rankscope import engine as engines
-from rankscope.ingest import Cache, TraceError, load_rank, read_trace, reuse
+from rankscope.ingest import Cache, TraceError, load_rank, read_trace, read_traces, reuse, several_ranks
 from rankscope.ingest.cache import content_key
 from rankscope.ingest.consistency import different_jobs
+from rankscope.ingest.devices import NOT_A_CAPTURE, device_name
 from rankscope.ingest.discover import assign_ranks, discover
 from rankscope.model import InputProblem, RankMeta, RankTrace
 from rankscope.pipelines import checking_arguments
 from rankscope.results import Analysis, Finding, Ingest, JobInfo
+from rankscope.results.jobs import FoundJob
 
 if TYPE_CHECKING:
     from rankscope.analyses.rank.summary import RankSummary
@@ -65,8 +67,9 @@ def _rank_task(task: _Task) -> RankSummary | InputProblem:
     """The per-rank map step (runs in a worker). With a cache, the summary itself is cached too
     (keyed by file content and analysis code). What travels to the driver is compacted."""
     summary = _summary(task)
-    if summary.collectives is not None:
-        summary.collectives.compact()
+    for one in summary if isinstance(summary, list) else [summary]:
+        if one.collectives is not None:
+            one.collectives.compact()
     return summary
 
 
@@ -103,12 +106,16 @@ def share_strings(obj: Any, pool: dict[str, str]) -> Any:
     return obj
 
 
-def _arrived(result: RankSummary | InputProblem, strings: dict[str, str]) -> None:
+def _arrived(result: RankSummary | list[RankSummary] | InputProblem, strings: dict[str, str]) -> None:
     """Runs in the driver on each rank's summary as it arrives, so that what the driver holds per
     rank stays small while the others are mapped: the strings every rank repeats are shared
     (`share_strings`), and the collectives' arrays are copied out of the buffer the engine
     delivered them in (Ray unpickles numpy arrays as views into the task's whole reply, which
     they would keep alive)."""
+    if isinstance(result, list):
+        for one in result:
+            _arrived(one, strings)
+        return
     if isinstance(result, InputProblem):
         return
     rc = result.collectives
@@ -158,9 +165,11 @@ def decode_summary(blob: bytes) -> RankSummary | None:
         return None
 
 
-def _summary(task: _Task) -> RankSummary:
+def _summary(task: _Task) -> RankSummary | list[RankSummary]:
     from rankscope.analyses import code_fingerprint
     from rankscope.analyses.rank.summary import summarize_rank
+    if several_ranks(task.path):          # an Nsight report of a whole job: one summary per process (not cached)
+        return [summarize_rank(t) for t in read_traces(task.path)]
     if not task.use_cache:
         return summarize_rank(read_trace(task.path)[0])
     cache = Cache(task.cache_dir)
@@ -181,8 +190,10 @@ def _summary(task: _Task) -> RankSummary:
 
 
 @one_line_errors
-def _load_task(task: _Task) -> RankMeta | InputProblem:
-    """Ingest only (parse, or find in the cache): the rank's metadata."""
+def _load_task(task: _Task) -> RankMeta | list[RankMeta] | InputProblem:
+    """Ingest only (parse, or find in the cache): the rank's metadata (of each rank the file holds)."""
+    if several_ranks(task.path):
+        return [t.meta for t in read_traces(task.path)]
     if not task.use_cache:
         return read_trace(task.path)[0].meta
     cache = Cache(task.cache_dir)
@@ -208,18 +219,18 @@ def _assign(metas: list[RankMeta]) -> tuple[list[RankMeta], list[str], list[Inpu
     """Ranks for the files read: sets rank/rank_source on the kept ones (sorted by rank); returns
     them, warnings, and the problems (duplicates skipped, per-file warnings of the kept, one line
     when the cache could not be written)."""
-    metas = sorted(metas, key=lambda m: m.file)
-    assignments, warnings, duplicates = assign_ranks([m.file for m in metas], [m.dist_rank for m in metas],
+    metas = sorted(metas, key=rank_input)
+    assignments, warnings, duplicates = assign_ranks([rank_input(m) for m in metas], [m.dist_rank for m in metas],
                                                      [not m.salvaged for m in metas])
     warnings += different_jobs(metas)         # all files read: a rank two jobs claim keeps only one
-    by_file = {m.file: m for m in metas}
+    by_file = {rank_input(m): m for m in metas}
     kept = []
     for a in assignments:
         m = by_file[a.file]
         m.rank, m.rank_source = a.rank, a.source
         kept.append(m)
     problems = [InputProblem(f, why) for f, why in duplicates]
-    problems += [InputProblem(m.file, p, fatal=False) for m in kept for p in m.problems]
+    problems += [InputProblem(rank_input(m), p, fatal=False) for m in kept for p in m.problems]
     cache_errors = sorted({m.cache_error for m in metas if m.cache_error})
     if cache_errors:                  # once per run, whatever the number of ranks that met it
         problems.append(InputProblem("cache", f"{cache_errors[0]}; the results are not affected", fatal=False))
@@ -254,13 +265,15 @@ def _map_files(inputs, task_fn, cache_dir, use_cache, engine, workers, on_progre
     results = engines.map_ranks(task_fn, tasks, engine=chosen, workers=workers, on_done=progress, address=address,
                                 on_lost=lambda task, why: InputProblem(task.path, why), keep_memory=keep_memory)
     problems += [r for r in results if isinstance(r, InputProblem)]
-    return [r for r in results if not isinstance(r, InputProblem)], problems, chosen
+    found = [one for r in results if not isinstance(r, InputProblem) for one in (r if isinstance(r, list) else [r])]
+    return found, problems, chosen
 
 
 def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True,
             engine: str = "auto", workers: int | None = None,
             on_progress: Callable[[int, int, str], None] | None = None, address: str | None = None,
-            thresholds: dict[str, float] | None = None, nccl_logs: list | None = None) -> Analysis:
+            thresholds: dict[str, float] | None = None, nccl_logs: list | None = None,
+            job: int | None = None) -> Analysis:
     """Analyse a job: a folder of per-rank traces, one file, or a list of either.
     `on_progress(done, total, file)` is called as ranks finish. `engine="ray"` maps the ranks on
     Ray: the cluster at `address` (e.g. "auto", "ray://head:10001"), else a local runtime.
@@ -268,10 +281,13 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
     same values decide the cross-rank verdicts and the findings; unknown names raise ArgumentError
     (a ValueError) before any file is read. `nccl_logs`: NCCL_DEBUG=INFO
     logs of the job (several = runs to compare); their findings join the job's, an unusable log is a
-    problem."""
+    problem. Inputs that hold several jobs (ingest/jobs.py) are not merged: without `job` (1 = the
+    earliest) the result lists them (`jobs`) and analyses none."""
     from rankscope.thresholds import resolve
     with checking_arguments():
         values = resolve(thresholds)
+        if job is not None and job < 1:
+            raise ValueError(f"job {job}: jobs are numbered from 1")
     strings: dict[str, str] = {}
 
     def arrived(result: RankSummary | InputProblem) -> None:
@@ -281,14 +297,19 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
     summaries, problems, chosen = _map_files(inputs, _rank_task, cache_dir, use_cache, engine, workers,
                                              on_progress, address, arrived, keep_memory=True)
     _trim_heap(chosen)
+    summaries, found, picked = _one_job(summaries, job)
+    if picked is None:
+        return Analysis(job=_job_info([], []), ranks=[], problems=problems, engine=chosen, jobs=found)
     from rankscope.findings import evaluate as evaluate_findings, ordered
     kept_metas, rank_warnings, rank_problems = _assign([s.meta for s in summaries])
-    by_file = {s.meta.file: s for s in summaries}
-    kept = [by_file[m.file] for m in kept_metas]
+    rank_warnings += picked
+    by_file = {rank_input(s.meta): s for s in summaries}
+    kept = [by_file[rank_input(m)] for m in kept_metas]
     problems += rank_problems
     cross = _cross_rank(kept, values)
-    result = Analysis(job=_job_info(kept, rank_warnings), ranks=kept, problems=problems, engine=chosen,
-                      cross=cross)
+    refused = [str(p) for p in problems if p.fatal and p.problem.startswith(NOT_A_CAPTURE)]
+    result = Analysis(job=_job_info(kept, rank_warnings, refused), ranks=kept, problems=problems, engine=chosen,
+                      cross=cross, jobs=found)
     result.findings = _noted_partial(evaluate_findings(result, values), result.job)
     if nccl_logs:
         from rankscope.pipelines.inputs import analyze_nccl_logs
@@ -298,10 +319,44 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
     return result
 
 
+def _one_job(summaries: list[RankSummary], job: int | None
+             ) -> tuple[list[RankSummary], list[FoundJob], list[str] | None]:
+    """The summaries of the job to analyse, the jobs found (none when the inputs are one job), and
+    the warning saying which was picked; None instead of it when the inputs hold several jobs and
+    `job` picks none of them."""
+    from rankscope.ingest.jobs import layout_sizes, span_utc, split_jobs
+    jobs = split_jobs([s.meta for s in summaries])
+    if len(jobs) == 1 and job in (None, 1):
+        return summaries, [], []
+    found = []
+    for i, ms in enumerate(jobs, start=1):
+        start, end = span_utc(ms) or (None, None)
+        found.append(FoundJob(job=i, world_size=ms[0].world_size,
+                              ranks=sorted({m.dist_rank for m in ms if m.dist_rank is not None}),
+                              files=sorted({m.file for m in ms}), group_sizes=list(layout_sizes(ms[0])),
+                              start_utc=start, end_utc=end))
+    if job is None or job > len(jobs):
+        return [], found, None
+    keep = {rank_input(m) for m in jobs[job - 1]}
+    return ([s for s in summaries if rank_input(s.meta) in keep], found,
+            [f"the inputs hold {len(jobs)} jobs: job {job} analysed (--job {job}), the files of the others are not"])
+
+
+def rank_input(m: RankMeta) -> str:
+    """What a rank was read from: its file, and its process where the file holds several ranks."""
+    return m.file if m.process is None else f"{m.file} (pid {m.process})"
+
+
 def _noted_partial(findings: list[Finding], job: JobInfo) -> list[Finding]:
-    """Findings drawn from partial data say so (docs/concepts.md "Capture quality"): those whose ranks
-    include a partial rank (a finding of no rank is the whole job's), or every finding when the files
-    look like different jobs, get `evidence["partial_input"]` (those ranks) and a note after their summary."""
+    """Findings drawn from partial data say so (docs/concepts.md "Capture quality"): with ranks missing,
+    every finding (`evidence["ranks_present"]`, "2 of 128 ranks present" after its summary); those whose
+    ranks include a partial rank (a finding of no rank is the whole job's), or every finding when the
+    files look like different jobs, get `evidence["partial_input"]` (those ranks) and a note after their
+    summary."""
+    coverage = job.capture.coverage if job.capture is not None else None
+    for f in findings if coverage else []:          # ranks missing: every verdict is of the ranks present
+        f.evidence["ranks_present"] = coverage
+        f.summary += f" ({coverage}: drawn from those)"
     if job.capture is None or not job.capture.partial:
         return findings
     from rankscope.analyses.job.capture import ranks_text
@@ -317,6 +372,7 @@ def _cross_rank(summaries: list[RankSummary], thresholds: Thresholds) -> CrossRa
     """The cross-rank reduce over the ranks' collectives, which it uses up: each summary's
     `collectives` (per-instance data, the bulk of what the driver holds per rank) is released, and
     `Analysis.cross` keeps what the reduce made of them; `thresholds` decide its verdicts."""
+    from rankscope.analyses.job.regroup import regroup_unnamed
     from rankscope.analyses.job.stragglers import cross_rank
     ranks = []
     for s in summaries:
@@ -324,6 +380,7 @@ def _cross_rank(summaries: list[RankSummary], thresholds: Thresholds) -> CrossRa
             s.collectives.rank = s.rank
             ranks.append(s.collectives)
             s.collectives = None
+    regroup_unnamed(ranks)            # unnamed groups to the dimensions their collectives show, any mesh order
     return cross_rank(ranks, thresholds=thresholds) if ranks else None
 
 
@@ -353,6 +410,7 @@ def _devices(ranks: list[RankSummary]) -> list[str]:
     deviceProperties add one entry named from the events themselves (the device ids their
     kernels, copies and sets ran on). Empty only for a job without device events."""
     names = {d.get("name") for r in ranks for d in r.meta.devices if isinstance(d.get("name"), str)}
+    kinds = sorted({device_name(r.meta.device_kind) for r in ranks if r.has_device})
     unnamed = [r for r in ranks if r.has_device
                and not any(isinstance(d.get("name"), str) for d in r.meta.devices)]
     out = sorted(n for n in names if n)
@@ -366,11 +424,11 @@ def _devices(ranks: list[RankSummary]) -> list[str]:
             which = f"devices {ids[0]}..{ids[-1]}, "
         else:
             which = f"devices {', '.join(map(str, ids))}, "
-        out.append(f"GPU ({which}no deviceProperties in the trace)")
+        out.append(f"{'/'.join(kinds) or 'GPU'} ({which}no deviceProperties in the trace)")
     return out
 
 
-def _job_info(ranks: list[RankSummary], warnings: list[str]) -> JobInfo:
+def _job_info(ranks: list[RankSummary], warnings: list[str], refused: list[str] = ()) -> JobInfo:
     world, missing, coverage = _coverage([r.meta for r in ranks])
     warnings = list(warnings) + coverage
     rank_ids = [r.rank for r in ranks]
@@ -388,7 +446,8 @@ def _job_info(ranks: list[RankSummary], warnings: list[str]) -> JobInfo:
     if launched:
         warnings.append(launches_not_captured(sum(r.kernel_launches for r in launched),
                                               None if len(launched) == len(ranks) else [r.rank for r in launched]))
-    no_device = [r.rank for r in ranks if not r.has_device and not r.kernel_launches]
+    no_device = [r.rank for r in ranks if not r.has_device and not r.kernel_launches
+                 and not r.meta.device_other_events]
     if no_device and len(no_device) < len(ranks):
         warnings.append(f"no GPU events on rank(s) {', '.join(map(str, no_device))}")
     elif ranks and len(no_device) == len(ranks):
@@ -398,7 +457,7 @@ def _job_info(ranks: list[RankSummary], warnings: list[str]) -> JobInfo:
         steps=steps, devices=devices, warnings=warnings, missing_ranks=missing,
         steps_source=sources.pop() if len(sources) == 1 else ("mixed" if sources else "none"),
         span_ms=span_ms, hosts=sorted({r.meta.hostname for r in ranks if r.meta.hostname}),
-        capture=job_capture(ranks, warnings),
+        capture=job_capture(ranks, warnings, refused, (len(ranks), world) if missing and world else None),
     )
 
 

@@ -200,5 +200,13 @@ def _part(table: Table, columns: list[Column], title=None, caption=None) -> Tabl
 
 def no_device_words(issue_kinds) -> str:
     """What a job without device events is, from its capture issues' kinds: CPU-only, unless kernels
-    were launched and not captured."""
-    return "no GPU activity captured" if "kernels_not_captured" in set(issue_kinds) else "CPU-only job"
+    were launched and not captured, or its device activity is of a kind not analysed."""
+    kinds = set(issue_kinds)
+    if "device_not_analysed" in kinds:
+        return "device activity not analysed"
+    return "no GPU activity captured" if "kernels_not_captured" in kinds else "CPU-only job"
+
+
+#: Where in its step a device idle gap lies (Gap.position), as the reports say it.
+GAP_POSITIONS = {"between": "", "before_first": " before the step's first kernel",
+                 "after_last": " after the step's last kernel"}

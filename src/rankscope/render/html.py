@@ -17,7 +17,7 @@ from rankscope.analyses.rank.breakdown import CATEGORIES as BREAKDOWN_CATEGORIES
 from rankscope.render.base import HtmlRenderer
 from rankscope.render.figures import (BREAKDOWN, COMM_BY_DIM, COMM_BY_DIM_NOTE, DETAILS, GAPS, PIPELINE_STAGE,
                                       STRAGGLER, html_legend)
-from rankscope.render.format import escaped, no_device_words, ranges, value_text
+from rankscope.render.format import GAP_POSITIONS, escaped, no_device_words, ranges, value_text
 from rankscope.render.html_parts import (CATEGORY_COLORS, CATEGORY_LABELS, chart, chart_label, chart_layout,
                                          html_table, kv_table, name_cell, note, one_chart, page)
 from rankscope.render.json import analysis_to_dict
@@ -166,7 +166,7 @@ def _breakdown(report: dict, figures: dict) -> str:
 
 #: One color per parallel dimension (exposed; overlapped is drawn lighter).
 DIM_COLORS = {"pp": "#6a1b9a", "dp": "#1565c0", "dp_shard": "#00838f", "dp_replicate": "#283593", "tp": "#c62828",
-              "cp": "#ef6c00", "ep": "#2e7d32", "other": "#757575"}
+              "cp": "#ef6c00", "ep": "#2e7d32", "emb": "#8d6e63", "other": "#757575"}
 MAX_LISTED_GROUPS = 16
 
 
@@ -265,7 +265,8 @@ def _collectives(report: dict, figures: dict) -> str:
     by_type = coll.get("by_type") or []
     out = ['<section id="collectives"><h2>Stragglers and collectives</h2>']
     if report.get("straggler_verdict"):
-        out.append(f"<p><b>{escaped(report['straggler_verdict'])}</b></p>")
+        coverage = ((report.get("job") or {}).get("capture") or {}).get("coverage")
+        out.append(f"<p><b>{escaped((coverage + ': ' if coverage else '') + report['straggler_verdict'])}</b></p>")
     stragglers = report.get("stragglers") or []
     if stragglers:
         shown = [STRAGGLER[k] for k in ("cost", "last_arrival", "step_time_z")]
@@ -490,7 +491,8 @@ def _top_gaps(ranks: list[dict], initial: str) -> str:
     for r in ranks:
         top = ((r.get("idle_gaps") or {}).get("top") or [])[:MAX_LISTED_GAPS]
         rows = [[str(g.get("step")), g.get("start_in_step_ms"), g.get("duration_ms"), g.get("host_activity"),
-                 name_cell(g.get("next_device_op") or "–", 60), name_cell(g.get("launched_by") or "–", 40),
+                 name_cell((g.get("next_device_op") or "–") + GAP_POSITIONS.get(g.get("position"), ""), 60),
+                 name_cell(g.get("launched_by") or "–", 40),
                  name_cell(g.get("busy_host_op") or "–", 40)] for g in top]
         members.append(_member(initial, str(r["rank"]), html_table(
             ["step", "start in step ms", "duration ms", "host was in", "next device op", "launched by",

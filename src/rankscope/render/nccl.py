@@ -20,6 +20,7 @@ from rankscope.results import Finding, NcclResult
 
 SCHEMA = "rankscope.nccl/1"
 MAX_RUN_COLUMNS = 4              # runs side by side in the bus bandwidth table
+MAX_WARNING_LINES = 5            # NCCL warning / error lines shown per run (the JSON has up to 20)
 
 
 def _run_dict(run: NcclRun) -> dict[str, Any]:
@@ -55,6 +56,8 @@ def _run_dict(run: NcclRun) -> dict[str, Any]:
                   "rows": [dataclasses.asdict(row) for row in t.rows]} for t in log.perf],
         "busbw_gbps": rounded(run.avg_busbw_gbps, 4), "peak_busbw_gbps": rounded(run.peak_busbw_gbps, 4),
         "warnings": log.warnings, "warning_count": log.warning_count,
+        "warning_lines": [dataclasses.asdict(w) for w in log.warning_lines],
+        "files": log.files, "env_by_rank": {k: {str(r): v for r, v in vs.items()} for k, vs in log.env_by_rank.items()},
         "lines": log.lines, "nccl_lines": log.nccl_lines,
     }
 
@@ -136,8 +139,16 @@ def _run(run: NcclRun, console: Console) -> None:
         algos = sorted({f"{a}/{p}" + (f" {ch} ch" if ch else "") for (_c, _b, a, p, ch) in log.algorithms})
         console.print(f"  ops traced (COLL): {calls:,}"
                       + (f"; algorithms {literal(', '.join(algos))}" if algos else ""))
+    for name, by_rank in log.env_by_rank.items():
+        console.print(f"  {literal(name)} per rank: " + ", ".join(f"rank {r} {literal(v)}" for r, v in by_rank.items()))
     if log.warning_count:
-        console.print(f"  [yellow]NCCL WARN lines: {log.warning_count}[/], first: {literal(log.warnings[0])}")
+        shown = len(log.warning_lines)
+        console.print(f"  [yellow]NCCL warnings and errors: {log.warning_count}[/]"
+                      + (f" (the first {shown})" if shown < log.warning_count else ""))
+        for w in log.warning_lines[:MAX_WARNING_LINES]:
+            where = ", ".join(x for x in (f"rank {w.rank}" if w.rank is not None else None,
+                                          f"host {w.host}" if w.host else None) if x)
+            console.print(f"    {w.level} ({literal(where or 'origin unknown')}): {literal(w.text)}")
 
 
 def _busbw_table(report: NcclReport, console: Console) -> None:

@@ -14,8 +14,8 @@ from rankscope.analyses.rank.breakdown import CATEGORIES
 from rankscope.render.base import TerminalRenderer
 from rankscope.render.figures import (BREAKDOWN, COMM_BY_DIM, COMM_BY_DIM_NOTE, DETAILS, PIPELINE_STAGE, STEP_TIME,
                                       STRAGGLER, legend)
-from rankscope.render.format import (distinct_shortened, literal, no_device_words, number, percent, print_table,
-                                     printable, ranges, shortened)
+from rankscope.render.format import (GAP_POSITIONS, distinct_shortened, literal, no_device_words, number, percent,
+                                     print_table, printable, ranges, shortened)
 from rankscope.results import Analysis
 
 
@@ -68,6 +68,11 @@ def _capture(a: Analysis, console: Console) -> None:
     console.print(Padding(line, (0, 0, 0, 2)))
     for issue in c.issues:
         console.print(Padding(Text(printable(f"{issue.kind}: {issue.detail}")), (0, 0, 0, 4)))
+
+
+def _present(a: Analysis) -> str:
+    """"2 of 128 ranks present: " before a verdict across ranks, when ranks are missing."""
+    return f"{a.job.capture.coverage}: " if a.job.capture and a.job.capture.coverage else ""
 
 
 def _no_device_words(a: Analysis) -> str:
@@ -189,7 +194,7 @@ def _cross_section(a: Analysis, console: Console) -> None:
     if a.cross is None or len(a.ranks) < 2:
         return
     d = a.cross.as_dict()
-    console.print(f"[bold]Across ranks:[/] {literal(d['straggler_verdict'])}", highlight=False)
+    console.print(f"[bold]Across ranks:[/] {_present(a)}{literal(d['straggler_verdict'])}", highlight=False)
     if d["stragglers"]:
         table = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, caption=legend(STRAGGLER),
                       caption_justify="left")
@@ -223,13 +228,14 @@ def _highlights(a: Analysis, console: Console) -> None:
     if with_gaps:
         s = max(with_gaps, key=lambda r: r.gaps.gap_ms)
         by = ", ".join(f"{k} {v:,.1f}" for k, v in s.gaps.gap_ms_by_host_activity.items() if v > 0)
-        console.print(f"[bold]GPU idle gaps[/] (>= {s.gaps.gap_min_us:.0f} µs), rank {s.rank}: {s.gaps.gaps} gaps, "
-                      f"{s.gaps.gap_ms:,.1f} ms; host meanwhile (ms): {by}", highlight=False)
+        device = "Training-thread" if s.breakdown_mode == "cpu_only" else "GPU"
+        console.print(f"[bold]{device} idle gaps[/] (>= {s.gaps.gap_min_us:.0f} µs), rank {s.rank}: {s.gaps.gaps} "
+                      f"gaps, {s.gaps.gap_ms:,.1f} ms; host meanwhile (ms): {by}", highlight=False)
         for g in s.gaps.top[:3]:
-            console.print(f"  step {g.step} +{g.start_in_step_ms:,.1f} ms: {g.duration_ms:,.2f} ms idle, host "
-                          f"{_HOST_ACTIVITY[g.host_activity]}"
+            console.print(f"  step {g.step} +{g.start_in_step_ms:,.1f} ms: {g.duration_ms:,.2f} ms idle"
+                          f"{GAP_POSITIONS[g.position]}, host {_HOST_ACTIVITY[g.host_activity]}"
                           + (f" ({literal(g.busy_host_op)})" if g.busy_host_op else "")
-                          + f"; ended by {escape(shortened(g.next_device_op))}"
+                          + (f"; ended by {escape(shortened(g.next_device_op))}" if g.next_device_op else "")
                           + (f" launched from {literal(g.launched_by)}" if g.launched_by else ""), highlight=False)
     ranked = [s for s in a.ranks if s.kernels and s.kernels.stats.kernels.name]
     if ranked:
@@ -250,8 +256,8 @@ def _names(names: list[str]) -> list[str]:
     return distinct_shortened(list(names[:3]), 48)
 
 
-_HOST_ACTIVITY = {"dataloader": "in the DataLoader", "sync": "blocked in a synchronize", "host": "busy in CPU ops",
-                  "idle_other": "outside any op"}
+_HOST_ACTIVITY = {"dataloader": "in the DataLoader", "sync": "blocked in a synchronize",
+                  "host": "busy in CPU ops or Python", "idle_other": "outside any op"}
 
 
 def _breakdown_table(a: Analysis, shown: list, console: Console) -> None:
@@ -346,6 +352,8 @@ def _critical_path(a: Analysis, console: Console) -> None:
                       for x in cp.by_rank_category[:MAX_PATH_ENTRIES])
     owner = (f"rank {cp.owner} holds {cp.owner_pct:.0f}% of it" if cp.owner is not None else
              f"no single rank holds it (at most {cp.owner_pct:.0f}% on one rank)")
+    if _present(a):
+        owner = f"{_present(a)}{owner.replace(' of it', ' of the path of the ranks present')}"
     console.print(f"[bold]Critical path[/] (the chain of work across ranks that set each step's end, through "
                   f"collectives to the last arriver; mean {cp.step_ms:,.1f} ms per step): {parts}; {owner}",
                   highlight=False)

@@ -18,6 +18,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.model import InputProblem, RankMeta
+from rankscope.results.jobs import FoundJob
 
 if TYPE_CHECKING:  # pragma: no cover
     from rankscope.analyses.inputs.memory_snapshot import MemoryReport
@@ -99,6 +100,7 @@ class Analysis(Result):
     engine: str = "inprocess"
     cross: CrossRank | None = None                 # collectives, clock alignment, stragglers, alpha-beta
     findings: list[Finding] = field(default_factory=list)   # ordered: severity, then cost per step
+    jobs: list[FoundJob] = field(default_factory=list)      # the jobs the inputs hold, when several (results/jobs.py)
 
     @property
     def usable(self) -> bool:

@@ -13,6 +13,10 @@ its numbers, what it means. Kinds:
   no_steps              no ProfilerStep#N marks: one step = the whole trace
   different_jobs        the files disagree on world size, devices or a process group
   clock_ranges_disjoint their wall-clock time ranges do not overlap (5 s allowed)
+  device_not_analysed   device activity of a kind no analysis reads (an accelerator's own event kinds)
+  events_not_recognised complete events in categories no profiler writes
+  not_a_capture         files refused as no profiler capture (the other ranks are analysed)
+  ranks_missing         fewer ranks than the world size: every figure across ranks covers those present
 
 `PARTIAL_KINDS` lose or mix data: the ranks they name are `partial_ranks` (all ranks for
 different_jobs), findings drawn from them say so, and `analyze` exits 1.
@@ -34,9 +38,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from rankscope.analyses.rank.summary import RankSummary
 
 KINDS = ("truncated", "dropped_values", "kernels_not_captured", "legacy_format", "no_steps", "different_jobs",
-         "clock_ranges_disjoint")
+         "clock_ranges_disjoint", "device_not_analysed", "events_not_recognised", "not_a_capture", "ranks_missing")
 #: Kinds whose data is lost or mixed: the input is partial (exit code 1).
-PARTIAL_KINDS = ("truncated", "dropped_values", "kernels_not_captured", "different_jobs")
+PARTIAL_KINDS = ("truncated", "dropped_values", "kernels_not_captured", "different_jobs", "device_not_analysed",
+                 "events_not_recognised", "not_a_capture")
+#: Per-rank kinds: the ranks they name are the partial ranks.
+_RANK_KINDS = ("truncated", "dropped_values", "kernels_not_captured", "device_not_analysed", "events_not_recognised")
 #: Formats read, but older than today's Kineto trace.
 LEGACY_FORMATS = {"kineto-2021": "2021 profiler trace format (categories Operator, Kernel, Runtime)",
                   "chrome-array": "bare event array (no Kineto header: no distributedInfo nor deviceProperties)"}
@@ -65,6 +72,7 @@ class Capture(msgspec.Struct):
     issues: list[CaptureIssue]
     partial_ranks: list[int]
     restated_warnings: list[str] = []
+    coverage: str | None = None           # "2 of 128 ranks present" when ranks are missing
 
     def partial_input_ranks(self, ranks: Sequence[int]) -> list[int]:
         """The ranks of partial data behind something drawn from `ranks` ([] = the whole job): its
@@ -81,6 +89,11 @@ class Capture(msgspec.Struct):
         n = len(self.issues)
         if self.complete:
             return "complete (no trace cut, no value dropped, every launch's kernel captured, steps marked)"
+        if self.coverage:
+            others = n - 1
+            rest = (f"; PARTIAL: {others} more issue{'s' if others != 1 else ''}" if self.partial else
+                    f"; {others} note{'s' if others != 1 else ''}" if others else "")
+            return f"{self.coverage}: every figure across ranks covers the ranks present{rest}"
         if not self.partial:
             return f"complete, {n} note{'s' if n != 1 else ''} (nothing lost; read below how it was recorded)"
         return (f"PARTIAL: {n} issue{'s' if n != 1 else ''} (what the traces miss or mix; findings drawn from it "
@@ -115,11 +128,21 @@ def launches_not_captured(launches: int, ranks: Sequence[int] | None = None) -> 
             f"(CUPTI activity missing or disabled): device figures are unavailable")
 
 
-def job_capture(ranks: Sequence[RankSummary], warnings: Sequence[str] = ()) -> Capture:
+def job_capture(ranks: Sequence[RankSummary], warnings: Sequence[str] = (), refused: Sequence[str] = (),
+                coverage: tuple[int, int] | None = None) -> Capture:
     """The capture quality of the ranks analysed (sorted by rank); `warnings`: the job's warnings,
-    among them the consistency ones (`ingest.consistency.different_jobs`)."""
+    among them the consistency ones (`ingest.consistency.different_jobs`); `refused`: the files
+    refused as no profiler capture ("file: why"); `coverage`: (ranks present, world size) when ranks
+    are missing."""
     issues: list[CaptureIssue] = []
     restated: list[str] = []
+    present = None
+    if coverage is not None and coverage[0] < coverage[1]:
+        present = f"{coverage[0]:,} of {coverage[1]:,} ranks present"
+        said = [w for w in warnings if w.startswith(f"{coverage[0]} of {coverage[1]} ranks present")]
+        issues.append(CaptureIssue("ranks_missing", [], f"{said[0] if said else present}: the figures across ranks "
+                                   f"(stragglers, critical path, collectives) cover the ranks present only"))
+        restated += said
     issues += _per_rank(ranks, "truncated", lambda s: s.meta.salvaged, lambda hit: _truncated(hit, ranks))
     issues += _per_rank(ranks, "dropped_values", lambda s: bool(s.meta.dropped), _dropped)
     for s in ranks:
@@ -170,10 +193,30 @@ def job_capture(ranks: Sequence[RankSummary], warnings: Sequence[str] = ()) -> C
                                        f"every figure across ranks mixes them"))
         restated.append(w)
 
-    partial_ranks = sorted({r for i in issues if i.kind in ("truncated", "dropped_values", "kernels_not_captured")
-                            for r in i.ranks})
+    other = [s for s in ranks if s.meta.device_other_events]
+    if other:
+        from rankscope.ingest.devices import device_other_line
+        n = sum(s.meta.device_other_events for s in other)
+        kinds = sorted({s.meta.device_kind or "unknown" for s in other})
+        cats = sorted({c for s in other for c in s.meta.device_other_categories})
+        line = device_other_line(n, ", ".join(kinds), cats)
+        issues.append(CaptureIssue("device_not_analysed", [s.rank for s in other],
+                                   f"{ranks_text([s.rank for s in other])}: {line}"))
+    unknown = [s for s in ranks if s.meta.unknown_events]
+    if unknown:
+        n = sum(s.meta.unknown_events for s in unknown)
+        issues.append(CaptureIssue("events_not_recognised", [s.rank for s in unknown],
+                                   f"{ranks_text([s.rank for s in unknown])}: {n:,} complete event"
+                                   f"{'s' if n != 1 else ''} in categories no profiler writes: not understood, "
+                                   f"left out of every figure"))
+    if refused:
+        issues.append(CaptureIssue("not_a_capture", [], f"{len(refused)} file{'s' if len(refused) != 1 else ''} "
+                                   f"refused as no profiler capture, not analysed: " + "; ".join(refused[:2])
+                                   + (" ..." if len(refused) > 2 else "")))
+
+    partial_ranks = sorted({r for i in issues if i.kind in _RANK_KINDS for r in i.ranks})
     return Capture(complete=not issues, partial=any(i.kind in PARTIAL_KINDS for i in issues), issues=issues,
-                   partial_ranks=partial_ranks, restated_warnings=restated)
+                   partial_ranks=partial_ranks, restated_warnings=restated, coverage=present)
 
 
 def _per_rank(ranks: Sequence[RankSummary], kind: str, has, detail) -> list[CaptureIssue]:

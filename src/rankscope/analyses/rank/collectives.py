@@ -40,8 +40,8 @@ import numpy as np
 import polars as pl
 
 from rankscope.analyses.rank.breakdown import CATEGORIES, Timeline, classify_timeline
-from rankscope.analyses.rank.groups import (ROLE_PRECEDENCE, Group, assign_unnamed, dim_of_desc, parse_ranks,
-                                          rank_groups, role_dim)
+from rankscope.analyses.rank.groups import (EMBEDDING_OPS, ROLE_PRECEDENCE, Group, assign_unnamed, dim_of_desc,
+                                          parse_ranks, rank_groups, role_dim)
 from rankscope.analyses.rank.steps import step_windows
 from rankscope.analyses.rank.temporal import event_columns
 from rankscope.analyses.rank.views import distinct_names, first_launch_rows, is_kind, named_mask
@@ -98,7 +98,8 @@ _ISSUE_RX = re.compile(r"^c10d::(?!.*wait)")
 #: (record_param_comms, nccl:* annotation, c10d::* op), functional collectives, the c10d ops that
 #: issue one, gloo spans, pipeline schedule marks.
 _NAME_CLASSES = {"rpc": re.compile(f"^{re.escape(_RPC_NAME)}$"), "ann": _ANNOTATION_RX, "op": _OP_RX,
-                 "functional": _FUNCTIONAL_RX, "issue": _ISSUE_RX, "gloo": _GLOO_RX, "pipeline": PIPELINE_MARKS}
+                 "functional": _FUNCTIONAL_RX, "issue": _ISSUE_RX, "gloo": _GLOO_RX, "pipeline": PIPELINE_MARKS,
+                 "embedding": re.compile(EMBEDDING_OPS, re.IGNORECASE)}
 _ANY_CLASS = re.compile("|".join(f"(?:{rx.pattern})" for rx in _NAME_CLASSES.values()))
 #: gloo span type -> types of the c10d ops that may have issued it (gloo runs reduce_scatter as an
 #: all_reduce).
@@ -534,10 +535,11 @@ def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows
         issued = [(i, at[r]) for i, r in enumerate(op_row) if r >= 0]
         js = np.asarray([j for _, j in issued], dtype=np.int64)
         pts = (np.asarray([i for i, _ in issued], dtype=np.int64), host.pid[js], host.tid[js], host.ts_ns[js])
-    functional = [False] * n
-    if classes["functional"]:
-        for i in _enclosing(pts, host.named(classes["functional"])):
-            functional[i] = True
+    functional, embedding = [False] * n, [False] * n
+    for cls, flags in (("functional", functional), ("embedding", embedding)):
+        if classes[cls]:
+            for i in _enclosing(pts, host.named(classes[cls])):
+                flags[i] = True
     shapes = _op_shape(trace, [r for r in ann_row + op_row if r >= 0])
     name_of = dict(zip(host.row.tolist(), host.name))
     pg_sizes = _pg_sizes(trace)
@@ -593,7 +595,7 @@ def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows
         out.group_size.append(int(gsize) if gsize is not None else -1)
         out.dtype.append(dtype or "")
         event_groups.append(_event_group(metas))
-    _assign_dims(out, meta, rank, functional, event_groups)
+    _assign_dims(out, meta, rank, functional, event_groups, embedding)
 
     start = inst.ts_ns
     end = inst.end_ns
@@ -678,12 +680,12 @@ def _event_group(metas: list[dict]) -> Group | None:
 
 
 #: Role (groups.role_dim) -> the named dimensions that may carry it, first choice first.
-_ROLE_CANDIDATES = {"dp_shard": ("dp_shard", "dp"), "dp": ("dp_replicate", "dp", "dp_shard"),
+_ROLE_CANDIDATES = {"emb": ("emb",), "dp_shard": ("dp_shard", "dp"), "dp": ("dp_replicate", "dp", "dp_shard"),
                     "tp": ("tp",), "cp": ("cp",), "ep": ("ep",), "pp": ("pp",)}
 
 
 def _assign_dims(out: RankCollectives, meta, rank: int, functional: list[bool],
-                 event_groups: list[Group | None]) -> None:
+                 event_groups: list[Group | None], embedding: list[bool] | None = None) -> None:
     """Each instance's dimension (`out.dim`) and, where its own metadata names no group, the group it
     runs in (`out.pg` becomes that group's key, the same on every member); the rank's groups
     (`out.groups`: [dim, source, ranks...]). Roles that land on one unnamed group make one
@@ -695,7 +697,7 @@ def _assign_dims(out: RankCollectives, meta, rank: int, functional: list[bool],
     groups = rank_groups(meta.pg_config, rank, world_size)
     by_name = {g.pg_name: g for g in groups if g.pg_name}
     world = tuple(range(world_size)) if world_size else ()
-    roles = [role_dim(t, f) for t, f in zip(out.type, functional)]
+    roles = [role_dim(t, f, e) for t, f, e in zip(out.type, functional, embedding or [False] * len(out.type))]
     named = {g.dim: g for g in groups if g.dim}
     if "tp" in named:          # sequence parallel: DTensor's all_gather / reduce_scatter run in the tp group
         roles = ["tp" if r == "dp_shard" and f else r for r, f in zip(roles, functional)]

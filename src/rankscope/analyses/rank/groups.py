@@ -1,6 +1,6 @@
 """Process groups and parallel dimensions, as one rank sees them (docs/concepts.md "Parallel layout").
 
-A job's dimensions (pp, dp, dp_shard, dp_replicate, tp, cp, ep) come from the names its process
+A job's dimensions (pp, dp, dp_shard, dp_replicate, tp, cp, ep, emb) come from the names its process
 groups carry: `distributedInfo.pg_config[].pg_desc` (torch DeviceMesh: `mesh_tp`; torchtitan:
 `mesh_dp_shard`; Megatron: `TENSOR_MODEL_PARALLEL_GROUP`; `dist.new_group(group_desc=...)`) and
 the per-event `Process Group Description`. `DIM_PATTERNS` is that table; a user extends it with
@@ -9,13 +9,14 @@ the per-event `Process Group Description`. `DIM_PATTERNS` is that table; a user 
 Where names are missing or say nothing (`undefined`, `default_pg`, a user's own names), each
 collective's dimension comes from its role (`role_dim`):
   send / recv (not a bare NCCL SendRecv kernel)  -> pp
-  all_to_all                                    -> ep
+  all_to_all of sharded embedding tables        -> emb  (TorchRec / DLRM: issued inside EMBEDDING_OPS)
+  any other all_to_all                          -> ep
   all_gather / reduce_scatter (parameters)      -> dp_shard
   all_reduce issued by a functional collective  -> tp   (DTensor / tensor parallel layers)
   any other all_reduce (gradients)              -> dp
   (a functional all_gather / reduce_scatter where a tp group is named: sequence parallel, tp)
 and the rank's unnamed groups are given to those dimensions by locality: the group whose ranks
-lie closest together (smallest rank stride) to the innermost dimension (tp, then cp, ep,
+lie closest together (smallest rank stride) to the innermost dimension (tp, then cp, ep, emb,
 dp_shard, dp, pp: the order of Megatron's and torchtitan's meshes). A dimension without a group
 of its own runs on the world group.
 """
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 DIM_PATTERNS: list[tuple[str, str]] = [
     (r"dp_shard|fsdp|zero|sharded_data", "dp_shard"),
     (r"dp_replicate|hsdp_replicate|replicate", "dp_replicate"),
+    (r"sharded_?emb|emb(edding)?_?shard|(^|[^a-z])emb($|[^a-z])", "emb"),    # not Megatron's EMBEDDING_GROUP
     (r"expert|(^|[^a-z])ep($|[^a-z])|moe", "ep"),
     (r"context|(^|[^a-z])cp($|[^a-z])", "cp"),
     (r"tensor|(^|[^a-z])tp($|[^a-z])", "tp"),
@@ -35,9 +37,14 @@ DIM_PATTERNS: list[tuple[str, str]] = [
     (r"data|(^|[^a-z])dp($|[^a-z])|ddp", "dp"),
 ]
 #: Inner to outer: the dimension given the closest-together group first (unnamed groups).
-LOCALITY_ORDER = ("tp", "cp", "ep", "dp_shard", "dp_replicate", "dp", "pp")
+LOCALITY_ORDER = ("tp", "cp", "ep", "emb", "dp_shard", "dp_replicate", "dp", "pp")
 #: Roles that share one unnamed group make one dimension: the first of these among them.
-ROLE_PRECEDENCE = ("pp", "ep", "dp_shard", "tp", "cp", "dp_replicate", "dp")
+ROLE_PRECEDENCE = ("pp", "emb", "ep", "dp_shard", "tp", "cp", "dp_replicate", "dp")
+#: Host ops around the all_to_all of sharded embedding tables (recommendation models): TorchRec's
+#: record_function names (`## alltoall_fwd_single ##`, `## all2all_data:kjt values ##`), its autograd
+#: functions (`All2All_Pooled_Req`, `All2All_Seq_Req`), KJT awaitables, embedding modules.
+EMBEDDING_OPS = (r"All2All_(Pooled|Seq|Sequence)|alltoall_(fwd|bwd)_single|alltoall_(pooled|sequence)|all2all_data"
+                 r"|KJTAllToAll|embedding")
 #: Descriptions that name no dimension.
 _MEANINGLESS = re.compile(r"^(|undefined|none|null|default|default_pg|world|global|\d+)$", re.IGNORECASE)
 
@@ -72,13 +79,13 @@ def dim_of_desc(desc: str | None) -> str | None:
     return next((d for rx, d in _compiled if rx.search(text)), None)
 
 
-def role_dim(ctype: str, functional: bool) -> str | None:
+def role_dim(ctype: str, functional: bool, embedding: bool = False) -> str | None:
     """The dimension a collective's role implies (module docstring); None for other types
-    (broadcast, barrier, ...)."""
+    (broadcast, barrier, ...). `embedding`: issued by sharded embedding tables (EMBEDDING_OPS)."""
     if ctype in ("send", "recv"):          # (a bare NCCL SendRecv kernel may be an all_to_all: no role)
         return "pp"
     if ctype == "all_to_all":
-        return "ep"
+        return "emb" if embedding else "ep"
     if ctype in ("all_gather", "reduce_scatter"):
         return "dp_shard"
     if ctype == "all_reduce":

@@ -153,7 +153,7 @@ def summarize_rank(trace: RankTrace) -> RankSummary:
         streams=dev.select("device", "stream").unique().height,
         breakdown_mode=breakdown.mode, breakdown_mean_ms=breakdown.mean_ms(),
         overlap_efficiency=breakdown.overlap_efficiency,
-        gaps=idle_gaps(trace, windows, timeline) if len(dev) else None,
+        gaps=idle_gaps(trace, windows, timeline),
         dataloader=dataloader_share(trace, windows),
         memory=memory_timeline(trace, MEMORY_POINTS, windows) if len(trace.memory) else None,
         memcpy=pageable_memcpy(trace, windows) if len(dev) else None,
