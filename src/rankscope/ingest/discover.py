@@ -3,9 +3,11 @@
 Rank, in order of trust: `distributedInfo.rank` in the trace, then the file name (`rank-3`,
 `rank3`, `worker3`, `_rank_3`), else the position in the sorted file list (with a warning).
 A rank or world size out of range is ignored with a line (`checked_rank`).
+Flight Recorder dumps found on the way are set aside for the hang analysis (`Discovered.fr_dumps`).
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
 import math
 import os
@@ -14,6 +16,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
+
+from rankscope.ingest.flight_recorder import is_fr_dump
 
 TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", ".sqlite3")    # Kineto JSON; nsys SQLite export
 #: JSON files that sit beside traces and are known not to be traces (not reported).
@@ -29,6 +33,7 @@ class Discovered:
     traces: list[Path]
     ignored: list[tuple[Path, str]]     # (file, why) for files in the folder that are not traces
     skipped: list[tuple[Path, str]]     # (path, why) named like a trace or given, but not readable as one
+    fr_dumps: list[Path] = dataclasses.field(default_factory=list)    # Flight Recorder dumps (not traces)
 
 
 def is_trace_name(path: Path) -> bool:
@@ -64,8 +69,20 @@ def discover(inputs: list[str | Path]) -> Discovered:
             ignored.append((p, _MISSING))
         else:
             skipped.append((p, why or _not_regular(mode)))
+    traces, ignored, dumps = _set_aside_fr_dumps(traces, ignored)
     unique = list(dict.fromkeys(t.resolve() for t in traces))
-    return Discovered(traces=unique, ignored=ignored, skipped=skipped)
+    return Discovered(traces=unique, ignored=ignored, skipped=skipped, fr_dumps=list(dict.fromkeys(dumps)))
+
+
+def _set_aside_fr_dumps(traces: list[Path], ignored: list[tuple[Path, str]]
+                        ) -> tuple[list[Path], list[tuple[Path, str]], list[Path]]:
+    """Flight Recorder dumps (`rank_3`, `nccl_trace_rank_3`, `fr_3.json`: by name and content) out of
+    the traces and the files ignored as not traces."""
+    dumps = [f for f in traces if is_fr_dump(f)] + [f for f, why in ignored if why != _MISSING and is_fr_dump(f)]
+    if not dumps:
+        return traces, ignored, []
+    aside = set(dumps)
+    return [f for f in traces if f not in aside], [(f, why) for f, why in ignored if f not in aside], dumps
 
 
 _MISSING = "no such file or folder"

@@ -228,12 +228,14 @@ def _assign(metas: list[RankMeta]) -> tuple[list[RankMeta], list[str], list[Inpu
 
 def _map_files(inputs, task_fn, cache_dir, use_cache, engine, workers, on_progress,
                address=None, on_arrival: Callable[[object], None] | None = None,
-               keep_memory: bool = False) -> tuple[list, list, str]:
+               keep_memory: bool = False, fr_dumps: list | None = None) -> tuple[list, list, str]:
     """Discover the files and map `task_fn` over them: (results, problems, engine used).
     `on_arrival(result)` runs in the driver on each result as it comes in. `keep_memory`: see
-    `engines.map_ranks`."""
+    `engines.map_ranks`. `fr_dumps`: receives the Flight Recorder dumps found (else they are ignored)."""
     items = inputs if isinstance(inputs, list) else [inputs]
     found = discover(items)
+    if fr_dumps is not None:
+        fr_dumps.extend(found.fr_dumps)
     problems = [InputProblem(str(f), why, fatal=False) for f, why in found.ignored]
     problems += [InputProblem(str(f), why) for f, why in found.skipped]
     files = sorted(found.traces, key=lambda p: -_size(p))     # largest first: better balance
@@ -278,8 +280,9 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
         _import_reduce()
         _arrived(result, strings)
 
+    dumps: list[Path] = []
     summaries, problems, chosen = _map_files(inputs, _rank_task, cache_dir, use_cache, engine, workers,
-                                             on_progress, address, arrived, keep_memory=True)
+                                             on_progress, address, arrived, keep_memory=True, fr_dumps=dumps)
     _trim_heap(chosen)
     from rankscope.findings import evaluate as evaluate_findings, ordered
     kept_metas, rank_warnings, rank_problems = _assign([s.meta for s in summaries])
@@ -290,6 +293,12 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
     result = Analysis(job=_job_info(kept, rank_warnings), ranks=kept, problems=problems, engine=chosen,
                       cross=cross)
     result.findings = _noted_partial(evaluate_findings(result, values), result.job)
+    if dumps:
+        from rankscope.findings.hang import hang_findings
+        from rankscope.pipelines.hang import analyze_hang
+        result.hang, hang_problems = analyze_hang(dumps, kept, cross)
+        result.problems += hang_problems
+        result.findings = ordered(hang_findings(result.hang, values) + result.findings)
     if nccl_logs:
         from rankscope.pipelines.inputs import analyze_nccl_logs
         logs = analyze_nccl_logs(nccl_logs, values)

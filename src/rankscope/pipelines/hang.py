@@ -1,0 +1,54 @@
+"""Flight Recorder dumps -> the hang / desync verdict (`analyze` runs it on the dumps it finds,
+alone or beside the job's profiler traces). Each dump is read on its own: one that cannot be used,
+a second dump of one rank, or one of another job is an InputProblem, and the others go on.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+from rankscope.ingest import TraceError
+from rankscope.model import InputProblem
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rankscope.analyses.job.stragglers import CrossRank
+    from rankscope.analyses.rank.summary import RankSummary
+    from rankscope.results.hang import HangReport
+
+
+def analyze_hang(dumps: Sequence[str | Path], traces: Sequence[RankSummary] = (),
+                 cross: CrossRank | None = None) -> tuple[HangReport | None, list[InputProblem]]:
+    """The verdict over the dumps (None when none could be used), and the problems met. `traces`
+    and `cross`: the job's profiler traces analysed beside them, whose world size, process groups
+    and layout fill in what the dumps do not say."""
+    from rankscope.analyses.inputs.flight_recorder import summarize_dump
+    from rankscope.analyses.job.hang import foreign_dumps, hang_report
+    from rankscope.analyses.rank.groups import parse_ranks
+    from rankscope.ingest.flight_recorder import read_fr_dump
+    problems: list[InputProblem] = []
+    summaries = {}
+    for path in sorted(map(str, dumps)):
+        try:
+            s = summarize_dump(read_fr_dump(path))
+        except TraceError as exc:
+            problems.append(InputProblem(path, str(exc)))
+            continue
+        if s.rank in summaries:
+            problems.append(InputProblem(path, f"a second Flight Recorder dump of rank {s.rank} (like "
+                                               f"{Path(summaries[s.rank].file).name}): skipped, keeping the first by name"))
+            continue
+        if s.skipped_entries:
+            problems.append(InputProblem(path, f"{s.skipped_entries:,} entries without the fields of a Flight "
+                                               f"Recorder entry: left out", fatal=False))
+        summaries[s.rank] = s
+    for s, why in foreign_dumps(list(summaries.values())):
+        problems.append(InputProblem(s.file, f"looks like another job's Flight Recorder dump: {why}; not analysed"))
+        del summaries[s.rank]
+    if not summaries:
+        return None, problems
+    worlds = [t.meta.world_size for t in traces if t.meta.world_size]
+    groups = {str(pg["pg_name"]): list(ranks) for t in traces for pg in t.meta.pg_config
+              if isinstance(pg, dict) and pg.get("pg_name") is not None and (ranks := parse_ranks(pg.get("ranks")))}
+    layout = cross.parallel.layout if cross is not None and cross.parallel is not None else None
+    dims = {tuple(g): d.name for d in layout.dims for g in d.groups} if layout else {}
+    return hang_report(list(summaries.values()), max(worlds) if worlds else None, groups, dims), problems
