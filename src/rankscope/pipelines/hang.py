@@ -1,6 +1,7 @@
 """Flight Recorder dumps -> the hang / desync verdict (`analyze` runs it on the dumps it finds,
 alone or beside the job's profiler traces). Each dump is read on its own: one that cannot be used,
 a second dump of one rank, or one of another job is an InputProblem, and the others go on.
+`flight_recorder_slices` / `write_flight_recorder`: the dumps' entries in the Perfetto export.
 """
 from __future__ import annotations
 
@@ -11,7 +12,11 @@ from rankscope.ingest import TraceError
 from rankscope.model import InputProblem
 
 if TYPE_CHECKING:  # pragma: no cover
+    import polars as pl
+
     from rankscope.analyses.job.stragglers import CrossRank
+    from rankscope.ingest.flight_recorder import FrDump
+    from rankscope.results import Analysis
     from rankscope.analyses.rank.summary import RankSummary
     from rankscope.results.hang import HangReport
 
@@ -52,3 +57,34 @@ def analyze_hang(dumps: Sequence[str | Path], traces: Sequence[RankSummary] = ()
     layout = cross.parallel.layout if cross is not None and cross.parallel is not None else None
     dims = {tuple(g): d.name for d in layout.dims for g in d.groups} if layout else {}
     return hang_report(list(summaries.values()), max(worlds) if worlds else None, groups, dims), problems
+
+
+def flight_recorder_slices(analysis: Analysis, offsets: dict[int, int]) -> list[tuple[FrDump, pl.DataFrame]]:
+    """Each dump the verdict used, with its entries as timeline slices (`export perfetto`): times on
+    the trace clock of its rank's profiler trace (its base time and clock offset), or of the first
+    trace; with dumps alone, the dumps' own clock (ns since the epoch)."""
+    from rankscope.analyses.inputs.flight_recorder import entry_slices
+    from rankscope.ingest.flight_recorder import read_fr_dump
+    dumps = []
+    for path in analysis.hang.dumps if analysis.hang is not None else []:
+        try:
+            dumps.append(read_fr_dump(path))
+        except TraceError:                     # changed since the analysis read it: left out
+            continue
+    horizon = max((t for d in dumps for e in d.entries for t in (e.created_ns, e.completed_ns or 0)), default=0)
+    bases = {s.rank: s.meta.base_time_ns or 0 for s in analysis.ranks}
+    common = next(iter(bases.values()), 0)
+    return [(d, entry_slices(d, horizon, bases.get(d.rank, common) + offsets.get(d.rank, 0))) for d in dumps]
+
+
+def write_flight_recorder(writer, tracks: list[tuple[FrDump, pl.DataFrame]], origin_ns: int,
+                          written: set[int]) -> list[dict]:
+    """Write each rank's Flight Recorder track (`written`: the ranks whose process is in the file
+    already); returns what the file's metadata says about each."""
+    from rankscope.render.perfetto_hang import flight_recorder_json
+    out = []
+    for d, slices in tracks:
+        chunks, events = flight_recorder_json(d.rank, slices, origin_ns, d.rank in written)
+        writer.write(chunks, events)
+        out.append({"rank": d.rank, "file": d.file, "entries": len(d.entries), "events": events})
+    return out

@@ -7,7 +7,7 @@ A rank's entries are grouped into streams: per process group, its collectives (b
 output sizes; the entries of a coalesced call joined), the state it reached (the least advanced
 of its entries), when it was created, and its record id (the rank's running count of recorded
 ops: the program position). The last entries of each stream keep their Python frames, for the
-verdict's "its last call".
+verdict's "its last call". `entry_slices`: a dump's entries as timeline slices (the Perfetto export).
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass, field
 
 import numpy as np
+import polars as pl
 
 from rankscope.ingest.flight_recorder import FrDump, FrEntry, Frame
 
@@ -98,3 +99,28 @@ def _stream(name: str, p2p: bool, entries: list[FrEntry]) -> Stream:
         created_ns=np.array([e.created_ns for e in firsts], dtype=np.int64),
         record_id=np.array([e.record_id for e in firsts], dtype=np.int64),
         last=entries[-LAST_ENTRIES:])
+
+
+def entry_slices(dump: FrDump, horizon_ns: int, shift_ns: int = 0) -> pl.DataFrame:
+    """The dump's entries as timeline slices (the Perfetto export's Flight Recorder track): each from
+    its creation to its recorded completion, else to the rank's next entry, else to `horizon_ns`
+    (the last time any dump records); `end` says which. Times minus `shift_ns` (a trace's base time)."""
+    entries = dump.entries
+    starts = [e.created_ns for e in entries]
+    ends, why = [], []
+    for i, e in enumerate(entries):
+        if e.completed_ns:
+            ends.append(e.completed_ns), why.append("completed")
+        elif i + 1 < len(entries):
+            ends.append(starts[i + 1]), why.append("next call")
+        else:
+            ends.append(max(horizon_ns, e.created_ns)), why.append("last record of any dump")
+    return pl.DataFrame({
+        "track": [0] * len(entries), "ts_ns": [s - shift_ns for s in starts],
+        "dur_ns": [max(b - a, 0) for a, b in zip(starts, ends)],
+        "name": [f"{e.op} #{e.seq}" + (" (p2p)" if e.is_p2p else "") for e in entries],
+        "cat": ["flight_recorder"] * len(entries),
+        "group": [e.pg_desc or e.pg_name for e in entries], "state": [e.state for e in entries], "until": why,
+        "input_sizes": [e.input_sizes for e in entries], "dtypes": [e.input_dtypes for e in entries],
+        "call": [(lambda f: f"{f[1]}:{f[2]}" if f else None)(call_site(e.frames)) for e in entries],
+    }, schema_overrides={"ts_ns": pl.Int64, "dur_ns": pl.Int64, "track": pl.Int64})
