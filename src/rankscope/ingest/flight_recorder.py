@@ -58,6 +58,7 @@ class FrEntry(msgspec.Struct, gc=False):
     input_sizes: str                # as the dump gives them, e.g. "[[4096]]"
     input_dtypes: str
     output_sizes: str
+    output_dtypes: str
     state: Literal["scheduled", "started", "completed"]
     created_ns: int
     started_ns: int | None
@@ -107,8 +108,8 @@ def is_fr_dump(path: str | Path) -> bool:
             head = f.read(SNIFF_BYTES)
     except OSError:
         return False
-    if head[:1] == b"\x80":
-        return b"entries" in head or (b"pg_config" in head and b"version" in head)
+    if head[:1] == b"\x80":                   # torch's pickler writes the dict's keys first: version, pg_config...
+        return any(key in head for key in (b"version", b"pg_config", b"entries"))
     text = head.lstrip()
     return (text[:1] == b"{" and b'"traceEvents"' not in text
             and (b'"entries"' in text or b'"pg_config"' in text or b'"pg_status"' in text))
@@ -241,7 +242,7 @@ class _Reader:
             pg_desc=_text(pg[1]) if len(pg) > 1 else "",
             seq=(p2p_seq if is_p2p and p2p_seq is not None else coll_seq), is_p2p=is_p2p, op=op or "?",
             detail=detail, input_sizes=self._sizes(e.get("input_sizes")), input_dtypes=self._sizes(e.get("input_dtypes")),
-            output_sizes=self._sizes(e.get("output_sizes")),
+            output_sizes=self._sizes(e.get("output_sizes")), output_dtypes=self._sizes(e.get("output_dtypes")),
             state=state if state in _STATES else "scheduled", created_ns=created,
             started_ns=_time(e.get("time_discovered_started_ns")),
             completed_ns=_time(e.get("time_discovered_completed_ns")),

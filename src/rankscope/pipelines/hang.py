@@ -14,18 +14,17 @@ from rankscope.model import InputProblem
 if TYPE_CHECKING:  # pragma: no cover
     import polars as pl
 
-    from rankscope.analyses.job.stragglers import CrossRank
     from rankscope.ingest.flight_recorder import FrDump
     from rankscope.results import Analysis
     from rankscope.analyses.rank.summary import RankSummary
     from rankscope.results.hang import HangReport
 
 
-def analyze_hang(dumps: Sequence[str | Path], traces: Sequence[RankSummary] = (),
-                 cross: CrossRank | None = None) -> tuple[HangReport | None, list[InputProblem]]:
-    """The verdict over the dumps (None when none could be used), and the problems met. `traces`
-    and `cross`: the job's profiler traces analysed beside them, whose world size, process groups
-    and layout fill in what the dumps do not say."""
+def analyze_hang(dumps: Sequence[str | Path], traces: Sequence[RankSummary] = ()
+                 ) -> tuple[HangReport | None, list[InputProblem]]:
+    """The verdict over the dumps (None when none could be used), and the problems met. `traces`:
+    the job's profiler traces analysed beside them, whose world size and process groups fill in
+    what the dumps do not say."""
     from rankscope.analyses.inputs.flight_recorder import summarize_dump
     from rankscope.analyses.job.hang import foreign_dumps, hang_report
     from rankscope.analyses.rank.groups import parse_ranks
@@ -54,9 +53,7 @@ def analyze_hang(dumps: Sequence[str | Path], traces: Sequence[RankSummary] = ()
     worlds = [t.meta.world_size for t in traces if t.meta.world_size]
     groups = {str(pg["pg_name"]): list(ranks) for t in traces for pg in t.meta.pg_config
               if isinstance(pg, dict) and pg.get("pg_name") is not None and (ranks := parse_ranks(pg.get("ranks")))}
-    layout = cross.parallel.layout if cross is not None and cross.parallel is not None else None
-    dims = {tuple(g): d.name for d in layout.dims for g in d.groups} if layout else {}
-    return hang_report(list(summaries.values()), max(worlds) if worlds else None, groups, dims), problems
+    return hang_report(list(summaries.values()), max(worlds) if worlds else None, groups), problems
 
 
 def flight_recorder_slices(analysis: Analysis, offsets: dict[int, int]) -> list[tuple[FrDump, pl.DataFrame]]:

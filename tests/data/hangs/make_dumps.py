@@ -9,8 +9,8 @@ watchdog's dump-on-timeout does; the launcher sends SIGTERM to the ranks still r
 others have dumped (as torchrun does when a worker fails). ``ground_truth.json`` per case is
 written from what the script injected: the culprit rank(s), the fault, the group (its ranks and
 description), the sequence number of the faulted collective on that group (counted by the script
-itself, one per call it made on the group), the culprit's last call site (file:line, recorded
-where the call is made), which ranks left no dump.
+itself, one per call it made on the group), the culprit's call site (file:line, recorded where
+each call is made: the mismatched call of a desync, else its last call), which ranks left no dump.
 
 Usage::
 
@@ -57,8 +57,8 @@ CASES = {
 
 # ------------------------------------------------------------------------------------ in a rank
 class Calls:
-    """What this rank called, per group: the count (the script's own sequence number) and the
-    call site of the last call."""
+    """What this rank entered, per group: the count of collective calls (the script's own sequence
+    number) and the call site of the last one."""
 
     def __init__(self) -> None:
         self.count: dict[str, int] = {}
@@ -66,7 +66,8 @@ class Calls:
         self.fault: dict | None = None
 
     def made(self, group: str) -> None:
-        """Called on the line of the collective call (same line): counts it and keeps the site."""
+        """Called on the line of a collective call, just before it (same line): counts the call as
+        entered and keeps its site."""
         caller = sys._getframe(1)
         self.count[group] = self.count.get(group, 0) + 1
         self.last_site = (os.path.basename(caller.f_code.co_filename), caller.f_lineno)
@@ -128,39 +129,37 @@ def _worker(rank: int, port: int, name: str, out: str) -> None:
             faulty = case["fault"] is not None and rank == case["culprit"] and step == FAULT_STEP
             if tp is not None:
                 if faulty:                                  # tp peer skips its activation all_reduce
-                    calls.fault = {"group": "tp", "seq": calls.count.get("tp", 0) + 1, "site": calls.last_site}
+                    calls.fault = {"group": "tp", "seq": calls.count.get("tp", 0) + 1}
                     time.sleep(1.0)                         # ... and does its own work before going on
                 else:
-                    dist.all_reduce(h, group=tp); calls.made("tp")  # noqa: E702
+                    calls.made("tp"); dist.all_reduce(h, group=tp)  # noqa: E702
             grad = (x.T @ h).sum(dim=1)                     # backward: one gradient vector
             if faulty and case["fault"] == "never_enters":
-                calls.fault = {"group": "default", "seq": calls.count.get("default", 0) + 1, "site": calls.last_site}
+                calls.fault = {"group": "default", "seq": calls.count.get("default", 0) + 1}
                 time.sleep(600)                             # stuck: never enters the all_reduce below
             if faulty and case["fault"] == "dies_without_dump":
-                calls.fault = {"group": "default", "seq": calls.count.get("default", 0) + 1, "site": calls.last_site}
+                calls.fault = {"group": "default", "seq": calls.count.get("default", 0) + 1}
                 _write_calls(rank, out, calls)
                 os._exit(3)
             if faulty and case["fault"] == "different_op":
                 calls.fault = {"group": "default", "seq": calls.count.get("default", 0) + 1}
-                dist.broadcast(grad, src=0); calls.made("default")  # noqa: E702
-                calls.fault["site"] = calls.last_site
+                calls.made("default"); dist.broadcast(grad, src=0)  # noqa: E702
             elif faulty and case["fault"] == "different_size":
                 calls.fault = {"group": "default", "seq": calls.count.get("default", 0) + 1}
-                dist.all_reduce(torch.cat([grad, grad[:8]])); calls.made("default")  # noqa: E702
-                calls.fault["site"] = calls.last_site
+                calls.made("default"); dist.all_reduce(torch.cat([grad, grad[:8]]))  # noqa: E702
             elif dp is not None:
-                dist.all_reduce(grad, group=dp); calls.made("dp")  # noqa: E702
+                calls.made("dp"); dist.all_reduce(grad, group=dp)  # noqa: E702
             else:
-                dist.all_reduce(grad); calls.made("default")  # noqa: E702
+                calls.made("default"); dist.all_reduce(grad)  # noqa: E702
             loss = h.square().mean().reshape(1)
-            dist.all_reduce(loss); calls.made("default")  # noqa: E702
+            calls.made("default"); dist.all_reduce(loss)  # noqa: E702
             w -= 1e-6 * grad.reshape(-1, 1)
             if prof is not None:
                 prof.step()
                 if step == 2:
                     prof.stop()
                     prof = None
-        dist.barrier(); calls.made("default")  # noqa: E702
+        calls.made("default"); dist.barrier()  # noqa: E702
         _write_calls(rank, out, calls)
         _dump(rank, case, out, "end")
     except Exception as exc:                                # a collective failed: dump, as on timeout
@@ -244,10 +243,9 @@ def _write_truth(name: str, case: dict, out: str, seconds: float, torch_version:
         "dim": fault["group"] if fault and fault["group"] != "default" else None,
         "seq": fault["seq"] if fault else None,
         "mismatched_field": {"different_op": "op", "different_size": "input_sizes"}.get(case["fault"]),
-        # the culprit's call site the report should show: its last call (a rank that never entered),
-        # or the mismatched call itself (desync)
-        "culprit_site": ({"file": fault["site"][0], "line": fault["site"][1]}
-                         if fault and fault.get("site") else None),
+        # the culprit's call site the report should show, when it left a dump: the last collective it
+        # entered (a desync: the mismatched call itself, which failed)
+        "culprit_site": _site(calls[culprit]["last_site"]) if fault and culprit in dumped else None,
         "missing_dumps": sorted(set(range(WORLD)) - set(dumped)),
         "dumped_because": {str(r): why for r, why in sorted(dumped.items())},
         "calls_per_group": {str(r): c["count"] for r, c in sorted(calls.items())},
@@ -260,6 +258,10 @@ def _write_truth(name: str, case: dict, out: str, seconds: float, torch_version:
             f.write("\n")
     print(f"{name}: {truth['status']} culprits={truth['culprits']} seq={truth['seq']} "
           f"missing={truth['missing_dumps']} dumped={truth['dumped_because']} ({seconds:.0f} s)")
+
+
+def _site(site) -> dict | None:
+    return {"file": site[0], "line": site[1]} if site else None
 
 
 def main() -> None:

@@ -59,6 +59,11 @@ class DumpSummary:
 
 
 def signature(e: FrEntry) -> str:
+    """What members must agree on at one sequence number: op|input sizes|dtypes|output sizes. A send and
+    its recv agree on the data moved (the send's input, the recv's output), as `p2p|sizes|dtypes|`."""
+    if e.is_p2p:
+        return (f"p2p|{e.input_sizes}|{e.input_dtypes}|" if e.op == "send"
+                else f"p2p|{e.output_sizes}|{e.output_dtypes}|")
     return f"{e.op}|{e.input_sizes}|{e.input_dtypes}|{e.output_sizes}"
 
 

@@ -24,8 +24,8 @@ Across groups, a culprit may itself wait in another group's stall (a tp peer tha
 tp collective and waits in the default group): the stalls are ordered by program position, the
 record id of the first waiter's entry (a rank's running count of recorded collectives: the same
 count at the same point of an SPMD program), and the earliest stall with a culprit is the first
-cause. A group's dimension comes from its description (`mesh_tp` -> tp: the layout analysis'
-naming), or from the profiler traces' layout where the description names none.
+cause. A group's dimension comes from its description (`mesh_tp` -> tp), named as the layout
+analysis names them (analyses/rank/groups.py).
 """
 from __future__ import annotations
 
@@ -143,19 +143,17 @@ class _Group:
 
 
 def hang_report(dumps: list[DumpSummary], world_size: int | None = None,
-                trace_groups: dict[str, list[int]] | None = None,
-                trace_dims: dict[tuple[int, ...], str] | None = None) -> HangReport:
-    """The verdict over one job's dump summaries (one per rank). `world_size`, `trace_groups` (group
-    name -> ranks) and `trace_dims` (group ranks -> dimension) come from the job's profiler traces
-    when they are beside the dumps: they fill in what the dumps do not say (gloo's dumps name no
-    group's members)."""
+                trace_groups: dict[str, list[int]] | None = None) -> HangReport:
+    """The verdict over one job's dump summaries (one per rank). `world_size` and `trace_groups`
+    (group name -> ranks) come from the job's profiler traces when they are beside the dumps: they
+    fill in what the dumps do not say (gloo's dumps name no group's members)."""
     by_rank = {d.rank: d for d in sorted(dumps, key=lambda d: d.rank)}
     candidates = [world_size or 0, max(by_rank) + 1 if by_rank else 0]
     candidates += [d.world_hint or 0 for d in by_rank.values()]
     candidates += [max(r) + 1 for d in by_rank.values() for r in d.group_ranks.values()]
     candidates += [max(r) + 1 for r in (trace_groups or {}).values() if r]
     world = max(candidates) or None
-    groups = _groups(by_rank, world, trace_groups or {}, trace_dims or {})
+    groups = _groups(by_rank, world, trace_groups or {})
     horizon = max((d.last_ns for d in by_rank.values() if d.last_ns), default=0)
     first_ns = min((d.first_ns for d in by_rank.values() if d.first_ns), default=0)
     states = all(d.states_recorded for d in by_rank.values())
@@ -183,8 +181,7 @@ def hang_report(dumps: list[DumpSummary], world_size: int | None = None,
         dumps=[d.file for d in by_rank.values()])
 
 
-def _groups(by_rank: dict[int, DumpSummary], world: int | None, trace_groups: dict[str, list[int]],
-            trace_dims: dict[tuple[int, ...], str]) -> list[_Group]:
+def _groups(by_rank: dict[int, DumpSummary], world: int | None, trace_groups: dict[str, list[int]]) -> list[_Group]:
     """Every (group, collectives | p2p) stream the dumps show, with its members: from the dumps'
     pg_config, else the traces', else every rank for the default group, else the ranks whose dumps
     hold rows of the group. A p2p stream is aligned only in a two-member group."""
@@ -205,8 +202,7 @@ def _groups(by_rank: dict[int, DumpSummary], world: int | None, trace_groups: di
         ranks = sorted(set(ranks or seen_in[name]) | seen_in[name])
         if p2p and len(ranks) != 2:
             continue
-        dim = dim_of_desc(desc[name]) or trace_dims.get(tuple(ranks))
-        out.append(_Group(name, desc[name], p2p, ranks, dim, {r: streams[r] for r in ranks if r in streams}))
+        out.append(_Group(name, desc[name], p2p, ranks, dim_of_desc(desc[name]), {r: streams[r] for r in ranks if r in streams}))
     return out
 
 
@@ -297,9 +293,15 @@ def _stall(g: _Group, rows: list[int], no_dump: list[int], c: int, cols: np.ndar
             frames.append(CallFrame(rank=r, name=site[0], file=site[1], line=site[2]))
     return StuckCollective(
         kind=kind, group=g.name, group_desc=g.desc, label=g.label, dim=g.dim, group_ranks=g.ranks, p2p=g.p2p, seq=seq,
-        op=text[majority].split("|", 1)[0], entered=entered, not_entered=not_entered, no_dump=list(no_dump),
+        op=_op_name(text[majority], entries.get(entered[0])), entered=entered, not_entered=not_entered, no_dump=list(no_dump),
         mismatched=mismatched, culprits=culprits, culprit_frames=frames, waits=waits, blockers_where=[],
         program_position=position, verdict="")
+
+
+def _op_name(sig: str, e: FrEntry | None) -> str:
+    """The op of a signature; a p2p one's from the entry (send / recv)."""
+    op = sig.split("|", 1)[0]
+    return e.op if op == "p2p" and e is not None else op
 
 
 def _entry_at(g: _Group, rank: int, seq: int) -> FrEntry | None:
