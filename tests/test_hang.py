@@ -169,12 +169,12 @@ def _tuple_chain(levels: int) -> bytes:
     return bytes(out) + b"}h%cK\x01su." % levels
 
 
-def _shared_frames() -> bytes:
-    """A dump whose 20,000 entries are one entry dict, whose frames are one list of 100,000 frames:
-    ~2 MB of references, 2e9 frames to walk."""
-    frame = {"name": "f", "filename": "x.py", "line": 1}
+def _shared_sizes() -> bytes:
+    """A dump whose 20,000 entries are one entry dict, whose input sizes are one list of 1,000
+    references to one list of 1,000 ints: ~6 kB of pickle, 2e10 size values to walk."""
+    inner = list(range(1000))
     entry = {"record_id": 0, "process_group": ("0", "default_pg"), "collective_seq_id": 1, "p2p_seq_id": 0,
-             "profiling_name": "gloo:all_reduce", "time_created_ns": 1, "frames": [frame] * 100_000}
+             "profiling_name": "gloo:all_reduce", "time_created_ns": 1, "input_sizes": [inner] * 1000}
     return pickle.dumps({"version": "2.10", "pg_config": {}, "entries": [entry] * 20_000})
 
 
@@ -182,7 +182,7 @@ HOSTILE = {
     "calls_os_system": lambda tmp: pickle.dumps({"version": "2.10", "entries": [], "x": _Exploit(tmp / "PWNED")}),
     "imports_a_module": lambda tmp: b"\x80\x02}(X\x07\x00\x00\x00versionq\x00cthis\nd\nq\x01u.",
     "hash_bomb": lambda tmp: _tuple_chain(60),
-    "shared_frames": lambda tmp: _shared_frames(),
+    "shared_sizes": lambda tmp: _shared_sizes(),
     "truncated": lambda tmp: (DATA / "hang-late" / "nccl_trace_rank_2").read_bytes()[:1000],
     "truncated_json": lambda tmp: b'{"comm_lib_version":"","entries":[{"collective_seq_id":1,"input',
     "not_a_dump": lambda tmp: pickle.dumps({"version": "2.10", "pg_config": {}}),
@@ -190,7 +190,7 @@ HOSTILE = {
 PROBLEMS = {"calls_os_system": "unsafe pickle, not loaded: it names the global (posix|os).system",
             "imports_a_module": "unsafe pickle, not loaded: it names the global this.d",
             "hash_bomb": "Flight Recorder dump: its dict keys or set members, built from shared references",
-            "shared_frames": "Flight Recorder dump: its shared references repeat entries, frames and sizes beyond",
+            "shared_sizes": "Flight Recorder dump: its shared references repeat entries, frames and sizes beyond",
             "truncated": "truncated or damaged pickle", "truncated_json": "truncated or damaged JSON",
             "not_a_dump": "a dict without 'entries': not a Flight Recorder dump"}
 

@@ -115,8 +115,10 @@ def is_fr_dump(path: str | Path) -> bool:
             and (b'"entries"' in text or b'"pg_config"' in text or b'"pg_status"' in text))
 
 
-def read_fr_dump(path: str | Path) -> FrDump:
-    """Read one dump (pickle or JSON) safely. Raises TraceError (one line, without the file name)."""
+def read_fr_dump(path: str | Path, frames_last: int | None = None) -> FrDump:
+    """Read one dump (pickle or JSON) safely. `frames_last`: keep the Python frames of each group's
+    last `frames_last` entries only (collectives and p2p ops apart); None: of every entry. Raises
+    TraceError (one line, without the file name)."""
     from rankscope.ingest.discover import open_regular
     from rankscope.ingest.safe_pickle import read_plain_pickle
     rank = rank_of_dump_name(path)
@@ -150,7 +152,8 @@ def read_fr_dump(path: str | Path) -> FrDump:
     if not isinstance(version, str) or not version.startswith("2."):
         raise TraceError(f"Flight Recorder format version {str(version)[:20]!r}: only 2.x is read")
     try:
-        return _Reader(max(MIN_WALK_LIMIT, MAX_WALK_PER_BYTE * len(data))).dump(str(path), rank, fmt, version, raw)
+        reader = _Reader(max(MIN_WALK_LIMIT, MAX_WALK_PER_BYTE * len(data)), frames_last)
+        return reader.dump(str(path), rank, fmt, version, raw)
     except _TooShared as exc:
         raise TraceError(f"Flight Recorder dump: its shared references repeat entries, frames and sizes beyond "
                          f"{exc.limit:,} values ({MAX_WALK_PER_BYTE} per byte of the file): refused, not expanded"
@@ -187,9 +190,10 @@ def _ranks(v) -> list[int] | None:
 class _Reader:
     """Plain dump -> FrDump, counting what it walks (`_TooShared` past `limit`)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, frames_last: int | None) -> None:
         self.limit = limit
         self.walked = 0
+        self.frames_last = frames_last
         self.frames: dict[int, list[Frame]] = {}          # id of a raw frames list -> its conversion
 
     def _walk(self, n: int) -> None:
@@ -219,37 +223,63 @@ class _Reader:
             raise TraceError(f"none of its {len(raw['entries']):,} entries has the fields of a Flight Recorder "
                              "entry (profiling_name, process_group, collective_seq_id, time_created_ns)")
         entries.sort(key=lambda e: e.record_id)
+        self._add_frames(entries)
         lib = raw.get("comm_lib_version") or raw.get("nccl_version")
         return FrDump(file=file, rank=rank, format=fmt, version=version,
                       backend=", ".join(sorted(b for b in backends if b)) or "unknown", groups=groups,
                       entries=entries, comm_lib_version=_text(lib), skipped_entries=skipped)
 
     def _entry(self, e: dict) -> tuple[FrEntry, str] | None:
-        name, pg = e.get("profiling_name"), e.get("process_group")
-        created = _int(e.get("time_created_ns"))
-        coll_seq, p2p_seq = _int(e.get("collective_seq_id")), _int(e.get("p2p_seq_id"))
-        if not isinstance(name, str) or not isinstance(pg, (list, tuple)) or len(pg) < 1 or created is None \
-                or coll_seq is None:
+        get = e.get
+        name, pg, created, coll_seq = get("profiling_name"), get("process_group"), get("time_created_ns"), \
+            get("collective_seq_id")
+        if type(name) is not str or type(pg) not in (list, tuple) or not pg or type(created) is not int \
+                or type(coll_seq) is not int:
             return None
         backend, _, op_text = name.partition(":") if ":" in name else ("", "", name)
         op, _, detail = op_text.strip().partition(" ")
-        is_p2p = e.get("is_p2p") is True or op in ("send", "recv")
-        state = e.get("state")
-        duration = e.get("duration_ms")
-        timeout = _int(e.get("timeout_ms"))
+        is_p2p = get("is_p2p") is True or op in ("send", "recv")
+        p2p_seq, state, duration = get("p2p_seq_id"), get("state"), get("duration_ms")
+        sizes = self._sizes
         entry = FrEntry(
-            record_id=_int(e.get("record_id")) or 0, pg_name=_text(pg[0], str(pg[0])[:64]),
-            pg_desc=_text(pg[1]) if len(pg) > 1 else "",
-            seq=(p2p_seq if is_p2p and p2p_seq is not None else coll_seq), is_p2p=is_p2p, op=op or "?",
-            detail=detail, input_sizes=self._sizes(e.get("input_sizes")), input_dtypes=self._sizes(e.get("input_dtypes")),
-            output_sizes=self._sizes(e.get("output_sizes")), output_dtypes=self._sizes(e.get("output_dtypes")),
-            state=state if state in _STATES else "scheduled", created_ns=created,
-            started_ns=_time(e.get("time_discovered_started_ns")),
-            completed_ns=_time(e.get("time_discovered_completed_ns")),
-            duration_ms=float(duration) if isinstance(duration, (int, float)) and not isinstance(duration, bool)
-            and math.isfinite(duration) else None,
-            timeout_ms=timeout, frames=self._frames(e.get("frames")))
+            _int(get("record_id")) or 0, _text(pg[0], str(pg[0])[:64]), _text(pg[1]) if len(pg) > 1 else "",
+            p2p_seq if is_p2p and type(p2p_seq) is int else coll_seq, is_p2p, op or "?", detail,
+            sizes(get("input_sizes")), sizes(get("input_dtypes")), sizes(get("output_sizes")),
+            sizes(get("output_dtypes")), state if state in _STATES else "scheduled", created,
+            _time(get("time_discovered_started_ns")), _time(get("time_discovered_completed_ns")),
+            float(duration) if type(duration) in (int, float) and math.isfinite(duration) else None,
+            _int(get("timeout_ms")), get("frames"))         # frames raw until `_add_frames`
         return entry, backend
+
+    def _sizes(self, v) -> str:
+        """Sizes or dtypes as compact text ("[[4096]]", "[Float]"): lists of ints or strings, one
+        level of nesting; anything else is "?"."""
+        if type(v) is not list:
+            return "?"
+        self._walk(len(v))
+        parts = []
+        for item in v:
+            kind = type(item)
+            if kind is list:
+                self._walk(len(item))
+                if not all(type(x) is int for x in item):
+                    return "?"
+                parts.append(str(item))
+            elif kind is str:
+                parts.append(item)
+            elif kind is int:
+                parts.append(str(item))
+            else:
+                return "?"
+        return "[" + ", ".join(parts) + "]"
+
+    def _add_frames(self, entries: list[FrEntry]) -> None:
+        """The entries' raw frames converted: every entry's, or each stream's last `frames_last`."""
+        seen: dict[tuple[str, bool], int] = {}
+        for e in reversed(entries):
+            key = (e.pg_name, e.is_p2p)
+            seen[key] = n = seen.get(key, 0) + 1
+            e.frames = self._frames(e.frames) if self.frames_last is None or n <= self.frames_last else []
 
     def _sizes(self, v) -> str:
         """Sizes or dtypes as compact text ("[[4096]]", "[Float]"): lists of ints or strings, one

@@ -5,45 +5,64 @@ a second dump of one rank, or one of another job is an InputProblem, and the oth
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
+from rankscope import engine as engines
 from rankscope.ingest import TraceError
 from rankscope.model import InputProblem
+from rankscope.pipelines.job import _size, one_line_errors
 
 if TYPE_CHECKING:  # pragma: no cover
     import polars as pl
 
+    from rankscope.analyses.inputs.flight_recorder import DumpSummary
+    from rankscope.analyses.rank.summary import RankSummary
     from rankscope.ingest.flight_recorder import FrDump
     from rankscope.results import Analysis
-    from rankscope.analyses.rank.summary import RankSummary
     from rankscope.results.hang import HangReport
 
 
-def analyze_hang(dumps: Sequence[str | Path], traces: Sequence[RankSummary] = ()
-                 ) -> tuple[HangReport | None, list[InputProblem]]:
+@dataclass(frozen=True)
+class _DumpTask:
+    path: str
+
+
+@one_line_errors
+def _dump_task(task: _DumpTask) -> DumpSummary | InputProblem:
+    """The per-rank map of the dumps (runs in a worker): read one dump, summarise it."""
+    from rankscope.analyses.inputs.flight_recorder import LAST_ENTRIES, summarize_dump
+    from rankscope.ingest.flight_recorder import read_fr_dump
+    return summarize_dump(read_fr_dump(task.path, frames_last=LAST_ENTRIES))
+
+
+def analyze_hang(dumps: Sequence[str | Path], traces: Sequence[RankSummary] = (), engine: str = "auto",
+                 workers: int | None = None) -> tuple[HangReport | None, list[InputProblem]]:
     """The verdict over the dumps (None when none could be used), and the problems met. `traces`:
     the job's profiler traces analysed beside them, whose world size and process groups fill in
-    what the dumps do not say."""
-    from rankscope.analyses.inputs.flight_recorder import summarize_dump
+    what the dumps do not say. The dumps are read in worker processes when there are many (reading
+    a pickle is Python work, which threads would not share); `engine` "processes" or "ray" (the
+    user's choice) is kept."""
     from rankscope.analyses.job.hang import foreign_dumps, hang_report
     from rankscope.analyses.rank.groups import parse_ranks
-    from rankscope.ingest.flight_recorder import read_fr_dump
-    problems: list[InputProblem] = []
-    summaries = {}
-    for path in sorted(map(str, dumps)):
-        try:
-            s = summarize_dump(read_fr_dump(path))
-        except TraceError as exc:
-            problems.append(InputProblem(path, str(exc)))
-            continue
+    paths = sorted(map(str, dumps))
+    workers = workers or engines.default_workers()
+    if engine not in ("processes", "ray"):
+        big = sum(_size(Path(p)) for p in paths) >= engines.AUTO_INPROCESS_BELOW_BYTES and len(paths) > 1 and workers > 1
+        engine = "processes" if big else "inprocess"
+    results = engines.map_ranks(_dump_task, [_DumpTask(p) for p in paths], engine=engine, workers=workers,
+                                on_lost=lambda task, why: InputProblem(task.path, why))
+    problems: list[InputProblem] = [r for r in results if isinstance(r, InputProblem)]
+    summaries: dict[int, DumpSummary] = {}
+    for s in (r for r in results if not isinstance(r, InputProblem)):
         if s.rank in summaries:
-            problems.append(InputProblem(path, f"a second Flight Recorder dump of rank {s.rank} (like "
-                                               f"{Path(summaries[s.rank].file).name}): skipped, keeping the first by name"))
+            problems.append(InputProblem(s.file, f"a second Flight Recorder dump of rank {s.rank} (like "
+                                                 f"{Path(summaries[s.rank].file).name}): skipped, keeping the first by name"))
             continue
         if s.skipped_entries:
-            problems.append(InputProblem(path, f"{s.skipped_entries:,} entries without the fields of a Flight "
-                                               f"Recorder entry: left out", fatal=False))
+            problems.append(InputProblem(s.file, f"{s.skipped_entries:,} entries without the fields of a Flight "
+                                                 f"Recorder entry: left out", fatal=False))
         summaries[s.rank] = s
     for s, why in foreign_dumps(list(summaries.values())):
         problems.append(InputProblem(s.file, f"looks like another job's Flight Recorder dump: {why}; not analysed"))
