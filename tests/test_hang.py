@@ -452,3 +452,49 @@ def test_perfetto_track_per_rank_on_the_traces_clock(tmp_path):
             if s["name"] in ("all_reduce #3", "all_reduce #4"):
                 assert step["ts"] <= s["ts"] <= step["ts"] + step["dur"], (rank, s)
     assert [d["rank"] for d in doc["rankscope"]["flight_recorder"]] == [0, 1, 2, 3]
+
+
+def test_c_prescan_counts_as_the_python_one(corpus):
+    """The pickle pre-scan in C (_picklescan.c) against the Python one (safe_pickle._hash_work, the
+    contract): the same count on real pickles (every dump here, the corpus' memory snapshot),
+    hand-made hash bombs cut at every 7th byte, ints at the int64 edges as keys, and random
+    nested data (tuples, sets, frozensets, dicts, big and negative ints) in every protocol."""
+    import random
+
+    from rankscope.ingest import safe_pickle
+    if safe_pickle._picklescan is None:
+        pytest.fail("the C pre-scan is not built (pip install -e . with a C compiler)")
+    real = [p.read_bytes() for p in DATA.rglob("*") if p.is_file() and p.read_bytes()[:1] == b"\x80"]
+    real += [p.read_bytes() for p in (corpus / "memory-snapshot-1gpu").iterdir() if p.is_file()]
+    bomb = _tuple_chain(12)
+    samples = real + [bomb[:n] for n in range(0, len(bomb), 7)]
+    for v in (0, -1, 127, -128, 2**63 - 1, -2**63, 2**63, -2**63 - 1, 2**200, -2**300):
+        samples += [pickle.dumps({v: 1, (v, v): {v}, frozenset([v]): [v]}, protocol=p) for p in range(6)]
+    rng = random.Random(30)
+
+    def hashable_value(x) -> bool:
+        try:
+            hash(x)
+            return True
+        except TypeError:
+            return False
+
+    def value(depth: int):
+        kind = rng.randrange(8 if depth < 4 else 3)
+        if kind == 0:
+            return rng.choice([0, 1, -5, 2**40, -2**70, 3**90])
+        if kind == 1:
+            return rng.choice(["a", "version", ""])
+        if kind == 2:
+            return rng.choice([None, True, 1.5])
+        items = [value(depth + 1) for _ in range(rng.randrange(4))]
+        hashable = [x for x in items if hashable_value(x)]
+        return {3: tuple(items), 4: items, 5: frozenset(hashable), 6: set(hashable),
+                7: {k: v for k, v in zip(hashable, items)}}[kind]
+    for _ in range(300):
+        v = value(0)
+        shared = (v, v, [v, (v, v)])
+        samples.append(pickle.dumps(shared, protocol=rng.randrange(6)))
+    for data in samples:
+        assert safe_pickle.hash_work(data, 1 << 62) == safe_pickle._hash_work(data, 1 << 62), data[:40]
+        assert safe_pickle.hash_work(data, 10) == safe_pickle._hash_work(data, 10)
