@@ -136,6 +136,11 @@ def test_beside_traces_and_alone_the_same_verdict_exit_1(tmp_path):
     assert [r["rank"] for r in b["ranks"]] == [0, 1, 2, 3] and a["ranks"] == []
     for key in ("status", "culprits", "first", "groups", "missing_dumps", "verdict"):
         assert b["hang"][key] == a["hang"][key], key
+    # beside the traces: the culprit's profiled steps (#1-2: make_dumps.py's schedule, warmup 1 + active 2)
+    (t,) = b["hang"]["culprit_traces"]
+    assert (t["rank"], t["steps"], a["hang"]["culprit_traces"]) == (1, [1, 2], [])
+    assert t["step_ms_mean"] == pytest.approx(next(r for r in b["ranks"] if r["rank"] == 1)["step_time_ms"]["mean"], abs=1e-3)
+    assert t["straggler"] == (1 in [st["rank"] for st in b["stragglers"]])
     term = run_cli(["analyze", tmp_path / "alone"], tmp_path, env={"COLUMNS": "80"})
     lines = term.stdout.splitlines()
     assert lines[0].startswith("Job stopped (hang): rank 1 never entered all_reduce #7 of the default group")

@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import polars as pl
 
     from rankscope.analyses.inputs.flight_recorder import DumpSummary
+    from rankscope.analyses.job.stragglers import CrossRank
     from rankscope.analyses.rank.summary import RankSummary
     from rankscope.ingest.flight_recorder import FrDump
     from rankscope.results import Analysis
@@ -37,14 +38,14 @@ def _dump_task(task: _DumpTask) -> DumpSummary | InputProblem:
     return summarize_dump(read_fr_dump(task.path, frames_last=LAST_ENTRIES))
 
 
-def analyze_hang(dumps: Sequence[str | Path], traces: Sequence[RankSummary] = (), engine: str = "auto",
-                 workers: int | None = None) -> tuple[HangReport | None, list[InputProblem]]:
-    """The verdict over the dumps (None when none could be used), and the problems met. `traces`:
-    the job's profiler traces analysed beside them, whose world size and process groups fill in
-    what the dumps do not say. The dumps are read in worker processes when there are many (reading
+def analyze_hang(dumps: Sequence[str | Path], traces: Sequence[RankSummary] = (), cross: CrossRank | None = None,
+                 engine: str = "auto", workers: int | None = None) -> tuple[HangReport | None, list[InputProblem]]:
+    """The verdict over the dumps (None when none could be used), and the problems met. `traces`
+    and `cross`: the job's profiler traces analysed beside them, whose world size and process groups
+    fill in what the dumps do not say, and whose steps say how the culprits ran before. The dumps are read in worker processes when there are many (reading
     a pickle is Python work, which threads would not share); `engine` "processes" or "ray" (the
     user's choice) is kept."""
-    from rankscope.analyses.job.hang import foreign_dumps, hang_report
+    from rankscope.analyses.job.hang import foreign_dumps, hang_report, trace_facts
     from rankscope.analyses.rank.groups import parse_ranks
     paths = sorted(map(str, dumps))
     workers = workers or engines.default_workers()
@@ -72,7 +73,8 @@ def analyze_hang(dumps: Sequence[str | Path], traces: Sequence[RankSummary] = ()
     worlds = [t.meta.world_size for t in traces if t.meta.world_size]
     groups = {str(pg["pg_name"]): list(ranks) for t in traces for pg in t.meta.pg_config
               if isinstance(pg, dict) and pg.get("pg_name") is not None and (ranks := parse_ranks(pg.get("ranks")))}
-    return hang_report(list(summaries.values()), max(worlds) if worlds else None, groups), problems
+    traced = trace_facts(list(traces), cross.stragglers.stragglers if cross is not None else [])
+    return hang_report(list(summaries.values()), max(worlds) if worlds else None, groups, traced), problems
 
 
 def flight_recorder_slices(analysis: Analysis, offsets: dict[int, int]) -> list[tuple[FrDump, pl.DataFrame]]:

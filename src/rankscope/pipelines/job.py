@@ -296,7 +296,7 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
     if dumps:
         from rankscope.findings.hang import hang_findings
         from rankscope.pipelines.hang import analyze_hang
-        result.hang, hang_problems = analyze_hang(dumps, kept, engine, workers)
+        result.hang, hang_problems = analyze_hang(dumps, kept, cross, engine, workers)
         result.problems += hang_problems
         result.findings = ordered(hang_findings(result.hang, values) + result.findings)
     if nccl_logs:

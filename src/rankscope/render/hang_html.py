@@ -26,6 +26,7 @@ def hang_section(report: dict) -> str:
                                                   f"({ranges(h['ranks_dumped'])}), {h['backend']}"),
             ("progress", "started / completed recorded" if h["states_recorded"]
              else "not recorded (gloo: a dump says which collectives a rank entered)")]
+    rows += [("before", t["summary"]) for t in h.get("culprit_traces") or []]
     if h["missing_dumps"]:
         rows.append(("missing dumps", f"{ranges(h['missing_dumps'])}: {h['unknown']}"))
     parts = [f'<section id="hang"><h2>{escaped(_HEAD[h["status"]])}</h2>', kv_table(rows)]

@@ -30,6 +30,8 @@ def hang_section(r: HangReport, console: Console, brief: bool = False) -> None:
                    f"{r.backend}; {progress}")
     if r.unknown:
         _line(console, f"unknown: {r.unknown}")
+    for t in r.culprit_traces:                     # the profiler traces beside the dumps
+        _line(console, f"before: {t.summary}")
     if brief or r.first is None:
         return
     _stalls(r, console)

@@ -110,6 +110,19 @@ class CulpritLast(msgspec.Struct):
     frames: list[CallFrame]            # the Python stack of its last call, innermost first
 
 
+class CulpritTrace(msgspec.Struct):
+    """A rank's profiler trace beside the dumps: its profiled steps, and whether it was already a
+    straggler in them (the cross-rank analysis' verdict, with its cause and cost)."""
+    rank: int
+    steps: list[int]
+    step_ms_mean: float | None
+    job_median_step_ms: float | None   # the median over ranks of their mean step
+    straggler: bool
+    cause: str | None
+    cost_ms_per_step: float | None
+    summary: str
+
+
 class HangReport(msgspec.Struct):
     status: Status
     ranks_dumped: list[int]
@@ -125,3 +138,4 @@ class HangReport(msgspec.Struct):
     all_groups: list[GroupState]
     culprit_last: list[CulpritLast]
     dumps: list[str]                   # the files read
+    culprit_traces: list[CulpritTrace] = []   # the culprits' profiler traces beside the dumps

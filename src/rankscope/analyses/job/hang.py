@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -38,9 +39,13 @@ from rankscope.analyses.inputs.flight_recorder import STATE_CODE, DumpSummary, S
 from rankscope.analyses.rank.groups import dim_of_desc
 from rankscope.ingest.flight_recorder import FrEntry
 from rankscope.numbers import ranges
-from rankscope.results.hang import (BlockerWhere, CallFrame, CulpritLast, GridRow, GroupState, HangReport, LastEntry,
-                                    MemberWait, Mismatch, StuckCollective)
+from rankscope.results.hang import (BlockerWhere, CallFrame, CulpritLast, CulpritTrace, GridRow, GroupState, HangReport,
+                                    LastEntry, MemberWait, Mismatch, StuckCollective)
 from rankscope.units import NS_PER_MS
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rankscope.analyses.job.stragglers import Straggler
+    from rankscope.analyses.rank.summary import RankSummary
 
 #: Sequence numbers shown per group in the grid.
 GRID_SEQS = 8
@@ -143,10 +148,12 @@ class _Group:
 
 
 def hang_report(dumps: list[DumpSummary], world_size: int | None = None,
-                trace_groups: dict[str, list[int]] | None = None) -> HangReport:
+                trace_groups: dict[str, list[int]] | None = None,
+                traced: dict[int, CulpritTrace] | None = None) -> HangReport:
     """The verdict over one job's dump summaries (one per rank). `world_size` and `trace_groups`
     (group name -> ranks) come from the job's profiler traces when they are beside the dumps: they
-    fill in what the dumps do not say (gloo's dumps name no group's members)."""
+    fill in what the dumps do not say (gloo's dumps name no group's members); `traced`: per rank
+    with a trace, what it shows (`trace_facts`), of which the culprits' join the verdict."""
     by_rank = {d.rank: d for d in sorted(dumps, key=lambda d: d.rank)}
     candidates = [world_size or 0, max(by_rank) + 1 if by_rank else 0]
     candidates += [d.world_hint or 0 for d in by_rank.values()]
@@ -178,7 +185,8 @@ def hang_report(dumps: list[DumpSummary], world_size: int | None = None,
         verdict=first.verdict if first else _none_verdict(by_rank, missing, all_groups),
         unknown=_unknown(missing, first), all_groups=all_groups,
         culprit_last=[_culprit_last(by_rank[r], first_ns) for r in culprits if r in by_rank],
-        dumps=[d.file for d in by_rank.values()])
+        dumps=[d.file for d in by_rank.values()],
+        culprit_traces=[(traced or {})[r] for r in culprits if r in (traced or {})])
 
 
 def _groups(by_rank: dict[int, DumpSummary], world: int | None, trace_groups: dict[str, list[int]]) -> list[_Group]:
@@ -436,3 +444,26 @@ def _culprit_last(d: DumpSummary, t0: int) -> CulpritLast:
     last = d.last[-1].frames if d.last else []
     return CulpritLast(rank=d.rank, entries=entries,
                        frames=[CallFrame(rank=d.rank, name=f[0], file=f[1], line=f[2]) for f in last])
+
+
+def trace_facts(ranks: list[RankSummary], stragglers: list[Straggler]) -> dict[int, CulpritTrace]:
+    """Per rank with a profiler trace beside the dumps: its profiled steps and mean step against the
+    job's median, and whether the cross-rank analysis names it a straggler (`stragglers`)."""
+    means = [s.step_time.mean_ms for s in ranks if s.step_time.mean_ms is not None]
+    job_median = float(np.median(means)) if means else None
+    by_rank = {st.rank: st for st in stragglers}
+    out = {}
+    for s in ranks:
+        steps = [st.step for st in s.steps]
+        mean = s.step_time.mean_ms
+        st = by_rank.get(s.rank)
+        pace = (f"mean step {mean:,.1f} ms against the job's median {job_median:,.1f} ms"
+                if mean is not None and job_median else "no step time")
+        verdict = (f"already a straggler there ({st.cause}), costing the others {st.cost_ms_per_step:,.2f} ms per step"
+                   if st else "not a straggler there")
+        out[s.rank] = CulpritTrace(
+            rank=s.rank, steps=steps, step_ms_mean=None if mean is None else round(mean, 3),
+            job_median_step_ms=None if job_median is None else round(job_median, 3), straggler=st is not None,
+            cause=st.cause if st else None, cost_ms_per_step=round(st.cost_ms_per_step, 3) if st else None,
+            summary=f"rank {s.rank}'s profiled steps (#{ranges(steps)}): {pace}; {verdict}")
+    return out
