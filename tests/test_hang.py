@@ -23,8 +23,8 @@ from rich.console import Console
 from conftest import assert_no_traceback, run_cli
 from rankscope.api import analyze
 from rankscope.ingest import TraceError
-from rankscope.ingest.discover import discover
-from rankscope.ingest.flight_recorder import is_fr_dump, read_fr_dump
+from rankscope.ingest.discover import discover, is_fr_dump
+from rankscope.ingest.flight_recorder import read_fr_dump
 from rankscope.render.base import render
 from rankscope.render.json import analysis_to_dict
 

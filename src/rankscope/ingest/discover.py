@@ -17,8 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from rankscope.ingest.flight_recorder import is_fr_dump
-
 TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", ".sqlite3")    # Kineto JSON; nsys SQLite export
 #: JSON files that sit beside traces and are known not to be traces (not reported).
 NOT_TRACES = {"ground_truth.json"}
@@ -258,3 +256,40 @@ def assign_ranks(files: list[str], header_ranks: list[int | None], complete: lis
         seen[a.rank] = a
         kept.append(a)
     return kept, warnings, skipped
+
+
+# ----------------------------------------------------------------------------------------------
+# Flight Recorder dumps (ingest/flight_recorder.py reads them)
+#: A dump's file name: anything ending in the rank's digits, optionally `.json`.
+_FR_DUMP_NAME = re.compile(r"(\d{1,10})(\.json)?$", re.IGNORECASE)
+_KINETO_NAME = re.compile(r"\.pt\.trace\.json$", re.IGNORECASE)
+#: How much of a file is read to tell a dump from other files.
+FR_SNIFF_BYTES = 1 << 16
+
+
+def fr_dump_rank(path: str | Path) -> int | None:
+    """The rank a Flight Recorder dump's name gives (the digits it ends with, before an optional
+    `.json`: `rank_3`, `nccl_trace_rank_3`, `fr_3.json`); None for other names and for Kineto traces."""
+    name = Path(path).name
+    if _KINETO_NAME.search(name):
+        return None
+    m = _FR_DUMP_NAME.search(name)
+    return int(m.group(1)) if m else None
+
+
+def is_fr_dump(path: str | Path) -> bool:
+    """Whether `path` is a Flight Recorder dump: named like one (`fr_dump_rank`) and a pickle or JSON
+    object whose head names a dump's keys. Only a regular file is opened, without waiting on it;
+    what cannot be read is not a dump."""
+    if fr_dump_rank(path) is None:
+        return False
+    try:
+        with open_regular(path) as f:
+            head = f.read(FR_SNIFF_BYTES)
+    except OSError:
+        return False
+    if head[:1] == b"\x80":                   # torch's pickler writes the dict's keys first: version, pg_config...
+        return any(key in head for key in (b"version", b"pg_config", b"entries"))
+    text = head.lstrip()
+    return (text[:1] == b"{" and b'"traceEvents"' not in text
+            and (b'"entries"' in text or b'"pg_config"' in text or b'"pg_status"' in text))

@@ -12,7 +12,8 @@ number; not read: on gloo it counts failed collectives as completed), `entries` 
 time_created_ns, time_discovered_started_ns / _completed_ns, duration_ms (NCCL with timing),
 timeout_ms, is_p2p, frames [name, filename, line] (pickle only)), and `comm_lib_version` or
 `nccl_version`. The dump names no rank: it comes from the file name (the digits it ends with:
-`rank_3`, `nccl_trace_rank_3`, `fr_trace_3.json`).
+`rank_3`, `nccl_trace_rank_3`, `fr_trace_3.json`; discovery tells dumps from other files:
+ingest/discover.py `is_fr_dump`).
 
 Pickles are read by the restricted reader of ingest/safe_pickle.py (plain data only: nothing is
 imported or called; hashing bounded before unpickling). Bounded: a dump larger than
@@ -28,7 +29,9 @@ from typing import Literal
 
 import msgspec
 
+from rankscope.ingest.discover import fr_dump_rank, open_regular
 from rankscope.ingest.errors import TraceError
+from rankscope.ingest.safe_pickle import read_plain_pickle
 
 #: A frame as (function name, file name, line).
 Frame = tuple[str, str, int]
@@ -37,12 +40,6 @@ MAX_DUMP_BYTES = 1 << 30
 #: Entries, frames and size values walked (shared ones at each appearance), per byte of the file.
 MAX_WALK_PER_BYTE = 64
 MIN_WALK_LIMIT = 1 << 20
-#: How much of a file is read to tell a dump from other files.
-SNIFF_BYTES = 1 << 16
-
-#: A dump's file name: anything ending in the rank's digits, optionally `.json`.
-_DUMP_NAME = re.compile(r"(\d{1,10})(\.json)?$", re.IGNORECASE)
-_KINETO_NAME = re.compile(r"\.pt\.trace\.json$", re.IGNORECASE)
 _STATES = ("scheduled", "started", "completed")
 
 
@@ -86,42 +83,11 @@ class FrDump(msgspec.Struct):
     skipped_entries: int = 0                  # entries without the fields an entry needs
 
 
-def rank_of_dump_name(path: str | Path) -> int | None:
-    """The rank a dump's name gives (the digits it ends with, before an optional `.json`); None
-    for other names and for Kineto traces (`*.pt.trace.json`)."""
-    name = Path(path).name
-    if _KINETO_NAME.search(name):
-        return None
-    m = _DUMP_NAME.search(name)
-    return int(m.group(1)) if m else None
-
-
-def is_fr_dump(path: str | Path) -> bool:
-    """Whether `path` is a Flight Recorder dump: named like one (`rank_of_dump_name`) and a
-    pickle or JSON object whose head names a dump's keys. Only a regular file is opened, without
-    waiting on it; what cannot be read is not a dump."""
-    if rank_of_dump_name(path) is None:
-        return False
-    from rankscope.ingest.discover import open_regular
-    try:
-        with open_regular(path) as f:
-            head = f.read(SNIFF_BYTES)
-    except OSError:
-        return False
-    if head[:1] == b"\x80":                   # torch's pickler writes the dict's keys first: version, pg_config...
-        return any(key in head for key in (b"version", b"pg_config", b"entries"))
-    text = head.lstrip()
-    return (text[:1] == b"{" and b'"traceEvents"' not in text
-            and (b'"entries"' in text or b'"pg_config"' in text or b'"pg_status"' in text))
-
-
 def read_fr_dump(path: str | Path, frames_last: int | None = None) -> FrDump:
     """Read one dump (pickle or JSON) safely. `frames_last`: keep the Python frames of each group's
     last `frames_last` entries only (collectives and p2p ops apart); None: of every entry. Raises
     TraceError (one line, without the file name)."""
-    from rankscope.ingest.discover import open_regular
-    from rankscope.ingest.safe_pickle import read_plain_pickle
-    rank = rank_of_dump_name(path)
+    rank = fr_dump_rank(path)
     if rank is None:
         raise TraceError("no rank in the file name (a Flight Recorder dump is named like rank_3 or "
                          "nccl_trace_rank_3)")

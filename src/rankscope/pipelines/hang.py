@@ -5,6 +5,7 @@ a second dump of one rank, or one of another job is an InputProblem, and the oth
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
@@ -12,7 +13,6 @@ from typing import TYPE_CHECKING, Sequence
 from rankscope import engine as engines
 from rankscope.ingest import TraceError
 from rankscope.model import InputProblem
-from rankscope.pipelines.job import _size, one_line_errors
 
 if TYPE_CHECKING:  # pragma: no cover
     import polars as pl
@@ -30,12 +30,26 @@ class _DumpTask:
     path: str
 
 
-@one_line_errors
 def _dump_task(task: _DumpTask) -> DumpSummary | InputProblem:
-    """The per-rank map of the dumps (runs in a worker): read one dump, summarise it."""
+    """The per-rank map of the dumps (runs in a worker): read one dump, summarise it. Never raises:
+    bad input, and even a bug, is one line about that file."""
     from rankscope.analyses.inputs.flight_recorder import LAST_ENTRIES, summarize_dump
     from rankscope.ingest.flight_recorder import read_fr_dump
-    return summarize_dump(read_fr_dump(task.path, frames_last=LAST_ENTRIES))
+    try:
+        return summarize_dump(read_fr_dump(task.path, frames_last=LAST_ENTRIES))
+    except TraceError as exc:
+        return InputProblem(task.path, str(exc))
+    except MemoryError:
+        return InputProblem(task.path, "out of memory while reading this file")
+    except Exception as exc:
+        return InputProblem(task.path, f"internal error while reading: {type(exc).__name__}: {exc}")
+
+
+def _bytes(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 def analyze_hang(dumps: Sequence[str | Path], traces: Sequence[RankSummary] = (), cross: CrossRank | None = None,
@@ -50,7 +64,7 @@ def analyze_hang(dumps: Sequence[str | Path], traces: Sequence[RankSummary] = ()
     paths = sorted(map(str, dumps))
     workers = workers or engines.default_workers()
     if engine not in ("processes", "ray"):
-        big = sum(_size(Path(p)) for p in paths) >= engines.AUTO_INPROCESS_BELOW_BYTES and len(paths) > 1 and workers > 1
+        big = sum(map(_bytes, paths)) >= engines.AUTO_INPROCESS_BELOW_BYTES and len(paths) > 1 and workers > 1
         engine = "processes" if big else "inprocess"
     results = engines.map_ranks(_dump_task, [_DumpTask(p) for p in paths], engine=engine, workers=workers,
                                 on_lost=lambda task, why: InputProblem(task.path, why))
