@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from rankscope.findings import (communication, compute, hang, host, inputs, memory, parallel,  # noqa: F401  (rules)
-                                stragglers)
+from rankscope.findings import communication, compute, host, inputs, memory, parallel, stragglers  # noqa: F401  (rules)
+from rankscope.findings.hang import hang_findings
 from rankscope.findings.registry import JobView, NcclView, ordered, run
 from rankscope.results import Finding
 from rankscope.thresholds import resolve
@@ -36,9 +36,11 @@ __all__ = ["evaluate", "nccl_findings", "ordered"]
 
 
 def evaluate(analysis: Analysis, thresholds: Mapping[str, float] | None = None) -> list[Finding]:
-    """All findings of a job, ordered by severity then cost per step. `thresholds`: the values in
-    force (`rankscope.thresholds.resolve`), by default the defaults."""
-    return ordered(run(JobView.of(analysis, resolve(thresholds))))
+    """All findings of a job (its traces', and its Flight Recorder dumps' verdict's), ordered by
+    severity then cost per step. `thresholds`: the values in force (`rankscope.thresholds.resolve`),
+    by default the defaults."""
+    t = resolve(thresholds)
+    return ordered(run(JobView.of(analysis, t)) + hang_findings(analysis.hang, t))
 
 
 def nccl_findings(report: NcclReport, thresholds: Mapping[str, float] | None = None) -> list[Finding]:

@@ -290,15 +290,14 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
     kept = [by_file[m.file] for m in kept_metas]
     problems += rank_problems
     cross = _cross_rank(kept, values)
-    result = Analysis(job=_job_info(kept, rank_warnings), ranks=kept, problems=problems, engine=chosen,
-                      cross=cross)
-    result.findings = _noted_partial(evaluate_findings(result, values), result.job)
-    if dumps:
-        from rankscope.findings.hang import hang_findings
+    hang = None
+    if dumps:                        # Flight Recorder dumps, beside the traces or alone: the hang verdict
         from rankscope.pipelines.hang import analyze_hang
-        result.hang, hang_problems = analyze_hang(dumps, kept, cross, engine, workers)
-        result.problems += hang_problems
-        result.findings = ordered(hang_findings(result.hang, values) + result.findings)
+        hang, hang_problems = analyze_hang(dumps, kept, cross, engine, workers)
+        problems += hang_problems
+    result = Analysis(job=_job_info(kept, rank_warnings), ranks=kept, problems=problems, engine=chosen,
+                      cross=cross, hang=hang)
+    result.findings = _noted_partial(evaluate_findings(result, values), result.job)
     if nccl_logs:
         from rankscope.pipelines.inputs import analyze_nccl_logs
         logs = analyze_nccl_logs(nccl_logs, values)
