@@ -4,6 +4,7 @@ its members x its last sequence numbers coloured by what each member shows there
 from __future__ import annotations
 
 from rankscope.render.format import escaped, ranges
+from rankscope.render.hang_terminal import STATE_WORDS
 from rankscope.render.html_parts import html_table, kv_table, note
 
 #: Grids drawn: the stalled groups, then complete ones up to this many in all; members per grid.
@@ -41,7 +42,8 @@ def hang_section(report: dict) -> str:
     for c in h["culprit_last"]:
         parts.append(f"<h3>Rank {c['rank']}: its last calls</h3>")
         parts.append(html_table(["ms after the first record", "collective", "group", "state", "call"], [
-            [e["created_ms"], f"{e['op']} #{e['seq']}", e["group_desc"] or e["group"], e["state"], e["frame"] or "-"]
+            [e["created_ms"], f"{e['op']} #{e['seq']}", e["group_desc"] or e["group"], STATE_WORDS[e["state"]],
+             e["frame"] or "-"]
             for e in c["entries"]], numeric={0}))
         if c["frames"]:
             parts.append(note("Its last call's Python stack, innermost first: " + " <- ".join(
@@ -53,7 +55,8 @@ def hang_section(report: dict) -> str:
 def _grids(h: dict) -> str:
     first = h["first"] or {}
     mismatched = {m["rank"]: m for m in first.get("mismatched") or []}
-    groups = sorted(h["all_groups"], key=lambda g: g["state"] == "complete")[:MAX_GRIDS]
+    order = {(s["group"], s["p2p"]): i for i, s in enumerate(h["groups"])}       # stalled: first cause first
+    groups = sorted(h["all_groups"], key=lambda g: order.get((g["group"], g["p2p"]), len(order)))[:MAX_GRIDS]
     legend = " ".join(f'<span style="background:{color};padding:0 6px">{escaped(STATE_LABELS[s])}</span>'
                       for s, color in STATE_COLORS.items())
     out = ["<h3>Process groups: members x last sequence numbers</h3>", f'<p class="note">{legend}</p>']
@@ -80,3 +83,14 @@ def _grids(h: dict) -> str:
     if hidden > 0:
         out.append(note(f"{hidden} more complete groups (--json has them all)"))
     return "".join(out)
+
+
+def dumps_header(report: dict) -> str:
+    """The page's header when Flight Recorder dumps came alone: its title and the input warnings."""
+    inputs = report.get("inputs") or {}
+    lines = [f"skipped {p['file']}: {p['problem']}" for p in inputs.get("skipped") or []]
+    lines += [f"{p['file']}: {p['problem']}" for p in inputs.get("warnings") or []]
+    items = "".join(f"<li>{escaped(line)}</li>" for line in lines)
+    return ('<header id="job"><h1>rankscope report: Flight Recorder dumps</h1>'
+            + (f'<h3>Input warnings</h3><ul class="warnings">{items}</ul>' if lines else note("No input warnings."))
+            + "</header>")

@@ -16,7 +16,7 @@ MAX_GROUPS = 8
 _HEAD = {"hang": "Job stopped (hang)", "desync": "Job stopped (desync)", "unknown": "Job stalled (cause unknown)",
          "none": "Flight Recorder"}
 #: A dump's entry state in words: "scheduled" is all gloo records (the rank entered the collective).
-_STATE_WORDS = {"scheduled": "entered", "started": "started", "completed": "completed"}
+STATE_WORDS = {"scheduled": "entered", "started": "started", "completed": "completed"}
 
 
 def hang_section(r: HangReport, console: Console, brief: bool = False) -> None:
@@ -39,7 +39,7 @@ def hang_section(r: HangReport, console: Console, brief: bool = False) -> None:
         _line(console, f"rank {c.rank}'s last calls (oldest first; ms after the first time any dump records):")
         for e in c.entries:
             _line(console, f"{number(e.created_ms, ',.1f'):>10} ms  {e.op} #{e.seq} of {e.group_desc or e.group}, "
-                           f"{_STATE_WORDS[e.state]}" + (f"  {e.frame}" if e.frame else ""), indent=4)
+                           f"{STATE_WORDS[e.state]}" + (f"  {e.frame}" if e.frame else ""), indent=4)
     waits = r.first.waits
     if waits:
         shown = ", ".join(f"rank {w.rank} +{number(w.entered_ms, ',.1f')} ms" for w in waits[:MAX_WAITS])
