@@ -5,17 +5,19 @@ stopped it, and torch's own `fr_trace` on the same dumps (side by side, one run)
 The bench writes synthetic NCCL-style dumps (format 2.10, as torch's pickler writes them: pg_config
 with each group's ranks, entries with state / times / sizes / 4 Python frames) of a dp x tp job:
 each step a tp all_reduce then a dp all_reduce; every rank's ring buffer holds its last `--entries`
-entries (2,000: torch's default buffer). At the last step one rank (`CULPRIT`) never enters its tp
+entries (2,000: torch's default buffer; 200: a job dumped 100 steps after its start, or a smaller
+buffer). At the last step one rank (`CULPRIT`) never enters its tp
 all_reduce: its tp peers wait in it, and every dp group, which holds one of them, waits in its dp
 all_reduce (9 stalled groups at 1,024 ranks: 8 of them victims). Then:
 
   rankscope    `rankscope analyze DIR --json` (a subprocess: start, read, verdict, JSON), checked to
                name the culprit, its tp group and the sequence number;
-  phases       in-process: read + per-rank summary, and the cross-rank verdict, each timed;
+  phases       in one process: read + per-rank summary, and the cross-rank verdict, each timed
+               (`analyze` reads many dumps in worker processes);
   fr_trace     `python -m torch.distributed.flight_recorder.fr_trace DIR` (when torch is installed;
                at --fr-ranks ranks, since it matches entries pairwise), with what it prints last.
 
-    python benchmarks/bench_hang.py                       # 1,024 ranks x 2,000 entries
+    python benchmarks/bench_hang.py                       # 1,024 ranks x 200 and x 2,000 entries
     python benchmarks/bench_hang.py --ranks 256 --entries 500 --fr-ranks 64
 """
 from __future__ import annotations
@@ -24,7 +26,7 @@ import argparse
 import json
 import os
 import pickle
-import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -85,18 +87,24 @@ def write_job(folder: Path, ranks: int, entries: int) -> dict:
 
 
 def run_rankscope(folder: Path, truth: dict) -> tuple[float, float]:
-    """`rankscope analyze DIR --json` in a subprocess: (seconds, peak RSS MB); checks the verdict."""
+    """`rankscope analyze DIR --json` in a subprocess: (seconds, its peak RSS MB); checks the verdict."""
     env = dict(os.environ, RANKSCOPE_CACHE_DIR=str(folder.parent / "cache"))
-    t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "rankscope", "analyze", str(folder), "--json", "-q"],
-                          capture_output=True, text=True, env=env)
-    seconds = time.perf_counter() - t
-    h = json.loads(proc.stdout)["hang"]
-    ok = (proc.returncode == 1 and h["culprits"] == [truth["culprit"]] and h["first"]["group"] == truth["group"]
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "rankscope", "analyze", str(folder), "--json", "-q"],
+                                stdout=out, stderr=err, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.perf_counter() - t
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read().decode(), err.read().decode()
+    code = os.waitstatus_to_exitcode(status)
+    h = json.loads(stdout)["hang"]
+    ok = (code == 1 and h["culprits"] == [truth["culprit"]] and h["first"]["group"] == truth["group"]
           and h["first"]["seq"] == truth["seq"] and h["first"]["group_ranks"] == truth["group_ranks"])
     if not ok:
-        raise SystemExit(f"rankscope's verdict is wrong: {h['verdict']} (exit {proc.returncode}; {proc.stderr[-300:]})")
-    return seconds, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        raise SystemExit(f"rankscope's verdict is wrong: {h['verdict']} (exit {code}; {stderr[-300:]})")
+    return seconds, usage.ru_maxrss / 1024
 
 
 def phases(folder: Path) -> tuple[float, float]:
@@ -126,35 +134,41 @@ def run_fr_trace(folder: Path, timeout: int) -> tuple[float | None, str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, default=1024)
-    ap.add_argument("--entries", type=int, default=2000)
-    ap.add_argument("--fr-ranks", type=int, default=64, help="ranks of the job both tools analyse (fr_trace)")
+    ap.add_argument("--entries", type=int, nargs="+", default=[200, 2000],
+                    help="entries per rank's ring buffer (several: one row each)")
+    ap.add_argument("--fr-ranks", type=int, default=64,
+                    help="ranks of the job both tools analyse (fr_trace), with the first --entries")
     ap.add_argument("--fr-timeout", type=int, default=300)
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-hang-") as tmp:
-        for ranks in sorted({args.fr_ranks, args.ranks}):
-            folder = Path(tmp) / f"job{ranks}"
+        jobs = [(args.fr_ranks, args.entries[0], True)] + [(args.ranks, e, False) for e in args.entries]
+        for ranks, entries, compare in jobs:
+            folder = Path(tmp) / f"job{ranks}x{entries}"
             t = time.perf_counter()
-            truth = write_job(folder, ranks, args.entries)
+            truth = write_job(folder, ranks, entries)
             written = time.perf_counter() - t
             mb = sum(p.stat().st_size for p in folder.iterdir()) / 1e6
             ours, rss = run_rankscope(folder, truth)
             read_s, reduce_s = phases(folder)
-            torch_s, torch_said = run_fr_trace(folder, args.fr_timeout) if ranks == args.fr_ranks else (None, "-")
-            rows.append((ranks, args.entries, mb, written, ours, read_s, reduce_s, rss, torch_s, torch_said))
+            torch_s, torch_said = run_fr_trace(folder, args.fr_timeout) if compare else (None, "-")
+            rows.append((ranks, entries, mb, written, ours, read_s, reduce_s, rss, torch_s, torch_said))
+            shutil.rmtree(folder)
     print(f"{'ranks':>6} {'entries':>8} {'MB':>7} {'write s':>8} {'rankscope s':>12} {'read+map s':>11} "
           f"{'reduce s':>9} {'peak MB':>8} {'fr_trace s':>11} {'ratio':>6}")
     for ranks, entries, mb, written, ours, read_s, reduce_s, rss, torch_s, said in rows:
         ratio = f"{torch_s / ours:.1f}x" if torch_s else "-"
         print(f"{ranks:>6} {entries:>8} {mb:>7.1f} {written:>8.1f} {ours:>12.2f} {read_s:>11.2f} {reduce_s:>9.2f} "
-              f"{rss:>8.0f} {(f'{torch_s:.2f}' if torch_s else 'failed'):>11} {ratio:>6}")
-    for ranks, *_, torch_s, said in rows:
+              f"{rss:>8.0f} {(f'{torch_s:.2f}' if torch_s else 'failed' if said != '-' else '-'):>11} {ratio:>6}")
+    for ranks, entries, *_, torch_s, said in rows:
         if said != "-":
-            print(f"fr_trace at {ranks} ranks, its last line: {said[:200]}")
+            print(f"fr_trace at {ranks} ranks x {entries} entries, its last line: {said[:200]}")
     print("rankscope s: `rankscope analyze DIR --json` end to end (a subprocess; verdict checked: culprit, "
           "group, seq); read+map s: reading and summarising every dump in one process; reduce s: the cross-rank "
-          "verdict; peak MB: the largest resident memory of the subprocesses run so far; ratio: fr_trace s / "
-          "rankscope s at the same ranks")
+          "verdict; peak MB: the largest resident memory of the rankscope process (its worker processes, one "
+          "dump at a time each, apart); ratio: fr_trace s / "
+          "rankscope s on the same dumps; fr_trace 'failed': it stopped with an error or at the "
+          "timeout")
 
 
 if __name__ == "__main__":

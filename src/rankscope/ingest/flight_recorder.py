@@ -6,8 +6,9 @@ rank records its last collectives in a ring buffer, which is dumped per rank on 
 (`torch._C._distributed_c10d._dump_fr_trace()`: a pickle; `_dump_fr_trace_json()`: JSON). Format
 2.x (torch 2.5-2.13): a dict of `version`, `pg_config` (per process group: name, desc, ranks as
 text "[0, 1]"), `pg_status` (per local group id: last enqueued / started / completed sequence
-number; not read: on gloo it counts failed collectives as completed), `entries` (one per collective or point-to-point op: record_id, pg_id, process_group
-(name, desc), collective_seq_id, p2p_seq_id, op_id, profiling_name "nccl:all_reduce" /
+number; not read: on gloo it counts failed collectives as completed), `entries` (one per
+collective or point-to-point op: record_id, pg_id, process_group (name, desc),
+collective_seq_id, p2p_seq_id, op_id, profiling_name "nccl:all_reduce" /
 "gloo:send 0->1", input/output sizes and dtypes, state scheduled | started | completed, retired,
 time_created_ns, time_discovered_started_ns / _completed_ns, duration_ms (NCCL with timing),
 timeout_ms, is_p2p, frames [name, filename, line] (pickle only)), and `comm_lib_version` or

@@ -53,12 +53,13 @@ def _bytes(path: str) -> int:
 
 
 def analyze_hang(dumps: Sequence[str | Path], traces: Sequence[RankSummary] = (), cross: CrossRank | None = None,
-                 engine: str = "auto", workers: int | None = None) -> tuple[HangReport | None, list[InputProblem]]:
+                 engine: str = "auto", workers: int | None = None
+                 ) -> tuple[HangReport | None, list[InputProblem]]:
     """The verdict over the dumps (None when none could be used), and the problems met. `traces`
     and `cross`: the job's profiler traces analysed beside them, whose world size and process groups
-    fill in what the dumps do not say, and whose steps say how the culprits ran before. The dumps are read in worker processes when there are many (reading
-    a pickle is Python work, which threads would not share); `engine` "processes" or "ray" (the
-    user's choice) is kept."""
+    fill in what the dumps do not say, and whose steps say how the culprits ran before. The dumps
+    are read in worker processes when there are many (reading a pickle is Python work, which
+    threads would not share); `engine` "processes" or "ray" (the user's choice) is kept."""
     from rankscope.analyses.job.hang import foreign_dumps, hang_report, trace_facts
     from rankscope.analyses.rank.groups import parse_ranks
     paths = sorted(map(str, dumps))
@@ -73,7 +74,8 @@ def analyze_hang(dumps: Sequence[str | Path], traces: Sequence[RankSummary] = ()
     for s in (r for r in results if not isinstance(r, InputProblem)):
         if s.rank in summaries:
             problems.append(InputProblem(s.file, f"a second Flight Recorder dump of rank {s.rank} (like "
-                                                 f"{Path(summaries[s.rank].file).name}): skipped, keeping the first by name"))
+                                                 f"{Path(summaries[s.rank].file).name}): skipped, keeping the first "
+                                                 "by name"))
             continue
         if s.skipped_entries:
             problems.append(InputProblem(s.file, f"{s.skipped_entries:,} entries without the fields of a Flight "

@@ -77,7 +77,8 @@ def _grids(h: dict) -> str:
         more = len(g["grid"]) - len(rows)
         out.append(f"<h4>{escaped(g['label'])}: {escaped(g['state'])}"
                    + (f", every member up to #{g['last_seq_all']}" if g["last_seq_all"] is not None else "") + "</h4>"
-                   + f'<table class="grid"><thead><tr><th></th>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+                   + f'<table class="grid"><thead><tr><th></th>{head}</tr></thead>'
+                   + f'<tbody>{"".join(body)}</tbody></table>'
                    + (note(f"{more} more members (--json has them all)") if more > 0 else ""))
     hidden = len(h["all_groups"]) - len(groups)
     if hidden > 0:

@@ -25,7 +25,8 @@ def hang_section(r: HangReport, console: Console, brief: bool = False) -> None:
     line.append(printable(r.verdict))
     console.print(line)
     progress = ("started / completed recorded" if r.states_recorded
-                else "no progress recorded (gloo: a dump says which collectives a rank entered, not whether they completed)")
+                else "no progress recorded (gloo: a dump says which collectives a rank entered, not whether they "
+                     "completed)")
     _line(console, f"dumps: {len(r.ranks_dumped)} of {r.world_size or '?'} ranks ({ranges(r.ranks_dumped)}), "
                    f"{r.backend}; {progress}")
     if r.unknown:

@@ -19,7 +19,8 @@ def flight_recorder_json(rank: int, slices: pl.DataFrame, origin_ns: int, has_pr
     meta = [] if has_process else [
         {"ph": "M", "pid": rank, "name": "process_name", "args": {"name": f"rank {rank}"}},
         {"ph": "M", "pid": rank, "name": "process_sort_index", "args": {"sort_index": rank}}]
-    meta += [{"ph": "M", "pid": rank, "tid": tid, "name": "thread_name", "args": {"name": f"rank {rank} / Flight Recorder"}},
+    meta += [{"ph": "M", "pid": rank, "tid": tid, "name": "thread_name",
+              "args": {"name": f"rank {rank} / Flight Recorder"}},
              {"ph": "M", "pid": rank, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": SORT_INDEX}}]
     chunks = [b",\n".join(msgspec.json.encode(m) for m in meta)]
     lines = slice_lines(slices, rank, {0: tid}, origin_ns)

@@ -210,7 +210,8 @@ def _groups(by_rank: dict[int, DumpSummary], world: int | None, trace_groups: di
         ranks = sorted(set(ranks or seen_in[name]) | seen_in[name])
         if p2p and len(ranks) != 2:
             continue
-        out.append(_Group(name, desc[name], p2p, ranks, dim_of_desc(desc[name]), {r: streams[r] for r in ranks if r in streams}))
+        out.append(_Group(name, desc[name], p2p, ranks, dim_of_desc(desc[name]),
+                          {r: streams[r] for r in ranks if r in streams}))
     return out
 
 
@@ -301,7 +302,8 @@ def _stall(g: _Group, rows: list[int], no_dump: list[int], c: int, cols: np.ndar
             frames.append(CallFrame(rank=r, name=site[0], file=site[1], line=site[2]))
     return StuckCollective(
         kind=kind, group=g.name, group_desc=g.desc, label=g.label, dim=g.dim, group_ranks=g.ranks, p2p=g.p2p, seq=seq,
-        op=_op_name(text[majority], entries.get(entered[0])), entered=entered, not_entered=not_entered, no_dump=list(no_dump),
+        op=_op_name(text[majority], entries.get(entered[0])), entered=entered, not_entered=not_entered,
+        no_dump=list(no_dump),
         mismatched=mismatched, culprits=culprits, culprit_frames=frames, waits=waits, blockers_where=[],
         program_position=position, verdict="")
 
