@@ -208,8 +208,10 @@ class _Reader:
         is_p2p = get("is_p2p") is True or op in ("send", "recv")
         p2p_seq, state, duration = get("p2p_seq_id"), get("state"), get("duration_ms")
         sizes = self._sizes
+        record_id, name0 = get("record_id"), pg[0]
         entry = FrEntry(
-            _int(get("record_id")) or 0, _text(pg[0], str(pg[0])[:64]), _text(pg[1]) if len(pg) > 1 else "",
+            record_id if type(record_id) is int else 0, name0 if type(name0) is str else str(name0)[:64],
+            _text(pg[1]) if len(pg) > 1 else "",
             p2p_seq if is_p2p and type(p2p_seq) is int else coll_seq, is_p2p, op or "?", detail,
             sizes(get("input_sizes")), sizes(get("input_dtypes")), sizes(get("output_sizes")),
             sizes(get("output_dtypes")), state if state in _STATES else "scheduled", created,
@@ -229,41 +231,13 @@ class _Reader:
             kind = type(item)
             if kind is list:
                 self._walk(len(item))
-                if not all(type(x) is int for x in item):
-                    return "?"
-                parts.append(str(item))
+                for x in item:
+                    if type(x) is not int:
+                        return "?"
+                parts.append(str(item))          # a list of ints only: "[4096, 1024]"
             elif kind is str:
                 parts.append(item)
             elif kind is int:
-                parts.append(str(item))
-            else:
-                return "?"
-        return "[" + ", ".join(parts) + "]"
-
-    def _add_frames(self, entries: list[FrEntry]) -> None:
-        """The entries' raw frames converted: every entry's, or each stream's last `frames_last`."""
-        seen: dict[tuple[str, bool], int] = {}
-        for e in reversed(entries):
-            key = (e.pg_name, e.is_p2p)
-            seen[key] = n = seen.get(key, 0) + 1
-            e.frames = self._frames(e.frames) if self.frames_last is None or n <= self.frames_last else []
-
-    def _sizes(self, v) -> str:
-        """Sizes or dtypes as compact text ("[[4096]]", "[Float]"): lists of ints or strings, one
-        level of nesting; anything else is "?"."""
-        if not isinstance(v, list):
-            return "?"
-        self._walk(len(v))
-        parts = []
-        for item in v:
-            if isinstance(item, list):
-                self._walk(len(item))
-                if not all(isinstance(x, int) and not isinstance(x, bool) for x in item):
-                    return "?"
-                parts.append("[" + ", ".join(map(str, item)) + "]")
-            elif isinstance(item, str):
-                parts.append(item)
-            elif isinstance(item, int) and not isinstance(item, bool):
                 parts.append(str(item))
             else:
                 return "?"
