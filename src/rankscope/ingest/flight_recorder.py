@@ -243,6 +243,14 @@ class _Reader:
                 return "?"
         return "[" + ", ".join(parts) + "]"
 
+    def _add_frames(self, entries: list[FrEntry]) -> None:
+        """The entries' raw frames converted: every entry's, or each stream's last `frames_last`."""
+        seen: dict[tuple[str, bool], int] = {}
+        for e in reversed(entries):
+            key = (e.pg_name, e.is_p2p)
+            seen[key] = n = seen.get(key, 0) + 1
+            e.frames = self._frames(e.frames) if self.frames_last is None or n <= self.frames_last else []
+
     def _frames(self, v) -> list[Frame]:
         if not isinstance(v, list):
             return []
