@@ -290,7 +290,7 @@ def test_shared_tuple_keys_are_refused_before_unpickling(tmp_path):
 def test_hash_work_hand_count(tmp_path):
     """The count the refusal rests on, by hand: a key t(n) hashes 2**(n+1) - 1 tuples; a small
     one passes the floor of MIN_HASH_LIMIT and the snapshot reads."""
-    from rankscope.ingest.memory_snapshot import MIN_HASH_LIMIT, _hash_work
+    from rankscope.ingest.safe_pickle import MIN_HASH_LIMIT, _hash_work
     for site, tail in _HASH_SITES.items():
         assert _hash_work(_tuple_chain(10) + tail % 10, 1 << 40) == 2**11 - 1, site
     # {"segments": [], "x": {t10: 1}}: 2047 + its 2 string keys; below the floor, so it reads
@@ -307,7 +307,7 @@ def test_corpus_snapshot_hashes_far_below_the_limit(snapshot_path, raw):
     Independent count: the plainly unpickled object graph (`raw`), each distinct dict once (it was
     built once), each of its keys at its hashing cost (str 1, tuple 1 + its items', int 1 + its
     60-bit digits beyond the first)."""
-    from rankscope.ingest.memory_snapshot import MAX_HASH_PER_BYTE, _hash_work
+    from rankscope.ingest.safe_pickle import MAX_HASH_PER_BYTE, _hash_work
 
     def cost(key) -> int:
         if isinstance(key, tuple):

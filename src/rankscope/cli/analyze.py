@@ -1,4 +1,5 @@
-"""`rankscope analyze`: a job's analysis (`api.analyze`) on the terminal, as JSON, and as an HTML page."""
+"""`rankscope analyze`: a job's analysis (`api.analyze`) on the terminal, as JSON, and as an HTML page.
+Exit code 1 also when Flight Recorder dumps show that the job stopped (a hang or a desync)."""
 from __future__ import annotations
 
 import sys
@@ -9,6 +10,7 @@ import click
 from rankscope.api import analyze
 from rankscope.cli.common import (
     EXIT_NOTHING,
+    EXIT_SKIPPED,
     cache_options,
     engine_options,
     err,
@@ -43,7 +45,7 @@ from rankscope.results import Analysis
 @quiet_option
 def command(paths, demo, thresholds, cache_dir, no_cache, engine, address, workers, as_json, quiet,
             html_path, nccl_logs, job) -> None:
-    """Analyse a job: a folder of per-rank traces (or files)."""
+    """Analyse a job: a folder of per-rank traces (or files), and Flight Recorder dumps (hangs)."""
     from rankscope.thresholds import parse_override
     if demo:
         from rankscope.synth import demo_job_dir
@@ -63,6 +65,9 @@ def command(paths, demo, thresholds, cache_dir, no_cache, engine, address, worke
         say_jobs(result.jobs, job)
         sys.exit(EXIT_NOTHING)
     code = exit_code(result, no_trace(result))
+    if result.hang is not None and result.hang.status in ("hang", "desync"):     # the job stopped: exit 1, one line why
+        err(f"Flight Recorder dumps: the job stopped ({result.hang.status}): {result.hang.verdict}")
+        code = max(code, EXIT_SKIPPED)
     if result.usable:
         show(result, as_json, brief=quiet)
         if html_path:

@@ -6,7 +6,8 @@ recomputed from events), and yields at most one `Finding` of its id (per NCCL ru
 threshold is a named entry of `rankscope.thresholds.THRESHOLDS` with its unit and source; users
 override any of them (`rankscope analyze --threshold dataloader_high_pct=30`, or
 `evaluate(..., resolve(overrides))`). Families: stragglers.py, communication.py, host.py,
-memory.py, compute.py, parallel.py (parallel layouts), inputs.py (NCCL logs); docs/findings.md lists every id.
+memory.py, compute.py, parallel.py (parallel layouts), inputs.py (NCCL logs), hang.py (Flight Recorder
+dumps); docs/findings.md lists every id.
 
 Job-level shares are the median over ranks of a per-rank share of the mean step (docs/concepts.md,
 Step breakdown), so one odd rank does not decide for the job; the ranks a finding names are those
@@ -22,6 +23,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from rankscope.findings import communication, compute, host, inputs, memory, parallel, stragglers  # noqa: F401  (rules)
+from rankscope.findings.hang import hang_findings
 from rankscope.findings.registry import JobView, NcclView, ordered, run
 from rankscope.results import Finding
 from rankscope.thresholds import resolve
@@ -34,9 +36,11 @@ __all__ = ["evaluate", "nccl_findings", "ordered"]
 
 
 def evaluate(analysis: Analysis, thresholds: Mapping[str, float] | None = None) -> list[Finding]:
-    """All findings of a job, ordered by severity then cost per step. `thresholds`: the values in
-    force (`rankscope.thresholds.resolve`), by default the defaults."""
-    return ordered(run(JobView.of(analysis, resolve(thresholds))))
+    """All findings of a job (its traces', and its Flight Recorder dumps' verdict's), ordered by
+    severity then cost per step. `thresholds`: the values in force (`rankscope.thresholds.resolve`),
+    by default the defaults."""
+    t = resolve(thresholds)
+    return ordered(run(JobView.of(analysis, t)) + hang_findings(analysis.hang, t))
 
 
 def nccl_findings(report: NcclReport, thresholds: Mapping[str, float] | None = None) -> list[Finding]:

@@ -3,9 +3,11 @@
 Rank, in order of trust: `distributedInfo.rank` in the trace, then the file name (`rank-3`,
 `rank3`, `worker3`, `_rank_3`), else the position in the sorted file list (with a warning).
 A rank or world size out of range is ignored with a line (`checked_rank`).
+Flight Recorder dumps found on the way are set aside for the hang analysis (`Discovered.fr_dumps`).
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
 import math
 import os
@@ -29,6 +31,7 @@ class Discovered:
     traces: list[Path]
     ignored: list[tuple[Path, str]]     # (file, why) for files in the folder that are not traces
     skipped: list[tuple[Path, str]]     # (path, why) named like a trace or given, but not readable as one
+    fr_dumps: list[Path] = dataclasses.field(default_factory=list)    # Flight Recorder dumps (not traces)
 
 
 def is_trace_name(path: Path) -> bool:
@@ -64,8 +67,20 @@ def discover(inputs: list[str | Path]) -> Discovered:
             ignored.append((p, _MISSING))
         else:
             skipped.append((p, why or _not_regular(mode)))
+    traces, ignored, dumps = _set_aside_fr_dumps(traces, ignored)
     unique = list(dict.fromkeys(t.resolve() for t in traces))
-    return Discovered(traces=unique, ignored=ignored, skipped=skipped)
+    return Discovered(traces=unique, ignored=ignored, skipped=skipped, fr_dumps=list(dict.fromkeys(dumps)))
+
+
+def _set_aside_fr_dumps(traces: list[Path], ignored: list[tuple[Path, str]]
+                        ) -> tuple[list[Path], list[tuple[Path, str]], list[Path]]:
+    """Flight Recorder dumps (`rank_3`, `nccl_trace_rank_3`, `fr_3.json`: by name and content) out of
+    the traces and the files ignored as not traces."""
+    dumps = [f for f in traces if is_fr_dump(f)] + [f for f, why in ignored if why != _MISSING and is_fr_dump(f)]
+    if not dumps:
+        return traces, ignored, []
+    aside = set(dumps)
+    return [f for f in traces if f not in aside], [(f, why) for f, why in ignored if f not in aside], dumps
 
 
 _MISSING = "no such file or folder"
@@ -241,3 +256,40 @@ def assign_ranks(files: list[str], header_ranks: list[int | None], complete: lis
         seen[a.rank] = a
         kept.append(a)
     return kept, warnings, skipped
+
+
+# ----------------------------------------------------------------------------------------------
+# Flight Recorder dumps (ingest/flight_recorder.py reads them)
+#: A dump's file name: anything ending in the rank's digits, optionally `.json`.
+_FR_DUMP_NAME = re.compile(r"(\d{1,10})(\.json)?$", re.IGNORECASE)
+_KINETO_NAME = re.compile(r"\.pt\.trace\.json$", re.IGNORECASE)
+#: How much of a file is read to tell a dump from other files.
+FR_SNIFF_BYTES = 1 << 16
+
+
+def fr_dump_rank(path: str | Path) -> int | None:
+    """The rank a Flight Recorder dump's name gives (the digits it ends with, before an optional
+    `.json`: `rank_3`, `nccl_trace_rank_3`, `fr_3.json`); None for other names and for Kineto traces."""
+    name = Path(path).name
+    if _KINETO_NAME.search(name):
+        return None
+    m = _FR_DUMP_NAME.search(name)
+    return int(m.group(1)) if m else None
+
+
+def is_fr_dump(path: str | Path) -> bool:
+    """Whether `path` is a Flight Recorder dump: named like one (`fr_dump_rank`) and a pickle or JSON
+    object whose head names a dump's keys. Only a regular file is opened, without waiting on it;
+    what cannot be read is not a dump."""
+    if fr_dump_rank(path) is None:
+        return False
+    try:
+        with open_regular(path) as f:
+            head = f.read(FR_SNIFF_BYTES)
+    except OSError:
+        return False
+    if head[:1] == b"\x80":                   # torch's pickler writes the dict's keys first: version, pg_config...
+        return any(key in head for key in (b"version", b"pg_config", b"entries"))
+    text = head.lstrip()
+    return (text[:1] == b"{" and b'"traceEvents"' not in text
+            and (b'"entries"' in text or b'"pg_config"' in text or b'"pg_status"' in text))

@@ -1,11 +1,8 @@
 """CUDA caching-allocator snapshots (`torch.cuda.memory._snapshot()` / `_dump_snapshot()` pickles)
 -> MemorySnapshot.
 
-Safety: a pickle can run any code it names, so the file is read with an unpickler that refuses
-every global (`find_class`) and every persistent id. A snapshot needs none: it is dicts, lists,
-tuples, strings, numbers, booleans and None (checked on the corpus with `pickletools`: no GLOBAL,
-STACK_GLOBAL, REDUCE, BUILD, INST, OBJ or NEWOBJ opcode). Objects cannot be built without a
-global, so nothing in the file is ever called; no torch is needed to read it.
+Safety: the file is read with the restricted reader of ingest/safe_pickle.py (no global, no
+persistent id: nothing in it is ever imported or called; its hashing bounded before unpickling).
 
 Layout (torch/cuda/memory.py, `_Snapshot`): `segments` (one per cudaMalloc: device, address,
 total_size, allocated_size, segment_type, `blocks` [address, size, requested_size, state
@@ -19,23 +16,15 @@ hundred bytes can describe lists nested a billion times over. Each distinct list
 once (shared again where it reappears), values of the wrong type are not turned into text, and the
 walk over segments, blocks, events and frames, which the analysis repeats, is counted at every
 appearance: past `MAX_WALK_PER_BYTE` per byte of the file the snapshot is refused.
-Unpickling itself only links shared objects, except where it hashes: a dict key, a set or
-frozenset member. Hashing a tuple hashes its items each time (not cached), so 60 tuples of two
-references to the one before make a key of 2**60 items. Before anything is unpickled, the opcode
-stream is read (`pickletools.genops`, nothing built) and the hashing it would do is counted, each
-shared tuple at its full expanded size: past `MAX_HASH_PER_BYTE` per byte of the file (or
-`MAX_HASH_WORK` in all) the snapshot is refused (`_hash_work`).
 """
 from __future__ import annotations
 
-import io
 import math
-import pickle
-import pickletools
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rankscope.ingest.errors import TraceError
+from rankscope.ingest.safe_pickle import read_plain_pickle
 
 #: A frame as (function name, file name, line).
 Frame = tuple[str, str, int]
@@ -43,12 +32,6 @@ Frame = tuple[str, str, int]
 #: file, at most; real snapshots walk about 1 (the corpus: 0.4), a deep shared stack per event a few.
 MAX_WALK_PER_BYTE = 64
 MIN_WALK_LIMIT = 1 << 20
-#: Items hashed while unpickling (a tuple key: all the items it expands to, at each use), per byte
-#: of the file, at most, and in all; real snapshots hash about one key per 10 bytes (the corpus: 0.03
-#: per byte: string keys, whose hash is cached).
-MAX_HASH_PER_BYTE = 64
-MIN_HASH_LIMIT = 1 << 20
-MAX_HASH_WORK = 1 << 31
 
 
 @dataclass
@@ -90,26 +73,6 @@ class MemorySnapshot:
     allocator_settings: dict = field(default_factory=dict)
 
 
-class UnsafePickle(pickle.UnpicklingError):
-    """The pickle names a global (a class or function to call): refused, nothing was run."""
-
-
-class _PlainUnpickler(pickle.Unpickler):
-    """Builds only pickle's plain types; any global (class, function) is refused."""
-
-    def find_class(self, module: str, name: str):
-        raise UnsafePickle(f"it names the global {module}.{name}; a memory snapshot holds only plain dicts, "
-                           "lists, strings and numbers")
-
-    def persistent_load(self, pid):
-        raise UnsafePickle("it refers to an external object (persistent id); a memory snapshot holds none")
-
-
-def load_plain_pickle(data: bytes):
-    """Unpickle bytes with no global allowed (UnsafePickle on any)."""
-    return _PlainUnpickler(io.BytesIO(data)).load()
-
-
 def read_memory_snapshot(path: str | Path) -> MemorySnapshot:
     """Read one snapshot pickle safely. Raises TraceError (one line, without the file name)."""
     try:
@@ -120,19 +83,7 @@ def read_memory_snapshot(path: str | Path) -> MemorySnapshot:
         raise TraceError("empty file")
     if data[:1] != b"\x80":
         raise TraceError("not a pickle (torch.cuda.memory._dump_snapshot writes a binary pickle)")
-    limit = min(MAX_HASH_WORK, max(MIN_HASH_LIMIT, MAX_HASH_PER_BYTE * len(data)))
-    work = _hash_work(data, limit)
-    if work > limit:
-        raise TraceError(f"memory snapshot: its dict keys or set members, built from shared references, would "
-                         f"take over {limit:,} hashing steps to unpickle ({MAX_HASH_PER_BYTE} per byte of the "
-                         f"file at most): refused, not unpickled")
-    try:
-        raw = load_plain_pickle(data)
-    except UnsafePickle as exc:
-        raise TraceError(f"unsafe pickle, not loaded: {exc}") from None
-    except (pickle.UnpicklingError, EOFError, ValueError, IndexError, KeyError, TypeError, MemoryError,
-            OverflowError) as exc:
-        raise TraceError(f"truncated or damaged pickle ({type(exc).__name__}: {exc or 'ran out of input'})") from None
+    raw = read_plain_pickle(data, "memory snapshot")
     if isinstance(raw, list) and raw and all(isinstance(s, dict) for s in raw):   # memory_snapshot(): segments
         raw = {"segments": raw}
     if not isinstance(raw, dict) or not isinstance(raw.get("segments"), list):
@@ -141,83 +92,6 @@ def read_memory_snapshot(path: str | Path) -> MemorySnapshot:
         return _Reader(max(MIN_WALK_LIMIT, MAX_WALK_PER_BYTE * len(data))).snapshot(str(path), raw)
     except (AttributeError, KeyError, TypeError, ValueError, OverflowError) as exc:
         raise TraceError(f"unexpected snapshot layout ({type(exc).__name__}: {exc})") from None
-
-
-#: Opcode name -> (items popped below a mark, pops to a mark, items pushed), from pickletools.
-_STACK_EFFECT = {op.name: (op.stack_before.index(pickletools.markobject)
-                           if pickletools.markobject in op.stack_before else len(op.stack_before),
-                           pickletools.markobject in op.stack_before, len(op.stack_after))
-                 for op in pickletools.opcodes}
-_GETS = {"BINGET", "LONG_BINGET", "GET"}
-_PUTS = {"BINPUT", "LONG_BINPUT", "PUT"}
-_TUPLES = {"TUPLE1": 1, "TUPLE2": 2, "TUPLE3": 3}
-_INTS = {"LONG", "LONG1", "LONG4", "INT"}
-
-
-def _hash_work(data: bytes, limit: int) -> int:
-    """How many items unpickling `data` would hash (dict keys, set and frozenset members), counted
-    from the opcode stream without building anything; stops once past `limit`. Each object on the
-    simulated stack is its hashing cost: a tuple 1 + its items' costs (shared ones at every use),
-    an int 1 + its size in 60-bit digits (an int's hash is not cached), anything else 1 (a str's
-    hash is cached; a list or dict is not hashable: hashing it fails at once). A stream that breaks
-    (bad opcode, cut, stack underflow) ends the count there: unpickling fails at the same opcode."""
-    stack: list[int] = []
-    marks: list[int] = []        # stack lengths at each MARK, as the unpickler keeps them
-    memo: dict = {}
-    work = 0
-    try:
-        for op, arg, _pos in pickletools.genops(data):
-            name = op.name
-            if name in _GETS:
-                stack.append(memo.get(arg, 1))
-            elif name == "MEMOIZE":
-                memo[len(memo)] = stack[-1]
-            elif name in _PUTS:
-                memo[arg] = stack[-1]
-            elif name == "MARK":
-                marks.append(len(stack))
-            elif name in _TUPLES:
-                n = _TUPLES[name]
-                if len(stack) - (marks[-1] if marks else 0) < n:
-                    break
-                cost = 1 + sum(stack[-n:])
-                del stack[-n:]
-                stack.append(cost)
-            elif name == "SETITEM":
-                if len(stack) - (marks[-1] if marks else 0) < 3:
-                    break
-                work += stack[-2]
-                del stack[-2:]
-            elif name == "DUP":
-                stack.append(stack[-1])
-            elif name == "POP" and marks and marks[-1] == len(stack):
-                marks.pop()                      # POP of a mark drops the mark
-            else:
-                below, to_mark, pushed = _STACK_EFFECT[name]
-                items: list[int] = []
-                if to_mark:
-                    at = marks.pop()
-                    items = stack[at:]
-                    del stack[at:]
-                if below:
-                    if len(stack) - (marks[-1] if marks else 0) < below:
-                        break
-                    del stack[-below:]
-                if name in ("SETITEMS", "DICT"):
-                    work += sum(items[0::2])
-                elif name in ("ADDITEMS", "FROZENSET"):
-                    work += sum(items)
-                cost = 1
-                if name == "TUPLE":
-                    cost += sum(items)
-                elif name in _INTS and isinstance(arg, int):
-                    cost += arg.bit_length() // 60
-                stack.extend([cost] * pushed)
-            if work > limit:
-                break
-    except (ValueError, IndexError):      # a broken stream: unpickling fails there too
-        pass
-    return work
 
 
 class _TooShared(Exception):

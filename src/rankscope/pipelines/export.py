@@ -71,6 +71,7 @@ def _export(writer, inputs, cache_dir, on_progress, pipeline_ranks: int) -> Expo
     from rankscope.analyses.job.critical_path import path_slices
     from rankscope.analyses.job.matching import collective_waits
     from rankscope.analyses.rank.timeline import job_origin_ns
+    from rankscope.pipelines.hang import flight_recorder_slices, write_flight_recorder
     from rankscope.render.perfetto import SCHEMA
     files = 0
 
@@ -86,6 +87,10 @@ def _export(writer, inputs, cache_dir, on_progress, pipeline_ranks: int) -> Expo
     offsets = cross.clock.applied_offsets() if cross is not None else {}
     offset_of = [offsets.get(s.rank, 0) for s in analysis.ranks]
     origin = job_origin_ns([s.meta.span_ns for s in analysis.ranks], offset_of)
+    fr_tracks = flight_recorder_slices(analysis, offsets)           # Flight Recorder dumps: a track per rank
+    fr_start = [int(f["ts_ns"].min()) for _, f in fr_tracks if f.height]
+    if fr_start:
+        origin = min(fr_start + ([origin] if analysis.ranks else []))
     cache_root = str(cache_dir) if cache_dir is not None else None
     tasks = [_ExportTask(s.meta.file, s.rank, cache_root, offset, origin,
                        collective_waits(cross.collectives, s.rank) if cross is not None else None,
@@ -106,7 +111,8 @@ def _export(writer, inputs, cache_dir, on_progress, pipeline_ranks: int) -> Expo
             del done
             if on_progress:
                 on_progress(files + i + 1, files + len(tasks), tasks[i].path)
-    if not written:
+    dumps = write_flight_recorder(writer, fr_tracks, origin, {w["rank"] for w in written})
+    if not written and not dumps:
         return ExportResult(str(writer.out), [], 0, 0, problems)
     size = writer.close({
         "schema": SCHEMA, "origin_ns": origin,
@@ -114,5 +120,6 @@ def _export(writer, inputs, cache_dir, on_progress, pipeline_ranks: int) -> Expo
                  "(own timestamp - clock_offset_ns - origin_ns) / 1000"),
         "clock": to_plain(cross.clock.as_dict()) if cross is not None else None,
         "ranks": written, "skipped": [str(p) for p in problems if p.fatal], "warnings": analysis.job.warnings,
+        "flight_recorder": dumps,
     })
-    return ExportResult(str(writer.out), [w["rank"] for w in written], writer.events, size, problems)
+    return ExportResult(str(writer.out), sorted({w["rank"] for w in written + dumps}), writer.events, size, problems)

@@ -239,12 +239,14 @@ def _assign(metas: list[RankMeta]) -> tuple[list[RankMeta], list[str], list[Inpu
 
 def _map_files(inputs, task_fn, cache_dir, use_cache, engine, workers, on_progress,
                address=None, on_arrival: Callable[[object], None] | None = None,
-               keep_memory: bool = False) -> tuple[list, list, str]:
+               keep_memory: bool = False, fr_dumps: list | None = None) -> tuple[list, list, str]:
     """Discover the files and map `task_fn` over them: (results, problems, engine used).
     `on_arrival(result)` runs in the driver on each result as it comes in. `keep_memory`: see
-    `engines.map_ranks`."""
+    `engines.map_ranks`. `fr_dumps`: receives the Flight Recorder dumps found (else they are ignored)."""
     items = inputs if isinstance(inputs, list) else [inputs]
     found = discover(items)
+    if fr_dumps is not None:
+        fr_dumps.extend(found.fr_dumps)
     problems = [InputProblem(str(f), why, fatal=False) for f, why in found.ignored]
     problems += [InputProblem(str(f), why) for f, why in found.skipped]
     files = sorted(found.traces, key=lambda p: -_size(p))     # largest first: better balance
@@ -294,8 +296,9 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
         _import_reduce()
         _arrived(result, strings)
 
+    dumps: list[Path] = []
     summaries, problems, chosen = _map_files(inputs, _rank_task, cache_dir, use_cache, engine, workers,
-                                             on_progress, address, arrived, keep_memory=True)
+                                             on_progress, address, arrived, keep_memory=True, fr_dumps=dumps)
     _trim_heap(chosen)
     summaries, found, picked = _one_job(summaries, job)
     if picked is None:
@@ -308,8 +311,13 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
     problems += rank_problems
     cross = _cross_rank(kept, values)
     refused = [str(p) for p in problems if p.fatal and p.problem.startswith(NOT_A_CAPTURE)]
+    hang = None
+    if dumps:                        # Flight Recorder dumps, beside the traces or alone: the hang verdict
+        from rankscope.pipelines.hang import analyze_hang
+        hang, hang_problems = analyze_hang(dumps, kept, cross, engine, workers)
+        problems += hang_problems
     result = Analysis(job=_job_info(kept, rank_warnings, refused), ranks=kept, problems=problems, engine=chosen,
-                      cross=cross, jobs=found)
+                      cross=cross, jobs=found, hang=hang)
     result.findings = _noted_partial(evaluate_findings(result, values), result.job)
     if nccl_logs:
         from rankscope.pipelines.inputs import analyze_nccl_logs

@@ -18,6 +18,7 @@ from rankscope.render.base import HtmlRenderer
 from rankscope.render.figures import (BREAKDOWN, COMM_BY_DIM, COMM_BY_DIM_NOTE, DETAILS, GAPS, PIPELINE_STAGE,
                                       STRAGGLER, html_legend)
 from rankscope.render.format import GAP_POSITIONS, escaped, no_device_words, ranges, value_text
+from rankscope.render.hang_html import dumps_header, hang_section
 from rankscope.render.html_parts import (CATEGORY_COLORS, CATEGORY_LABELS, chart, chart_label, chart_layout,
                                          html_table, kv_table, name_cell, note, one_chart, page)
 from rankscope.render.json import analysis_to_dict
@@ -45,8 +46,12 @@ class AnalysisHtml(HtmlRenderer):
 def render_html(report: dict) -> str:
     """The whole page for one `rankscope.analysis/1` dict (also one read back from --json)."""
     figures: dict[str, dict] = {}
-    body = "".join([_header(report), _findings(report), _breakdown(report, figures), _parallel(report, figures),
-                    _heatmap(report, figures),
+    if not report["ranks"]:          # Flight Recorder dumps alone: their verdict, no trace sections
+        body = "".join([dumps_header(report), hang_section(report), _findings(report)])
+        return page(f"rankscope report: {len(report['hang']['ranks_dumped'])} Flight Recorder dumps", body, figures,
+                    report.get("schema"))
+    body = "".join([_header(report), hang_section(report), _findings(report), _breakdown(report, figures),
+                    _parallel(report, figures), _heatmap(report, figures),
                     _collectives(report, figures), _critical_path(report, figures), _overlap(report, figures),
                     _idle(report, figures),
                     _rank_detail(report, figures)])

@@ -127,5 +127,6 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
         "ranks": ranks,
         "steps": steps,
         **_cross(cross),
+        "hang": to_plain(a.hang) if a.hang is not None else None,
         "findings": [f.as_dict() for f in a.findings],
     }

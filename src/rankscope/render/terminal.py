@@ -1,6 +1,7 @@
 """Terminal output (rich): job header, per-rank tables, stragglers, the worst GPU idle gaps, top
 kernels and operators, then the findings with their fixes. Readable at 80 columns. Input
-problems go to stderr (cli.py), not here. `brief`: the job header and the findings only."""
+problems go to stderr (cli.py), not here. `brief`: the job header and the findings only. With
+Flight Recorder dumps, their verdict comes first (render/hang_terminal.py)."""
 from __future__ import annotations
 
 from rich import box
@@ -16,6 +17,7 @@ from rankscope.render.figures import (BREAKDOWN, COMM_BY_DIM, COMM_BY_DIM_NOTE, 
                                       STRAGGLER, legend)
 from rankscope.render.format import (GAP_POSITIONS, distinct_shortened, literal, no_device_words, number, percent,
                                      print_table, printable, ranges, shortened)
+from rankscope.render.hang_terminal import hang_section
 from rankscope.results import Analysis
 
 
@@ -26,10 +28,13 @@ class AnalysisTerminal(TerminalRenderer):
         self.brief = brief
 
     def render(self, result: Analysis, out: Console) -> None:
-        _header(result, out)
-        _capture(result, out)
+        if result.hang is not None:              # Flight Recorder dumps: the verdict first
+            hang_section(result.hang, out, self.brief)
+        if result.ranks:
+            _header(result, out)
+            _capture(result, out)
         _warnings(result, out)
-        if not self.brief:
+        if not self.brief and result.ranks:
             _tables(result, out)
         _findings(result, out, self.brief)
 

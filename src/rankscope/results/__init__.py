@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rankscope.analyses.job.mfu import MfuReport
     from rankscope.analyses.job.stragglers import CrossRank
     from rankscope.analyses.rank.summary import RankSummary
+    from rankscope.results.hang import HangReport
 
 
 def to_plain(obj: Any) -> Any:
@@ -101,10 +102,11 @@ class Analysis(Result):
     cross: CrossRank | None = None                 # collectives, clock alignment, stragglers, alpha-beta
     findings: list[Finding] = field(default_factory=list)   # ordered: severity, then cost per step
     jobs: list[FoundJob] = field(default_factory=list)      # the jobs the inputs hold, when several (results/jobs.py)
+    hang: HangReport | None = None                 # the Flight Recorder dumps' verdict (None: no dump read)
 
     @property
     def usable(self) -> bool:
-        return bool(self.ranks)
+        return bool(self.ranks) or self.hang is not None
 
 
 @dataclass
