@@ -241,15 +241,17 @@ def test_atomic_write_on_a_full_disk_keeps_the_old_file(tmp_path: Path):
     assert [p.name for p in tmp_path.iterdir()] == ["report.html"]
 
 
-def test_atomic_write_replaces_keeps_the_mode_and_follows_a_link(tmp_path: Path):
+def test_atomic_write_replaces_keeps_the_mode_and_never_follows_a_link(tmp_path: Path):
     target = tmp_path / "out.html"
     target.write_text("old")
     target.chmod(0o640)
+    atomic_write_bytes(target, b"new", fsync=True)
+    assert target.read_bytes() == b"new" and stat.S_IMODE(target.stat().st_mode) == 0o640
     link = tmp_path / "latest.html"
     link.symlink_to(target)
-    atomic_write_bytes(link, b"new", fsync=True)
+    with pytest.raises(OSError, match="is a symbolic link"):        # refused: neither target nor link replaced
+        atomic_write_bytes(link, b"newer")
     assert link.is_symlink() and target.read_bytes() == b"new"
-    assert stat.S_IMODE(target.stat().st_mode) == 0o640
     fresh = tmp_path / "new.json"
     atomic_write_text(fresh, "{}")
     assert fresh.read_text() == "{}" and sorted(p.name for p in tmp_path.iterdir()) == ["latest.html", "new.json",
