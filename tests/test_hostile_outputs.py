@@ -19,12 +19,15 @@ import signal
 import socket
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from conftest import GLOO_HEALTHY, assert_no_traceback, corpus_files, rankscope_cmd, run_cli
-from rankscope.files import TEMP_PREFIX
+from rankscope.files import TEMP_PREFIX, temp_name
+from rankscope.ingest import Cache, load_rank
+from rankscope.ingest.cache import MARKER, STALE_TEMP_S, content_key
 
 # ---------------------------------------------------------------------------------------------
 # 1. Outputs: only regular files, never through a link, stdout in one checked write
@@ -210,3 +213,218 @@ def test_no_temporary_file_is_left_beside_a_refused_or_failed_target(corpus: Pat
     _one_line(proc, str(page), "File too large")
     assert page.read_text() == "the previous report"
     assert [p.name for p in page.parent.iterdir() if p.name.startswith(TEMP_PREFIX)] == []
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. The cache owns only what it made, and checks what it reads
+def _users_folder(folder: Path, key: str) -> Path:
+    """A user's project folder that happens to have a subfolder named like a cache shard of `key`,
+    holding hidden files (a git repository, an .env) older than the stale-temporary age."""
+    shard = folder / key[:2]
+    (shard / ".git").mkdir(parents=True)
+    (shard / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (shard / ".env").write_text("SECRET=1\n")
+    (folder / "README.md").write_text("the user's project\n")
+    past = time.time() - STALE_TEMP_S - 3600
+    for p in (shard / ".git", shard / ".env"):
+        os.utime(p, (past, past))
+    return folder
+
+
+@pytest.mark.parametrize("how", ["analyze", "validate", "diff", "export", "demo", "env"])
+def test_a_folder_that_is_no_cache_is_refused_and_untouched(corpus: Path, tmp_path: Path, how: str):
+    job = corpus / GLOO_HEALTHY
+    user = _users_folder(tmp_path / "project", content_key(corpus_files(corpus, GLOO_HEALTHY)[0]))
+    before = _snapshot(user)
+    cache = ["--cache-dir", user]
+    args = {"analyze": ["analyze", job, "-q", *cache], "validate": ["validate", job, "-q", *cache],
+            "diff": ["diff", job, job, "-q", *cache], "export": ["export", "perfetto", job, "-o", tmp_path / "t.json",
+                                                                 "-q", *cache],
+            "demo": ["analyze", "--demo", "-q", *cache], "env": ["analyze", job, "-q"]}[how]
+    proc = run_cli(args, tmp_path, env={"RANKSCOPE_CACHE_DIR": str(user)} if how == "env" else None)
+    assert proc.returncode == 2, proc.stderr
+    _one_line(proc, str(user), "is not a rankscope cache")
+    assert _snapshot(user) == before
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_new_empty_and_earlier_caches_are_used(corpus: Path, tmp_path: Path):
+    """A missing or empty folder becomes a cache (its marker written); a cache of an earlier
+    version (two-hex-digit folders of entries, the demo job: built here by hand) is adopted."""
+    rank = corpus_files(corpus, GLOO_HEALTHY)[0]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    earlier = tmp_path / "earlier"
+    (earlier / "ab" / ("ab" + "0" * 62 + "-" + "1" * 16)).mkdir(parents=True)
+    (earlier / "demo-job-v3").mkdir()
+    for root in (tmp_path / "new" / "cache", empty, earlier):
+        trace, hit = load_rank(rank, Cache(root))
+        assert not hit and load_rank(rank, Cache(root))[1], root
+        assert (root / MARKER).read_bytes().startswith(b"Signature: 8a477f597d28d172789f06886806bc55")
+
+
+def test_cleaning_removes_only_its_own_temporaries(corpus: Path, tmp_path: Path):
+    """In a cache, a shard folder holding a user's hidden files beside an old temporary entry of
+    a killed writer: the next write there removes the temporary entry only."""
+    rank = corpus_files(corpus, GLOO_HEALTHY)[0]
+    root = tmp_path / "cache"
+    load_rank(corpus_files(corpus, GLOO_HEALTHY)[1], Cache(root))         # a cache, with its marker
+    key = content_key(rank)
+    _users_folder(root, key)
+    leftover = root / key[:2] / temp_name(key[:8])
+    leftover.mkdir()
+    (leftover / "events.parquet").write_bytes(b"half")
+    past = time.time() - STALE_TEMP_S - 60
+    os.utime(leftover, (past, past))
+    assert not load_rank(rank, Cache(root))[1]
+    assert not leftover.exists()
+    assert (root / key[:2] / ".env").read_text() == "SECRET=1\n" and (root / key[:2] / ".git" / "HEAD").exists()
+
+
+@pytest.fixture
+def cached_job(corpus: Path, tmp_path: Path) -> tuple[Path, Path, dict]:
+    """A private copy of the 4-rank gloo job analysed once into a fresh cache: (job, cache, the
+    fresh --no-cache JSON without from_cache)."""
+    job = tmp_path / "job"
+    job.mkdir()
+    for f in corpus_files(corpus, GLOO_HEALTHY):
+        shutil.copyfile(f, job / f.name)
+    cache = tmp_path / "cache"
+    assert run_cli(["analyze", job, "--json", "--cache-dir", cache], tmp_path).returncode == 0
+    fresh = run_cli(["analyze", job, "--json", "--no-cache"], tmp_path)
+    return job, cache, _without_from_cache(fresh.stdout)
+
+
+def _without_from_cache(text: str) -> dict:
+    doc = json.loads(text)
+    for r in doc["ranks"]:
+        r.pop("from_cache")
+    return doc
+
+
+def _entries(cache: Path) -> list[Path]:
+    return sorted(p.parent for p in cache.rglob("meta.bin"))
+
+
+def _flip(path: Path, offsets: list[int]) -> None:
+    data = bytearray(path.read_bytes())
+    for at in offsets:
+        data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _analysed_again(job: Path, cache: Path, fresh: dict, tmp_path: Path) -> None:
+    """The next run equals the fresh one but for one line saying damaged entries were rebuilt (in
+    stderr and the report), and the one after says nothing: the entries were rewritten."""
+    again = run_cli(["analyze", job, "--json", "--cache-dir", cache], tmp_path, timeout=60)
+    assert again.returncode == 0, again.stderr
+    said = [line for line in again.stderr.splitlines() if "damaged" in line]
+    assert len(said) == 1 and str(cache) in said[0], again.stderr
+    doc = _without_from_cache(again.stdout)
+    assert [w["file"] for w in doc["inputs"]["warnings"]] == ["cache"]
+    doc["inputs"]["warnings"] = []
+    assert doc == fresh
+    third = run_cli(["analyze", job, "--json", "--cache-dir", cache], tmp_path, timeout=60)
+    assert third.returncode == 0 and "damaged" not in third.stderr
+    assert [r["from_cache"] for r in json.loads(third.stdout)["ranks"]] == [True] * 4
+
+
+@pytest.mark.parametrize("where", ["header", "middle", "last"])
+def test_a_flipped_byte_in_a_summary_is_a_miss_rebuilt_and_said_once(cached_job, tmp_path: Path, where: str):
+    job, cache, fresh = cached_job
+    blobs = sorted(cache.rglob("summary-*"))
+    assert len(blobs) == 4
+    for blob in blobs:                              # every rank's: still one line
+        size = blob.stat().st_size
+        _flip(blob, [{"header": 12, "middle": size // 2, "last": size - 1}[where]])
+    _analysed_again(job, cache, fresh, tmp_path)
+
+
+def test_a_summary_swapped_for_another_ranks_is_a_miss(cached_job, tmp_path: Path):
+    job, cache, fresh = cached_job
+    a, b = sorted(cache.rglob("summary-*"))[:2]
+    data_a, data_b = a.read_bytes(), b.read_bytes()
+    a.write_bytes(data_b)
+    b.write_bytes(data_a)
+    _analysed_again(job, cache, fresh, tmp_path)
+
+
+def _frames_read_again(cache: Path, rank: Path) -> Cache:
+    """load_rank of `rank` through `cache` is a miss that equals a fresh parse, and said so; the
+    next one is a hit again. Returns the Cache that missed."""
+    missed = Cache(cache)
+    trace, hit = load_rank(rank, missed)
+    assert not hit and missed.damaged and str(cache) in missed.damaged
+    fresh, _ = load_rank(rank)
+    for name, frame in fresh.frames().items():
+        assert trace.frames()[name].equals(frame), name
+    assert load_rank(rank, Cache(cache))[1]
+    return missed
+
+
+def test_eight_flipped_bytes_in_an_events_frame_are_a_miss(cached_job):
+    job, cache, _ = cached_job
+    rank = sorted(job.iterdir())[0]
+    events = cache / content_key(rank)[:2] / content_key(rank) / "events.parquet"
+    size = events.stat().st_size
+    _flip(events, [size // 3 + 997 * i for i in range(8)])         # in the column data of an uncompressed file
+    _frames_read_again(cache, rank)
+
+
+def test_a_frame_swapped_for_another_ranks_is_a_miss(cached_job):
+    """Two ranks whose events frames have the same size (the gloo job's ranks 2 and 3: 88,835
+    bytes each here): only the checksum tells them apart."""
+    job, cache, _ = cached_job
+    by_size: dict[int, list[Path]] = {}
+    for entry in _entries(cache):
+        by_size.setdefault((entry / "events.parquet").stat().st_size, []).append(entry)
+    pair = next((entries for entries in by_size.values() if len(entries) > 1), None)
+    assert pair, "no two events frames of the same size"
+    a, b = pair[0] / "events.parquet", pair[1] / "events.parquet"
+    tmp = a.with_name("swap")
+    os.rename(a, tmp)
+    os.rename(b, a)
+    os.rename(tmp, b)
+    rank = next(f for f in job.iterdir() if content_key(f) == pair[0].name)
+    _frames_read_again(cache, rank)
+
+
+def _limited(limit_as: int):
+    """For preexec_fn: an address-space limit, so that a reader of /dev/zero fails instead of
+    taking the machine's memory."""
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit_as, limit_as))
+    return apply
+
+
+@pytest.mark.parametrize("what", ["events.parquet", "meta.bin", "summary"])
+@pytest.mark.parametrize("kind", ["fifo", "link-to-dev-zero", "link-to-file"])
+def test_an_entry_file_that_is_no_regular_file_is_a_miss_never_waited_on(cached_job, tmp_path: Path, what: str,
+                                                                         kind: str):
+    """A FIFO (an open for reading would wait for a writer for ever), a link to /dev/zero (endless
+    bytes) or a link to another rank's file, in place of one entry's file: a miss, rebuilt, said
+    once. In a child with 3 GB of address space and 60 s."""
+    job, cache, fresh = cached_job
+    entries = _entries(cache)
+    entry = entries[0]
+    name = next(entry.glob("summary-*")).name if what == "summary" else what
+    if what != "summary":
+        for blob in cache.rglob("summary-*"):           # the frames are read only when the summary misses
+            blob.unlink()
+    (entry / name).unlink()
+    if kind == "fifo":
+        os.mkfifo(entry / name)
+    elif kind == "link-to-dev-zero":
+        (entry / name).symlink_to("/dev/zero")
+    else:
+        (entry / name).symlink_to(next(entries[1].glob("summary-*")) if what == "summary" else entries[1] / name)
+    env = {**os.environ, "RANKSCOPE_CACHE_DIR": str(tmp_path / "default-cache"), "COLUMNS": "250"}
+    again = subprocess.run(rankscope_cmd() + ["analyze", str(job), "--json", "--cache-dir", str(cache)],
+                           capture_output=True, text=True, env=env, timeout=60, preexec_fn=_limited(3 << 30))
+    assert again.returncode == 0, again.stderr
+    said = [line for line in again.stderr.splitlines() if "damaged" in line]
+    assert len(said) == 1, again.stderr
+    doc = _without_from_cache(again.stdout)
+    doc["inputs"]["warnings"] = []
+    assert doc == fresh
+    assert (entry / name).is_file() and not (entry / name).is_symlink()       # rebuilt

@@ -21,7 +21,7 @@ from rankscope.cli.common import (
     with_progress,
 )
 from rankscope.files import atomic_write_text, check_target
-from rankscope.ingest.cache import default_cache_dir
+from rankscope.ingest.cache import NotACache, claim_root, default_cache_dir
 from rankscope.results import Analysis
 
 
@@ -44,7 +44,13 @@ def command(paths, demo, thresholds, cache_dir, no_cache, engine, address, worke
     from rankscope.thresholds import parse_override
     if demo:
         from rankscope.synth import demo_job_dir
-        paths = (str(demo_job_dir(Path(cache_dir) if cache_dir else default_cache_dir())),) + tuple(paths)
+        root = Path(cache_dir) if cache_dir else default_cache_dir()
+        try:
+            claim_root(root)               # the demo job is written there
+        except NotACache as exc:
+            err(str(exc))
+            sys.exit(EXIT_NOTHING)
+        paths = (str(demo_job_dir(root)),) + tuple(paths)
     if not paths:
         raise click.UsageError("give a folder of traces (or files), or --demo")
     try:

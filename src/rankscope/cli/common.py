@@ -20,7 +20,7 @@ import msgspec
 
 from rankscope.engine import ENGINES, EngineError
 from rankscope.files import write_all
-from rankscope.ingest.cache import default_cache_dir
+from rankscope.ingest.cache import NotACache, default_cache_dir
 from rankscope.pipelines import ArgumentError
 from rankscope.render.base import render, renderer
 from rankscope.render.format import printable
@@ -131,13 +131,14 @@ def html_page(result: Result) -> str:
 
 def with_progress(run: Callable[[Callable[[int, int, str], None]], R], quiet: bool, label: str) -> R:
     """Call run(on_progress) with a progress bar on stderr (when it is a terminal), then print its
-    input problems. A wrong argument is a usage error; an engine that cannot run exits 2."""
+    input problems. A wrong argument is a usage error; an engine that cannot run, or a cache folder
+    that is no cache, exits 2 (one line)."""
     with _progress_bar(label, quiet) as progress:
         try:
             result = run(progress)
         except ArgumentError as exc:
             raise click.UsageError(str(exc)) from None
-        except EngineError as exc:
+        except (EngineError, NotACache) as exc:
             err(str(exc))
             sys.exit(EXIT_NOTHING)
     print_problems(result)
