@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import GLOO_HEALTHY, assert_no_traceback, corpus_files, rankscope_cmd, run_cli
+from conftest import (GLOO_HEALTHY, assert_no_traceback, corpus_files, ctrl_c, linked_job, process_tree, rankscope_cmd,
+                      reading, run_cli, start_cli, wait_for)
 from rankscope.files import TEMP_PREFIX, temp_name
 from rankscope.ingest import Cache, load_rank
 from rankscope.ingest.cache import MARKER, STALE_TEMP_S, content_key
@@ -428,3 +429,172 @@ def test_an_entry_file_that_is_no_regular_file_is_a_miss_never_waited_on(cached_
     doc["inputs"]["warnings"] = []
     assert doc == fresh
     assert (entry / name).is_file() and not (entry / name).is_symlink()       # rebuilt
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Engines clean up: worker processes end with their driver; a local Ray runtime is the
+#    driver's alone (loopback only) and a Ctrl-C while it starts leaves nothing behind
+@pytest.fixture(scope="module")
+def busy_job(tmp_path_factory) -> Path:
+    """48 plain-JSON ranks of ~8 MB (4 generated, each linked 12 times): seconds of work."""
+    return linked_job(tmp_path_factory.mktemp("busy"), copies=12)
+
+
+def _marked_processes(mark: str) -> list[int]:
+    """Processes whose environment holds RANKSCOPE_TEST_MARK=`mark` (set for the command line here,
+    inherited by everything it starts, also what is reparented when its parent dies); zombies
+    are not counted."""
+    found = []
+    needle = f"RANKSCOPE_TEST_MARK={mark}".encode()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            if needle in (d / "environ").read_bytes().split(b"\0") and \
+                    (d / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                found.append(int(d.name))
+        except OSError:
+            pass
+    return found
+
+
+def _gone(mark: str, within_s: float = 15.0) -> list[int]:
+    """What is left of the marked processes after at most `within_s` (then killed: nothing of a
+    failed run stays on the machine)."""
+    deadline = time.monotonic() + within_s
+    while (left := _marked_processes(mark)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return left
+
+
+def _start_marked(args: list, mark: str) -> subprocess.Popen:
+    return start_cli(args, env={**os.environ, "RANKSCOPE_TEST_MARK": mark})
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").is_file(), reason="finds the processes through /proc")
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_worker_processes_end_with_their_driver(busy_job: Path, sig: str):
+    """`--engine processes`: the driver alone killed while its workers parse (as `timeout` and
+    Kubernetes do): the workers, their server and the resource tracker end too, within seconds."""
+    mark = f"workers-{sig}-{os.getpid()}"
+    proc = _start_marked(["analyze", busy_job, "--engine", "processes", "--workers", "2", "--no-cache", "-q"], mark)
+    try:
+        assert wait_for(proc, lambda: reading(process_tree(proc.pid)[1:], busy_job)), "no worker read a rank"
+        assert len(_marked_processes(mark)) >= 3                      # the driver and two workers at least
+        os.kill(proc.pid, getattr(signal, sig))
+        proc.communicate(timeout=60)
+    finally:
+        left = _gone(mark)
+    assert left == [], f"left behind after {sig} of the driver: {left}"
+
+
+def _listening(pids: list[int]) -> set[tuple[str, int, str]]:
+    """(address, port, process name) of every listening TCP socket and bound UDP socket of `pids`,
+    read from /proc/net/{tcp,tcp6,udp,udp6} and the processes' open sockets."""
+    owner = {}
+    for pid in pids:
+        try:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                try:
+                    link = os.readlink(fd)
+                except OSError:
+                    continue
+                if link.startswith("socket:["):
+                    owner[link[8:-1]] = pid
+        except OSError:
+            continue
+    found = set()
+    for table in ("tcp", "tcp6", "udp", "udp6"):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            listening = fields[3] == "0A" if table.startswith("tcp") else True
+            if listening and fields[9] in owner:
+                hex_ip, port = fields[1].split(":")
+                raw = bytes.fromhex(hex_ip)
+                if len(raw) == 4:
+                    ip = socket.inet_ntop(socket.AF_INET, raw[::-1])
+                else:
+                    ip = socket.inet_ntop(socket.AF_INET6, b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
+                try:
+                    name = Path(f"/proc/{owner[fields[9]]}/comm").read_text().strip()
+                except OSError:
+                    name = "?"
+                found.add((ip, int(port, 16), name))
+    return found
+
+
+def _loopback(ip: str) -> bool:
+    return ip.startswith("127.") or ip in ("::1",) or ip.startswith("::ffff:127.")
+
+
+def _takes_sigint(pid: int) -> bool:
+    """Whether a SIGINT sent to `pid` would reach it: neither blocked nor ignored (/proc status)."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    bit = 1 << (signal.SIGINT - 1)
+    return not (int(fields["SigBlk"], 16) & bit or int(fields["SigIgn"], 16) & bit)
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").is_file(), reason="reads the sockets from /proc")
+def test_a_local_ray_runtime_listens_on_loopback_only_and_leaves_ctrl_c_to_its_driver(busy_job: Path):
+    """A real local Ray runtime started by `--engine ray`, sampled while it works: every socket its
+    processes (GCS, raylet, agents, workers, the driver) listen on is on the loopback interface,
+    and none of them but the driver takes a SIGINT (a terminal's Ctrl-C reaches the whole process
+    group: Ray's agents that took it could outlive the run; the driver shuts the runtime down)."""
+    mark = f"ray-listen-{os.getpid()}"
+    proc = _start_marked(["analyze", busy_job, "--engine", "ray", "--workers", "2", "--no-cache", "-q"], mark)
+    seen: set = set()
+    taking: dict[int, bool] = {}
+    try:
+        def sample() -> None:
+            pids = _marked_processes(mark)
+            seen.update(_listening(pids))
+            for pid in pids:
+                try:
+                    taking[pid] = _takes_sigint(pid)
+                except (OSError, KeyError):
+                    pass
+
+        def working() -> bool:
+            sample()
+            return reading(_marked_processes(mark), busy_job) and len({name for _, _, name in seen}) >= 3
+
+        assert wait_for(proc, working, poll_s=0.1), f"the runtime never worked: {seen}"
+        for _ in range(10):
+            sample()
+            time.sleep(0.1)
+        ctrl_c(proc)
+    finally:
+        _gone(mark)
+    names = {name for _, _, name in seen}
+    assert {"gcs_server", "raylet"} <= names, names
+    assert [s for s in seen if not _loopback(s[0])] == []
+    assert taking.pop(proc.pid) and len(taking) >= 4                 # the driver does; GCS, raylet, workers...
+    assert [pid for pid, takes in taking.items() if takes] == []
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").is_file(), reason="finds the processes through /proc")
+@pytest.mark.parametrize("after_s", [0.0, 0.5, 1.5, 3.0])
+def test_ctrl_c_while_the_ray_runtime_starts_leaves_no_process(busy_job: Path, after_s: float):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) `after_s` seconds after
+    the runtime's GCS server appears: one line, exit 130, and within seconds no process of the run
+    is left (Ray's agents, which took the Ctrl-C themselves, outlived it before)."""
+    mark = f"ray-ctrl-c-{after_s}-{os.getpid()}"
+    proc = _start_marked(["analyze", busy_job, "--engine", "ray", "--workers", "2", "--no-cache", "-q"], mark)
+    try:
+        def gcs_started() -> bool:
+            return any(Path(f"/proc/{pid}/comm").read_text().strip() == "gcs_server"
+                       for pid in _marked_processes(mark) if Path(f"/proc/{pid}/comm").exists())
+
+        assert wait_for(proc, gcs_started, poll_s=0.01), "the runtime never started"
+        time.sleep(after_s)
+        done = ctrl_c(proc)
+    finally:
+        left = _gone(mark)
+    assert_no_traceback(done)
+    assert done.returncode == 130 and done.stderr.strip() == "rankscope: interrupted", done.stderr
+    assert left == [], f"left behind: {left}"
