@@ -13,7 +13,8 @@ then read back from it, side by side in this one run, each version in its own fr
 * ``analyze`` / ``validate``: the cached command line on the 4-rank job (wall, fresh process).
 
 Best of ``--repeat`` (default 15) calls within each process; the command lines: median of
-``--repeat`` runs, the two versions' runs alternating. The "before" version is a source tree given with ``--before`` (e.g. made with
+``--repeat`` runs (wall, and CPU time of the process tree, less sensitive to a busy machine), the two
+versions' runs alternating. The "before" version is a source tree given with ``--before`` (e.g. made with
 ``mkdir /tmp/before && git archive prep | tar -x -C /tmp/before``; its C extensions are copied from
 this tree where it has none: same C sources).
 Also printed: the checksum's own speed on the big rank's frame bytes (ISA-L's CRC-32 against
@@ -90,20 +91,28 @@ def _probe(src: Path | None, rank: Path, cache: Path, repeat: int) -> dict:
     return json.loads(out.stdout)
 
 
-def _cli(versions: dict[str, Path | None], args: list[str], cache: Path, repeat: int) -> dict[str, float]:
-    """(median, best) wall time (ms) of the cached command line, per version; the versions' runs
+def _run(cmd: list[str], env: dict) -> tuple[float, float]:
+    """(wall, CPU of the process and its children) seconds of one run of `cmd`."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, cmd)
+    return time.perf_counter() - start, usage.ru_utime + usage.ru_stime
+
+
+def _cli(versions: dict[str, Path | None], args: list[str], cache: Path, repeat: int) -> dict[str, tuple]:
+    """(median wall, median CPU) ms of the cached command line, per version; the versions' runs
     alternate so that the load of the machine weighs on both alike."""
     cmds = {label: [sys.executable, "-m", "rankscope", *args, "--cache-dir", str(cache / label)] for label in versions}
     for label, src in versions.items():
         subprocess.run(cmds[label], env=_env(src), capture_output=True, check=True)      # fills the cache
-    times: dict[str, list[float]] = {label: [] for label in versions}
+    runs: dict[str, list] = {label: [] for label in versions}
     for _ in range(repeat):
         for label, src in versions.items():
-            start = time.perf_counter()
-            subprocess.run(cmds[label], env=_env(src), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           check=True)
-            times[label].append(time.perf_counter() - start)
-    return {label: (statistics.median(t) * 1e3, min(t) * 1e3) for label, t in times.items()}
+            runs[label].append(_run(cmds[label], _env(src)))
+    return {label: tuple(statistics.median(r[k] for r in rs) * 1e3 for k in (0, 1)) for label, rs in runs.items()}
 
 
 def _checksums(cache: Path, repeat: int) -> dict:
@@ -143,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     for what in ("frames", "summary", "meta"):
         b, a = results["before"][what], results["after"][what]
         print(f"{what:<10} {b:>9.2f} {a:>9.2f} {a / b:>13.2f}")
-    print(f"cached command line on the 4-rank gloo job, median (best) of {args.repeat} runs (ms)")
+    print(f"cached command line on the 4-rank gloo job, median of {args.repeat} runs: wall (CPU), ms")
     for what in ("analyze", "validate"):
         (bm, bb), (am, ab) = results["before"][what], results["after"][what]
         print(f"{what:<10} {bm:>7.0f} ({bb:.0f}) {am:>7.0f} ({ab:.0f})  {am / bm:>5.2f} ({ab / bb:.2f})")
