@@ -22,7 +22,8 @@ Ctrl-C: worker processes ignore SIGINT (the terminal sends it to all of them), s
 sees it: it cancels what has not started, stops the pool (terminating worker processes; Ray's
 tasks end with the driver's ray.shutdown) and lets the KeyboardInterrupt go on, without a traceback
 from any worker. Threads cannot be stopped: those already running finish in the background (the
-CLI exits without them).
+CLI exits without them). Worker processes also end when the driver is killed (`_worker_start`),
+and a local Ray runtime listens on the loopback interface only (`_start_local_ray`).
 """
 from __future__ import annotations
 
@@ -367,10 +368,10 @@ def _start_local_ray(ray, cpus: int, options: dict) -> None:
 
     Ctrl-C: the runtime's processes are started with SIGINT blocked, which they keep, so the
     terminal's Ctrl-C (sent to the whole process group) reaches this process alone, which shuts the
-    runtime down (Ray's agents that took it themselves stayed behind, reparented). A Ctrl-C while
-    the runtime starts is raised once it runs, then it is shut down."""
+    runtime down (Ray's agents that took it themselves could outlive the run). A Ctrl-C while the
+    runtime starts is raised once it runs, then it is shut down."""
     from ray._private import ray_constants
-    own_machine = getattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
+    clusters = getattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
     try:
         with _sigint_held():
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
@@ -378,7 +379,7 @@ def _start_local_ray(ray, cpus: int, options: dict) -> None:
             try:
                 ray.init(address="local", num_cpus=cpus, _node_ip_address=LOOPBACK[0], **options)
             finally:
-                ray_constants.ENABLE_RAY_CLUSTER = own_machine
+                ray_constants.ENABLE_RAY_CLUSTER = clusters
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     except KeyboardInterrupt:
         if ray.is_initialized():

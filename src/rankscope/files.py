@@ -22,7 +22,6 @@ Imports nothing of rankscope: every layer may use it.
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import secrets
 import stat
@@ -144,11 +143,12 @@ def write_all(fd: int, data: bytes) -> None:
     part of it). Raises OSError on the first failed write; when `fd` is a regular file written at
     its end, what this call appended before the failure is cut off again."""
     try:
+        import fcntl                       # POSIX
         st = os.fstat(fd)
         appending = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND
         start = st.st_size if appending else os.lseek(fd, 0, os.SEEK_CUR)
         at_end = stat.S_ISREG(st.st_mode) and start >= st.st_size
-    except OSError:            # a pipe or terminal (no offset)
+    except (OSError, ImportError):     # a pipe or terminal (no offset)
         at_end = False
     view = memoryview(data)
     try:

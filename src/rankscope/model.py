@@ -255,7 +255,7 @@ class RankMeta:
     size_bytes: int = 0
     device_events: int = 0                # kernels + memcpy + memset
     profiler_steps: int = 0               # distinct ProfilerStep#N marks on the host
-    cache_error: str | None = None        # why this run could not write the cache (set after caching)
+    cache_error: str | None = None        # what this run is to say about the cache: a failed write, damaged entries
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)

@@ -25,7 +25,7 @@ earlier rankscope version: only two-hex-digit folders of entries) is refused as 
 (`NotACache`), before anything in it is read, written or removed.
 
 What is read is checked. Every file of an entry carries the layout version `CACHE_FORMAT` and a
-CRC-32 (ISA-L's, ~13 GB/s here): the metadata and the summaries are sealed (`_seal`: a header with
+CRC-32 (ISA-L's: 0.7 ms for the 20 MB of a 200 MB rank's frames here): the metadata and the summaries are sealed (`_seal`: a header with
 the format, the checksum of the content part of the key and the bytes, and their length), and the
 metadata holds each frame's size and checksum. A file of another format, with a flipped byte, of
 another entry (a frame or summary swapped for another rank's) or that is no regular file (a FIFO,
@@ -34,7 +34,6 @@ miss: the entry is rebuilt, and `damaged` says so in one line per run.
 """
 from __future__ import annotations
 
-import errno
 import hashlib
 import io
 import json
@@ -68,7 +67,8 @@ STALE_TEMP_S = 600
 _COMPARE_BYTES = 1 << 20
 #: The marker of a cache root (see the module's text).
 MARKER = "CACHEDIR.TAG"
-_MARKER_TEXT = (b"Signature: 8a477f597d28d172789f06886806bc55\n"
+_SIGNATURE = b"Signature: 8a477f597d28d172789f06886806bc55"
+_MARKER_TEXT = (_SIGNATURE + b"\n"
                 b"# This file is a cache directory tag created by rankscope (parsed traces).\n"
                 b"# For information about cache directory tags, see https://bford.info/cachedir/\n")
 _META = "meta.bin"
@@ -148,7 +148,7 @@ def claim_root(root: str | Path) -> None:
 
 def _marked(root: Path) -> bool:
     data = _read_regular(root / MARKER)
-    return data is not None and data.startswith(_MARKER_TEXT[:60]) and b"rankscope" in data
+    return data is not None and data.startswith(_SIGNATURE) and b"rankscope" in data
 
 
 def _earlier_cache(root: Path, names: list[str]) -> bool:
