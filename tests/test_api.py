@@ -57,6 +57,9 @@ def test_summary_cache_damaged_blob_is_recomputed(corpus, tmp_path):
     for blob in tmp_path.rglob("summary-*"):
         blob.write_bytes(b"\x00garbage")
     again = analyze(folder, cache_dir=tmp_path, engine="inprocess")
+    said = [str(p) for p in again.problems]                  # once for the 4 damaged blobs
+    assert len(said) == 1 and "damaged" in said[0] and not again.skipped
+    again.problems = []
     assert _comparable(again) == _comparable(fresh)
 
 

@@ -22,7 +22,7 @@ ALLOWED: dict[str, set[str]] = {
     "thresholds": set(),
     "interrupt": set(),
     "model": {"units"},
-    "synth": set(),
+    "synth": {"files"},
     "ingest": {"files", "model", "units", "numbers"},
     "analyses": {"model", "units", "numbers", "hardware", "thresholds", "ingest",
                  "results"},    # the typed parts of the report that analyses fill (results/hang.py)

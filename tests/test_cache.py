@@ -208,16 +208,16 @@ def test_cli_default_cache_dir_from_env(corpus: Path, tmp_path: Path):
 def _entry(cache: Cache, path: Path) -> Path:
     key = content_key(path)
     entry = cache.root / key[:2] / key
-    assert (entry / "meta.json").exists()
+    assert (entry / "meta.bin").exists()
     return entry
 
 
 DAMAGES = {
     "truncated-parquet": lambda e: (e / "events.parquet").write_bytes((e / "events.parquet").read_bytes()[:200]),
     "missing-parquet": lambda e: (e / "flows.parquet").unlink(),
-    "garbage-meta": lambda e: (e / "meta.json").write_text("{not json"),
-    "empty-meta": lambda e: (e / "meta.json").write_text(""),
-    "meta-wrong-fields": lambda e: (e / "meta.json").write_text('{"file": "x", "bogus": 1}'),
+    "garbage-meta": lambda e: (e / "meta.bin").write_text("{not json"),
+    "empty-meta": lambda e: (e / "meta.bin").write_text(""),
+    "meta-wrong-fields": lambda e: (e / "meta.bin").write_text('{"file": "x", "bogus": 1}'),
 }
 
 

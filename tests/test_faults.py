@@ -24,7 +24,7 @@ import pytest
 from conftest import assert_no_traceback, rankscope_cmd
 from rankscope.files import TEMP_PREFIX, atomic_write_bytes, atomic_write_text
 from rankscope.ingest import Cache, load_rank
-from rankscope.ingest.cache import STALE_TEMP_S, content_key
+from rankscope.ingest.cache import MARKER, STALE_TEMP_S, content_key
 from rankscope.synth import generate_job
 
 MB = 1 << 20
@@ -124,7 +124,7 @@ def test_failed_cache_write_is_reported_once_and_cleaned(job: Path, tmp_path: Pa
         cache.put_blob(content_key(rank), "summary.bin", b"x" * (2 * CACHE_LIMIT))
     assert not hit and trace.events.height > 0
     assert re.fullmatch(rf"cannot write the cache at {re.escape(str(cache.root))}: File too large.*", cache.write_error)
-    assert [p.name for p in cache.root.rglob("*") if p.is_file()] == []     # no half entry, no temporary
+    assert [p.name for p in cache.root.rglob("*") if p.is_file()] == [MARKER]   # no half entry, no temporary
     assert load_rank(rank, cache)[1] is False and load_rank(rank, cache)[1] is True    # written once there is room
 
 
@@ -135,7 +135,7 @@ def test_leftovers_of_killed_writers_are_removed(job: Path, tmp_path: Path):
     key = content_key(rank)
     shard = tmp_path / "cache" / key[:2]
     shard.mkdir(parents=True)
-    old, young, legacy = shard / f"{TEMP_PREFIX}1-dead-x", shard / f"{TEMP_PREFIX}2-busy-x", shard / f".{key[:8]}-ab12"
+    old, young, legacy = shard / f"{TEMP_PREFIX}1-0000dead-x", shard / f"{TEMP_PREFIX}2-0000b05e-x", shard / f".{key[:8]}-ab12"
     for leftover in (old, young, legacy):
         leftover.mkdir()
         (leftover / "events.parquet").write_bytes(b"half")
@@ -241,15 +241,17 @@ def test_atomic_write_on_a_full_disk_keeps_the_old_file(tmp_path: Path):
     assert [p.name for p in tmp_path.iterdir()] == ["report.html"]
 
 
-def test_atomic_write_replaces_keeps_the_mode_and_follows_a_link(tmp_path: Path):
+def test_atomic_write_replaces_keeps_the_mode_and_never_follows_a_link(tmp_path: Path):
     target = tmp_path / "out.html"
     target.write_text("old")
     target.chmod(0o640)
+    atomic_write_bytes(target, b"new", fsync=True)
+    assert target.read_bytes() == b"new" and stat.S_IMODE(target.stat().st_mode) == 0o640
     link = tmp_path / "latest.html"
     link.symlink_to(target)
-    atomic_write_bytes(link, b"new", fsync=True)
+    with pytest.raises(OSError, match="is a symbolic link"):        # refused: neither target nor link replaced
+        atomic_write_bytes(link, b"newer")
     assert link.is_symlink() and target.read_bytes() == b"new"
-    assert stat.S_IMODE(target.stat().st_mode) == 0o640
     fresh = tmp_path / "new.json"
     atomic_write_text(fresh, "{}")
     assert fresh.read_text() == "{}" and sorted(p.name for p in tmp_path.iterdir()) == ["latest.html", "new.json",

@@ -22,7 +22,8 @@ Ctrl-C: worker processes ignore SIGINT (the terminal sends it to all of them), s
 sees it: it cancels what has not started, stops the pool (terminating worker processes; Ray's
 tasks end with the driver's ray.shutdown) and lets the KeyboardInterrupt go on, without a traceback
 from any worker. Threads cannot be stopped: those already running finish in the background (the
-CLI exits without them).
+CLI exits without them). Worker processes also end when the driver is killed (`_worker_start`),
+and a local Ray runtime listens on the loopback interface only (`_start_local_ray`).
 """
 from __future__ import annotations
 
@@ -47,6 +48,8 @@ ENGINES = ("auto", "local", "processes", "inprocess", "ray")
 RAY_MISSING = "engine ray needs `pip install 'rankscope[ray]'`"
 #: Ray re-runs a task whose worker or node died this many times, then reports the item as lost.
 RAY_TASK_RETRIES = 2
+#: The addresses of the loopback interface: the only ones a local Ray runtime listens on.
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
 #: How long to try a TCP connection to a Ray address before saying it is unreachable (ray.init
 #: itself retries for minutes).
 RAY_CONNECT_TIMEOUT_S = 10.0
@@ -113,7 +116,8 @@ def map_ranks(fn: Callable[[T], R], items: Iterable[T], engine: str = "local", w
     ctx = mp.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
     if ctx.get_start_method() == "forkserver":
         _start_forkserver_sigint_blocked()
-    pool = ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_ignore_sigint)
+    driver_alive, alive = ctx.Pipe(duplex=False)    # the workers' end, and the one only this process holds
+    pool = ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_worker_start, initargs=(driver_alive,))
     try:
         with _sigint_held():
             futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
@@ -125,7 +129,11 @@ def map_ranks(fn: Callable[[T], R], items: Iterable[T], engine: str = "local", w
     except BaseException:         # Ctrl-C, or `fn` raised: nothing more is started
         _stop(pool)
         raise
-    pool.shutdown()
+    else:
+        pool.shutdown()
+    finally:
+        alive.close()
+        driver_alive.close()
     return results
 
 
@@ -205,8 +213,23 @@ def _map_local(fn: Callable[[T], R], items: list[T], n: int, on_done,
     return results
 
 
-def _ignore_sigint() -> None:
+def _worker_start(driver_alive) -> None:
+    """How a worker process of the pool starts: it ignores Ctrl-C (the driver decides), and it ends
+    as soon as the driver has ended, however it ended (SIGTERM or SIGKILL of the driver alone, as
+    `timeout` and Kubernetes send): a thread waits on `driver_alive`, the reading end of a pipe
+    whose only writing end the driver holds, for the end of file its death brings. (The pool's own
+    pipes keep an idle worker waiting for ever; a parent-death signal would not do: the workers'
+    parent is the forkserver, which lives as long as they do.)"""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def watch() -> None:
+        try:
+            driver_alive.recv_bytes()
+        except (EOFError, OSError):
+            pass
+        os._exit(1)
+
+    threading.Thread(target=watch, name="rankscope_driver_watch", daemon=True).start()
 
 
 @contextlib.contextmanager
@@ -286,7 +309,7 @@ def _map_ray(fn, items: list, workers: int | None, on_done, address: str | None,
                 _check_reachable(address)
                 ray.init(address=address, **quiet)
             else:
-                ray.init(address="local", num_cpus=workers or default_workers(), **quiet)
+                _start_local_ray(ray, workers or default_workers(), quiet)
         except EngineError:
             raise
         except Exception as exc:  # ray raises ConnectionError, RuntimeError, ValueError ...
@@ -331,6 +354,43 @@ def _map_ray(fn, items: list, workers: int | None, on_done, address: str | None,
             # after a Ctrl-C, Ray's core logs the tasks it could not report back while it stops
             with _stderr_silenced() if interrupted else contextlib.nullcontext():
                 ray.shutdown()
+
+
+def _start_local_ray(ray, cpus: int, options: dict) -> None:
+    """A Ray runtime on this machine for this call, reachable from it alone, which a Ctrl-C during
+    its start leaves nothing of.
+
+    Loopback only: Ray's own setting for a runtime of one machine (what RAY_ENABLE_WINDOWS_OR_OSX_
+    CLUSTER=0 sets when ray is imported) holds while it starts, so the node's address is 127.0.0.1
+    and every server of the runtime (GCS, raylet, its agents, workers, this driver) listens there
+    only; the dashboard stays off. Checked once started: a runtime on another address is shut down
+    (EngineError).
+
+    Ctrl-C: the runtime's processes are started with SIGINT blocked, which they keep, so the
+    terminal's Ctrl-C (sent to the whole process group) reaches this process alone, which shuts the
+    runtime down (Ray's agents that took it themselves could outlive the run). A Ctrl-C while the
+    runtime starts is raised once it runs, then it is shut down."""
+    from ray._private import ray_constants
+    clusters = getattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
+    try:
+        with _sigint_held():
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            ray_constants.ENABLE_RAY_CLUSTER = False
+            try:
+                ray.init(address="local", num_cpus=cpus, _node_ip_address=LOOPBACK[0], **options)
+            finally:
+                ray_constants.ENABLE_RAY_CLUSTER = clusters
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    except KeyboardInterrupt:
+        if ray.is_initialized():
+            with _stderr_silenced():
+                ray.shutdown()
+        raise
+    where = ray.util.get_node_ip_address()
+    if where not in LOOPBACK:
+        ray.shutdown()
+        raise EngineError(f"a local Ray runtime would listen on {where}, not only on this machine's loopback "
+                          "interface: not started")
 
 
 @contextlib.contextmanager

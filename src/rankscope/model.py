@@ -289,7 +289,7 @@ class RankMeta:
     device_other_categories: list[str] = field(default_factory=list)   # ... in these trace categories
     unknown_events: int = 0               # complete events of a category no profiler writes (Kind.UNKNOWN)
     process: int | None = None            # the pid, where the file holds several ranks (an Nsight report of a job)
-    cache_error: str | None = None        # why this run could not write the cache (set after caching)
+    cache_error: str | None = None        # what this run is to say about the cache: a failed write, damaged entries
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)

@@ -23,8 +23,8 @@ from rankscope.cli.common import (
     show,
     with_progress,
 )
-from rankscope.files import atomic_write_text
-from rankscope.ingest.cache import default_cache_dir
+from rankscope.files import atomic_write_text, check_target
+from rankscope.ingest.cache import NotACache, claim_root, default_cache_dir
 from rankscope.results import Analysis
 
 
@@ -33,7 +33,7 @@ from rankscope.results import Analysis
 @click.option("--demo", is_flag=True, help="Analyse a generated demo job (8 ranks, one straggler).")
 @click.option("--threshold", "thresholds", multiple=True, metavar="NAME=VALUE",
               help="Override a threshold (repeatable); `rankscope thresholds` lists them.")
-@click.option("--html", "html_path", type=click.Path(dir_okay=False), default=None, metavar="PATH",
+@click.option("--html", "html_path", type=click.Path(), default=None, metavar="PATH",
               help="Also write a self-contained HTML report (findings and charts, works offline) to PATH.")
 @click.option("--nccl-log", "nccl_logs", multiple=True, type=click.Path(), metavar="LOG",
               help="An NCCL_DEBUG=INFO log of the job (repeatable; several = runs to compare): its findings join.")
@@ -49,13 +49,21 @@ def command(paths, demo, thresholds, cache_dir, no_cache, engine, address, worke
     from rankscope.thresholds import parse_override
     if demo:
         from rankscope.synth import demo_job_dir
-        paths = (str(demo_job_dir(Path(cache_dir) if cache_dir else default_cache_dir())),) + tuple(paths)
+        root = Path(cache_dir) if cache_dir else default_cache_dir()
+        try:
+            claim_root(root)               # the demo job is written there
+        except NotACache as exc:
+            err(str(exc))
+            sys.exit(EXIT_NOTHING)
+        paths = (str(demo_job_dir(root)),) + tuple(paths)
     if not paths:
         raise click.UsageError("give a folder of traces (or files), or --demo")
     try:
         overrides = dict(parse_override(t) for t in thresholds)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    if html_path:
+        _check_html(html_path)             # before the work: a target never written to fails at once
     result = with_progress(lambda progress: analyze(list(paths), cache_dir=cache_dir, use_cache=not no_cache,
                                                     engine=engine, workers=workers, on_progress=progress,
                                                     address=address, thresholds=overrides,
@@ -79,6 +87,17 @@ def _write_html(result: Analysis, path: str) -> None:
     try:
         atomic_write_text(path, html_page(result))
     except OSError as exc:
-        err(f"cannot write the HTML report {path}: {exc.strerror or exc}")
-        sys.exit(EXIT_NOTHING)
+        _cannot_write(path, exc)
     click.echo(f"wrote HTML report to {path}", err=True)
+
+
+def _check_html(path: str) -> None:
+    try:
+        check_target(path)
+    except OSError as exc:
+        _cannot_write(path, exc)
+
+
+def _cannot_write(path: str, exc: OSError) -> None:
+    err(f"cannot write the HTML report {path}: {exc.strerror or exc}")
+    sys.exit(EXIT_NOTHING)

@@ -9,6 +9,7 @@ or bad arguments.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import re
 import sys
@@ -18,7 +19,8 @@ import click
 import msgspec
 
 from rankscope.engine import ENGINES, EngineError
-from rankscope.ingest.cache import default_cache_dir
+from rankscope.files import write_all
+from rankscope.ingest.cache import NotACache, default_cache_dir
 from rankscope.pipelines import ArgumentError
 from rankscope.render.base import render, renderer
 from rankscope.render.format import printable
@@ -75,8 +77,30 @@ def err(message: str) -> None:
 
 def print_json(obj) -> None:
     """A plain JSON object on stdout (UTF-8), indented by one space."""
-    sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(obj), indent=1))
-    sys.stdout.write("\n")
+    emit(msgspec.json.format(msgspec.json.encode(obj), indent=1) + b"\n")
+
+
+def emit(data: bytes) -> None:
+    """`data` on stdout in one checked write (`files.write_all`): when it fails (a full disk, a
+    closed pipe), one line on stderr and exit 2, never part of the output with exit 0 (as with
+    PYTHONUNBUFFERED=1, whose stdout took what fitted and went on) nor a traceback at exit."""
+    try:
+        sys.stdout.flush()
+        try:
+            fd = sys.stdout.fileno()
+        except (AttributeError, io.UnsupportedOperation, ValueError):   # a stream without a file (tests)
+            sys.stdout.buffer.write(data)
+            sys.stdout.flush()
+            return
+        write_all(fd, data)
+    except OSError as exc:
+        err(f"cannot write to standard output: {exc.strerror or exc}")
+        sys.exit(EXIT_NOTHING)
+
+
+def say(line: str) -> None:
+    """One line on stdout (`emit`)."""
+    emit(f"{line}\n".encode(sys.stdout.encoding or "utf-8", sys.stdout.errors or "strict"))
 
 
 #: A control character, or (group 1) a style sequence of rich's own.
@@ -88,8 +112,7 @@ def show(result: Result, as_json: bool, **terminal_options) -> None:
     report keeps no control character but rich's styles (a name missed by `printable` still cannot
     drive the terminal), and when stdout is no terminal (a pipe, a file) no line ends in spaces."""
     if as_json:
-        sys.stdout.reconfigure(encoding="utf-8")
-        render(result, "json", sys.stdout)
+        emit(renderer(type(result), "json").text(result).encode())
         return
     from rich.console import Console              # not imported for JSON: ~35 ms of a cached run
     console = Console(highlight=False)
@@ -98,7 +121,7 @@ def show(result: Result, as_json: bool, **terminal_options) -> None:
     text = _CONTROL_OR_STYLE.sub(lambda m: m.group(1) or printable(m.group()), captured.get())
     if not console.is_terminal:
         text = "".join(line.rstrip() + "\n" for line in text.splitlines())
-    sys.stdout.write(text)
+    emit(text.encode(sys.stdout.encoding or "utf-8", sys.stdout.errors or "strict"))
 
 
 def html_page(result: Result) -> str:
@@ -108,13 +131,14 @@ def html_page(result: Result) -> str:
 
 def with_progress(run: Callable[[Callable[[int, int, str], None]], R], quiet: bool, label: str) -> R:
     """Call run(on_progress) with a progress bar on stderr (when it is a terminal), then print its
-    input problems. A wrong argument is a usage error; an engine that cannot run exits 2."""
+    input problems. A wrong argument is a usage error; an engine that cannot run, or a cache folder
+    that is no cache, exits 2 (one line)."""
     with _progress_bar(label, quiet) as progress:
         try:
             result = run(progress)
         except ArgumentError as exc:
             raise click.UsageError(str(exc)) from None
-        except EngineError as exc:
+        except (EngineError, NotACache) as exc:
             err(str(exc))
             sys.exit(EXIT_NOTHING)
     print_problems(result)

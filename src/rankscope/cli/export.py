@@ -6,7 +6,8 @@ import sys
 import click
 
 from rankscope.api import export_perfetto
-from rankscope.cli.common import EXIT_NOTHING, cache_options, err, exit_code, no_trace, quiet_option, with_progress
+from rankscope.cli.common import (EXIT_NOTHING, cache_options, err, exit_code, no_trace, quiet_option, say,
+                                  with_progress)
 
 
 @click.group("export")
@@ -16,7 +17,7 @@ def command() -> None:
 
 @command.command("perfetto")
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
-@click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False),
+@click.option("-o", "--output", "out", required=True, type=click.Path(),
               help="The file to write: Chrome-trace JSON, gzipped when the name ends in .gz (job.json.gz).")
 @cache_options(no_cache_help="Use no cache: a scratch one lives for this export only (each file is parsed once).")
 @quiet_option
@@ -33,6 +34,6 @@ def perfetto(paths, out, cache_dir, no_cache, quiet) -> None:
         sys.exit(EXIT_NOTHING)
     code = exit_code(result, no_trace(result))
     if result.usable:
-        click.echo(f"wrote {len(result.ranks)} ranks, {result.events} events to {out} "
-                   f"({result.size_bytes / 1e6:.1f} MB); open it in https://ui.perfetto.dev")
+        say(f"wrote {len(result.ranks)} ranks, {result.events} events to {out} "
+            f"({result.size_bytes / 1e6:.1f} MB); open it in https://ui.perfetto.dev")
     sys.exit(code)

@@ -1,11 +1,15 @@
 """`rankscope synth`: a synthetic Kineto job with injected faults (`rankscope.synth`)."""
 from __future__ import annotations
 
+import sys
+
 import click
+
+from rankscope.cli.common import EXIT_NOTHING, err, say
 
 
 @click.command("synth")
-@click.argument("out", type=click.Path(file_okay=False))
+@click.argument("out", type=click.Path())
 @click.option("--ranks", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--steps", type=click.IntRange(min=1), default=6, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -14,7 +18,7 @@ import click
 @click.option("--scale", type=click.FloatRange(min=0.1), default=1.0, show_default=True,
               help="Model size multiplier (events per step); 12 gives ~50 MB per rank.")
 @click.option("--no-gzip", is_flag=True, help="Write .pt.trace.json instead of .pt.trace.json.gz.")
-@click.option("--twin", type=click.Path(file_okay=False), default=None,
+@click.option("--twin", type=click.Path(), default=None,
               help="Also write the job without its injections to this folder: the fault-free twin (the same "
                    "random draws), to check a what-if's prediction against.")
 @click.option("--layout", "layout", default=None, metavar="SPEC",
@@ -36,9 +40,11 @@ def command(out, ranks, steps, seed, injections, scale, no_gzip, twin, layout) -
             generate_job(twin, ranks=ranks, steps=steps, seed=seed, injections=[], gzip=not no_gzip, scale=scale)
     except (ValueError, NotImplementedError) as exc:
         raise click.UsageError(str(exc)) from None
-    click.echo(f"wrote {ranks} rank traces and ground_truth.json to {out} "
-               f"({len(truth.get('injections', []))} injection(s))"
-               + (f"; its fault-free twin to {twin}" if twin else ""))
+    except OSError as exc:
+        _cannot_write(exc)
+    say(f"wrote {ranks} rank traces and ground_truth.json to {out} "
+        f"({len(truth.get('injections', []))} injection(s))"
+        + (f"; its fault-free twin to {twin}" if twin else ""))
 
 
 def _layout_job(out, text, steps, seed, injections, no_gzip, twin) -> None:
@@ -59,6 +65,14 @@ def _layout_job(out, text, steps, seed, injections, no_gzip, twin) -> None:
             generate_layout_job(twin, spec.healthy(), steps=layout_steps, seed=seed, gzip=not no_gzip)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    click.echo(f"wrote {truth['world_size']} rank traces of {truth['spec']} and ground_truth.json to {out} "
-               f"(faults: {', '.join(truth['faults']) or 'none'})"
-               + (f"; its healthy twin to {twin}" if twin else ""))
+    except OSError as exc:
+        _cannot_write(exc)
+    say(f"wrote {truth['world_size']} rank traces of {truth['spec']} and ground_truth.json to {out} "
+        f"(faults: {', '.join(truth['faults']) or 'none'})"
+        + (f"; its healthy twin to {twin}" if twin else ""))
+
+
+def _cannot_write(exc: OSError) -> None:
+    """One line (the file and why), exit 2."""
+    err(f"cannot write {exc.filename}: {exc.strerror or exc}" if exc.filename else f"cannot write: {exc}")
+    sys.exit(EXIT_NOTHING)

@@ -19,7 +19,7 @@ import numpy as np
 
 from rankscope import engine as engines
 from rankscope.ingest import Cache, TraceError, load_rank, read_trace, read_traces, reuse, several_ranks
-from rankscope.ingest.cache import content_key
+from rankscope.ingest.cache import claim_root, content_key
 from rankscope.ingest.consistency import different_jobs
 from rankscope.ingest.devices import NOT_A_CAPTURE, device_name
 from rankscope.ingest.discover import assign_ranks, discover
@@ -185,7 +185,7 @@ def _summary(task: _Task) -> RankSummary | list[RankSummary]:
     summary = summarize_rank(trace)
     cache.put_blob(key, blob_name, msgspec.msgpack.encode(summary))
     summary.from_cache = cached
-    summary.meta.cache_error = cache.write_error
+    summary.meta.cache_error = cache.problem()
     return summary
 
 
@@ -201,7 +201,7 @@ def _load_task(task: _Task) -> RankMeta | list[RankMeta] | InputProblem:
     meta = cache.get_meta(key, task.path)
     if meta is None:
         meta = load_rank(task.path, cache, key=key)[0].meta
-        meta.cache_error = cache.write_error
+        meta.cache_error = cache.problem()
     return meta
 
 
@@ -231,9 +231,8 @@ def _assign(metas: list[RankMeta]) -> tuple[list[RankMeta], list[str], list[Inpu
         kept.append(m)
     problems = [InputProblem(f, why) for f, why in duplicates]
     problems += [InputProblem(rank_input(m), p, fatal=False) for m in kept for p in m.problems]
-    cache_errors = sorted({m.cache_error for m in metas if m.cache_error})
-    if cache_errors:                  # once per run, whatever the number of ranks that met it
-        problems.append(InputProblem("cache", f"{cache_errors[0]}; the results are not affected", fatal=False))
+    for error in sorted({m.cache_error for m in metas if m.cache_error}):   # once per run, whatever the ranks
+        problems.append(InputProblem("cache", f"{error}; the results are not affected", fatal=False))
     return kept, warnings, problems
 
 
@@ -253,6 +252,8 @@ def _map_files(inputs, task_fn, cache_dir, use_cache, engine, workers, on_progre
     workers = workers or engines.default_workers()
     chosen = engines.choose_engine(engine, sum(_size(p) for p in files), len(files), workers, address)
     cache_root = str(cache_dir) if cache_dir is not None else None
+    if use_cache:
+        claim_root(Cache(cache_root).root)    # a folder that is no cache: refused before anything is read there
     tasks = [_Task(str(p), cache_root, use_cache) for p in files]
     done = 0
 

@@ -22,7 +22,7 @@ import msgspec
 import polars as pl
 
 from rankscope.analyses.rank.timeline import RankTimeline
-from rankscope.files import temp_name
+from rankscope.files import AtomicFile
 
 SCHEMA = "rankscope.perfetto/1"
 #: Rows converted to JSON text at once (bounds the text held in memory: ~40 MB).
@@ -124,18 +124,19 @@ def rank_json(tl: RankTimeline, origin_ns: int) -> tuple[list[bytes], int]:
 # ----------------------------------------------------------------------------------------------
 class TraceWriter:
     """A Chrome-trace JSON object written incrementally: `{"displayTimeUnit": "ms", "traceEvents":
-    [...], "rankscope": {...}}`. Written to a hidden temporary file beside `out` (its own name per
-    writer: two exports to one name do not collide) and renamed by `close`: a failed export leaves
-    no half file under the name asked for, and an earlier file of that name untouched."""
+    [...], "rankscope": {...}}`. Written to a hidden temporary file beside `out` (`files.AtomicFile`:
+    its own name per writer, so two exports to one name do not collide) and renamed by `close`: a
+    failed export leaves no half file under the name asked for, and an earlier file of that name
+    untouched. `out` must be a regular file or nothing (never a link, FIFO, device or folder)."""
 
     def __init__(self, out: str | Path):
         self.out = Path(out)
-        self.partial = self.out.with_name(temp_name(self.out.name))
+        self._atomic = AtomicFile(self.out)
         if self.out.name.endswith(".gz"):
             from isal import igzip
-            self._file = igzip.open(self.partial, "wb", compresslevel=GZIP_LEVEL)
+            self._file = igzip.open(self._atomic.file, "wb", compresslevel=GZIP_LEVEL)
         else:
-            self._file = open(self.partial, "wb")
+            self._file = self._atomic.file
         self._file.write(b'{"displayTimeUnit":"ms","traceEvents":[\n')
         self._first = True
         self.events = 0
@@ -151,7 +152,7 @@ class TraceWriter:
         """Finish the file with the metadata; returns its size in bytes."""
         self._file.write(b'\n],"rankscope":' + msgspec.json.encode(metadata) + b"}\n")
         self._file.close()
-        os.replace(self.partial, self.out)
+        self._atomic.commit()
         return self.out.stat().st_size
 
     def abort(self) -> None:
@@ -161,4 +162,4 @@ class TraceWriter:
         except OSError:
             pass
         finally:
-            self.partial.unlink(missing_ok=True)
+            self._atomic.abort()

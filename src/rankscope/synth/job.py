@@ -2,16 +2,19 @@
 ground truth (true per-rank values, stragglers and their cost, `expected_findings`), and `demo_job_dir`."""
 from __future__ import annotations
 
+import errno
 import gc
 import os
 import re
 import shutil
+import stat
 from contextlib import contextmanager
 from pathlib import Path
 
 import msgspec
 import numpy as np
 
+from rankscope.files import RefusedTarget, atomic_write_bytes, output_folder
 from rankscope.synth.constants import (
     BASE_TIME_NS,
     BUS_BANDWIDTH_GBPS,
@@ -86,17 +89,38 @@ def _generate(out: Path, ranks: int, steps: int, seed: int, injections: list[Inj
     baseline = (_simulate_timing(program, ranks, steps, seed, _plan_faults(healthy, ranks))
                 if len(healthy) < len(injections) else timeline)
 
-    out.mkdir(parents=True, exist_ok=True)
-    for old in out.iterdir():
-        if _TRACE_FILE.match(old.name):
-            old.unlink()
+    _clear_earlier_job(out)
     per_rank = {}
     programs = _rank_programs(program, faults)
     for rank in range(ranks):
         per_rank[str(rank)] = _write_rank(out, rank, ranks, programs[rank], faults, seed, timeline, gzip)
     truth = _ground_truth(seed, ranks, steps, injections, faults, program, timeline, baseline, per_rank)
-    (out / GROUND_TRUTH_FILE).write_bytes(msgspec.json.format(msgspec.json.encode(truth), indent=1) + b"\n")
+    atomic_write_bytes(out / GROUND_TRUTH_FILE, msgspec.json.format(msgspec.json.encode(truth), indent=1) + b"\n")
     return truth
+
+
+def _clear_earlier_job(out: Path) -> None:
+    """`out` made ready for a job (`files.output_folder`): the trace files of an earlier synthetic
+    job there are removed (the new one may have fewer ranks). Trace files without the ground truth
+    of this generator beside them are someone's: the folder is refused (RefusedTarget), nothing
+    removed."""
+    output_folder(out)
+    earlier = sorted(p for p in out.iterdir() if _TRACE_FILE.match(p.name))
+    if earlier and not _synthetic(out / GROUND_TRUTH_FILE):
+        raise RefusedTarget(errno.EEXIST, f"holds trace files that rankscope synth did not write ({earlier[0].name}); "
+                            "give an empty or new folder", str(out))
+    for old in earlier:
+        old.unlink()
+
+
+def _synthetic(truth: Path) -> bool:
+    """Whether `truth` is a regular file of this generator's ground truth."""
+    try:
+        if not stat.S_ISREG(truth.lstat().st_mode):
+            return False
+        return msgspec.json.decode(truth.read_bytes()).get("generator") == GENERATOR
+    except (OSError, msgspec.DecodeError, AttributeError):
+        return False
 
 
 def _write_rank(out: Path, rank: int, world: int, program: Program, faults: _JobFaults, seed: int,
@@ -109,7 +133,7 @@ def _write_rank(out: Path, rank: int, world: int, program: Program, faults: _Job
     # Kineto names the temporary file it first writes: "/tmp/tmpz2k7xkjt.json" in a real trace.
     trace_name = f"/tmp/tmp{_trace_id(rank, world, seed)[:8].lower()}.json"
     text, kept = _encode_trace(_trace_header(rank, world, seed), events, trace_name, truncated)
-    path.write_bytes(_gzip_bytes(text, complete=not truncated) if gzip else text)
+    atomic_write_bytes(path, _gzip_bytes(text, complete=not truncated) if gzip else text)
     return _rank_truth(path, sim, events[:kept], faults.ranks[rank])
 
 

@@ -47,6 +47,7 @@ from statistics import NormalDist
 import msgspec
 import numpy as np
 
+from rankscope.files import atomic_write_bytes
 from rankscope.synth.constants import (
     BASE_TIME_NS,
     COLLECTIVE_END_JITTER_NS,
@@ -60,7 +61,7 @@ from rankscope.synth.constants import (
     KERNEL_LAUNCH_LATENCY_NS,
     TRACE_ORIGIN_NS,
 )
-from rankscope.synth.job import _TRACE_FILE, _gc_paused
+from rankscope.synth.job import _clear_earlier_job, _gc_paused
 from rankscope.synth.kernels import (
     _FLASH_BWD,
     _FLASH_FWD,
@@ -809,10 +810,7 @@ def _generate(out: Path, spec: LayoutSpec, steps: int, seed: int, gzip: bool) ->
         _solve_step(builders, seed, step)
         for b in builders:
             b.finish_step()
-    out.mkdir(parents=True, exist_ok=True)
-    for old in out.iterdir():
-        if _TRACE_FILE.match(old.name):
-            old.unlink()
+    _clear_earlier_job(out)
     per_rank = {}
     for b in builders:
         events, last = b.events()
@@ -820,11 +818,11 @@ def _generate(out: Path, spec: LayoutSpec, steps: int, seed: int, gzip: bool) ->
         path = out / f"rank{b.rank}.{written_ns + 1_009 * b.rank}.pt.trace.json{'.gz' if gzip else ''}"
         trace_name = f"/tmp/tmp{_trace_id(b.rank, spec.world, seed)[:8].lower()}.json"
         text, _ = _encode_trace(b.header(spec.world), events, trace_name, False)
-        path.write_bytes(_gzip_bytes(text, complete=True) if gzip else text)
+        atomic_write_bytes(path, _gzip_bytes(text, complete=True) if gzip else text)
         per_rank[str(b.rank)] = _rank_truth(b, path)
         b.steps = []
     truth = _ground_truth(spec, steps, seed, groups, per_rank)
-    (out / GROUND_TRUTH_FILE).write_bytes(msgspec.json.format(msgspec.json.encode(truth), indent=1) + b"\n")
+    atomic_write_bytes(out / GROUND_TRUTH_FILE, msgspec.json.format(msgspec.json.encode(truth), indent=1) + b"\n")
     return truth
 
 
