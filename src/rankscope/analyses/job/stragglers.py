@@ -740,7 +740,7 @@ def cross_rank(ranks: Sequence[RankCollectives], align_clocks: bool = True,
     parallel = parallel_report(ranks)
     _late_by_dim(report, ranks, table)
     _stage_stragglers(report, parallel.pipeline, resolve(thresholds))
-    path = critical_path(ranks, table, parallel, thresholds)
+    path = critical_path(ranks, table, parallel, thresholds, [(s.rank, s.cause) for s in report.stragglers])
     return CrossRank(clock, table, report, fit_alpha_beta(table), parallel, path)
 
 
