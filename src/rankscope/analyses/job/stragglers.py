@@ -11,7 +11,8 @@ Per rank:
     evidence there: the collectives carry the signal.
   - collectives (after clock alignment, clock.py): how often it arrived last, the wait it imposed
     (median over the other ranks of the time they waited in collectives where it was last; one
-    rank's waits in concurrent collectives count once), its own wait, and the what-if below.
+    rank's waits in concurrent collectives count once), its own wait (concurrent waits counted
+    once too), and the what-if below.
 
 Every value that decides a verdict is a `rankscope.thresholds` entry (`straggler_*`, `load_*`),
 read from the `Thresholds` the caller resolved (`cross_rank(..., thresholds=)`).
@@ -138,7 +139,7 @@ class RankStats:
     last_arrival_pct: float | None
     lateness_share_pct: float | None       # its share of the summed last-arrival leads of all collectives
     wait_imposed_ms_per_step: float        # median over the other ranks of their wait for it
-    own_wait_ms_per_step: float            # its own waits, summed over collectives
+    own_wait_ms_per_step: float            # its own waits, concurrent waits counted once
     # the what-if, evaluated for candidate ranks only (last most often, or above the last-share bar); None otherwise
     lateness_ms_per_step: float | None     # L
     blocking_lateness_ms_per_step: float | None   # I: its lateness on the others' critical path
@@ -378,9 +379,9 @@ def _evaluate(ranks: Sequence[RankCollectives], table: CollectiveTable, progress
         for r, g in mem.select("cid", "rank").join(sizes, on="cid").group_by("rank").agg(
                 pl.col("n_ranks").median()).iter_rows():
             group_n[int(r)] = int(round(g))
-        for r, n_coll, n_last, own in mem.group_by("rank").agg(
-                pl.len(), pl.col("is_last").sum(), pl.col("wait_ns").sum()).iter_rows():
-            per[int(r)] = (int(n_coll), int(n_last), float(own))
+        own_wait = _own_wait(mem)
+        for r, n_coll, n_last in mem.group_by("rank").agg(pl.len(), pl.col("is_last").sum()).iter_rows():
+            per[int(r)] = (int(n_coll), int(n_last), float(own_wait.get(int(r), 0)))
         imposed = _imposed_wait(mem, coll)
         total_lead = float(coll["last_lead_ns"].sum())
         if total_lead > 0:
@@ -458,6 +459,18 @@ def _straggler(s: RankStats, coll: pl.DataFrame, median_step: float | None, caus
                      step_time_pct_over_mean=s.step_time_pct_over_mean,
                      wait_imposed_ms_per_step=s.wait_imposed_ms_per_step, excess_ms_per_step=s.excess_ms_per_step,
                      steps=last_steps, evidence=evidence)
+
+
+def _own_wait(mem: pl.DataFrame) -> dict[int, int]:
+    """Per rank: the time (ns) it waited in collectives for their last member, waits in concurrent
+    collectives counted once (the union of its wait intervals)."""
+    w = mem.select("rank", "start_ns", "wait_ns").filter(pl.col("wait_ns") > 0).sort("rank", "start_ns")
+    if w.is_empty():
+        return {}
+    rank, a = w["rank"].to_numpy(), w["start_ns"].to_numpy()
+    first = np.r_[True, rank[1:] != rank[:-1]]
+    waited = union_length_per_group(a, a + w["wait_ns"].to_numpy(), np.cumsum(first) - 1)
+    return dict(zip(rank[first].tolist(), waited.tolist()))
 
 
 def _imposed_wait(mem: pl.DataFrame, coll: pl.DataFrame) -> dict[int, float]:
