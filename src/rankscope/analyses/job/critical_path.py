@@ -311,6 +311,9 @@ def _walk(s: int, rk: dict[int, _Rank], links: _Links) -> tuple[StepPath, dict[s
             if kind == "end":
                 cid = links.of.get((cur.rank, i))
                 a_i, e_i = int(cur.a[i]), min(int(cur.e[i]), tt)
+                if e_i < tt:          # its next window started after it ended (the rank's own time between)
+                    window(cur, e_i, tt, np.zeros(_N, np.int64), f"after {cur.name(i)}")
+                    tt = e_i
                 if cid is not None and links.last_member[cid][0] != cur.rank and a_i < links.last_arrival[cid] < e_i:
                     la = links.last_arrival[cid]
                     raw.append((cur.rank, int(cur.comm_cat[i]), la, e_i, cur.name(i), cur.overlap_keys(i)))

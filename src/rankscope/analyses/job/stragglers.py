@@ -12,7 +12,7 @@ Per rank:
   - collectives (after clock alignment, clock.py): how often it arrived last, the wait it imposed
     (median over the other ranks of the time they waited in collectives where it was last; one
     rank's waits in concurrent collectives count once), its own wait (concurrent waits counted
-    once too), and the what-if below.
+    once too, inside its step windows), and the what-if below.
 
 Every value that decides a verdict is a `rankscope.thresholds` entry (`straggler_*`, `load_*`),
 read from the `Thresholds` the caller resolved (`cross_rank(..., thresholds=)`).
@@ -379,7 +379,7 @@ def _evaluate(ranks: Sequence[RankCollectives], table: CollectiveTable, progress
         for r, g in mem.select("cid", "rank").join(sizes, on="cid").group_by("rank").agg(
                 pl.col("n_ranks").median()).iter_rows():
             group_n[int(r)] = int(round(g))
-        own_wait = _own_wait(mem)
+        own_wait = _own_wait(mem, ranks, table.offsets_ns)
         for r, n_coll, n_last in mem.group_by("rank").agg(pl.len(), pl.col("is_last").sum()).iter_rows():
             per[int(r)] = (int(n_coll), int(n_last), float(own_wait.get(int(r), 0)))
         imposed = _imposed_wait(mem, coll)
@@ -461,15 +461,21 @@ def _straggler(s: RankStats, coll: pl.DataFrame, median_step: float | None, caus
                      steps=last_steps, evidence=evidence)
 
 
-def _own_wait(mem: pl.DataFrame) -> dict[int, int]:
-    """Per rank: the time (ns) it waited in collectives for their last member, waits in concurrent
-    collectives counted once (the union of its wait intervals)."""
-    w = mem.select("rank", "start_ns", "wait_ns").filter(pl.col("wait_ns") > 0).sort("rank", "start_ns")
+def _own_wait(mem: pl.DataFrame, ranks: Sequence[RankCollectives], offsets_ns: dict[int, int]) -> dict[int, int]:
+    """Per rank: the time (ns) it waited in collectives for their last member inside its step
+    windows, waits in concurrent collectives counted once (the union of its wait intervals)."""
+    windows = pl.DataFrame(
+        {"rank": [rc.rank for rc in ranks for _ in rc.steps], "step": [s for rc in ranks for s in rc.steps],
+         "step_end_ns": [e - int(offsets_ns.get(rc.rank, 0)) for rc in ranks for e in rc.step_end_ns]},
+        schema={"rank": pl.Int64, "step": pl.Int64, "step_end_ns": pl.Int64})
+    w = mem.select("rank", "step", "start_ns", "wait_ns").filter(pl.col("wait_ns") > 0).join(
+        windows, on=["rank", "step"]).sort("rank", "start_ns")
     if w.is_empty():
         return {}
     rank, a = w["rank"].to_numpy(), w["start_ns"].to_numpy()
+    b = np.minimum(a + w["wait_ns"].to_numpy(), w["step_end_ns"].to_numpy())
     first = np.r_[True, rank[1:] != rank[:-1]]
-    waited = union_length_per_group(a, a + w["wait_ns"].to_numpy(), np.cumsum(first) - 1)
+    waited = union_length_per_group(a, np.maximum(a, b), np.cumsum(first) - 1)
     return dict(zip(rank[first].tolist(), waited.tolist()))
 
 
