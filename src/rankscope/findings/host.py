@@ -139,7 +139,8 @@ def _gap_text(job: JobView, ranks: list[int]) -> str:
     if not found:
         return "no idle gap between device work: the idle time lies before the first or after the last kernel"
     r, g = found
-    op = f", in {g.busy_host_op}" if g.busy_host_op else ""
+    op = ("" if not g.busy_host_op else f" ({g.busy_host_op} open for part of it)" if g.host_activity == "idle_other"
+          else f", in {g.busy_host_op}")
     return (f"in the longest idle gap, {g.duration_ms:.1f} ms at +{g.start_in_step_ms:.1f} ms into step {g.step}"
             f"{' on rank ' + str(r) if len(job.ranks) > 1 else ''}, the host was "
             f"{HOST_ACTIVITY_TEXT.get(g.host_activity, g.host_activity)}{op}")

@@ -228,7 +228,8 @@ def _highlights(a: Analysis, console: Console) -> None:
         for g in s.gaps.top[:3]:
             console.print(f"  step {g.step} +{g.start_in_step_ms:,.1f} ms: {g.duration_ms:,.2f} ms idle, host "
                           f"{_HOST_ACTIVITY[g.host_activity]}"
-                          + (f" ({literal(g.busy_host_op)})" if g.busy_host_op else "")
+                          + (f" ({'an op open for part of it: ' if g.host_activity == 'idle_other' else ''}"
+                             f"{literal(g.busy_host_op)})" if g.busy_host_op else "")
                           + f"; ended by {escape(shortened(g.next_device_op))}"
                           + (f" launched from {literal(g.launched_by)}" if g.launched_by else ""), highlight=False)
     ranked = [s for s in a.ranks if s.kernels and s.kernels.stats.kernels.name]
@@ -349,10 +350,15 @@ def _critical_path(a: Analysis, console: Console) -> None:
     console.print(f"[bold]Critical path[/] (the chain of work across ranks that set each step's end, through "
                   f"collectives to the last arriver; mean {cp.step_ms:,.1f} ms per step): {parts}; {owner}",
                   highlight=False)
-    ranked = sorted(cp.what_if, key=lambda w: -w.step_ms_saved)[:MAX_PATH_ENTRIES]
+    # the fixes the findings propose first (their savings are these), then the largest others
+    named = {f.evidence.get("what_if_key") for f in a.findings}
+    ranked = sorted(cp.what_if, key=lambda w: (w.key not in named, -w.step_ms_saved))
+    ranked = ranked[:max(MAX_PATH_ENTRIES, sum(w.key in named for w in ranked))]
     if ranked:
         console.print("  what-if (the step re-timed through the same dependencies): "
-                      + "; ".join(f"{literal(w.change)}: " + (f"saves {w.step_ms_saved:,.1f} ms per step"
-                                                              if w.step_ms_saved >= 0 else
-                                                              f"adds {-w.step_ms_saved:,.1f} ms per step")
-                                  for w in ranked), highlight=False)
+                      + "; ".join(f"{literal(w.change)}: saves {w.step_ms_saved:,.1f} ms per step" for w in ranked),
+                      highlight=False)
+        console.print(f"  replay: re-timed with no change, the steps come out at {cp.replayed_step_ms:,.1f} ms "
+                      f"against {cp.measured_step_ms:,.1f} ms measured (longest rank's step, mean): error "
+                      f"{cp.replay_error_pct:.1f}% (worst step {cp.replay_error_max_pct:.1f}%), how far the model "
+                      f"of dependencies holds the data", highlight=False)

@@ -12,7 +12,8 @@ the step end). Across ranks, a collective ends only after its last member arrive
 end = the last arrival + that member's transfer time); a recv ends after its matching send
 started (pipeline send/recv pairs: matching.py, p2p.py).
 
-**The path** is walked back from the end of the rank whose step ends last: through its tail to the
+**The path** is walked back from the end of the rank with the longest step (the job's step: every
+other rank's step fits in it): through its tail to the
 end of its last collective; there, if another member arrived last, the path goes to that member at
 its arrival (the transfer after it stays on the first rank), else through the collective to the
 rank's own arrival; then through the pre window to the previous collective's end, and so on, until
@@ -22,12 +23,19 @@ in breakdown order (the window's exact total per category, not their order in ti
 
 **What-if** re-times the graph (not a subtraction): every arrival is the end of what it depends on
 plus its (changed) pre window; every collective ends at its members' latest (changed) arrival plus
-its transfer; the step ends at its last collective plus its (changed) tail. The job's step is the
-latest end over ranks from the earliest start; saved = the re-timed step with no change minus with
-the change, mean over steps. Changes: a rank's time in one category removed (its `host_idle`, its
-DataLoader wait); one dimension's communication fully overlapped (its collectives cost only the wait
-for their last member); the pipeline's stages balanced (each stage's compute scaled to the stages'
-mean).
+its transfer (the compute that ran beside it after that scales with its rank's compute); a rank's
+step ends at its last collective plus its (changed) tail. The job's step is the longest rank's step
+(end - start; the ranks' starts kept); saved = the re-timed step with no change minus with the
+change, mean over steps, never negative and never more than the path holds of what the change
+removes (`_what_ifs`). Re-timed with no change the graph gives the measured steps back: the replay
+error says how far it does. Changes (`WHAT_IF_KEYS`): a straggler's cause (or a category a rank on
+the path spends more on than the median rank) at the median rank's level; a category removed on
+every rank (DataLoader, host_idle, host, sync); communication overlapped (one dimension, FSDP's
+parameter all-gathers, all of it: each collective then takes only the wait for its last member and
+the compute beside it); for a pipeline with a known schedule and microbatch count, the pipeline
+rebuilt and list-scheduled (pipeline_schedule.py) with its stages balanced, twice the
+microbatches, or two model chunks per rank (without a schedule: balancing re-times the measured
+graph, each stage's compute scaled to the stages' mean).
 """
 from __future__ import annotations
 
@@ -229,7 +237,7 @@ def critical_path(ranks: Sequence[RankCollectives], table: CollectiveTable, para
 
 
 def _swimlane(s: int, label: str, rk: dict[int, _Rank], links: _Links) -> Swimlane:
-    end_rank = max(rk.values(), key=lambda r: (r.steps[s][1], -r.rank))
+    end_rank = max(rk.values(), key=lambda r: (r.steps[s][1] - r.steps[s][0], -r.rank))
     t0 = end_rank.steps[s][0]
     ms = lambda v: round((int(v) - t0) / NS_PER_MS, 4)
     out = Swimlane(s, label)
@@ -275,7 +283,7 @@ def _links(table: CollectiveTable, rk: dict[int, _Rank]) -> _Links:
 # ------------------------------------------------------------------------------------------- walk
 def _walk(s: int, rk: dict[int, _Rank], links: _Links) -> tuple[StepPath, dict[str, float]] | None:
     """Step s's path, and the exposed communication on it (ms) per overlap key (`overlap_keys`)."""
-    end_rank = max(rk.values(), key=lambda r: (r.steps[s][1], -r.rank))
+    end_rank = max(rk.values(), key=lambda r: (r.steps[s][1] - r.steps[s][0], -r.rank))
     t0, t_end = end_rank.steps[s]
     if t_end <= t0:
         return None
