@@ -9,6 +9,7 @@ with no change must give them back).
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 
 import pytest
 
@@ -151,3 +152,32 @@ def test_perfetto_export_has_a_critical_path_track(corpus, tmp_path):
                      and e["pid"] == rank)
         want = sorted(round(d / 1000) for _, d, _, _, _ in path_slices(cp, rank))
         assert got == want and got
+
+
+WHATIF = Path(__file__).resolve().parent / "data" / "whatif"
+
+
+@pytest.mark.parametrize("pair, key", [("sleep", "rank:1:host_idle"), ("dataloader", "every:dataloader"),
+                                       ("slow-stage", "pp:balanced"), ("bucketed", "overlap:dp")])
+def test_what_if_predicts_the_measured_job_without_the_fault(pair, key):
+    """Real torch CPU jobs made twice (tests/data/whatif/make_pairs.py: with the fault it injected and
+    without): the what-if that undoes the fault, computed on `before`, is the step `after` measured
+    (the longest rank's step, mean) within 15% of the saving; a finding names that what-if with its number."""
+    before = analyze(WHATIF / pair / "before", use_cache=False, engine="inprocess")
+    after = analyze(WHATIF / pair / "after", use_cache=False, engine="inprocess").cross.critical_path
+    cp = before.cross.critical_path
+    w = next(w for w in cp.what_if if w.key == key)
+    measured = cp.measured_step_ms - after.measured_step_ms
+    assert w.step_ms_saved == pytest.approx(measured, rel=0.15)
+    assert any(f.evidence.get("what_if_key") == key and f.evidence["step_ms_saved"] == w.step_ms_saved
+               for f in before.findings)
+
+
+def test_more_microbatches_saves_between_nothing_and_the_theory():
+    """GPipe, 2 stages, 4 microbatches (tests/data/whatif/microbatches): doubling them saves at most what
+    (p-1)/(m+p-1) says, never a loss, and the job run with 8 did get faster."""
+    before = analyze(WHATIF / "microbatches" / "before", use_cache=False, engine="inprocess").cross.critical_path
+    after = analyze(WHATIF / "microbatches" / "after", use_cache=False, engine="inprocess").cross.critical_path
+    w = next(w for w in before.what_if if w.key == "pp:microbatches:8")
+    assert 0.0 < w.step_ms_saved <= w.theory_step_ms_saved
+    assert after.measured_step_ms < before.measured_step_ms
