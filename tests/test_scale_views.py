@@ -8,6 +8,7 @@ the same checks are `benchmarks/bench_scale_views.py` (too slow to make and anal
 from __future__ import annotations
 
 import io
+import json
 import re
 
 import pytest
@@ -84,3 +85,39 @@ def test_pick_puts_named_ranks_first_then_outliers():
     shown, rest = pick(list(range(100)), values.get, named=[42, 7], limit=16)
     assert shown[:4] == [42, 7, 99, 3] and len(shown) == 16 and len(rest) == 84
     assert pick([1, 2], values.get, named=[2]) == ([1, 2], [])
+
+
+def test_export_perfetto_picks_ranks_and_steps(corpus, tmp_path):
+    """cpu-gloo-4rank-straggler (4 ranks, steps 2-5): --ranks 0-1,3 --steps 3-4 writes ranks 0, 1 and 3
+    only, and every slice overlaps that rank's steps 3-4 (its own 'steps' track gives their windows)."""
+    from conftest import corpus_root, run_cli
+    out = tmp_path / "job.json"
+    proc = run_cli(["export", "perfetto", corpus_root() / "cpu-gloo-4rank-straggler", "-o", out, "--ranks", "0-1,3",
+                    "--steps", "3-4", "--no-cache", "-q"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    events = json.loads(out.read_text())["traceEvents"]
+    assert {e["pid"] for e in events} == {0, 1, 3}
+    tracks = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    for pid in (0, 1, 3):
+        steps = [e for e in events if e.get("ph") == "X" and e["pid"] == pid
+                 and tracks[(pid, e["tid"])].endswith("/ steps")]
+        assert sorted(e["name"] for e in steps) == ["step 3", "step 4"]
+        lo, hi = min(e["ts"] for e in steps), max(e["ts"] + e["dur"] for e in steps)
+        slices = [e for e in events if e.get("ph") == "X" and e["pid"] == pid]
+        assert slices and all(e["ts"] < hi and e["ts"] + e["dur"] > lo for e in slices)
+    bad = run_cli(["export", "perfetto", corpus_root() / "cpu-gloo-4rank-straggler", "-o", out, "--ranks", "3-1"],
+                  tmp_path)
+    assert bad.returncode == 2 and "'3-1' is not a range from low to high" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+def test_export_size_estimate_is_the_written_size(corpus, tmp_path):
+    """The estimate (first rank's JSON x ranks, said before the rest is written) against the file written:
+    the 4 ranks of cpu-gloo-4rank-straggler run the same code, so within 25%."""
+    from conftest import corpus_root
+    from rankscope.api import export_perfetto
+    said = []
+    result = export_perfetto(corpus_root() / "cpu-gloo-4rank-straggler", tmp_path / "job.json", use_cache=False,
+                             on_estimate=lambda size, ranks: said.append((size, ranks)))
+    assert len(said) == 1 and said[0][1] == 4
+    assert said[0][0] == pytest.approx(result.size_bytes, rel=0.25)
