@@ -454,6 +454,8 @@ def one_denominator(report: dict) -> list[str]:
     k = len(steps) // 2
     median_step = steps[k] if len(steps) % 2 else (steps[k - 1] + steps[k]) / 2
     bad = []
+    if report.get("median_step_ms") is not None and abs(report["median_step_ms"] - median_step) > 1e-3 * median_step:
+        bad.append(f"median_step_ms {report['median_step_ms']}, the median of the steps {median_step}")
     for f in report["findings"]:
         ev = f["evidence"]
         for ms_key, pct_key in (("step_ms_saved", "step_pct_saved"), ("cost_ms_per_step", "cost_pct_of_step")):

@@ -121,3 +121,47 @@ def test_export_size_estimate_is_the_written_size(corpus, tmp_path):
                              on_estimate=lambda size, ranks: said.append((size, ranks)))
     assert len(said) == 1 and said[0][1] == 4
     assert said[0][0] == pytest.approx(result.size_bytes, rel=0.25)
+
+
+def _blown_up(report: dict, n: int) -> dict:
+    """A real job's report with its rank entries repeated up to n ranks (new rank ids; the analysed ranks
+    keep theirs): the size a 4,096-rank job gives the HTML page."""
+    big = dict(report)
+    base = report["ranks"]
+    big["ranks"] = base + [dict(base[r % len(base)], rank=r) for r in range(len(base), n)]
+    by_rank = [s for s in report["steps"]]
+    big["steps"] = by_rank + [dict(s, rank=r) for r in range(len(base), n) for s in by_rank if s["rank"] == 0]
+    big["job"] = dict(report["job"], ranks=list(range(n)), world_size=n)
+    return big
+
+
+def test_html_at_4096_ranks_renders_in_a_browser_with_the_straggler_lane_labelled(job, tmp_path):
+    """The 64-rank job's report blown up to 4,096 ranks: Chromium draws every chart without an error, the
+    swimlanes label the injected straggler's lane, the distribution marks it, the evidence tables hold no
+    per-rank list of thousands. (The time it takes: benchmarks/bench_scale_views.py.)"""
+    import shutil
+    from playwright.sync_api import sync_playwright
+    from rankscope.render.html import render_html
+    from rankscope.render.json import analysis_to_dict
+    report = json.loads(json.dumps(analysis_to_dict(analyze(job[0], use_cache=False, engine="local"))))
+    page_html = render_html(_blown_up(report, 4096))
+    assert len(page_html) < 30_000_000
+    path = tmp_path / "big.html"
+    path.write_text(page_html, encoding="utf-8")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=shutil.which("chromium"))
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        problems = []
+        page.on("pageerror", lambda e: problems.append(str(e)))
+        page.goto(path.as_uri())
+        page.wait_for_function("Array.from(document.querySelectorAll('.chart')).every(d => d.querySelector("
+                               "'.main-svg'))", timeout=60_000)
+        ticks = page.evaluate("Array.from(document.querySelectorAll('#chart-swimlane-0 .ytick text'))"
+                              ".map(t => t.textContent)")
+        marked = page.evaluate("Array.from(document.querySelectorAll('#chart-distribution .textpoint text'))"
+                               ".map(t => t.textContent)")
+        page.screenshot(path=str(tmp_path / "big.png"))
+        browser.close()
+    assert problems == []
+    assert f"rank {STRAGGLER} (straggler)" in ticks and len(ticks) <= 24
+    assert f"rank {STRAGGLER}" in marked

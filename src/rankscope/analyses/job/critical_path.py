@@ -127,7 +127,7 @@ class CriticalPath:
     step_ms: float = 0.0                               # mean path duration
     owner: int | None = None                           # the rank holding >= critical_path_owner_pct of the path
     owner_pct: float = 0.0                             # the largest share of the path one rank holds
-    swimlanes: list[Swimlane] = field(default_factory=list)   # the slowest and the median step
+    swimlanes: list[Swimlane] = field(default_factory=list)   # the slowest and the median step (`_swimlane`)
     # the job's step as measured (latest end - earliest start over the ranks, mean over steps), as the
     # re-timing with no change gives it back, and how far apart (% of the measured step)
     measured_step_ms: float = 0.0
@@ -232,16 +232,29 @@ def critical_path(ranks: Sequence[RankCollectives], table: CollectiveTable, para
     picks = [(by_duration[-1], "slowest step")]
     if len(by_duration) > 1:
         picks.append((by_duration[(len(by_duration) - 1) // 2], "median step"))
-    out.swimlanes = [_swimlane(p.step, label, rk, links) for p, label in picks]
+    named = [r for r, _ in stragglers]
+    out.swimlanes = [_swimlane(p, label, rk, links, named) for p, label in picks]
     return out
 
 
-def _swimlane(s: int, label: str, rk: dict[int, _Rank], links: _Links) -> Swimlane:
+#: Lanes a swimlane draws: the ranks on its step's path, the stragglers, then their collectives' peers.
+MAX_LANES = 24
+
+
+def _swimlane(path: StepPath, label: str, rk: dict[int, _Rank], links: _Links, named: Sequence[int]) -> Swimlane:
+    """The lanes of step `path.step`: the ranks on its path (in the order the path visits them), the
+    stragglers, then the peers of their collectives in that step (lowest rank first), at most
+    `MAX_LANES`: at 4,096 ranks a lane per rank would hide the ranks that matter."""
+    s = path.step
     end_rank = max(rk.values(), key=lambda r: (r.steps[s][1] - r.steps[s][0], -r.rank))
     t0 = end_rank.steps[s][0]
     ms = lambda v: round((int(v) - t0) / NS_PER_MS, 4)
     out = Swimlane(s, label)
-    for r in sorted(rk.values(), key=lambda r: r.rank):
+    keep = list(dict.fromkeys([sg.rank for sg in path.segments] + [r for r in named if r in rk]))
+    peers = sorted({q for r in keep for i in rk[r].by_step.get(s, []) if (r, i) in links.of
+                    for q, _ in links.members[links.of[(r, i)]]} - set(keep))
+    keep = (keep + peers)[:MAX_LANES]
+    for r in (rk[q] for q in keep):
         a, b = r.steps[s]
         lane = Lane(r.rank, ms(a), ms(b))
         for i in r.by_step.get(s, []):

@@ -737,6 +737,7 @@ class CrossRank:
             "clock": self.clock.as_dict(),
             "ranks": [dataclasses.asdict(r) for r in rep.ranks],
             "thresholds": dict(rep.thresholds),
+            "median_step_ms": rep.median_step_ms,      # every "% of step" of the findings is of it
             "critical_path": msgspec.to_builtins(self.critical_path) if self.critical_path else None,   # asdict: 12x slower
             **(self.parallel.as_dict() if self.parallel else
                {"parallelism": {"layout": "", "dims": []}, "pipeline": None, "experts": None, "comm_by_dim_ms": {}}),
