@@ -37,7 +37,7 @@ class _Comm:
         # pipeline waits (the pp dimension's exposed communication) are the pipeline findings' to explain
         waits = {s.rank: job.wait_ms.get(s.rank, 0.0) + job.pipeline_wait_ms.get(s.rank, 0.0) for s in ranks}
         exposed = {s.rank: max(0.0, job.part(s, "comm_exposed") - waits[s.rank]) for s in ranks}
-        exposed_pct = {s.rank: job.share(s, exposed[s.rank]) for s in ranks}
+        exposed_pct = {s.rank: job.pct_of_step(exposed[s.rank]) for s in ranks}
         sched = [s.grad_sync for s in ranks if s.grad_sync]
         launched = sum(g.collectives for g in sched)
         after = sum(g.launched_after_backward for g in sched)

@@ -19,7 +19,7 @@ def dataloader_stall(job: JobView) -> Iterable[Finding]:
     """Time the device (or training thread) waits inside DataLoader.__next__, as a share of the step:
     the median rank's share tiered by `dataloader_low_pct` / `dataloader_medium_pct` /
     `dataloader_high_pct`, or single ranks over the high tier (one tier lower)."""
-    shares = rank_shares(job, lambda s: job.share(s, job.part(s, "dataloader")))
+    shares = rank_shares(job, lambda s: job.pct_of_step(job.part(s, "dataloader")))
     if not shares:
         return
     t = job.thresholds
@@ -61,7 +61,7 @@ def _device_category(job: JobView, category: str, finding_id: str, medium: str, 
     the step; `summary` is formatted with pct (median share) and ms (median per step). The saving:
     the category removed on every rank (what-if `every:<category>`), which sets the severity."""
     t = job.thresholds
-    shares = rank_shares(job, lambda s: job.share(s, job.part(s, category))
+    shares = rank_shares(job, lambda s: job.pct_of_step(job.part(s, category))
                          if s.has_device and s.breakdown_mode == "device" else None)
     if not shares:
         return
@@ -217,7 +217,7 @@ def launch_overhead(job: JobView) -> Iterable[Finding]:
         if not n or s.breakdown_mode != "device":
             continue
         short_pct = 100.0 * launch.short_kernels / n
-        idle_pct = job.share(s, job.part(s, "host") + job.part(s, "idle_other"))
+        idle_pct = job.pct_of_step(job.part(s, "host") + job.part(s, "idle_other"))
         if short_pct >= t["short_kernel_share_pct"] and idle_pct >= t["launch_idle_pct"]:
             ranks.append(s.rank)
             short_pcts.append(short_pct)

@@ -71,7 +71,7 @@ class JobView:
         return next((w for w in cp.what_if if w.key == key), None) if cp else None
 
     def pct_of_step(self, ms: float) -> float:
-        """`ms` as a share of the job's median step."""
+        """`ms` as a share of the job's median step: every "% of step" has that denominator."""
         return 100.0 * ms / self.median_step_ms if self.median_step_ms > 0 else 0.0
 
     @property
@@ -96,11 +96,6 @@ class JobView:
                    if cross and cross.parallel else {},
                    median_step_ms=(cross.stragglers.median_step_ms if cross and cross.stragglers.median_step_ms
                                    else median(steps) if steps else 0.0))
-
-    def share(self, s: RankSummary, ms: float) -> float:
-        """`ms` (of rank `s`) as a share of the job's median step: every "% of step" has that
-        denominator."""
-        return self.pct_of_step(ms)
 
     def part(self, s: RankSummary, category: str) -> float:
         """The rank's mean ms per step in a breakdown category."""

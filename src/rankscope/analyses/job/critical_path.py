@@ -128,7 +128,7 @@ class CriticalPath:
     owner: int | None = None                           # the rank holding >= critical_path_owner_pct of the path
     owner_pct: float = 0.0                             # the largest share of the path one rank holds
     swimlanes: list[Swimlane] = field(default_factory=list)   # the slowest and the median step (`_swimlane`)
-    # the job's step as measured (latest end - earliest start over the ranks, mean over steps), as the
+    # the job's step as measured (the longest rank's step, end - start, mean over steps), as the
     # re-timing with no change gives it back, and how far apart (% of the measured step)
     measured_step_ms: float = 0.0
     replayed_step_ms: float = 0.0
@@ -518,7 +518,7 @@ class _StepPlan:
         return mask
 
     def retime(self, mult: np.ndarray, free_dims: frozenset = frozenset(), use_c: bool = True) -> float:
-        """The step's duration (ns, latest end - earliest start) with rank row k's categories scaled
+        """The step's duration (ns, the longest rank's step: end - start) with rank row k's categories scaled
         by mult[k] (the compute that ran beside a collective by the scale of comm_overlapped) and
         the collectives `free(free_dims)` overlapped: after their last member arrives they take only
         the compute that ran beside them. In C where it was built (`_retime.c`, the
@@ -568,7 +568,7 @@ class _StepPlan:
 
 def _retime(s: int, rk: dict[int, _Rank], links: _Links, mult: dict[int, np.ndarray],
             free_dims: frozenset = frozenset()) -> float:
-    """The job's step s re-timed (ns, latest end - earliest start) with each rank's categories scaled
+    """The job's step s re-timed (ns, the longest rank's step) with each rank's categories scaled
     by `mult[rank]` (default 1) and the collectives of `free_dims` overlapped (`_StepPlan.retime`)."""
     plan = _StepPlan(s, rk, links)
     return plan.retime(plan.scales(mult), free_dims)
