@@ -93,7 +93,8 @@ def estimate_clock_offsets(ranks: Sequence[RankCollectives], members: pl.DataFra
     if not len(per_rank_sym) or per_rank_sym.min() < min_collectives:
         sym = matched                             # too few symmetric ones: use every matched type
     if not sym.any():
-        return _raw(all_ranks, "no collective is matched across ranks: timestamps used as recorded")
+        return _raw(all_ranks, "no collective is matched across ranks by sequence or order (pipeline sends and "
+                               "recvs, paired by time, cannot set clocks): timestamps used as recorded")
 
     # dense arrays: collective index x rank index
     ci = np.unique(key[sym], return_inverse=True)[1].reshape(-1)

@@ -247,6 +247,7 @@ def match_collectives(ranks: Sequence[RankCollectives], offsets_ns: dict[int, in
     g = g.sort(["start_min_ns", "pg", "seq", "occ"]).with_row_index("cid").with_columns(pl.col("cid").cast(pl.Int64))
     group = np.where(g["group_size_arg"].to_numpy() > 0, g["group_size_arg"].to_numpy(), g["pg_ranks"].to_numpy())
     types = g["type"].to_list()
+    group = np.where(np.isin(types, P2P_TYPES), 2, group)        # a send and its recv: two members
     nbytes = np.array([nccl_tests_bytes(t, int(i), int(o), int(n)) for t, i, o, n in
                        zip(types, g["in_bytes"], g["out_bytes"], group)], dtype=np.int64)
     transfer = g["transfer_ns"].to_numpy().astype(np.float64)

@@ -793,6 +793,8 @@ def _stage_stragglers(report: StragglerReport, pipeline: Pipeline | None, t: Thr
     stage = next(st for st in pipeline.stages if st.stage == pipeline.bottleneck_stage)
     for s in report.stragglers:
         if s.rank in stage.ranks:
+            report.verdict = report.verdict.replace(f"rank {s.rank} is a straggler (cause {s.cause},",
+                                                    f"rank {s.rank} is a straggler (cause pipeline_stage,")
             s.cause = "pipeline_stage"
             s.evidence += (f"; it is on pipeline stage {stage.stage}, which computes "
                            f"{pipeline.imbalance_pct_over_mean:.0f}% "
