@@ -17,15 +17,13 @@ import re
 from statistics import median
 from typing import Callable, Sequence
 
-from rankscope.numbers import ranges
+from rankscope.numbers import LIST_WIDTH, rank_list  # noqa: F401  (rank_list: the renderers take it from here)
 from rankscope.results import Analysis
 
 #: Rows of a per-rank table; with more ranks, the named ones and the outliers (`pick`).
 MAX_RANK_ROWS = 16
 #: A finding about at most this many ranks names them (one about more names most of the job).
 FEW_RANKS = 8
-#: Characters a list of ranks or hosts may take in a line of text.
-LIST_WIDTH = 48
 
 
 def named_ranks(a: Analysis) -> list[int]:
@@ -73,19 +71,6 @@ def rest_line(rest: Sequence[int], value: Callable[[int], float | None], what: s
     figures = (f": {what} min {vals[0]:,.1f} / median {median(vals):,.1f} / max {vals[-1]:,.1f} {unit}"
                if vals else "")
     return f"  {len(rest):,} more{figures} (all in --json)"
-
-
-def rank_list(ranks: Sequence[int], width: int = LIST_WIDTH) -> str:
-    """Ranks in one line: ranges, else one stride, else how many and their first and last."""
-    ranks = sorted(set(ranks))
-    text = ranges(ranks)
-    if len(text) <= width or len(ranks) < 3:
-        return text
-    step = ranks[1] - ranks[0]
-    if step > 1 and all(b - a == step for a, b in zip(ranks, ranks[1:])):
-        return f"{ranks[0]}-{ranks[-1]}/{step}"
-    head = ranges(ranks[:4])
-    return f"{len(ranks):,} ranks: {head}, ... {ranks[-1]}"
 
 
 _NUMBERED = re.compile(r"^(.*?)(\d+)$")

@@ -187,11 +187,12 @@ class _Rank:
 
 
 def critical_path(ranks: Sequence[RankCollectives], table: CollectiveTable, parallel: ParallelReport | None,
-                  thresholds: Thresholds | None = None, stragglers: Sequence[tuple[int, str]] = ()
-                  ) -> CriticalPath | None:
+                  thresholds: Thresholds | None = None, stragglers: Sequence[tuple[int, str]] = (),
+                  causes: dict[str, tuple[str, ...]] | None = None) -> CriticalPath | None:
     """The critical path of every step the ranks share, its attribution and the what-ifs (module
     docstring); None without steps. `stragglers`: (rank, cause) of the ranks the straggler verdict
-    names, each given the what-if of its cause at the median rank's level."""
+    names, each given the what-if of its cause at the median rank's level; `causes`: the causes'
+    breakdown categories (stragglers.CAUSE_GROUPS; None: no what-if at the median rank's level)."""
     t = resolve(thresholds)
     offsets = table.offsets_ns
     rk = {rc.rank: _Rank(rc, int(offsets.get(rc.rank, 0))) for rc in ranks if rc.steps}
@@ -227,7 +228,7 @@ def critical_path(ranks: Sequence[RankCollectives], table: CollectiveTable, para
         out.owner_pct = round(min(100.0, 100.0 * per_rank[top] / n / out.step_ms), 2)
         out.owner = top if out.owner_pct >= t["critical_path_owner_pct"] and len(rk) > 1 else None
     exposed = {k: v / n for k, v in exposed.items()}
-    out.what_if = _what_ifs(out, rk, links, steps, parallel, t, exposed, stragglers)
+    out.what_if = _what_ifs(out, rk, links, steps, parallel, t, exposed, stragglers, causes or {})
     by_duration = sorted(out.steps, key=lambda p: p.duration_ms)
     picks = [(by_duration[-1], "slowest step")]
     if len(by_duration) > 1:
@@ -591,19 +592,18 @@ def _scale(categories: Sequence[str], factor: float) -> np.ndarray:
     return m
 
 
-def _rank_groups(r: _Rank) -> dict[str, tuple[str, ...]]:
-    """The straggler causes (stragglers.CAUSE_GROUPS, communication left out) and their categories;
-    on a CPU-only rank the training thread's ops are its CPU ops (cause cpu_ops)."""
-    from rankscope.analyses.job.stragglers import CAUSE_GROUPS
-    groups = {g: c for g, c in CAUSE_GROUPS.items() if g != "communication"}
-    if r.cpu_only:
-        groups["cpu_ops"] = groups.pop("gpu_compute") + groups["cpu_ops"]
+def _rank_groups(r: _Rank, causes: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    """The straggler causes (`causes`: stragglers.CAUSE_GROUPS, communication left out) and their
+    categories; on a CPU-only rank the training thread's ops are its CPU ops (cause cpu_ops)."""
+    groups = {g: c for g, c in causes.items() if g != "communication"}
+    if r.cpu_only and "gpu_compute" in groups:
+        groups["cpu_ops"] = groups.pop("gpu_compute") + groups.get("cpu_ops", ())
     return groups
 
 
 def _what_ifs(cp: CriticalPath, rk: dict[int, _Rank], links: _Links, steps: list[int],
               parallel: ParallelReport | None, t: Thresholds, exposed: dict[str, float],
-              stragglers: Sequence[tuple[int, str]]) -> list[WhatIf]:
+              stragglers: Sequence[tuple[int, str]], causes: dict[str, tuple[str, ...]]) -> list[WhatIf]:
     """The what-ifs (`WHAT_IF_KEYS`), each re-timed over every step; savings are means over the
     steps, never negative and never above what the path holds of what the change removes."""
     n = len(cp.steps)
@@ -623,7 +623,7 @@ def _what_ifs(cp: CriticalPath, rk: dict[int, _Rank], links: _Links, steps: list
         [(r, None) for r in sorted(on_path, key=lambda r: -on_path[r])[:2]]
     seen = set()
     for r, cause in wanted:
-        for group, cats in _rank_groups(rk[r]).items():
+        for group, cats in _rank_groups(rk[r], causes).items():
             if (r, group) in seen or (cause is not None and group != cause) or len(rk) < 2:
                 continue
             idx = [CATEGORIES.index(c) for c in cats]

@@ -97,6 +97,7 @@ from rankscope.analyses.job.parallel import ParallelReport, parallel_report
 from rankscope.analyses.job.pipeline import Pipeline
 from rankscope.analyses.rank.collectives import RankCollectives
 from rankscope.analyses.intervals import union, union_length_per_group
+from rankscope.numbers import rank_list
 from rankscope.thresholds import Thresholds, resolve
 from rankscope.units import NS_PER_MS, NS_PER_US
 
@@ -272,7 +273,7 @@ def find_stragglers(ranks: Sequence[RankCollectives], table: CollectiveTable | N
                 st.found_in_round = rounds + 1
                 by_rank[st.rank] = st
         for f in more:
-            f.evidence += f" (once rank(s) {', '.join(map(str, fixed))} run like the median rank)"
+            f.evidence += f" (once rank(s) {rank_list(fixed)} run like the median rank)"
         found += more
         remaining = [rc for rc in remaining if not by_rank[rc.rank].straggler]
         rounds += 1
@@ -760,7 +761,8 @@ def cross_rank(ranks: Sequence[RankCollectives], align_clocks: bool = True,
     parallel = parallel_report(ranks)
     _late_by_dim(report, ranks, table)
     _stage_stragglers(report, parallel.pipeline, resolve(thresholds))
-    path = critical_path(ranks, table, parallel, thresholds, [(s.rank, s.cause) for s in report.stragglers])
+    path = critical_path(ranks, table, parallel, thresholds, [(s.rank, s.cause) for s in report.stragglers],
+                         CAUSE_GROUPS)
     return CrossRank(clock, table, report, fit_alpha_beta(table), parallel, path)
 
 
