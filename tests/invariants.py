@@ -19,7 +19,14 @@ report, the HTML page) and returns every broken invariant as a line of text (`ch
     multiply to at most the world size; per rank the communication per dimension sums to the
     breakdown's comm_overlapped + comm_exposed; pipeline stages are the positions in the pp groups;
   * critical path: each step's segments tile it (sum within 2 %, in time order, no overlap), with
-    breakdown categories; what-ifs save at most the step.
+    breakdown categories; what-ifs save at most the step;
+  * one estimate per fix: each finding's evidence.step_ms_saved equals the step_ms_saved of the what-if
+    it names (what_if_key, within 1 %) and its summary prints that number; no saving is negative; no
+    overlap what-if saves more than the exposed communication on the path (its segments' comm_exposed,
+    per step); no straggler verdict of "no collective matched" on a pipeline (its send/recv are matched);
+  * waits as a union: a rank's own waits per step (rank_stats) are at most its mean step;
+  * one denominator: every "% of the median step" of a finding (step_pct_saved, cost_pct_of_step) is its
+    ms over the job's median step, the median of every step of every rank in the JSON's `steps`.
 
 Expected values come from the definitions (docs/json-schema.md, render/figures.py), applied here to the
 JSON's own numbers, never from rankscope's arithmetic.
@@ -88,7 +95,8 @@ def check(out: Outputs) -> list[str]:
     """Every broken invariant of rendered outputs."""
     return (breakdown_sums(out.report) + percentages(out.report) + per_stream_sums(out) + overlap(out.report)
             + straggler_verdict(out) + names(out) + steps_header(out) + parallel_layout(out.report)
-            + critical_path(out.report))
+            + critical_path(out.report) + one_estimate_per_fix(out) + waits_union(out.report)
+            + one_denominator(out.report))
 
 
 # ---------------------------------------------------------------------------------------------- the checks
@@ -386,4 +394,74 @@ def critical_path(report: dict) -> list[str]:
     for w in cp["what_if"]:
         if w["step_ms_saved"] > cp["step_ms"] + MS_ROUNDING:
             bad.append(f"what-if {w['change']!r} saves {w['step_ms_saved']} ms of a {cp['step_ms']} ms step")
+    return bad
+
+
+def one_estimate_per_fix(out: Outputs) -> list[str]:
+    """A finding's saving is its what-if's (1 %), printed in its summary; no saving negative; an overlap
+    what-if saves at most the path's exposed communication; a pipeline's send/recv are matched."""
+    report = out.report
+    bad = []
+    cp = report.get("critical_path") or {}
+    what_ifs = {w.get("key"): w for w in cp.get("what_if") or []}
+    for w in cp.get("what_if") or []:
+        if w["step_ms_saved"] < 0:
+            bad.append(f"what-if {w['change']!r} saves {w['step_ms_saved']} ms: a loss")
+    n = len(cp.get("steps") or [])
+    exposed = sum(sg["dur_ms"] for p in cp.get("steps") or [] for sg in p["segments"]
+                  if sg["category"] == "comm_exposed") / n if n else 0.0
+    for key, w in what_ifs.items():
+        if key and key.startswith("overlap:") and w["step_ms_saved"] > exposed * 1.01 + MS_ROUNDING:
+            bad.append(f"what-if {key} saves {w['step_ms_saved']} ms, the path holds {exposed:.3f} ms of exposed "
+                       f"communication per step")
+    for f in report["findings"]:
+        ev = f["evidence"]
+        if "step_ms_saved" not in ev:
+            continue
+        w = what_ifs.get(ev.get("what_if_key"))
+        if w is None:
+            bad.append(f"finding {f['id']}: step_ms_saved {ev['step_ms_saved']} from no what-if "
+                       f"({ev.get('what_if_key')!r})")
+            continue
+        if ev["step_ms_saved"] < 0 or abs(ev["step_ms_saved"] - w["step_ms_saved"]) > \
+                0.01 * abs(w["step_ms_saved"]) + MS_ROUNDING:
+            bad.append(f"finding {f['id']}: step_ms_saved {ev['step_ms_saved']}, its what-if "
+                       f"{w['key']} {w['step_ms_saved']}")
+        if ev["what_if"] != w["change"]:
+            bad.append(f"finding {f['id']}: names the what-if {ev['what_if']!r}, the list {w['change']!r}")
+        if ev["step_ms_saved"] >= 0.05 and f"{ev['step_ms_saved']:,.1f} ms" not in f["summary"]:
+            bad.append(f"finding {f['id']}: its summary does not print its saving {ev['step_ms_saved']:,.1f} ms")
+    if report.get("pipeline") and report["collectives"]["count"] == 0 and \
+            "no collective matched" in report["straggler_verdict"]:
+        bad.append("a pipeline job whose send/recv no collective matched")
+    return bad
+
+
+def waits_union(report: dict) -> list[str]:
+    """A rank waits at most its whole step: concurrent waits count once."""
+    means = {r["rank"]: r["step_time_ms"]["mean"] for r in report["ranks"]}
+    return [f"rank {s['rank']}: waits {s['own_wait_ms_per_step']} ms per step in a {means[s['rank']]} ms step"
+            for s in report.get("rank_stats") or []
+            if s["rank"] in means and means[s["rank"]] and s["own_wait_ms_per_step"] > means[s["rank"]] * 1.001 +
+            MS_ROUNDING]
+
+
+def one_denominator(report: dict) -> list[str]:
+    """Every finding's "% of the median step" is its ms over the median of every rank's every step."""
+    steps = sorted(s["duration_ms"] for s in report["steps"])
+    if not steps:
+        return []
+    k = len(steps) // 2
+    median_step = steps[k] if len(steps) % 2 else (steps[k - 1] + steps[k]) / 2
+    bad = []
+    if report.get("median_step_ms") is not None and abs(report["median_step_ms"] - median_step) > 1e-3 * median_step:
+        bad.append(f"median_step_ms {report['median_step_ms']}, the median of the steps {median_step}")
+    for f in report["findings"]:
+        ev = f["evidence"]
+        for ms_key, pct_key in (("step_ms_saved", "step_pct_saved"), ("cost_ms_per_step", "cost_pct_of_step")):
+            if isinstance(ev.get(ms_key), (int, float)) and isinstance(ev.get(pct_key), (int, float)):
+                want = 100.0 * ev[ms_key] / median_step
+                if abs(ev[pct_key] - want) > 0.01 * want + 0.02:
+                    bad.append(f"finding {f['id']}: {pct_key} {ev[pct_key]}, {ms_key} over the median step "
+                               f"{median_step:.3f} ms gives {want:.2f}")
     return bad

@@ -46,13 +46,14 @@ SECTIONS = ["job", "findings", "breakdown", "step-heatmap", "collectives", "over
 #: collectives and [memory] events (profile_memory); ResNet50 = one V100 rank, no collectives, [memory]
 #: events; DLRM = 8 V100 ranks with NCCL collectives, no [memory] events.
 CHARTS = {
-    GLOO_STRAGGLER: {"chart-breakdown", "chart-step-heatmap", "chart-collective-skew", "chart-rank-wait",
-                     "chart-overlap", "chart-idle-gaps", "chart-memory", "chart-swimlane-0", "chart-swimlane-1"},
+    GLOO_STRAGGLER: {"chart-breakdown", "chart-distribution", "chart-step-heatmap", "chart-collective-skew",
+                     "chart-rank-wait", "chart-overlap", "chart-idle-gaps", "chart-memory", "chart-swimlane-0",
+                     "chart-swimlane-1"},
     RESNET: {"chart-breakdown", "chart-step-heatmap", "chart-idle-hta", "chart-idle-gaps", "chart-kernel-classes",
              "chart-memory"},
     # DLRM's one dimension is its sharded embeddings over the whole job (emb 8, issue 33): no layout section
-    DLRM: {"chart-breakdown", "chart-step-heatmap", "chart-collective-skew", "chart-rank-wait", "chart-overlap",
-           "chart-idle-hta", "chart-idle-gaps", "chart-kernel-classes", "chart-swimlane-0"},
+    DLRM: {"chart-breakdown", "chart-distribution", "chart-step-heatmap", "chart-collective-skew", "chart-rank-wait",
+           "chart-overlap", "chart-idle-hta", "chart-idle-gaps", "chart-kernel-classes", "chart-swimlane-0"},
 }
 
 FINDING = {"id": "straggler_rank", "severity": "medium", "ranks": [2], "steps": [3, 4, 5],
@@ -177,10 +178,14 @@ def test_many_ranks_capped_and_said(reports):
     page = render_html(big)
     figures = _figures(page)
     bars = figures["chart-breakdown"]["variants"]["all"]["data"][0]["x"]
-    assert len(bars) == MAX_BAR_RANKS and "7" in bars         # the straggler, then 63 of the slow ranks
-    assert {int(x) for x in bars} - {7} <= slow and bars == sorted(bars, key=int)
+    # the ranks the report names (the straggler, findings about a few ranks, the critical path's), then the slow
+    cp = big["critical_path"]
+    named = {7} | {r for f in big["findings"] if len(f["ranks"]) <= 8 for r in f["ranks"]} | \
+        {x["rank"] for x in cp["by_rank_category"][:4]} | ({cp["owner"]} if cp.get("owner") is not None else set())
+    assert len(bars) == MAX_BAR_RANKS and "7" in bars
+    assert {int(x) for x in bars} - named <= slow and bars == sorted(bars, key=int)
     rows = figures["chart-step-heatmap"]["variants"]["all"]["data"][0]["y"]
-    assert len(rows) == MAX_HEATMAP_RANKS and {int(y) for y in rows} - {7} <= slow
+    assert len(rows) == MAX_HEATMAP_RANKS and {int(y) for y in rows} - named <= slow
     assert f"{MAX_BAR_RANKS} of 4096 ranks drawn" in page and f"{MAX_HEATMAP_RANKS} of 4096 ranks drawn" in page
 
 

@@ -59,6 +59,32 @@ def test_invariants_hold_on_generated_jobs(tmp_path, name):
     assert violations(_analyze(tmp_path)) == []
 
 
+LAYOUTS = ["pp=4,schedule=1f1b,microbatches=8", "pp=4,schedule=gpipe,microbatches=4,slow_stage=2",
+           "pp=2,dp=2,fsdp=1,no_prefetch=1", "pp=4,schedule=interleaved,microbatches=8,names=none",
+           "dp=2,tp=2,exposed_tp=1"]
+
+
+@pytest.mark.parametrize("spec", LAYOUTS)
+def test_invariants_hold_on_generated_layouts(tmp_path, spec):
+    """Generated parallel layouts (synth --layout): pipelines of every schedule, with pp groups of four ranks
+    (send/recv paired by time), FSDP and tensor parallel."""
+    from rankscope.synth.layouts import generate_layout_job
+    generate_layout_job(tmp_path, spec, steps=3, seed=1, gzip=False)
+    assert violations(_analyze(tmp_path)) == []
+
+
+def _real_captures() -> list:
+    here = Path(__file__).resolve().parent / "data"
+    return [pytest.param(p, id=str(p.relative_to(here))) for p in sorted(here.glob("whatif/*/*")) +
+            sorted(here.glob("parallel/*")) if p.is_dir()]
+
+
+@pytest.mark.parametrize("folder", _real_captures())
+def test_invariants_hold_on_real_captures(folder):
+    """The committed torch captures: the before/after pairs (tests/data/whatif) and parallel layouts."""
+    assert violations(_analyze(folder)) == []
+
+
 # ------------------------------------------------------------------------------------------ hand counts
 
 def _overlap_trace(tmp_path: Path, comm_start: float) -> Path:

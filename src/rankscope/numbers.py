@@ -1,6 +1,8 @@
 """Numbers for output, shared by analyses (their one-line texts), findings (evidence) and render."""
 from __future__ import annotations
 
+from typing import Sequence
+
 
 def rounded(x: float | None, digits: int) -> float | None:
     """`x` as a float rounded to `digits` decimals; None stays None."""
@@ -20,3 +22,20 @@ def ranges(values: list[int]) -> str:
         if v is not None:
             start = prev = v
     return ", ".join(out)
+
+
+#: Characters a list of ranks may take in a line of text.
+LIST_WIDTH = 48
+
+
+def rank_list(ranks: Sequence[int], width: int = LIST_WIDTH) -> str:
+    """Ranks in one line: ranges, else one stride, else how many and their first and last."""
+    ranks = sorted(set(ranks))
+    text = ranges(ranks)
+    if len(text) <= width or len(ranks) < 3:
+        return text
+    step = ranks[1] - ranks[0]
+    if step > 1 and all(b - a == step for a, b in zip(ranks, ranks[1:])):
+        return f"{ranks[0]}-{ranks[-1]}/{step}"
+    head = ranges(ranks[:4])
+    return f"{len(ranks):,} ranks: {head}, ... {ranks[-1]}"

@@ -27,7 +27,7 @@ _OUTLIER = ("rankscope default: the usual outlier rule, a rank's mean step time 
             "(docs/concepts.md, Straggler)")
 
 #: Verdicts a threshold may decide besides the findings': the critical path's owner and what-ifs.
-VERDICTS = ("critical_path",)
+VERDICTS = ("critical_path", "severity")
 
 THRESHOLDS: dict[str, Threshold] = {
     # DataLoader: share of the step the device (or training thread) waits inside DataLoader.__next__
@@ -141,6 +141,10 @@ THRESHOLDS: dict[str, Threshold] = {
     "pipeline_bubble_excess_pct": Threshold(
         10.0, "percentage points of step over (p-1)/(m+p-1)",
         "rankscope default over the 1F1B / GPipe bubble of Narayanan et al. 2021", "pipeline_bubble"),
+    "pipeline_bubble_large_pct": Threshold(
+        20.0, "% of step the stages wait on their neighbours (mean stage), at theory or not",
+        "rankscope default: a fifth of every step idle is worth more microbatches or an interleaved schedule",
+        "pipeline_bubble"),
     "pipeline_bubble_high_excess_pct": Threshold(
         25.0, "percentage points of step over (p-1)/(m+p-1)", "rankscope default", "pipeline_bubble"),
     "fsdp_exposed_gather_pct": Threshold(5.0, "% of step", "rankscope default", "fsdp_exposed_gather"),
@@ -155,6 +159,11 @@ THRESHOLDS: dict[str, Threshold] = {
     "critical_path_what_if_min_pct": Threshold(5.0, "% of the step on the critical path (a rank's time in one "
                                                      "category, to re-time without it)", "rankscope default",
                                                "critical_path"),
+    # severity by cost: the same bands for every finding whose fix the what-if re-times
+    "saving_high_pct": Threshold(25.0, "% of the job's median step the fix saves (what-if)",
+                                 "rankscope default: a quarter of every step is worth fixing first (the corpus cpu-gloo-4rank-healthy job: 24% of exposed communication, its most, is medium)", "severity"),
+    "saving_medium_pct": Threshold(5.0, "% of the job's median step the fix saves (what-if)",
+                                   "rankscope default: below this, within the noise of step times", "severity"),
     "expert_imbalance_high_pct": Threshold(100.0, "% above the expert-parallel group's mean tokens (bytes) per rank",
                                            "rankscope default", "expert_imbalance"),
 }

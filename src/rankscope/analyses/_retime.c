@@ -10,7 +10,7 @@
  *   arrived (no link, or a member not arrived yet), else at the latest arrival of the members of its
  *   link L = link[j] (members[offsets[L] .. offsets[L + 1])) + transfer[j]; that end is kept. Per rank r: its end is
  *   the end of instance last[r] (asked with all n arrived; start[r] when last[r] < 0) + tail[r].
- *   Returns the latest rank end - the earliest start.
+ *   Returns the longest rank step: the largest rank end - start[r].
  *
  * int64 arrays: dep, last_member, link (-1: none) (n), offsets (links + 1), members (< n, or n: a
  * member outside the step, which never arrives), last (ranks); float64 arrays: fixed, window, arrival,
@@ -127,17 +127,16 @@ static PyObject *step(PyObject *self, PyObject *args) {
     Step st = {last_member, link, offsets, members, a[4].data, a[9].data, buf, buf + n + 1, has_e};
     memcpy(buf, arrival, sizeof(double) * (size_t)n);
     buf[n] = 0.0;
-    double latest, earliest;
+    double longest = 0.0;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t k = 0; k < n; k++)
         st.new_a[k] = (dep[k] >= 0 ? end_of(&st, dep[k], k) : fixed[k]) + window[k];
     for (Py_ssize_t r = 0; r < ranks; r++) {
         double e = (last[r] >= 0 ? end_of(&st, last[r], n) : start[r]) + tail[r];
-        if (r == 0 || e > latest) latest = e;
-        if (r == 0 || start[r] < earliest) earliest = start[r];
+        if (r == 0 || e - start[r] > longest) longest = e - start[r];
     }
     Py_END_ALLOW_THREADS
-    result = PyFloat_FromDouble(latest - earliest);
+    result = PyFloat_FromDouble(longest);
 done:
     free(buf);
     free(has_e);

@@ -9,7 +9,7 @@ from typing import Iterable
 
 from rankscope.analyses.job.matching import collectives_summary
 from rankscope.analyses.rank.summary import RankSummary
-from rankscope.findings.registry import JobView, rule, tier
+from rankscope.findings.registry import NOT_RETIMED, JobView, rule, saving, tier
 from rankscope.hardware import devices_link_peak_gbps
 from rankscope.numbers import rounded
 from rankscope.results import Finding
@@ -21,7 +21,7 @@ class _Comm:
     those ranks)."""
     ranks: list[RankSummary]
     exposed_ms: dict[int, float]           # exposed communication less the waits for late ranks
-    exposed_pct: dict[int, float]          # of the step as it would be without those waits
+    exposed_pct: dict[int, float]          # of the job's median step
     median_pct: float
     median_ms: float
     gradient_collectives: int
@@ -37,8 +37,7 @@ class _Comm:
         # pipeline waits (the pp dimension's exposed communication) are the pipeline findings' to explain
         waits = {s.rank: job.wait_ms.get(s.rank, 0.0) + job.pipeline_wait_ms.get(s.rank, 0.0) for s in ranks}
         exposed = {s.rank: max(0.0, job.part(s, "comm_exposed") - waits[s.rank]) for s in ranks}
-        # share of the step as it would be without the wait (the wait goes when the late rank is fixed)
-        exposed_pct = {s.rank: job.share(s, exposed[s.rank], minus_ms=waits[s.rank]) for s in ranks}
+        exposed_pct = {s.rank: job.pct_of_step(exposed[s.rank]) for s in ranks}
         sched = [s.grad_sync for s in ranks if s.grad_sync]
         launched = sum(g.collectives for g in sched)
         after = sum(g.launched_after_backward for g in sched)
@@ -51,8 +50,10 @@ class _Comm:
 
 @rule("exposed_communication", reads=("exposed_comm_low_pct", "exposed_comm_medium_pct", "exposed_comm_high_pct"))
 def exposed_communication(job: JobView) -> Iterable[Finding]:
-    """Communication that no computation hides, as a share of the step (median rank), tiered low /
-    medium / high by `exposed_comm_low_pct` / `exposed_comm_medium_pct` / `exposed_comm_high_pct`."""
+    """Communication that no computation hides, as a share of the job's median step (median rank),
+    raised from `exposed_comm_low_pct`; severity from what overlapping it saves (the what-if), else
+    tiered low / medium / high by `exposed_comm_low_pct` / `exposed_comm_medium_pct` /
+    `exposed_comm_high_pct`."""
     c = _Comm.of(job)
     if c is None:
         return
@@ -60,20 +61,20 @@ def exposed_communication(job: JobView) -> Iterable[Finding]:
     severity = tier(c.median_pct, t, "exposed_comm_low_pct", "exposed_comm_medium_pct", "exposed_comm_high_pct")
     if severity is None:
         return
-    waits_note = (" (of the step without its waits for late ranks, which the straggler / load imbalance findings "
-                  "explain)"
+    waits_note = ("; waits for late ranks left out (the straggler / load imbalance findings explain them)"
                   if any(job.wait_ms.get(s.rank, 0.0) > 0 for s in c.ranks) else "")
+    sv = saving(job, *_overlap_keys(job))
     yield Finding(
-        id="exposed_communication", severity=severity,
+        id="exposed_communication", severity=sv.severity if sv else severity,
         ranks=sorted(r for r, v in c.exposed_pct.items() if v >= t["exposed_comm_low_pct"]), steps=job.steps(),
-        summary=f"communication that no computation hides takes {c.median_pct:.1f}% of each step "
-                f"(median rank, {c.median_ms:.1f} ms){waits_note}",
+        summary=f"communication that no computation hides takes {c.median_pct:.1f}% of the median step "
+                f"(median rank, {c.median_ms:.1f} ms{waits_note})" + (f"; {sv.text()}" if sv else ""),
         evidence={"exposed_comm_pct_of_step": {r: rounded(v, 1) for r, v in sorted(c.exposed_pct.items())},
                   "exposed_comm_ms_per_step": {r: rounded(v, 3) for r, v in sorted(c.exposed_ms.items())},
                   "wait_for_late_ranks_ms_per_step": {r: rounded(job.wait_ms.get(r, 0.0), 3)
                                                       for r in sorted(c.exposed_ms)},
                   "gradient_collectives_after_backward_pct": rounded(c.after_backward_pct, 1),
-                  "comm_comp_overlap_pct": rounded(c.overlap_pct, 1)},
+                  "comm_comp_overlap_pct": rounded(c.overlap_pct, 1), **(sv.evidence() if sv else {})},
         explanation=("While a collective runs with no compute beside it, the step only waits for the network. "
                      "Either it starts too late to overlap (after backward), or there is more of it than "
                      "compute to hide it behind."),
@@ -81,7 +82,13 @@ def exposed_communication(job: JobView) -> Iterable[Finding]:
              "backward); smaller bucket_cap_mb so the first buckets start earlier; then shrink it: gradients in "
              "bf16 (DDP comm hook bf16_compress_hook), gradient accumulation (no_sync()) or a larger batch per "
              "rank so each byte moved buys more compute"),
-        threshold=dict(t), cost_ms_per_step=c.median_ms)
+        threshold=dict(t), cost_ms_per_step=sv.ms if sv else c.median_ms)
+
+
+def _overlap_keys(job: JobView) -> list[str]:
+    """The what-ifs of the job's communication overlapped: all of it, else its one dimension."""
+    dims = [d.name for d in job.parallel.layout.dims if d.name != "pp"] if job.parallel else []
+    return ["overlap:*"] + [f"overlap:{d}" for d in dims]
 
 
 @rule("low_overlap", reads=("after_backward_pct", "low_overlap_pct", "exposed_comm_low_pct", "comm_significant_pct"))
@@ -107,12 +114,14 @@ def low_overlap(job: JobView) -> Iterable[Finding]:
                    f"{c.median_pct:.1f}% of the step is exposed communication")
     else:
         return
+    sv = saving(job, *_overlap_keys(job))
     yield Finding(
-        id="low_overlap", severity=severity, ranks=sorted(c.exposed_pct), steps=job.steps(), summary=summary,
+        id="low_overlap", severity=sv.severity if sv else severity, ranks=sorted(c.exposed_pct), steps=job.steps(),
+        summary=summary + (f"; {sv.text()}" if sv else ""),
         evidence={"gradient_collectives": c.gradient_collectives, "launched_after_backward": c.after_backward,
                   "after_backward_pct": rounded(c.after_backward_pct, 1),
                   "comm_comp_overlap_pct": rounded(c.overlap_pct, 1),
-                  "exposed_comm_pct_of_step": rounded(c.median_pct, 1)},
+                  "exposed_comm_pct_of_step": rounded(c.median_pct, 1), **(sv.evidence() if sv else {})},
         explanation=("DDP hides gradient all-reduce behind backward by launching each bucket as soon as its "
                      "gradients are ready. Collectives launched after backward, or a single large bucket, "
                      "leave the device idle while the network works (PyTorch DDP design notes: overlap "
@@ -120,7 +129,7 @@ def low_overlap(job: JobView) -> Iterable[Finding]:
         fix=("use DDP/FSDP's bucketed overlap instead of all-reducing gradients after backward; lower "
              "bucket_cap_mb (e.g. 25 -> 5-10) so buckets start earlier; remove find_unused_parameters=True "
              "(it delays every bucket to the end of backward) or set static_graph=True"),
-        threshold=dict(t), cost_ms_per_step=c.median_ms)
+        threshold=dict(t), cost_ms_per_step=sv.ms if sv else c.median_ms)
 
 
 @rule("comm_bound", reads=("comm_bound_ratio",))
@@ -141,7 +150,8 @@ def comm_bound(job: JobView) -> Iterable[Finding]:
         summary=(f"communication-bound: {comm_ms:.1f} ms of communication per step against {compute_ms:.1f} ms "
                  f"of compute" + (f" ({ratio:.1f}x)" if ratio else "")),
         evidence={"comm_ms_per_step": rounded(comm_ms, 3), "compute_ms_per_step": rounded(compute_ms, 3),
-                  "comm_to_compute_ratio": rounded(ratio, 2), "classification": "comm-bound"},
+                  "comm_to_compute_ratio": rounded(ratio, 2), "classification": "comm-bound",
+                  "what_if": NOT_RETIMED.format(what="fewer bytes or a larger batch")},
         explanation=("With more communication than compute per step, no overlap can hide it all: the job scales "
                      "with the network, not the GPUs (docs/concepts.md, Bottleneck: comm > 1.2x compute)."),
         fix=("move fewer bytes per unit of compute: larger batch per rank or gradient accumulation, bf16 "

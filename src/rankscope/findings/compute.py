@@ -4,7 +4,7 @@ from __future__ import annotations
 from statistics import median
 from typing import Iterable
 
-from rankscope.findings.registry import JobView, rule
+from rankscope.findings.registry import NOT_RETIMED, JobView, rule
 from rankscope.numbers import rounded
 from rankscope.results import Finding
 
@@ -37,7 +37,8 @@ def tensor_cores_unused(job: JobView) -> Iterable[Finding]:
                  f"GEMMs are {gemm_pct:.0f}% of kernel time"),
         evidence={"gemm_pct_of_kernel_time": {r: rounded(v[0], 1) for r, v in hits.items()},
                   "fp32_gemm_pct": {r: rounded(v[1], 1) for r, v in hits.items()},
-                  "fp32_gemm_ms": {r: rounded(v[2], 3) for r, v in hits.items()}},
+                  "fp32_gemm_ms": {r: rounded(v[2], 3) for r, v in hits.items()},
+                  "what_if": NOT_RETIMED.format(what="faster kernels")},
         explanation=("FP32 matrix multiplies run on the CUDA cores at a fraction (1/8-1/16) of the Tensor Core "
                      "throughput of bf16/fp16 or TF32 on Ampere and later."),
         fix=("run the model under torch.autocast(device_type='cuda', dtype=torch.float16) with "

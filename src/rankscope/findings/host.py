@@ -5,7 +5,7 @@ from __future__ import annotations
 from statistics import median
 from typing import Any, Iterable
 
-from rankscope.findings.registry import JobView, job_or_rank_tier, rank_shares, rule, tier
+from rankscope.findings.registry import NOT_RETIMED, JobView, job_or_rank_tier, rank_shares, rule, saving, tier
 from rankscope.numbers import rounded
 from rankscope.results import Finding
 
@@ -19,7 +19,7 @@ def dataloader_stall(job: JobView) -> Iterable[Finding]:
     """Time the device (or training thread) waits inside DataLoader.__next__, as a share of the step:
     the median rank's share tiered by `dataloader_low_pct` / `dataloader_medium_pct` /
     `dataloader_high_pct`, or single ranks over the high tier (one tier lower)."""
-    shares = rank_shares(job, lambda s: job.share(s, job.part(s, "dataloader")))
+    shares = rank_shares(job, lambda s: job.pct_of_step(job.part(s, "dataloader")))
     if not shares:
         return
     t = job.thresholds
@@ -31,6 +31,10 @@ def dataloader_stall(job: JobView) -> Iterable[Finding]:
     loaders = [by_rank[r].dataloader for r in ranks]
     workers = sorted({d.num_workers for d in loaders if d} - {None})
     ms = median(job.part(by_rank[r], "dataloader") for r in ranks)
+    # the fix on every rank (num_workers is one setting), or on the one rank that stalls
+    sv = saving(job, *((f"rank:{ranks[0]}:dataloader",) if len(ranks) == 1 < len(shares) else ()),
+                "every:dataloader")
+    severity = sv.severity if sv else severity
     workers_text = ("" if not workers else f" (num_workers={'/'.join(map(str, workers))})")
     more = ("set num_workers to 4-8 per GPU (it is 0: data is loaded on the training thread)"
             if workers == [0] else "raise num_workers")
@@ -38,25 +42,26 @@ def dataloader_stall(job: JobView) -> Iterable[Finding]:
         id="dataloader_stall", severity=severity, ranks=ranks, steps=job.steps(),
         summary=(f"the {'device' if any(s.has_device for s in job.ranks) else 'training thread'} waits for the "
                  f"DataLoader {median(shares[r] for r in ranks):.1f}% of each step on {_ranks_text(ranks)} "
-                 f"({ms:.1f} ms per step){workers_text}"),
+                 f"({ms:.1f} ms per step){workers_text}" + (f"; {sv.text()}" if sv else "")),
         evidence={"dataloader_pct_of_step": {r: rounded(v, 1) for r, v in sorted(shares.items())},
                   "median_pct_of_step": rounded(median(shares.values()), 1), "dataloader_ms_per_step": rounded(ms, 3),
                   "num_workers": workers,
                   "dataloader_span_share_pct": {r: rounded(d.share_pct, 1) if d else None
-                                                for r, d in zip(ranks, loaders)}},
+                                                for r, d in zip(ranks, loaders)}, **(sv.evidence() if sv else {})},
         explanation=("Time inside enumerate(DataLoader).__next__ with nothing else running: the next batch was "
                      "not ready when the step wanted it, so compute stalls on input."),
         fix=(f"{more}; pin_memory=True; persistent_workers=True and prefetch_factor=2-4; move decoding and "
              "augmentation offline or to the GPU (e.g. DALI) when workers are not enough"),
-        threshold=dict(t), cost_ms_per_step=ms)
+        threshold=dict(t), cost_ms_per_step=sv.ms if sv else ms)
 
 
 def _device_category(job: JobView, category: str, finding_id: str, medium: str, high: str, summary: str,
                      explanation: str, fix: str, extra_evidence: dict | None = None) -> Iterable[Finding]:
     """A breakdown category in which the device idles (host, sync) tiered on its median share of
-    the step; `summary` is formatted with pct (median share) and ms (median per step)."""
+    the step; `summary` is formatted with pct (median share) and ms (median per step). The saving:
+    the category removed on every rank (what-if `every:<category>`), which sets the severity."""
     t = job.thresholds
-    shares = rank_shares(job, lambda s: job.share(s, job.part(s, category))
+    shares = rank_shares(job, lambda s: job.pct_of_step(job.part(s, category))
                          if s.has_device and s.breakdown_mode == "device" else None)
     if not shares:
         return
@@ -66,11 +71,13 @@ def _device_category(job: JobView, category: str, finding_id: str, medium: str, 
         return
     ranks = sorted(r for r, v in shares.items() if v >= t[medium])
     ms = median(job.part(s, category) for s in job.ranks if s.rank in shares)
+    sv = saving(job, f"every:{category}")
     yield Finding(
-        id=finding_id, severity=severity, ranks=ranks, steps=job.steps(), summary=summary.format(pct=pct, ms=ms),
+        id=finding_id, severity=sv.severity if sv else severity, ranks=ranks, steps=job.steps(),
+        summary=summary.format(pct=pct, ms=ms) + (f"; {sv.text()}" if sv else ""),
         evidence={f"{category}_pct_of_step": {r: rounded(v, 1) for r, v in sorted(shares.items())},
-                  f"{category}_ms_per_step": rounded(ms, 3), **(extra_evidence or {})},
-        explanation=explanation, fix=fix, threshold=dict(t), cost_ms_per_step=ms)
+                  f"{category}_ms_per_step": rounded(ms, 3), **(extra_evidence or {}), **(sv.evidence() if sv else {})},
+        explanation=explanation, fix=fix, threshold=dict(t), cost_ms_per_step=sv.ms if sv else ms)
 
 
 #: What the host did during a device-idle gap (its dominant breakdown category), in words.
@@ -132,7 +139,8 @@ def _gap_text(job: JobView, ranks: list[int]) -> str:
     if not found:
         return "no idle gap between device work: the idle time lies before the first or after the last kernel"
     r, g = found
-    op = f", in {g.busy_host_op}" if g.busy_host_op else ""
+    op = ("" if not g.busy_host_op else f" ({g.busy_host_op} open for part of it)" if g.host_activity == "idle_other"
+          else f", in {g.busy_host_op}")
     return (f"in the longest idle gap, {g.duration_ms:.1f} ms at +{g.start_in_step_ms:.1f} ms into step {g.step}"
             f"{' on rank ' + str(r) if len(job.ranks) > 1 else ''}, the host was "
             f"{HOST_ACTIVITY_TEXT.get(g.host_activity, g.host_activity)}{op}")
@@ -177,13 +185,14 @@ def _mostly_idle(job: JobView, compiled: float | None) -> Iterable[Finding]:
     idle_ms = sum(idle.values())
     step_ms = median(job.step_ms[r] for r in ranks)
     whole = any(by_rank[r].steps_source == "whole_trace" for r in ranks)
+    sv = saving(job, "every:host")
     yield Finding(
-        id="gpu_idle_host_bound", severity="high", ranks=ranks, steps=job.steps(),
+        id="gpu_idle_host_bound", severity=sv.severity if sv else "high", ranks=ranks, steps=job.steps(),
         summary=(f"the GPU is busy only {median(busy.values()):.1f}% of each step (idle {idle_ms:.1f} of "
                  f"{step_ms:.1f} ms: {idle['host']:.1f} ms with the host in CPU ops, {idle['idle_other']:.1f} ms "
-                 f"outside any profiled op); {_gap_text(job, ranks)}"),
+                 f"outside any profiled op); {_gap_text(job, ranks)}" + (f"; {sv.text()}" if sv else "")),
         evidence={**_gap_evidence(job, ranks), "idle_ms_per_step": {c: rounded(v, 3) for c, v in idle.items()},
-                  "step_ms": rounded(step_ms, 3)},
+                  "step_ms": rounded(step_ms, 3), **(sv.evidence() if sv else {})},
         explanation=("The device has nothing to run almost all the time: the host is the bottleneck, or the "
                      "profiled window is warm-up (compilation, autotuning, first-call allocations) rather than "
                      "training; what the host did in the longest gap tells which."),
@@ -191,7 +200,7 @@ def _mostly_idle(job: JobView, compiled: float | None) -> Iterable[Finding]:
              "steps instead: torch.profiler.schedule(wait=1, warmup=2, active=3) with prof.step() every "
              "iteration" + (" (this trace has no step marks)" if whole else "")
              + "; if steady-state steps look like this, the GPU waits on the host: " + _host_fix(compiled)),
-        threshold=dict(t), cost_ms_per_step=idle_ms)
+        threshold=dict(t), cost_ms_per_step=sv.ms if sv else idle_ms)
 
 
 @rule("launch_overhead", reads=("short_kernel_share_pct", "launch_idle_pct", "generated_kernel_share_pct"))
@@ -208,7 +217,7 @@ def launch_overhead(job: JobView) -> Iterable[Finding]:
         if not n or s.breakdown_mode != "device":
             continue
         short_pct = 100.0 * launch.short_kernels / n
-        idle_pct = job.share(s, job.part(s, "host") + job.part(s, "idle_other"))
+        idle_pct = job.pct_of_step(job.part(s, "host") + job.part(s, "idle_other"))
         if short_pct >= t["short_kernel_share_pct"] and idle_pct >= t["launch_idle_pct"]:
             ranks.append(s.rank)
             short_pcts.append(short_pct)
@@ -223,7 +232,8 @@ def launch_overhead(job: JobView) -> Iterable[Finding]:
         summary=(f"{median(short_pcts):.0f}% of kernels are tiny{median_kernel} and the device idles between them: "
                  "launch overhead dominates"),
         evidence={"short_kernel_pct": rounded(median(short_pcts), 1),
-                  "median_kernel_us": rounded(median(kernel_p50_us), 1) if kernel_p50_us else None},
+                  "median_kernel_us": rounded(median(kernel_p50_us), 1) if kernel_p50_us else None,
+                  "what_if": NOT_RETIMED.format(what="fewer, fused launches")},
         explanation=("Each kernel costs several microseconds of CPU launch time; when kernels run for less than "
                      "that, the GPU waits for launches instead of computing."),
         fix=(("fuse and batch: torch.compile, CUDA graphs (torch.compile(mode='reduce-overhead') or "

@@ -5,7 +5,7 @@ from statistics import median
 from typing import Iterable, Iterator
 
 from rankscope.analyses.rank.memory import DeviceMemory
-from rankscope.findings.registry import JobView, job_or_rank_tier, rule
+from rankscope.findings.registry import NOT_RETIMED, JobView, job_or_rank_tier, rule
 from rankscope.numbers import rounded
 from rankscope.results import Finding
 
@@ -99,7 +99,8 @@ def unpinned_memcpy(job: JobView) -> Iterable[Finding]:
                   "pageable_copies": {r: rows[r].count for r in ranks},
                   "pageable_ms": {r: rounded(rows[r].total_ms, 3) for r in ranks},
                   "mean_bandwidth_gbps": rounded(median(bw), 2) if bw else None,
-                  "pinned_vs_pageable_bandwidth_ratio": [rounded(x, 2) for x in ratio]},
+                  "pinned_vs_pageable_bandwidth_ratio": [rounded(x, 2) for x in ratio],
+                  "what_if": NOT_RETIMED.format(what="faster copies")},
         explanation=("A copy from pageable memory is staged through a pinned bounce buffer by the driver: it runs "
                      "at a fraction of PCIe bandwidth and cannot overlap with compute."),
         fix="DataLoader(pin_memory=True) and tensor.to(device, non_blocking=True); pin long-lived host buffers "

@@ -9,7 +9,10 @@ run of compared NCCL logs). `run(view)` calls the rules of the view's kind in `F
 (findings tied in severity and cost keep it), each with the thresholds cut to those it declares,
 so reading an undeclared one fails.
 
-Also the helpers the rules share: severity tiers, per-rank shares of the step, `ordered`.
+Also the helpers the rules share: severity tiers, per-rank shares of the step, `ordered`, and
+`saving`: a fix's step_ms_saved from the what-if of the same change (analyses/job/critical_path.py,
+"one estimate per fix") with the severity its share of the job's median step gives, in the same
+bands for every finding (`SEVERITY_BANDS`, declared by every job rule).
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from statistics import median
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from rankscope.analyses.rank.summary import RankSummary
+from rankscope.numbers import rounded
 from rankscope.results import Finding
 from rankscope.thresholds import THRESHOLDS, Thresholds
 
@@ -27,10 +31,14 @@ if TYPE_CHECKING:  # pragma: no cover
     from rankscope.analyses.inputs.nccl import NcclReport, NcclRun
     from rankscope.analyses.job.parallel import ParallelReport
     from rankscope.analyses.job.pipeline import Pipeline
+    from rankscope.analyses.job.critical_path import WhatIf
     from rankscope.analyses.job.stragglers import CrossRank
     from rankscope.results import Analysis
 
 SEVERITIES = ("high", "medium", "low")
+#: The bands of severity by cost: a fix saving >= saving_high_pct of the median step is high, >=
+#: saving_medium_pct medium, else low. Every job rule reads them (`rule` adds them).
+SEVERITY_BANDS = ("saving_high_pct", "saving_medium_pct")
 
 #: The stable finding ids, in the order their rules run.
 FINDING_IDS = ("straggler_rank", "dataloader_stall", "exposed_communication", "low_overlap", "comm_bound",
@@ -43,7 +51,8 @@ FINDING_IDS = ("straggler_rank", "dataloader_stall", "exposed_communication", "l
 @dataclass
 class JobView:
     """What the job's rules read: the ranks with steps, the typed cross-rank result, the thresholds
-    in force; per rank its mean step and its waits for late ranks at collectives (ms per step); the
+    in force; per rank its mean step and its waits for late ranks at collectives (ms per step,
+    concurrent waits once); the job's median step (every "% of step" is of it); the
     job's devices and hosts; per rank the time it waits on its pipeline neighbours (the pp
     dimension's exposed communication, ms per step), which the pipeline findings explain."""
     ranks: list[RankSummary]
@@ -54,6 +63,16 @@ class JobView:
     devices: list[str]
     hosts: list[str]
     pipeline_wait_ms: dict[int, float] = dataclasses.field(default_factory=dict)
+    median_step_ms: float = 0.0           # the job's median step (over every rank's steps): "% of step"
+
+    def what_if(self, key: str) -> WhatIf | None:
+        """The what-if of change `key` (`critical_path.WHAT_IF_KEYS`), None when not re-timed."""
+        cp = self.cross.critical_path if self.cross else None
+        return next((w for w in cp.what_if if w.key == key), None) if cp else None
+
+    def pct_of_step(self, ms: float) -> float:
+        """`ms` as a share of the job's median step: every "% of step" has that denominator."""
+        return 100.0 * ms / self.median_step_ms if self.median_step_ms > 0 else 0.0
 
     @property
     def parallel(self) -> ParallelReport | None:
@@ -68,17 +87,15 @@ class JobView:
         """The view of a job's analysis judged against `thresholds`."""
         ranks = [s for s in analysis.ranks if s.steps]
         cross = analysis.cross
+        steps = sorted(st.duration_ms for s in ranks for st in s.steps)
         return cls(ranks=ranks, cross=cross, thresholds=thresholds,
                    step_ms={s.rank: sum(s.breakdown_mean_ms.values()) for s in ranks},
                    wait_ms={r.rank: r.own_wait_ms_per_step or 0.0 for r in cross.stragglers.ranks} if cross else {},
                    devices=analysis.job.devices, hosts=analysis.job.hosts,
                    pipeline_wait_ms={c.rank: c.by_dim["pp"].exposed for c in cross.parallel.comm if "pp" in c.by_dim}
-                   if cross and cross.parallel else {})
-
-    def share(self, s: RankSummary, ms: float, minus_ms: float = 0.0) -> float:
-        """`ms` as a share of the rank's mean step (shortened by `minus_ms`)."""
-        step = (self.step_ms.get(s.rank) or 0.0) - minus_ms
-        return 100.0 * ms / step if step > 0 else 0.0
+                   if cross and cross.parallel else {},
+                   median_step_ms=(cross.stragglers.median_step_ms if cross and cross.stragglers.median_step_ms
+                                   else median(steps) if steps else 0.0))
 
     def part(self, s: RankSummary, category: str) -> float:
         """The rank's mean ms per step in a breakdown category."""
@@ -112,6 +129,8 @@ def rule(finding_id: str, reads: tuple[str, ...] = (), view: type = JobView) -> 
     comparing against the thresholds `reads`."""
     if finding_id not in FINDING_IDS:
         raise ValueError(f"rule of an unknown finding id {finding_id!r}")
+    if view is JobView:
+        reads = tuple(reads) + tuple(b for b in SEVERITY_BANDS if b not in reads)
     unknown = [name for name in reads if name not in THRESHOLDS]
     if unknown:
         raise ValueError(f"rule {finding_id!r} reads unknown thresholds {unknown}")
@@ -172,3 +191,38 @@ def rank_shares(job: JobView, fn: Callable[[RankSummary], float | None]) -> dict
         if v is not None:
             out[s.rank] = v
     return out
+
+
+@dataclass
+class Saving:
+    """What a fix saves per step, from the what-if of the same change: ms, % of the job's median
+    step, the severity those give, the what-if's words."""
+    ms: float
+    pct: float
+    severity: str
+    change: str
+    key: str
+
+    def evidence(self) -> dict:
+        return {"step_ms_saved": rounded(self.ms, 3), "step_pct_saved": rounded(self.pct, 2),
+                "what_if": self.change, "what_if_key": self.key}
+
+    def text(self) -> str:
+        return f"fixing it would shorten the step by {self.ms:,.1f} ms ({self.pct:.1f}% of the median step; what-if)"
+
+
+def saving(job: JobView, *keys: str) -> Saving | None:
+    """The first of the what-ifs `keys` that was re-timed, as a Saving; None when none was."""
+    for key in keys:
+        w = job.what_if(key)
+        if w is not None:
+            pct = job.pct_of_step(w.step_ms_saved)
+            t = job.thresholds
+            severity = ("high" if pct >= t["saving_high_pct"] else "medium" if pct >= t["saving_medium_pct"] else
+                        "low")
+            return Saving(w.step_ms_saved, pct, severity, w.change, key)
+    return None
+
+
+#: What a finding whose fix the model cannot re-time says instead of a number.
+NOT_RETIMED = "not re-timed: the model re-times removed or overlapped time, not {what}"

@@ -1,10 +1,9 @@
 """Findings of the cross-rank verdicts (analyses/job/stragglers.py): a straggler, load imbalance."""
 from __future__ import annotations
 
-from statistics import median
 from typing import Iterable
 
-from rankscope.findings.registry import JobView, rule
+from rankscope.findings.registry import NOT_RETIMED, SEVERITY_BANDS, JobView, rule, saving
 from rankscope.numbers import rounded
 from rankscope.results import Finding
 
@@ -32,34 +31,37 @@ STRAGGLER_FIXES = {
 @rule("straggler_rank", reads=("straggler_high_cost_pct",))
 def straggler_rank(job: JobView) -> Iterable[Finding]:
     """Each straggler the cross-rank analysis names (its verdict: the `straggler_*` thresholds), with
-    its cause and what it costs the other ranks per step; high when that cost is >=
+    its cause, what it costs the other ranks per step, and what fixing it saves (the what-if of its
+    cause at the median rank's level), whose share of the median step sets the severity; a cause
+    the model cannot re-time (unknown, communication): high when the cost is >=
     `straggler_high_cost_pct` of the median step."""
     if job.cross is None:
         return
     t = job.thresholds
-    median_step = median(job.step_ms.values()) if job.step_ms else 0.0
     for st in job.cross.stragglers.stragglers:
         if st.cause == "pipeline_stage":       # pipeline_stage_imbalance names it, with how much to move
             continue
         cost = st.cost_ms_per_step
-        cost_pct = 100.0 * cost / median_step if median_step > 0 else 0.0
-        severity = "high" if cost_pct >= t["straggler_high_cost_pct"] else "medium"
+        cost_pct = job.pct_of_step(cost)
+        sv = saving(job, f"rank:{st.rank}:{st.cause}")
+        severity = sv.severity if sv else "high" if cost_pct >= t["straggler_high_cost_pct"] else "medium"
         yield Finding(
             id="straggler_rank", severity=severity, ranks=[st.rank], steps=list(st.steps),
             summary=(f"rank {st.rank} is a straggler ({st.cause}): the other ranks lose "
-                     f"{cost:.2f} ms per step ({cost_pct:.1f}% of the median step) waiting for it"),
+                     f"{cost:.2f} ms per step ({cost_pct:.1f}% of the median step) waiting for it"
+                     + (f"; {sv.text()}" if sv else f"; {NOT_RETIMED.format(what=f'a {st.cause} cause')}")),
             evidence={"cause": st.cause, "cost_ms_per_step": rounded(cost, 3),
                       "cost_pct_of_step": rounded(cost_pct, 2), "last_arrival_pct": rounded(st.last_arrival_pct, 1),
                       "step_time_z": rounded(st.step_time_z, 2),
                       "wait_imposed_ms_per_step": rounded(st.wait_imposed_ms_per_step, 3),
                       "excess_ms_per_step": {k: rounded(v, 3) for k, v in st.excess_ms_per_step.items()},
-                      "detail": st.evidence},
+                      "detail": st.evidence, **(sv.evidence() if sv else {})},
             explanation=("Every collective finishes only when its last member arrives, so one late rank makes "
                          "all others wait. This rank arrives last at most collectives; the cause is what it did "
                          "before arriving, compared with the median rank."),
             fix=STRAGGLER_FIXES.get(st.cause, STRAGGLER_FIXES["unknown"]),
-            threshold={"straggler_high_cost_pct": t["straggler_high_cost_pct"]},
-            cost_ms_per_step=cost)
+            threshold={k: t[k] for k in ("straggler_high_cost_pct", *SEVERITY_BANDS)},
+            cost_ms_per_step=sv.ms if sv else cost)
 
 
 @rule("load_imbalance")

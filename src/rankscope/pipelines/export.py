@@ -27,6 +27,30 @@ class _ExportTask:
     origin_ns: int
     waits: pl.DataFrame | None
     critical_path: list                  # the critical path's segments on this rank
+    window_ns: tuple[int, int] | None = None   # only what overlaps [start, end) on the aligned clock
+
+
+def parse_selection(text: str) -> list[int]:
+    """"0-7,77" -> [0, 1, ..., 7, 77]; ValueError (saying what is wrong) when it is not such a list."""
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        try:
+            a, b = int(lo), int(hi) if sep else int(lo)
+        except ValueError:
+            raise ValueError(f"{part.strip()!r} is not a number or a range such as 0-7") from None
+        if a < 0 or b < a:
+            raise ValueError(f"{part.strip()!r} is not a range from low to high")
+        out.update(range(a, b + 1))
+    return sorted(out)
+
+
+def _within(tl, lo: int, hi: int):
+    """The timeline with only the slices overlapping [lo, hi) and the counters in it (aligned clock)."""
+    from dataclasses import replace
+    return replace(tl, slices=[f.filter((pl.col("ts_ns") < hi) & (pl.col("ts_ns") + pl.col("dur_ns") > lo))
+                               for f in tl.slices],
+                   counters=tl.counters.filter((pl.col("ts_ns") >= lo) & (pl.col("ts_ns") < hi)))
 
 
 @one_line_errors
@@ -39,6 +63,8 @@ def _export_task(task: _ExportTask) -> tuple[dict, list[bytes], int]:
     trace.meta.rank = task.rank
     tl = rank_timeline(trace, task.offset_ns, task.waits, task.critical_path)
     del trace
+    if task.window_ns is not None:
+        tl = _within(tl, *task.window_ns)
     chunks, events = rank_json(tl, task.origin_ns)
     return ({"rank": task.rank, "pid": task.rank, "file": task.path, "clock_offset_ns": task.offset_ns,
              "events": events, "tracks": tl.tracks.height, "moved_to_overlap_tracks": tl.moved,
@@ -47,18 +73,24 @@ def _export_task(task: _ExportTask) -> tuple[dict, list[bytes], int]:
 
 def export_perfetto(inputs, out: str | Path, cache_dir: str | Path | None = None, use_cache: bool = True,
                     on_progress: Callable[[int, int, str], None] | None = None,
-                    pipeline_ranks: int = 2) -> ExportResult:
+                    pipeline_ranks: int = 2, ranks: list[int] | None = None, steps: list[int] | None = None,
+                    on_estimate: Callable[[int, int], None] | None = None) -> ExportResult:
     """Analyse the job (for clock offsets and collective waits), then write its merged timeline to
     `out` (render/perfetto.py) rank by rank, converting up to `pipeline_ranks` ranks at once (in
-    rank order). `on_progress(done, total, file)`: each file counts twice (analysis, export).
-    Without the cache, a scratch cache lives for the export only: each file is parsed once."""
+    rank order). `ranks`: only these ranks (the analysis still reads every rank: clocks and waits
+    are the job's); `steps`: only what overlaps those steps (each rank's windows of them).
+    `on_progress(done, total, file)`: each file counts twice (analysis, export).
+    `on_estimate(json_bytes, ranks)`: once the first rank is converted, the JSON the export will
+    write (that rank's size x the ranks to write). Without the cache, a scratch cache lives for
+    the export only: each file is parsed once."""
     from rankscope.render.perfetto import TraceWriter
     writer = TraceWriter(out)                      # a file that cannot be written fails before any work
     try:
         with contextlib.ExitStack() as stack:
             if not use_cache:
                 cache_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="rankscope-export-"))
-            result = _export(writer, inputs, cache_dir, on_progress, max(1, pipeline_ranks))
+            result = _export(writer, inputs, cache_dir, on_progress, max(1, pipeline_ranks), ranks, steps,
+                             on_estimate)
     except BaseException:
         writer.abort()
         raise
@@ -67,7 +99,8 @@ def export_perfetto(inputs, out: str | Path, cache_dir: str | Path | None = None
     return result
 
 
-def _export(writer, inputs, cache_dir, on_progress, pipeline_ranks: int) -> ExportResult:
+def _export(writer, inputs, cache_dir, on_progress, pipeline_ranks: int, ranks=None, steps=None,
+            on_estimate=None) -> ExportResult:
     from rankscope.analyses.job.critical_path import path_slices
     from rankscope.analyses.job.matching import collective_waits
     from rankscope.analyses.rank.timeline import job_origin_ns
@@ -92,10 +125,15 @@ def _export(writer, inputs, cache_dir, on_progress, pipeline_ranks: int) -> Expo
     if fr_start:
         origin = min(fr_start + ([origin] if analysis.ranks else []))
     cache_root = str(cache_dir) if cache_dir is not None else None
+    wanted = set(ranks) if ranks is not None else None
     tasks = [_ExportTask(s.meta.file, s.rank, cache_root, offset, origin,
-                       collective_waits(cross.collectives, s.rank) if cross is not None else None,
-                       path_slices(cross.critical_path if cross is not None else None, s.rank))
-             for s, offset in zip(analysis.ranks, offset_of)]
+                         collective_waits(cross.collectives, s.rank) if cross is not None else None,
+                         path_slices(cross.critical_path if cross is not None else None, s.rank),
+                         _window(s, steps, offset))
+             for s, offset in zip(analysis.ranks, offset_of) if wanted is None or s.rank in wanted]
+    if steps is not None and all(t.window_ns == (0, 0) for t in tasks):
+        problems.append(InputProblem(str(writer.out), f"none of steps {steps} is in the ranks chosen", fatal=True))
+        tasks = []
     written = []
     with ThreadPoolExecutor(pipeline_ranks) as pool:
         pending: deque = deque()
@@ -106,6 +144,8 @@ def _export(writer, inputs, cache_dir, on_progress, pipeline_ranks: int) -> Expo
             if isinstance(done, InputProblem):
                 problems.append(done)
             else:
+                if on_estimate and not written:
+                    on_estimate(sum(len(c) for c in done[1]) * len(tasks), len(tasks))
                 written.append(done[0])
                 writer.write(done[1], done[2])
             del done
@@ -123,3 +163,14 @@ def _export(writer, inputs, cache_dir, on_progress, pipeline_ranks: int) -> Expo
         "flight_recorder": dumps,
     })
     return ExportResult(str(writer.out), sorted({w["rank"] for w in written + dumps}), writer.events, size, problems)
+
+
+def _window(summary, steps: list[int] | None, offset_ns: int) -> tuple[int, int] | None:
+    """The aligned time from the first to the end of the last of `steps` on this rank; None: all;
+    (0, 0): the rank has none of them."""
+    if steps is None:
+        return None
+    picked = [st for st in summary.steps if st.step in set(steps)]
+    if not picked:
+        return (0, 0)
+    return min(st.start_ns for st in picked) - offset_ns, max(st.end_ns for st in picked) - offset_ns

@@ -21,7 +21,9 @@ from rankscope.render.format import GAP_POSITIONS, escaped, no_device_words, ran
 from rankscope.render.hang_html import dumps_header, hang_section
 from rankscope.render.html_parts import (CATEGORY_COLORS, CATEGORY_LABELS, chart, chart_label, chart_layout,
                                          html_table, kv_table, name_cell, note, one_chart, page)
+from rankscope.render.html_views import FEW_RANKS, distribution, evidence_value, heatmap_note, heatmap_z, named_ranks
 from rankscope.render.json import analysis_to_dict
+from rankscope.render.rank_rows import rank_list
 from rankscope.results import Analysis
 
 MAX_BAR_RANKS = 64
@@ -51,7 +53,7 @@ def render_html(report: dict) -> str:
         return page(f"rankscope report: {len(report['hang']['ranks_dumped'])} Flight Recorder dumps", body, figures,
                     report.get("schema"))
     body = "".join([_header(report), hang_section(report), _findings(report), _breakdown(report, figures),
-                    _parallel(report, figures), _heatmap(report, figures),
+                    distribution(report, figures), _parallel(report, figures), _heatmap(report, figures),
                     _collectives(report, figures), _critical_path(report, figures), _overlap(report, figures),
                     _idle(report, figures),
                     _rank_detail(report, figures)])
@@ -75,15 +77,16 @@ def _bars_by_rank(ranks: list[dict], field: str, parts: dict[str, str], labels: 
 
 
 def _pick_ranks(report: dict, cap: int) -> tuple[list[dict], str]:
-    """The ranks to draw (in rank order): all, or the stragglers then the slowest by mean step time."""
+    """The ranks to draw (in rank order): all, or the ranks the report names (html_views.named_ranks:
+    stragglers, findings about a few ranks, the critical path's), then the slowest by mean step time."""
     ranks = report["ranks"]
     if len(ranks) <= cap:
         return ranks, ""
-    flagged = {s["rank"] for s in report.get("stragglers") or []}
+    flagged = set(named_ranks(report))
     order = sorted(ranks, key=lambda r: (r["rank"] not in flagged, -((r.get("step_time_ms") or {}).get("mean") or 0)))
     chosen = sorted(order[:cap], key=lambda r: r["rank"])
-    return chosen, (f"{cap} of {len(ranks)} ranks drawn: the stragglers, then the slowest by mean step time "
-                    f"(--json has every rank).")
+    return chosen, (f"{cap} of {len(ranks)} ranks drawn: the ranks the report names (stragglers, findings, the "
+                    f"critical path), then the slowest by mean step time (--json has every rank).")
 
 
 # ---------------------------------------------------------------------------------------- sections
@@ -137,14 +140,16 @@ def _findings(report: dict) -> str:
 
 def _finding(f: dict) -> str:
     severity = str(f.get("severity") or "info")
-    where = [f"ranks {ranges(sorted(f['ranks']))}" if f.get("ranks") else "",
+    where = [f"ranks {rank_list(f['ranks'])}" if f.get("ranks") else "",
              f"steps {ranges(sorted(f['steps']))}" if f.get("steps") else ""]
     evidence = f.get("evidence") or {}
     threshold = f.get("threshold") or {}
+    named = sorted(f.get("ranks") or [])[:FEW_RANKS]
     parts = [(f'<div class="head"><span class="badge">{escaped(severity)}</span>{escaped(f.get("summary") or "")} '
               f'<code>{escaped(f.get("id"))}</code></div>'),
              note(" · ".join(w for w in where if w)),
-             html_table(["evidence", "value"], [[k, v] for k, v in evidence.items()]) if evidence else "",
+             html_table(["evidence", "value"], [[k, evidence_value(v, named)] for k, v in evidence.items()])
+             if evidence else "",
              f"<p>{escaped(f['explanation'])}</p>" if f.get("explanation") else "",
              f'<p class="fix"><b>Fix:</b> {escaped(f["fix"])}</p>' if f.get("fix") else "",
              note("threshold: " + ", ".join(f"{k} = {value_text(v)}" for k, v in threshold.items()))
@@ -256,13 +261,21 @@ def _heatmap(report: dict, figures: dict) -> str:
     y = [str(r["rank"]) for r in ranks]
     z = [[durations.get((r["rank"], step)) for step in steps] for r in ranks]
     height = max(260, min(760, 110 + 16 * len(y)))
+    layout = chart_layout("step", "rank", height, yaxis={"title": {"text": "rank"}, "type": "category",
+                                                         "autorange": "reversed"})
     data = [{"type": "heatmap", "x": [str(s) for s in steps], "y": y, "z": z, "colorscale": "YlOrRd",
              "reversescale": True, "colorbar": {"title": {"text": "ms"}}, "xgap": 1, "ygap": 1 if len(y) <= 64 else 0,
              "hovertemplate": "rank %{y}, step %{x}: %{z:.3f} ms<extra></extra>"}]
-    layout = chart_layout("step", "rank", height, yaxis={"title": {"text": "rank"}, "type": "category",
-                                                         "autorange": "reversed"})
-    return (head + note("Duration of every step on every rank (ms); a slow rank is a row, a slow step a column.")
-            + note(capped) + one_chart(figures, "chart-step-heatmap", data, layout) + "</section>")
+    median_step = report.get("median_step_ms")
+    if not median_step:          # no cross-rank result (one rank): the durations themselves
+        return (head + note("Duration of every step on every rank (ms); a slow rank is a row, a slow step a column.")
+                + note(capped) + one_chart(figures, "chart-step-heatmap", data, layout) + "</section>")
+    data[0].update(z=heatmap_z(z, median_step)[0], colorscale="RdBu", zmid=0, hoverongaps=False,
+                   colorbar={"title": {"text": "ms vs median"}},
+                   hovertemplate="rank %{y}, step %{x}: %{z:+.3f} ms against the median step<extra></extra>")
+    layout["plot_bgcolor"] = "#e0e0e0"
+    return (head + heatmap_note(heatmap_z([], median_step)[1], median_step) + note(capped)
+            + one_chart(figures, "chart-step-heatmap", data, layout) + "</section>")
 
 
 def _collectives(report: dict, figures: dict) -> str:
@@ -319,45 +332,69 @@ def _critical_path(report: dict, figures: dict) -> str:
     if cp.get("what_if"):
         out += ["<h3>What-if (the step re-timed through the same dependencies)</h3>",
                 html_table(["change", "step ms saved"], [[w["change"], w["step_ms_saved"]] for w in cp["what_if"]],
-                           {1})]
+                           {1}),
+                note(f"Replay: re-timed with no change, the steps come out at {value_text(cp['replayed_step_ms'])} ms "
+                     f"against {value_text(cp['measured_step_ms'])} ms measured (the longest rank's step, mean): "
+                     f"error {value_text(cp['replay_error_pct'])}% (worst step "
+                     f"{value_text(cp['replay_error_max_pct'])}%), how far the model of dependencies holds the "
+                     f"data. A finding's saving is the what-if of its fix, the same number as here.")]
     paths = {p["step"]: p for p in cp.get("steps") or []}
     for k, lane_set in enumerate(cp.get("swimlanes") or []):
         lanes = lane_set["lanes"]
-        y_of = {ln["rank"]: str(ln["rank"]) for ln in lanes}
+        stragglers = {st["rank"] for st in report.get("stragglers") or []}
+        y_of = {ln["rank"]: f"rank {ln['rank']}" + (" (straggler)" if ln["rank"] in stragglers else "")
+                for ln in lanes}
         data = [{"type": "bar", "orientation": "h", "name": "step window", "y": [y_of[ln["rank"]] for ln in lanes],
                  "base": [ln["step_start_ms"] for ln in lanes],
                  "x": [ln["step_end_ms"] - ln["step_start_ms"] for ln in lanes],
                  "marker": {"color": "#eceff1"}, "hoverinfo": "skip", "width": 0.9}]
-        for part, color, lo, hi in (("waiting for the last member", "#ffb74d", 0, 1),
-                                    ("collective after the last arrival", "#64b5f6", 1, 2)):
+        for part, color, lo, hi, pp in (("waiting for the last member", "#ffb74d", 0, 1, False),
+                                        ("pipeline bubble (waiting on a neighbour stage)", "#ce93d8", 0, 1, True),
+                                        ("collective after the last arrival", "#64b5f6", 1, 2, None)):
             ys, bases, xs, texts = [], [], [], []
             for ln in lanes:
                 for c, name in zip(ln["collectives"], ln["names"]):
-                    if c[hi] > c[lo]:
+                    if c[hi] > c[lo] and (pp is None or pp == name.endswith("(pp)")):
                         ys.append(y_of[ln["rank"]]); bases.append(c[lo]); xs.append(c[hi] - c[lo]); texts.append(name)
+            if not ys and pp:
+                continue
             data.append({"type": "bar", "orientation": "h", "name": part, "y": ys, "base": bases, "x": xs,
                          "text": [chart_label(t) for t in texts], "textposition": "none", "width": 0.6,
                          "marker": {"color": color},
                          "hovertemplate": "rank %{y}: %{text}, %{base:.2f} + %{x:.2f} ms<extra></extra>"})
         path = paths.get(lane_set["step"])
         if path:
+            # the path as one line, in time order: along a rank, and a jump where it moves to another
+            line_x, line_y = [], []
+            for sg in path["segments"]:
+                if sg["rank"] in y_of:
+                    line_x += [sg["start_ms"], sg["start_ms"] + sg["dur_ms"]]
+                    line_y += [y_of[sg["rank"]]] * 2
+            data.append({"type": "scatter", "mode": "lines", "name": "critical path", "x": line_x, "y": line_y,
+                         "line": {"color": "#000000", "width": 1.5}, "hoverinfo": "skip"})
             for cat in BREAKDOWN_CATEGORIES:
                 segs = [sg for sg in path["segments"] if sg["category"] == cat]
                 if segs:
                     data.append({"type": "bar", "orientation": "h", "name": f"path: {CATEGORY_LABELS[cat]}",
-                                 "y": [y_of.get(sg["rank"], str(sg["rank"])) for sg in segs],
+                                 "y": [y_of.get(sg["rank"], f"rank {sg['rank']}") for sg in segs],
                                  "base": [sg["start_ms"] for sg in segs], "x": [sg["dur_ms"] for sg in segs],
                                  "text": [chart_label(sg["name"]) for sg in segs], "textposition": "none",
                                  "width": 0.25, "marker": {"color": CATEGORY_COLORS[cat],
                                                            "line": {"color": "#000000", "width": 0.5}},
                                  "hovertemplate": "path on rank %{y}: %{text}, %{x:.2f} ms<extra></extra>"})
         height = max(300, min(1800, 120 + 14 * len(lanes)))
-        layout = chart_layout("ms from the step's start", "rank", height, barmode="overlay",
+        layout = chart_layout("ms from the step's start", "", height, barmode="overlay",
+                              margin={"l": 140, "r": 20, "t": 30, "b": 60},
                               xaxis={"title": {"text": "ms from the step's start"}, "type": "linear"},
-                              yaxis={"title": {"text": "rank"}, "type": "category", "autorange": "reversed"})
+                              yaxis={"type": "category", "autorange": "reversed", "tickmode": "array",
+                                     "tickvals": [y_of[ln["rank"]] for ln in lanes],
+                                     "ticktext": [y_of[ln["rank"]] for ln in lanes]})
         out += [f"<h3>Swimlane: {escaped(lane_set['label'])} (step {lane_set['step']})</h3>",
-                note("Each rank's step (grey), its collectives: the wait for the last member (orange) and the rest "
-                     "(blue); the critical path drawn over them in the colors of the step breakdown."),
+                note(f"The ranks on this step's critical path, the stragglers, then their collectives' peers "
+                     f"({len(lanes)} of {len(report['ranks']):,} ranks): each rank's step (grey), its collectives: "
+                     f"the wait for the last member (orange; a pipeline stage's wait for its neighbour: the bubble, "
+                     f"violet) and the rest (blue); the critical path drawn over them in the colors of the step "
+                     f"breakdown, joined by a black line where it moves from rank to rank."),
                 one_chart(figures, f"chart-swimlane-{k}", data, layout)]
     return "".join(out) + "</section>"
 

@@ -26,12 +26,13 @@ def _cross(d: dict | None) -> dict:
         return {"collectives": {"count": 0, "by_type": [], "alpha_beta": []}, "stragglers": [],
                 "straggler_verdict": "no collectives in the trace: nothing to compare across ranks",
                 "load_balance": None, "clock": None, "rank_stats": [],
-                "parallelism": {"layout": "", "dims": []}, "pipeline": None, "experts": None, "critical_path": None}
+                "parallelism": {"layout": "", "dims": []}, "pipeline": None, "experts": None, "critical_path": None,
+                "median_step_ms": None}
     return {"collectives": d["collectives"], "stragglers": d["stragglers"],
             "straggler_verdict": d["straggler_verdict"], "load_balance": d["load_balance"],
             "clock": d["clock"], "rank_stats": d["ranks"], "straggler_thresholds": d["thresholds"],
             "parallelism": d["parallelism"], "pipeline": d["pipeline"], "experts": d["experts"],
-            "critical_path": d["critical_path"]}
+            "critical_path": d["critical_path"], "median_step_ms": d["median_step_ms"]}
 
 
 def _temporal_pct(hta: HtaParity | None) -> dict | None:

@@ -18,6 +18,7 @@ from rankscope.render.figures import (BREAKDOWN, COMM_BY_DIM, COMM_BY_DIM_NOTE, 
 from rankscope.render.format import (GAP_POSITIONS, distinct_shortened, literal, no_device_words, number, percent,
                                      print_table, printable, ranges, shortened)
 from rankscope.render.hang_terminal import hang_section
+from rankscope.render.rank_rows import host_list, named_ranks, pick, rank_list, rest_line
 from rankscope.results import Analysis
 
 
@@ -49,7 +50,7 @@ def _header(a: Analysis, console: Console) -> None:
                   f"{literal(j.backend or 'unknown')}")
     console.print(f"  devices: {literal(', '.join(j.devices) or 'none (CPU only)')}")
     console.print(f"  steps profiled: {steps_text}   time span: {number(j.span_ms)} ms"
-                  + (f"   hosts: {literal(', '.join(j.hosts))}" if j.hosts else ""))
+                  + (f"   hosts: {literal(host_list(j.hosts))}" if j.hosts else ""))
     layout = a.cross.parallel.layout if a.cross and a.cross.parallel else None
     if layout and layout.dims:
         console.print(f"  layout: {layout.text}" + ("" if all(d.source == "pg_desc" for d in layout.dims) else
@@ -109,16 +110,25 @@ def _tables(a: Analysis, console: Console) -> None:
     table.add_column("rank", justify="right")
     for f in STEP_TIME.values():
         table.add_column(f.terminal, justify="right")
-    shown = _shown(a)
+    mean_step = lambda s: s.step_time.mean_ms
+    shown = _shown(a, mean_step)
     for s in shown:
         st = s.step_time
         table.add_row(str(s.rank), f"{s.meta.events_total:,}", str(len(s.steps)), number(st.mean_ms),
                       number(st.median_ms), number(st.max_ms), percent(st.device_busy_pct))
     print_table(console, table)
-    _more(a, shown, console)
-    _breakdown_table(a, shown, console)
-    _parallel_section(a, shown, console)
-    _details_table(shown, console)
+    _more(a, shown, console, mean_step, "mean step")
+    # the breakdown's outliers: device idle (what a late rank does more of)
+    idle = lambda s: sum(s.breakdown_mean_ms.get(c, 0.0) for c in ("dataloader", "sync", "host", "idle_other"))
+    idle_rows = _shown(a, idle)
+    _breakdown_table(a, idle_rows, console)
+    _more(a, idle_rows, console, idle, "device idle")
+    _parallel_section(a, idle_rows, console)
+    wait = lambda s: s.hta.idle.idle_ms.get("host_wait") if s.hta else None
+    wait_rows = _shown(a, wait)
+    _details_table(wait_rows, console)
+    if any(s.hta for s in wait_rows):
+        _more(a, wait_rows, console, wait, "host wait")
     _cross_section(a, console)
     _critical_path(a, console)
     _highlights(a, console)
@@ -141,7 +151,7 @@ def _findings(a: Analysis, console: Console, brief: bool) -> None:
         text = Text()
         text.append(f.severity.upper(), style=SEVERITY_STYLE[f.severity])
         text.append(f" {f.id}", style="bold")
-        text.append(f" ({'rank' if len(f.ranks) == 1 else 'ranks'} {ranges(f.ranks) if f.ranks else '-'}): "
+        text.append(f" ({'rank' if len(f.ranks) == 1 else 'ranks'} {rank_list(f.ranks) if f.ranks else '-'}): "
                     f"{printable(f.summary)}")
         if not brief:
             text.append(f"\nwhy: {f.explanation}", style="dim")
@@ -154,21 +164,19 @@ def _findings(a: Analysis, console: Console, brief: bool) -> None:
                       "`rankscope export perfetto DIR -o job.json.gz` (all ranks on one timeline)", style="dim")
 
 
-#: Ranks listed in the per-rank tables; with more, the slowest are shown (all are in --json).
-MAX_RANK_ROWS = 16
+def _shown(a: Analysis, value) -> list:
+    """The ranks of a per-rank table (rank_rows.pick: the named ranks, then the outliers of `value`)."""
+    by_rank = {s.rank: s for s in a.ranks}
+    shown, _ = pick(list(by_rank), lambda r: value(by_rank[r]), named_ranks(a))
+    return [by_rank[r] for r in shown]
 
 
-def _shown(a: Analysis) -> list:
-    if len(a.ranks) <= MAX_RANK_ROWS:
-        return a.ranks
-    slowest = sorted(a.ranks, key=lambda s: -(s.step_time.mean_ms or 0.0))[:MAX_RANK_ROWS]
-    return sorted(slowest, key=lambda s: s.rank)
-
-
-def _more(a: Analysis, shown: list, console: Console) -> None:
+def _more(a: Analysis, shown: list, console: Console, value, what: str) -> None:
+    """One line for the ranks a table leaves out."""
     if len(shown) < len(a.ranks):
-        console.print(f"  ({len(a.ranks) - len(shown)} more ranks not listed: the {len(shown)} slowest are; "
-                      f"--json has all)", highlight=False)
+        by_rank = {s.rank: s for s in a.ranks}
+        rest = sorted(set(by_rank) - {s.rank for s in shown})
+        console.print(rest_line(rest, lambda r: value(by_rank[r]), what), highlight=False)
 
 
 def _details_table(shown: list, console: Console) -> None:
@@ -239,7 +247,8 @@ def _highlights(a: Analysis, console: Console) -> None:
         for g in s.gaps.top[:3]:
             console.print(f"  step {g.step} +{g.start_in_step_ms:,.1f} ms: {g.duration_ms:,.2f} ms idle"
                           f"{GAP_POSITIONS[g.position]}, host {_HOST_ACTIVITY[g.host_activity]}"
-                          + (f" ({literal(g.busy_host_op)})" if g.busy_host_op else "")
+                          + (f" ({'an op open for part of it: ' if g.host_activity == 'idle_other' else ''}"
+                             f"{literal(g.busy_host_op)})" if g.busy_host_op else "")
                           + (f"; ended by {escape(shortened(g.next_device_op))}" if g.next_device_op else "")
                           + (f" launched from {literal(g.launched_by)}" if g.launched_by else ""), highlight=False)
     ranked = [s for s in a.ranks if s.kernels and s.kernels.stats.kernels.name]
@@ -339,7 +348,7 @@ def _parallel_section(a: Analysis, shown: list, console: Console) -> None:
 
 
 def _groups_text(groups: list[list[int]], limit: int = 4) -> str:
-    shown = " ".join("[" + ",".join(map(str, g)) + "]" for g in groups[:limit])
+    shown = " ".join("[" + rank_list(g, 24).replace(", ", ",") + "]" for g in groups[:limit])
     return shown + (f" +{len(groups) - limit} more" if len(groups) > limit else "")
 
 
@@ -362,10 +371,15 @@ def _critical_path(a: Analysis, console: Console) -> None:
     console.print(f"[bold]Critical path[/] (the chain of work across ranks that set each step's end, through "
                   f"collectives to the last arriver; mean {cp.step_ms:,.1f} ms per step): {parts}; {owner}",
                   highlight=False)
-    ranked = sorted(cp.what_if, key=lambda w: -w.step_ms_saved)[:MAX_PATH_ENTRIES]
+    # the fixes the findings propose first (their savings are these), then the largest others
+    named = {f.evidence.get("what_if_key") for f in a.findings}
+    ranked = sorted(cp.what_if, key=lambda w: (w.key not in named, -w.step_ms_saved))
+    ranked = ranked[:max(MAX_PATH_ENTRIES, sum(w.key in named for w in ranked))]
     if ranked:
         console.print("  what-if (the step re-timed through the same dependencies): "
-                      + "; ".join(f"{literal(w.change)}: " + (f"saves {w.step_ms_saved:,.1f} ms per step"
-                                                              if w.step_ms_saved >= 0 else
-                                                              f"adds {-w.step_ms_saved:,.1f} ms per step")
-                                  for w in ranked), highlight=False)
+                      + "; ".join(f"{literal(w.change)}: saves {w.step_ms_saved:,.1f} ms per step" for w in ranked),
+                      highlight=False)
+        console.print(f"  replay: re-timed with no change, the steps come out at {cp.replayed_step_ms:,.1f} ms "
+                      f"against {cp.measured_step_ms:,.1f} ms measured (longest rank's step, mean): error "
+                      f"{cp.replay_error_pct:.1f}% (worst step {cp.replay_error_max_pct:.1f}%), how far the model "
+                      f"of dependencies holds the data", highlight=False)

@@ -32,6 +32,7 @@ import polars as pl
 
 from rankscope.analyses.rank.collectives import RankCollectives
 from rankscope.analyses.job.matching import matched_rows, member_frame
+from rankscope.numbers import rank_list
 from rankscope.units import NS_PER_MS
 
 #: Collective types whose members all finish with the last transfer (ends coincide).
@@ -93,7 +94,8 @@ def estimate_clock_offsets(ranks: Sequence[RankCollectives], members: pl.DataFra
     if not len(per_rank_sym) or per_rank_sym.min() < min_collectives:
         sym = matched                             # too few symmetric ones: use every matched type
     if not sym.any():
-        return _raw(all_ranks, "no collective is matched across ranks: timestamps used as recorded")
+        return _raw(all_ranks, "no collective is matched across ranks by sequence or order (pipeline sends and "
+                               "recvs, paired by time, cannot set clocks): timestamps used as recorded")
 
     # dense arrays: collective index x rank index
     ci = np.unique(key[sym], return_inverse=True)[1].reshape(-1)
@@ -144,7 +146,7 @@ def estimate_clock_offsets(ranks: Sequence[RankCollectives], members: pl.DataFra
     parts = [f"offsets from {int(np.median(used[enough]))} matched collective ends per rank, relative to the "
              f"median clock of the ranks"]
     if shifted:
-        parts.append("applied to rank(s) " + ", ".join(map(str, shifted)))
+        parts.append("applied to rank(s) " + rank_list(shifted))
     else:
         parts.append("none significant: timestamps used as recorded")
     if few:

@@ -10,10 +10,10 @@ ranks.
 the arrival)), the collective, the next window, ..., the tail (the end of its last collective ->
 the step end). Across ranks, a collective ends only after its last member arrives (every member's
 end = the last arrival + that member's transfer time); a recv ends after its matching send
-started: pipeline send/recv pairs are matched by time (`_pair_p2p`: the send of a neighbouring stage
-whose end is closest to the recv's end, their spans overlapping).
+started (pipeline send/recv pairs: matching.py, p2p.py).
 
-**The path** is walked back from the end of the rank whose step ends last: through its tail to the
+**The path** is walked back from the end of the rank with the longest step (the job's step: every
+other rank's step fits in it): through its tail to the
 end of its last collective; there, if another member arrived last, the path goes to that member at
 its arrival (the transfer after it stays on the first rank), else through the collective to the
 rank's own arrival; then through the pre window to the previous collective's end, and so on, until
@@ -23,16 +23,22 @@ in breakdown order (the window's exact total per category, not their order in ti
 
 **What-if** re-times the graph (not a subtraction): every arrival is the end of what it depends on
 plus its (changed) pre window; every collective ends at its members' latest (changed) arrival plus
-its transfer; the step ends at its last collective plus its (changed) tail. The job's step is the
-latest end over ranks from the earliest start; saved = the re-timed step with no change minus with
-the change, mean over steps. Changes: a rank's time in one category removed (its `host_idle`, its
-DataLoader wait); one dimension's communication fully overlapped (its collectives cost only the wait
-for their last member); the pipeline's stages balanced (each stage's compute scaled to the stages'
-mean).
+its transfer (the compute that ran beside it after that scales with its rank's compute); a rank's
+step ends at its last collective plus its (changed) tail. The job's step is the longest rank's step
+(end - start; the ranks' starts kept); saved = the re-timed step with no change minus with the
+change, mean over steps, never negative and never more than the path holds of what the change
+removes (`_what_ifs`). Re-timed with no change the graph gives the measured steps back: the replay
+error says how far it does. Changes (`WHAT_IF_KEYS`): a straggler's cause (or a category a rank on
+the path spends more on than the median rank) at the median rank's level; a category removed on
+every rank (DataLoader, host_idle, host, sync); communication overlapped (one dimension, FSDP's
+parameter all-gathers, all of it: each collective then takes only the wait for its last member and
+the compute beside it); for a pipeline with a known schedule and microbatch count, the pipeline
+rebuilt and list-scheduled (pipeline_schedule.py) with its stages balanced, twice the
+microbatches, or two model chunks per rank (without a schedule: balancing re-times the measured
+graph, each stage's compute scaled to the stages' mean).
 """
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -40,6 +46,7 @@ import numpy as np
 
 from rankscope.analyses.job.matching import CollectiveTable
 from rankscope.analyses.job.parallel import ParallelReport
+from rankscope.analyses.job.pipeline_schedule import PipelineModel, makespan, theory_saving_ms
 from rankscope.analyses.rank.breakdown import CATEGORIES
 from rankscope.analyses.rank.collectives import RankCollectives
 from rankscope.thresholds import Thresholds, resolve
@@ -52,13 +59,11 @@ except ImportError:                                            # built without a
 
 _N = len(CATEGORIES)
 _IDLE = CATEGORIES.index("idle_other")
+_EXPOSED = CATEGORIES.index("comm_exposed")
+_OVERLAPPED = CATEGORIES.index("comm_overlapped")
 _COMPUTE = (CATEGORIES.index("compute"), CATEGORIES.index("comm_overlapped"))
 #: The path's name for idle_other: the straggler vocabulary's host_idle.
 PATH_CATEGORY = {c: ("host_idle" if c == "idle_other" else c) for c in CATEGORIES}
-#: Work a what-if can take away from one rank (category -> what the change says).
-REMOVABLE = {"idle_other": "remove its host_idle (main thread outside any op)",
-             "dataloader": "shorten its DataLoader wait to zero",
-             "sync": "remove its synchronize waits", "host": "remove its host-side op time (device idle)"}
 
 
 @dataclass
@@ -91,6 +96,9 @@ class WhatIf:
     rank: int | None                 # None: a job-wide change
     change: str
     step_ms_saved: float
+    key: str = ""                    # the change, for the findings that propose it (`WHAT_IF_KEYS`)
+    ranks: list[int] = field(default_factory=list)   # the ranks it changes ([]: every rank)
+    theory_step_ms_saved: float | None = None        # pipeline schedule changes: (p-1)/(m+p-1)'s saving
 
 
 @dataclass
@@ -119,7 +127,13 @@ class CriticalPath:
     step_ms: float = 0.0                               # mean path duration
     owner: int | None = None                           # the rank holding >= critical_path_owner_pct of the path
     owner_pct: float = 0.0                             # the largest share of the path one rank holds
-    swimlanes: list[Swimlane] = field(default_factory=list)   # the slowest and the median step
+    swimlanes: list[Swimlane] = field(default_factory=list)   # the slowest and the median step (`_swimlane`)
+    # the job's step as measured (the longest rank's step, end - start, mean over steps), as the
+    # re-timing with no change gives it back, and how far apart (% of the measured step)
+    measured_step_ms: float = 0.0
+    replayed_step_ms: float = 0.0
+    replay_error_pct: float = 0.0                      # mean over steps of |replayed - measured| / measured
+    replay_error_max_pct: float = 0.0
 
 
 class _Rank:
@@ -147,7 +161,10 @@ class _Rank:
         for i in np.argsort(self.a, kind="stable"):
             self.by_step.setdefault(int(self.step[i]), []).append(int(i))
         bd = rc.breakdown_matrix()
-        self.compute_ns = float(bd[:, list(_COMPUTE)].sum(axis=1).mean()) if len(bd) else 0.0
+        self.mean_ns = bd.mean(axis=0) if len(bd) else np.zeros(_N)      # per category, mean per step
+        self.compute_ns = float(self.mean_ns[list(_COMPUTE)].sum())
+        self.cpu_only = rc.source == "host"
+        self.ovl = np.asarray(rc.owned_ns()[0], dtype=np.int64)
         # per instance, the instance with the latest end <= its window start (ties: the last in end
         # order), -1 where none: what its window waited for
         order = np.argsort(self.e, kind="stable")
@@ -162,23 +179,35 @@ class _Rank:
     def name(self, i: int) -> str:
         return self.type[i] + (f" ({self.dim[i]})" if self.dim[i] else "")
 
+    def overlap_keys(self, i: int) -> tuple[str, ...]:
+        """The overlap what-ifs (`overlap:<key>`) that free instance i: its dimension, its dimension
+        and type, and every communication ("*"); none for pipeline send/recv."""
+        d = self.dim[i]
+        return () if d == "pp" else (d, f"{d}:{self.type[i]}", "*")
+
 
 def critical_path(ranks: Sequence[RankCollectives], table: CollectiveTable, parallel: ParallelReport | None,
-                  thresholds: Thresholds | None = None) -> CriticalPath | None:
+                  thresholds: Thresholds | None = None, stragglers: Sequence[tuple[int, str]] = (),
+                  causes: dict[str, tuple[str, ...]] | None = None) -> CriticalPath | None:
     """The critical path of every step the ranks share, its attribution and the what-ifs (module
-    docstring); None without steps."""
+    docstring); None without steps. `stragglers`: (rank, cause) of the ranks the straggler verdict
+    names, each given the what-if of its cause at the median rank's level; `causes`: the causes'
+    breakdown categories (stragglers.CAUSE_GROUPS; None: no what-if at the median rank's level)."""
     t = resolve(thresholds)
     offsets = table.offsets_ns
     rk = {rc.rank: _Rank(rc, int(offsets.get(rc.rank, 0))) for rc in ranks if rc.steps}
     if not rk:
         return None
-    links = _links(table, rk, parallel)
+    links = _links(table, rk)
     steps = sorted(set.intersection(*(set(r.steps) for r in rk.values())))
     out = CriticalPath()
+    exposed: dict[str, float] = {}            # exposed communication on the path, ms per overlap key
     for s in steps:
-        path = _walk(s, rk, links)
-        if path is not None:
-            out.steps.append(path)
+        walked = _walk(s, rk, links)
+        if walked is not None:
+            out.steps.append(walked[0])
+            for k, v in walked[1].items():
+                exposed[k] = exposed.get(k, 0.0) + v
     if not out.steps:
         return None
     out.step_ms = float(np.mean([p.duration_ms for p in out.steps]))
@@ -198,21 +227,35 @@ def critical_path(ranks: Sequence[RankCollectives], table: CollectiveTable, para
         top = max(per_rank, key=lambda r: (per_rank[r], -r))
         out.owner_pct = round(min(100.0, 100.0 * per_rank[top] / n / out.step_ms), 2)
         out.owner = top if out.owner_pct >= t["critical_path_owner_pct"] and len(rk) > 1 else None
-    out.what_if = _what_ifs(out, rk, links, steps, parallel, t)
+    exposed = {k: v / n for k, v in exposed.items()}
+    out.what_if = _what_ifs(out, rk, links, steps, parallel, t, exposed, stragglers, causes or {})
     by_duration = sorted(out.steps, key=lambda p: p.duration_ms)
     picks = [(by_duration[-1], "slowest step")]
     if len(by_duration) > 1:
         picks.append((by_duration[(len(by_duration) - 1) // 2], "median step"))
-    out.swimlanes = [_swimlane(p.step, label, rk, links) for p, label in picks]
+    named = [r for r, _ in stragglers]
+    out.swimlanes = [_swimlane(p, label, rk, links, named) for p, label in picks]
     return out
 
 
-def _swimlane(s: int, label: str, rk: dict[int, _Rank], links: _Links) -> Swimlane:
-    end_rank = max(rk.values(), key=lambda r: (r.steps[s][1], -r.rank))
+#: Lanes a swimlane draws: the ranks on its step's path, the stragglers, then their collectives' peers.
+MAX_LANES = 24
+
+
+def _swimlane(path: StepPath, label: str, rk: dict[int, _Rank], links: _Links, named: Sequence[int]) -> Swimlane:
+    """The lanes of step `path.step`: the ranks on its path (in the order the path visits them), the
+    stragglers, then the peers of their collectives in that step (lowest rank first), at most
+    `MAX_LANES`: at 4,096 ranks a lane per rank would hide the ranks that matter."""
+    s = path.step
+    end_rank = max(rk.values(), key=lambda r: (r.steps[s][1] - r.steps[s][0], -r.rank))
     t0 = end_rank.steps[s][0]
     ms = lambda v: round((int(v) - t0) / NS_PER_MS, 4)
     out = Swimlane(s, label)
-    for r in sorted(rk.values(), key=lambda r: r.rank):
+    keep = list(dict.fromkeys([sg.rank for sg in path.segments] + [r for r in named if r in rk]))
+    peers = sorted({q for r in keep for i in rk[r].by_step.get(s, []) if (r, i) in links.of
+                    for q, _ in links.members[links.of[(r, i)]]} - set(keep))
+    keep = (keep + peers)[:MAX_LANES]
+    for r in (rk[q] for q in keep):
         a, b = r.steps[s]
         lane = Lane(r.rank, ms(a), ms(b))
         for i in r.by_step.get(s, []):
@@ -235,7 +278,7 @@ class _Links:
     last_member: dict[int, tuple[int, int]]
 
 
-def _links(table: CollectiveTable, rk: dict[int, _Rank], parallel: ParallelReport | None) -> _Links:
+def _links(table: CollectiveTable, rk: dict[int, _Rank]) -> _Links:
     of, members = {}, {}
     m = table.members
     if m.height:
@@ -243,12 +286,6 @@ def _links(table: CollectiveTable, rk: dict[int, _Rank], parallel: ParallelRepor
             if rank in rk:
                 of[(rank, idx)] = cid
                 members.setdefault(cid, []).append((rank, idx))
-    next_id = (max(members) + 1) if members else 0
-    for pair in _pair_p2p(rk, parallel, of):
-        for key in pair:
-            of[key] = next_id
-        members[next_id] = list(pair)
-        next_id += 1
     last_arrival, last_member = {}, {}
     for cid, mem in members.items():
         best = max(mem, key=lambda k: (rk[k[0]].a[k[1]], -k[0]))
@@ -257,42 +294,14 @@ def _links(table: CollectiveTable, rk: dict[int, _Rank], parallel: ParallelRepor
     return _Links(of, members, last_arrival, last_member)
 
 
-def _pair_p2p(rk: dict[int, _Rank], parallel: ParallelReport | None, taken: dict) -> list[tuple]:
-    """Pipeline sends matched to recvs (not matched by the collective table): per recv, the unused
-    send of another rank of its pp group whose span overlaps it and whose end is closest to its end."""
-    pp = parallel.layout.dim("pp") if parallel else None
-    if pp is None:
-        return []
-    pairs = []
-    for group in pp.groups:
-        sends = sorted(((int(rk[r].e[i]), int(rk[r].a[i]), r, i) for r in group if r in rk
-                        for i, tp in enumerate(rk[r].type) if tp == "send" and (r, i) not in taken))
-        ends = [x[0] for x in sends]
-        used = set()
-        recvs = sorted(((int(rk[r].e[i]), int(rk[r].a[i]), r, i) for r in group if r in rk
-                        for i, tp in enumerate(rk[r].type) if tp == "recv" and (r, i) not in taken))
-        for e_r, a_r, r, i in recvs:
-            k = bisect.bisect_left(ends, e_r)
-            best = None
-            for j in range(max(0, k - 8), min(len(sends), k + 8)):
-                e_s, a_s, q, x = sends[j]
-                if j in used or q == r or a_s > e_r or e_s < a_r:
-                    continue
-                if best is None or abs(e_s - e_r) < abs(sends[best][0] - e_r):
-                    best = j
-            if best is not None:
-                used.add(best)
-                pairs.append(((r, i), (sends[best][2], sends[best][3])))
-    return pairs
-
-
 # ------------------------------------------------------------------------------------------- walk
-def _walk(s: int, rk: dict[int, _Rank], links: _Links) -> StepPath | None:
-    end_rank = max(rk.values(), key=lambda r: (r.steps[s][1], -r.rank))
+def _walk(s: int, rk: dict[int, _Rank], links: _Links) -> tuple[StepPath, dict[str, float]] | None:
+    """Step s's path, and the exposed communication on it (ms) per overlap key (`overlap_keys`)."""
+    end_rank = max(rk.values(), key=lambda r: (r.steps[s][1] - r.steps[s][0], -r.rank))
     t0, t_end = end_rank.steps[s]
     if t_end <= t0:
         return None
-    raw: list[tuple[int, int, int, int, str]] = []     # (rank, category, start, end, name), backwards
+    raw: list[tuple] = []     # (rank, category, start, end, name[, overlap keys]), backwards
 
     def window(r: _Rank, a: int, b: int, vec: np.ndarray, name: str) -> None:
         if b <= a:
@@ -324,14 +333,17 @@ def _walk(s: int, rk: dict[int, _Rank], links: _Links) -> StepPath | None:
             if kind == "end":
                 cid = links.of.get((cur.rank, i))
                 a_i, e_i = int(cur.a[i]), min(int(cur.e[i]), tt)
+                if e_i < tt:          # its next window started after it ended (the rank's own time between)
+                    window(cur, e_i, tt, np.zeros(_N, np.int64), f"after {cur.name(i)}")
+                    tt = e_i
                 if cid is not None and links.last_member[cid][0] != cur.rank and a_i < links.last_arrival[cid] < e_i:
                     la = links.last_arrival[cid]
-                    raw.append((cur.rank, int(cur.comm_cat[i]), la, e_i, cur.name(i)))
+                    raw.append((cur.rank, int(cur.comm_cat[i]), la, e_i, cur.name(i), cur.overlap_keys(i)))
                     q, k = links.last_member[cid]
                     cur, tt, state = rk[q], la, ("arrival", k)
                     continue
                 if e_i > a_i:
-                    raw.append((cur.rank, int(cur.comm_cat[i]), a_i, e_i, cur.name(i)))
+                    raw.append((cur.rank, int(cur.comm_cat[i]), a_i, e_i, cur.name(i), cur.overlap_keys(i)))
                 tt = min(tt, a_i)
                 state = ("arrival", i)
             else:
@@ -348,12 +360,16 @@ def _walk(s: int, rk: dict[int, _Rank], links: _Links) -> StepPath | None:
     if tt > t0:
         raw.append((cur.rank, _IDLE, t0, tt, "before its step started"))
     segments = []
-    for rank, c, a, b, name in sorted(raw, key=lambda x: (x[2], x[3])):
+    exposed: dict[str, float] = {}
+    for rank, c, a, b, name, *keys in sorted(raw, key=lambda x: (x[2], x[3])):
         a, b = max(a, t0), min(b, t_end)
         if b > a:
             segments.append(Segment(rank, CATEGORIES[c], name, round((a - t0) / NS_PER_MS, 6),
                                     round((b - a) / NS_PER_MS, 6)))
-    return StepPath(s, round((t_end - t0) / NS_PER_MS, 6), segments, int(t0))
+            if c == _EXPOSED:
+                for k in (keys[0] if keys else ()):
+                    exposed[k] = exposed.get(k, 0.0) + (b - a) / NS_PER_MS
+    return StepPath(s, round((t_end - t0) / NS_PER_MS, 6), segments, int(t0)), exposed
 
 
 def path_slices(cp: CriticalPath | None, rank: int) -> list[tuple[int, int, str, str, int]]:
@@ -386,6 +402,7 @@ class _Instances:
         joined = lambda arrays: np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
         self.a, self.e = joined([r.a for r in ranks]), joined([r.e for r in ranks])
         self.w, self.step = joined([r.w for r in ranks]), joined([r.step for r in ranks])
+        self.ovl = joined([r.ovl for r in ranks])           # per instance: the compute beside it (ns)
         self.pre = np.concatenate([r.pre for r in ranks]) if ranks else np.zeros((0, _N), np.int64)
         for r, lo, hi in zip(ranks, first[:-1], first[1:]):
             r.a, r.e, r.w = self.a[lo:hi], self.e[lo:hi], self.w[lo:hi]
@@ -395,6 +412,9 @@ class _Instances:
         self.dims = sorted({d for r in ranks for d in r.dim})
         code = {d: k for k, d in enumerate(self.dims)}
         self.dim = np.array([code[d] for r in ranks for d in r.dim], dtype=np.int32)
+        self.types = sorted({t for r in ranks for t in r.type})
+        code = {t: k for k, t in enumerate(self.types)}
+        self.type = np.array([code[t] for r in ranks for t in r.type], dtype=np.int32)
         rank_ids = np.array(list(rk), dtype=np.int64)
         self.order = np.lexsort((np.arange(len(self.a)), rank_ids[self.row], self.a, self.step)).astype(np.int32)
         self.sorted_step = self.step[self.order]
@@ -448,6 +468,7 @@ class _StepPlan:
         self.arrival = x.a[g].astype(np.float64)
         self.duration = (x.e[g] - x.a[g]).astype(np.float64)
         self.dims, self.dim = x.dims, x.dim[g]
+        self.types, self.type = x.types, x.type[g]
         # what each window started after: an earlier instance of the step on its rank, else its step
         # start, or (the instance it waited for ended in an earlier step) its own start
         step_start = np.array([r.steps[s][0] for r in rk.values()], dtype=np.int64)
@@ -471,6 +492,9 @@ class _StepPlan:
         last_of_link = np.maximum.reduceat(self.members, self.offsets[:-1]) if len(ids) else np.zeros(0, np.int64)
         self.last_member = np.append(last_of_link, n)[self.link]          # link -1: n
         self.transfer = np.where(linked, np.maximum(x.e[g] - x.last_arrival[cid], 0), 0).astype(np.float64)
+        # the compute that ran beside it after its last member arrived (at most its transfer): an
+        # overlapped collective still takes that long
+        self.beside = np.minimum(self.transfer, x.ovl[g].astype(np.float64))
         # per rank (row): its last instance of the step (latest end, ties: highest idx; -1: none), its
         # step start, its tail per category
         self.last = np.full(len(rk), -1, dtype=np.int64)
@@ -483,15 +507,31 @@ class _StepPlan:
         self.tail = np.array([r.tail.get(s, np.zeros(_N)) for r in rk.values()], dtype=np.float64).reshape(-1, _N)
         position[g] = -1
 
+    def free(self, keys: frozenset) -> np.ndarray:
+        """Per instance: is it overlapped under the overlap keys `keys` (`_Rank.overlap_keys`: a
+        dimension, "dimension:type", or "*" for every dimension but pp)."""
+        dims = [k for k, d in enumerate(self.dims) if d in keys or ("*" in keys and d != "pp")]
+        mask = np.isin(self.dim, dims)
+        for key in keys:
+            d, _, tp = key.partition(":")
+            if tp and d in self.dims and tp in self.types:
+                mask |= (self.dim == self.dims.index(d)) & (self.type == self.types.index(tp))
+        return mask
+
     def retime(self, mult: np.ndarray, free_dims: frozenset = frozenset(), use_c: bool = True) -> float:
-        """The step's duration (ns, latest end - earliest start) with rank row k's categories scaled
-        by mult[k] and the collectives of `free_dims` costing no transfer. In C where it was built
-        (`_retime.c`, the same pass); the loop below is the reference."""
+        """The step's duration (ns, the longest rank's step: end - start) with rank row k's categories scaled
+        by mult[k] (the compute that ran beside a collective by the scale of comm_overlapped) and
+        the collectives `free(free_dims)` overlapped: after their last member arrives they take only
+        the compute that ran beside them. In C where it was built (`_retime.c`, the
+        same pass); the loop below is the reference."""
         window = np.einsum("ij,ij->i", self.pre, mult[self.rank_row])
         tail = np.einsum("ij,ij->i", self.tail, mult)
-        transfer = self.transfer
+        # the compute beside a collective (an async send while the next microbatch computes) takes
+        # its rank's compute scale
+        beside = self.beside * mult[self.rank_row, _OVERLAPPED]
+        transfer = self.transfer - self.beside + beside
         if free_dims:
-            transfer = np.where(np.isin(self.dim, [k for k, d in enumerate(self.dims) if d in free_dims]), 0.0, transfer)
+            transfer = np.where(self.free(free_dims), beside, transfer)
         if use_c and _c_retime is not None:
             return _c_retime.step(self.dep, self.fixed, window, self.arrival, self.duration, self.last_member,
                                   self.link, self.offsets, self.members, transfer, self.last, self.start, tail)
@@ -515,9 +555,8 @@ class _StepPlan:
 
         for k, (dep, fixed, w) in enumerate(zip(self.dep.tolist(), self.fixed.tolist(), window)):
             new_a[k] = (end_of(dep, k) if dep >= 0 else fixed) + w
-        ends = [(end_of(last, n) if last >= 0 else start) + t
-                for last, start, t in zip(self.last.tolist(), self.start.tolist(), tail.tolist())]
-        return max(ends) - min(self.start.tolist())
+        return max((end_of(last, n) if last >= 0 else start) + t - start
+                   for last, start, t in zip(self.last.tolist(), self.start.tolist(), tail.tolist()))
 
     def scales(self, mult: dict[int, np.ndarray]) -> np.ndarray:
         """Per rank row, its categories' scale (1 where `mult` says nothing)."""
@@ -530,59 +569,203 @@ class _StepPlan:
 
 def _retime(s: int, rk: dict[int, _Rank], links: _Links, mult: dict[int, np.ndarray],
             free_dims: frozenset = frozenset()) -> float:
-    """The job's step s re-timed (ns, latest end - earliest start) with each rank's categories scaled
-    by `mult[rank]` (default 1) and the collectives of `free_dims` costing no transfer."""
+    """The job's step s re-timed (ns, the longest rank's step) with each rank's categories scaled
+    by `mult[rank]` (default 1) and the collectives of `free_dims` overlapped (`_StepPlan.retime`)."""
     plan = _StepPlan(s, rk, links)
     return plan.retime(plan.scales(mult), free_dims)
 
 
+@dataclass
+class _Change:
+    """One what-if before it is re-timed: what it says, its categories' scales per rank, the
+    collectives it overlaps, and the most it can save (ms per step: what the path holds of what it
+    removes; None: no bound)."""
+    what: WhatIf
+    mult: dict[int, np.ndarray]
+    free: frozenset = frozenset()
+    cap_ms: float | None = None
+
+
+def _scale(categories: Sequence[str], factor: float) -> np.ndarray:
+    m = np.ones(_N)
+    m[[CATEGORIES.index(c) for c in categories]] = factor
+    return m
+
+
+def _rank_groups(r: _Rank, causes: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    """The straggler causes (`causes`: stragglers.CAUSE_GROUPS, communication left out) and their
+    categories; on a CPU-only rank the training thread's ops are its CPU ops (cause cpu_ops)."""
+    groups = {g: c for g, c in causes.items() if g != "communication"}
+    if r.cpu_only and "gpu_compute" in groups:
+        groups["cpu_ops"] = groups.pop("gpu_compute") + groups.get("cpu_ops", ())
+    return groups
+
+
 def _what_ifs(cp: CriticalPath, rk: dict[int, _Rank], links: _Links, steps: list[int],
-              parallel: ParallelReport | None, t: Thresholds) -> list[WhatIf]:
-    changes: list[tuple[WhatIf, dict[int, np.ndarray], frozenset]] = []    # each: its scales, its free dims
+              parallel: ParallelReport | None, t: Thresholds, exposed: dict[str, float],
+              stragglers: Sequence[tuple[int, str]], causes: dict[str, tuple[str, ...]]) -> list[WhatIf]:
+    """The what-ifs (`WHAT_IF_KEYS`), each re-timed over every step; savings are means over the
+    steps, never negative and never above what the path holds of what the change removes."""
+    n = len(cp.steps)
+    held: dict[tuple[int, str], float] = {}            # (rank, breakdown category) -> ms per step on the path
+    for p in cp.steps:
+        for sg in p.segments:
+            held[(sg.rank, sg.category)] = held.get((sg.rank, sg.category), 0.0) + sg.dur_ms / n
     min_ms = t["critical_path_what_if_min_pct"] * cp.step_ms / 100.0
-    for x in cp.by_rank_category:
-        c = "idle_other" if x.category == "host_idle" else x.category
-        if c in REMOVABLE and x.ms_per_step >= min_ms and len(changes) < 4:
-            m = np.ones(_N)
-            m[CATEGORIES.index(c)] = 0.0
-            changes.append((WhatIf(x.rank, f"rank {x.rank}: {REMOVABLE[c]}", 0.0), {x.rank: m}, frozenset()))
-    # the ranks most on the path, when they compute more than the median rank: at its pace
-    median_compute = float(np.median([r.compute_ns for r in rk.values()]))
+    changes: list[_Change] = []
+    # a rank's cause at the median rank's level (the median of the other ranks): the stragglers'
+    # causes, and the two ranks most on the path where they spend more than the median rank
+    means = {r.rank: r.mean_ns for r in rk.values()}
     on_path: dict[int, float] = {}
     for x in cp.by_rank_category:
         on_path[x.rank] = on_path.get(x.rank, 0.0) + x.ms_per_step
-    for r in sorted(on_path, key=lambda r: -on_path[r])[:2]:
-        own = rk[r].compute_ns
-        if len(rk) > 1 and own > median_compute * (1.0 + t["critical_path_what_if_min_pct"] / 100.0):
-            m = np.ones(_N)
-            m[list(_COMPUTE)] = median_compute / own
-            changes.append((WhatIf(r, f"rank {r}: compute at the median rank's pace ({own / NS_PER_MS:,.1f} -> "
-                                      f"{median_compute / NS_PER_MS:,.1f} ms per step)", 0.0), {r: m}, frozenset()))
-    if parallel is not None:
-        for d in parallel.layout.dims:
-            if d.name != "pp":
-                changes.append((WhatIf(None, f"{d.name} communication fully overlapped (each collective costs only "
-                                             f"the wait for its last member)", 0.0), {}, frozenset({d.name})))
-        p = parallel.pipeline
-        if p is not None and len(p.stages) > 1 and p.bottleneck_stage is not None:
-            mean = float(np.mean([st.compute_ms_per_step for st in p.stages]))
-            mult = {}
-            for st in p.stages:
-                f = mean / st.compute_ms_per_step if st.compute_ms_per_step > 0 else 1.0
-                for r in st.ranks:
-                    m = np.ones(_N)
-                    m[list(_COMPUTE)] = f
-                    mult[r] = m
-            changes.append((WhatIf(None, "pipeline stages balanced (each stage's compute at the stages' mean)", 0.0),
-                            mult, frozenset()))
+    wanted = [(r, c) for r, c in stragglers if r in rk] + \
+        [(r, None) for r in sorted(on_path, key=lambda r: -on_path[r])[:2]]
+    seen = set()
+    for r, cause in wanted:
+        for group, cats in _rank_groups(rk[r], causes).items():
+            if (r, group) in seen or (cause is not None and group != cause) or len(rk) < 2:
+                continue
+            idx = [CATEGORIES.index(c) for c in cats]
+            own = float(means[r][idx].sum())
+            med = float(np.median([v[idx].sum() for q, v in means.items() if q != r]))
+            if own <= med or (cause is None and (own - med) / NS_PER_MS < min_ms):
+                continue
+            seen.add((r, group))
+            label = GROUP_LABEL[group] if not (group == "cpu_ops" and rk[r].cpu_only) else "CPU op time"
+            what = WhatIf(r, f"rank {r}: its {label} at the median rank's level ({own / NS_PER_MS:,.1f} -> "
+                             f"{med / NS_PER_MS:,.1f} ms per step)", 0.0, key=f"rank:{r}:{group}", ranks=[r])
+            cap = sum(held.get((r, c), 0.0) for c in cats) * (1.0 - med / own)
+            changes.append(_Change(what, {r: _scale(cats, med / own)}, cap_ms=cap))
+    # a category removed on every rank (one fix for all: more DataLoader workers, no syncs)
+    for group, cats in EVERY_RANK.items():
+        on = sum(v for (_, c), v in held.items() if c in cats)
+        if len(rk) > 1 and on >= min_ms / 5.0:
+            what = WhatIf(None, f"every rank: its {GROUP_LABEL[group]} removed", 0.0, key=f"every:{group}")
+            changes.append(_Change(what, {r: _scale(cats, 0.0) for r in rk}, cap_ms=on))
+    # communication overlapped: per dimension, FSDP's parameter all-gathers, all of it (where that
+    # is not one dimension's)
+    keys = {k for r in rk.values() for i in range(len(r.type)) for k in r.overlap_keys(i)}
+    dims = sorted({k for k in keys if ":" not in k and k != "*"})
+    wanted_keys = [d for d in dims if d] + [f"{d}:all_gather" for d in dims if d and f"{d}:all_gather" in keys
+                                             and f"{d}:reduce_scatter" in keys]
+    if len(dims) != 1 or not dims[0]:
+        wanted_keys.append("*")
+    for key in wanted_keys:
+        if exposed.get(key, 0.0) <= 0.0:
+            continue
+        d, _, tp = key.partition(":")
+        text = ("all communication overlapped" if key == "*" else
+                f"{d} parameter all-gathers overlapped" if tp else f"{d} communication overlapped")
+        what = WhatIf(None, f"{text} (each collective takes only the wait for its last member and the "
+                            f"compute beside it)", 0.0, key=f"overlap:{key}")
+        changes.append(_Change(what, {}, frozenset({key}), cap_ms=exposed[key]))
+    pipe = parallel.pipeline if parallel is not None else None
+    pp_exposed = sum(held.get((r, "comm_exposed"), 0.0) for r in rk) if pipe else 0.0
+    model = _pipeline_model(pipe, rk, links)
+    if pipe is not None and model is None and len(pipe.stages) > 1 and pipe.bottleneck_stage is not None:
+        # no schedule to rebuild (unknown, or no microbatch count): the measured graph, re-timed
+        mean = float(np.mean([st.compute_ms_per_step for st in pipe.stages]))
+        mult = {r: _scale(("compute", "comm_overlapped"),
+                          mean / st.compute_ms_per_step if st.compute_ms_per_step > 0 else 1.0)
+                for st in pipe.stages for r in st.ranks if r in rk}
+        what = WhatIf(None, BALANCED, 0.0, key="pp:balanced")
+        changes.append(_Change(what, mult, cap_ms=pp_exposed + _lost_compute(held, mult)))
     # saved = the unchanged re-timing minus the changed one, mean over the steps; one step's plan at a time
     saved = np.zeros((len(steps), len(changes)))
+    replay_error = []
+    replayed = measured = 0.0
     instances = _Instances(rk, links)
     for k, s in enumerate(steps):
         plan = _StepPlan(s, rk, links, instances)
         unchanged = plan.retime(plan.scales({}))
-        for c, (_, mult, free) in enumerate(changes):
-            saved[k, c] = unchanged - plan.retime(plan.scales(mult), free)
-    for c, (what, _, _) in enumerate(changes):
-        what.step_ms_saved = round(float(saved[:, c].mean()) / NS_PER_MS, 3) if len(steps) else 0.0
-    return [what for what, _, _ in changes]
+        truth = max(r.steps[s][1] - r.steps[s][0] for r in rk.values())
+        replayed, measured = replayed + unchanged, measured + truth
+        replay_error.append(100.0 * abs(unchanged - truth) / truth if truth > 0 else 0.0)
+        for c, change in enumerate(changes):
+            saved[k, c] = unchanged - plan.retime(plan.scales(change.mult), change.free)
+    if steps:
+        cp.measured_step_ms = round(measured / len(steps) / NS_PER_MS, 3)
+        cp.replayed_step_ms = round(replayed / len(steps) / NS_PER_MS, 3)
+        cp.replay_error_pct = round(float(np.mean(replay_error)), 3)
+        cp.replay_error_max_pct = round(float(np.max(replay_error)), 3)
+    out = []
+    for c, change in enumerate(changes):
+        ms = max(0.0, float(saved[:, c].mean()) / NS_PER_MS if len(steps) else 0.0)
+        if change.cap_ms is not None:
+            ms = min(ms, change.cap_ms)
+        change.what.step_ms_saved = round(ms, 3)
+        out.append(change.what)
+    if model is not None:
+        mean = float(np.mean(model.compute_ms))
+        mult = {r: _scale(("compute", "comm_overlapped"), mean / st.compute_ms_per_step if st.compute_ms_per_step > 0
+                          else 1.0) for st in pipe.stages for r in st.ranks if r in rk}
+        out += _schedule_what_ifs(model, pp_exposed, pp_exposed + _lost_compute(held, mult))
+    return out
+
+
+def _lost_compute(held: dict[tuple[int, str], float], mult: dict[int, np.ndarray]) -> float:
+    """The compute the path loses (ms per step) where `mult` scales a rank's compute down."""
+    return sum(held.get((r, c), 0.0) * max(0.0, 1.0 - m[_COMPUTE[0]]) for r, m in mult.items()
+               for c in ("compute", "comm_overlapped"))
+
+
+def _pipeline_model(pipe, rk: dict[int, _Rank], links: _Links) -> PipelineModel | None:
+    """The measured pipeline as `pipeline_schedule` rebuilds it; None without a known schedule and
+    microbatch count."""
+    if pipe is None or not pipe.microbatches or pipe.schedule not in ("gpipe", "1f1b", "interleaved") or \
+            len(pipe.stages) < 2:
+        return None
+    host = [CATEGORIES.index(c) for c in ("host", "idle_other")]
+    return PipelineModel(
+        compute_ms=[st.compute_ms_per_step for st in pipe.stages],
+        host_ms=[float(np.mean([rk[r].mean_ns[host].sum() for r in st.ranks if r in rk] or [0.0])) / NS_PER_MS
+                 for st in pipe.stages],
+        hop_ms=_hop_ms(rk, links), microbatches=pipe.microbatches, chunks=max(pipe.stages_per_rank, 1),
+        schedule=pipe.schedule)
+
+
+def _hop_ms(rk: dict[int, _Rank], links: _Links) -> float:
+    """A pipeline hop: the median transfer of the pp send/recv pairs (ms; the shortest member's end
+    after the last arrival)."""
+    hops = [min(int(rk[q].e[i]) for q, i in mem) - links.last_arrival[cid] for cid, mem in links.members.items()
+            if rk[mem[0][0]].dim[mem[0][1]] == "pp"]
+    return max(0.0, float(np.median(hops)) / NS_PER_MS) if hops else 0.0
+
+
+def _schedule_what_ifs(model: PipelineModel, pp_exposed: float, balanced_cap: float) -> list[WhatIf]:
+    """The pipeline rebuilt and re-timed by `pipeline_schedule.makespan`: its stages balanced (each
+    stage's compute at their mean), twice the microbatches, and (where the schedule is not
+    interleaved yet) two model chunks per rank. Never above what the path holds: its pipeline
+    waits (pp exposed communication), and for balancing the compute it loses on slower stages."""
+    now = makespan(model)
+    mean = float(np.mean(model.compute_ms))
+    balanced = PipelineModel([mean] * len(model.compute_ms), model.host_ms, model.hop_ms, model.microbatches,
+                             model.chunks, model.schedule)
+    out = [WhatIf(None, BALANCED, round(min(max(0.0, now - makespan(balanced)), balanced_cap), 3), key="pp:balanced")]
+    m, p = model.microbatches, len(model.compute_ms)
+    for text, key, mb, chunks in (
+            (f"pipeline with {2 * m} microbatches instead of {m} (the same batch)", f"pp:microbatches:{2 * m}",
+             2 * m, model.chunks),
+            ("interleaved schedule, 2 model chunks per rank (virtual stages)", "pp:interleaved:2", m, 2)):
+        if key.startswith("pp:interleaved") and model.chunks > 1:
+            continue
+        theory = theory_saving_ms(model, mb, chunks)
+        ms = min(max(0.0, now - makespan(model, mb, chunks, "interleaved" if chunks > 1 else None)), pp_exposed)
+        out.append(WhatIf(None, f"{text}; (p-1)/(m+p-1) with {p} equal stages says {theory:,.1f} ms", round(ms, 3),
+                          key=key, theory_step_ms_saved=round(theory, 3)))
+    return out
+
+
+BALANCED = "pipeline stages balanced (each stage's compute at the stages' mean)"
+#: The groups of breakdown categories a what-if can change, in words.
+GROUP_LABEL = {"host_idle": "host_idle (main thread outside any op)", "dataloader": "DataLoader wait",
+               "cpu_ops": "CPU op time (device idle)", "gpu_compute": "compute", "memcpy": "memcpy time",
+               "sync": "synchronize waits", "host": "host-side op time (device idle)"}
+#: The categories a what-if removes on every rank at once.
+EVERY_RANK = {"dataloader": ("dataloader",), "host_idle": ("idle_other",), "sync": ("sync",), "host": ("host",)}
+#: The what-ifs' keys (`WhatIf.key`), which the findings look up: "rank:<r>:<cause>" (a straggler
+#: cause of rank r at the median rank's level), "every:<group>" (`EVERY_RANK`), "overlap:<dim>",
+#: "overlap:<dim>:all_gather", "overlap:*" (communication overlapped), "pp:balanced",
+#: "pp:microbatches:<m>", "pp:interleaved:2".
+WHAT_IF_KEYS = ("rank:", "every:", "overlap:", "pp:")

@@ -4,7 +4,11 @@ Reduce side (docs/concepts.md "Collective"), over RankCollectives only (never ev
   `member_frame` one row per (rank, instance) with its match key (built once per reduce);
   `match_collectives` groups them:
   one logical collective = same (process group, seq) on every member; without seq, the n-th
-  instance of that (process group, type) on each rank (send/recv/send_recv share type "p2p").
+  instance of that (process group, type) on each rank (send/recv/send_recv share type "p2p"; in a
+  group of two ranks, sends and recvs by direction: the n-th send of one is the n-th recv of the other).
+  Sends and recvs in a group where more than two ranks send or receive (a pipeline's stages in one
+  group) are paired by time between neighbouring ranks instead (p2p.py): there each rank's seq and
+  order count its traffic with every peer together.
   Per collective: arrival skew (max start - min start), last arriver, each member's wait (its start
   -> the last arriver's start), transfer = min duration across members (tb-profiler), bytes
   (nccl-tests size S), algbw = S / transfer and busbw = algbw x factor (`BUSBW_FACTOR`, from
@@ -20,8 +24,9 @@ from typing import Sequence
 import numpy as np
 import polars as pl
 
+from rankscope.analyses.job.p2p import pair_p2p
 from rankscope.analyses.rank.breakdown import CATEGORIES
-from rankscope.analyses.rank.collectives import (P2P_TYPES, SAME_SIZE_TYPES, RankCollectives, busbw_factor,
+from rankscope.analyses.rank.collectives import (P2P_PG, P2P_TYPES, SAME_SIZE_TYPES, RankCollectives, busbw_factor,
                                                  nccl_tests_bytes)
 from rankscope.units import NS_PER_MS
 
@@ -73,6 +78,7 @@ def member_frame(ranks: Sequence[RankCollectives]) -> pl.DataFrame:
         .when(by_size).then(pl.col("type") + pl.lit(":") + pl.col("in_bytes").cast(pl.String))
         .otherwise(pl.col("type").replace_strict({t: "p2p" for t in P2P_TYPES}, default=pl.col("type")))
         .alias("mtype"))
+    df = _p2p_directions(df)
     # occurrence: n-th instance of (pg, seq) with seq, of (pg, mtype) without, on each rank (by
     # arrival); orphans without seq are not matched (occ -1, unique per rank so never grouped)
     df = df.with_columns(pl.Series("occ", _occurrence(df), dtype=pl.Int64))
@@ -80,6 +86,28 @@ def member_frame(ranks: Sequence[RankCollectives]) -> pl.DataFrame:
     df = df.with_columns(pl.when(unmatchable).then(pl.lit("orphan:") + pl.col("rank").cast(pl.String))
                          .otherwise(pl.col("mtype")).alias("mtype"))
     return df.with_columns(pl.Series("key", _key_ids(df), dtype=pl.Int64))
+
+
+def _p2p_directions(df: pl.DataFrame) -> pl.DataFrame:
+    """Sends and recvs without seq in a group of two ranks, typed by direction ("p2p:<from>><to>"):
+    the n-th send of one rank is the n-th recv of the other (a pipeline stage sends activations
+    and receives gradients in an order of its own, which its neighbour's order need not mirror)."""
+    p2p = ((pl.col("mtype") == "p2p") & pl.col("type").is_in(["send", "recv"])).alias("p2p")
+    mask = df.select(p2p)["p2p"].to_numpy()
+    if not mask.any():
+        return df
+    rows = np.flatnonzero(mask)
+    pg, rank, kind = (df[c].to_numpy()[rows] if c == "rank" else np.asarray(df[c].to_list(), dtype=object)[rows]
+                      for c in ("pg", "rank", "type"))
+    members: dict[str, set[int]] = {}
+    for g, r in zip(pg.tolist(), rank.tolist()):
+        members.setdefault(g, set()).add(r)
+    mtype = df["mtype"].to_list()
+    for i, g, r, k in zip(rows.tolist(), pg.tolist(), rank.tolist(), kind.tolist()):
+        if len(members[g]) == 2:
+            other = next(q for q in members[g] if q != r)
+            mtype[i] = f"p2p:{r}>{other}" if k == "send" else f"p2p:{other}>{r}"
+    return df.with_columns(pl.Series("mtype", mtype, dtype=pl.String))
 
 
 def _key_ids(df: pl.DataFrame) -> np.ndarray:
@@ -182,6 +210,7 @@ def match_collectives(ranks: Sequence[RankCollectives], offsets_ns: dict[int, in
     # frame is copied by the filter and the sort, so what it carries is paid for twice
     m = m.select("rank", "idx", "pg", "seq", "occ", "key", "type", "step", "group_size", "start_ns", "end_ns",
                  "dur_ns", "last_work_ns", "in_bytes", "out_bytes")
+    m = _paired_p2p(m)
     matched = matched_rows(m)
     unmatched = int((~matched).sum())
     if not matched.all():
@@ -218,6 +247,7 @@ def match_collectives(ranks: Sequence[RankCollectives], offsets_ns: dict[int, in
     g = g.sort(["start_min_ns", "pg", "seq", "occ"]).with_row_index("cid").with_columns(pl.col("cid").cast(pl.Int64))
     group = np.where(g["group_size_arg"].to_numpy() > 0, g["group_size_arg"].to_numpy(), g["pg_ranks"].to_numpy())
     types = g["type"].to_list()
+    group = np.where(np.isin(types, P2P_TYPES), 2, group)        # a send and its recv: two members
     nbytes = np.array([nccl_tests_bytes(t, int(i), int(o), int(n)) for t, i, o, n in
                        zip(types, g["in_bytes"], g["out_bytes"], group)], dtype=np.int64)
     transfer = g["transfer_ns"].to_numpy().astype(np.float64)
@@ -258,6 +288,26 @@ def match_collectives(ranks: Sequence[RankCollectives], offsets_ns: dict[int, in
         warnings.append(f"{bad} of {by_order.height} collectives matched by order (no sequence numbers) have members "
                         f"with different sizes: the ranks' traces may not start at the same collective")
     return CollectiveTable(coll, mem, offsets_ns, unmatched, warnings)
+
+
+def _paired_p2p(m: pl.DataFrame) -> pl.DataFrame:
+    """The member rows with the sends and recvs of groups of more than two ranks (process group
+    `P2P_PG<rank>@<group>`) keyed by their pair (`pair_p2p`; an instance left unpaired keeps a key
+    of its own)."""
+    is_p2p = m["pg"].str.starts_with(P2P_PG).to_numpy()
+    if not is_p2p.any():
+        return m
+    rows = np.flatnonzero(is_p2p)
+    sub = m[rows]
+    pair = pair_p2p([g.split("@", 2)[-1] for g in sub["pg"].to_list()], sub["rank"].to_numpy(), sub["type"].to_list(),
+                    sub["start_ns"].to_numpy(), sub["end_ns"].to_numpy())
+    key = m["key"].to_numpy().copy()
+    base = int(key.max()) + 1
+    n_pairs = int(pair.max()) + 1 if (pair >= 0).any() else 0
+    alone = pair == -1
+    key[rows[pair >= 0]] = base + pair[pair >= 0]
+    key[rows[alone]] = base + n_pairs + np.arange(int(alone.sum()))
+    return m.with_columns(pl.Series("key", key, dtype=pl.Int64))
 
 
 def _empty_collectives() -> pl.DataFrame:

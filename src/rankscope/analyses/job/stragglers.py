@@ -11,7 +11,8 @@ Per rank:
     evidence there: the collectives carry the signal.
   - collectives (after clock alignment, clock.py): how often it arrived last, the wait it imposed
     (median over the other ranks of the time they waited in collectives where it was last; one
-    rank's waits in concurrent collectives count once), its own wait, and the what-if below.
+    rank's waits in concurrent collectives count once), its own wait (concurrent waits counted
+    once too, inside its step windows), and the what-if below.
 
 Every value that decides a verdict is a `rankscope.thresholds` entry (`straggler_*`, `load_*`),
 read from the `Thresholds` the caller resolved (`cross_rank(..., thresholds=)`).
@@ -96,6 +97,7 @@ from rankscope.analyses.job.parallel import ParallelReport, parallel_report
 from rankscope.analyses.job.pipeline import Pipeline
 from rankscope.analyses.rank.collectives import RankCollectives
 from rankscope.analyses.intervals import union, union_length_per_group
+from rankscope.numbers import rank_list
 from rankscope.thresholds import Thresholds, resolve
 from rankscope.units import NS_PER_MS, NS_PER_US
 
@@ -138,7 +140,7 @@ class RankStats:
     last_arrival_pct: float | None
     lateness_share_pct: float | None       # its share of the summed last-arrival leads of all collectives
     wait_imposed_ms_per_step: float        # median over the other ranks of their wait for it
-    own_wait_ms_per_step: float            # its own waits, summed over collectives
+    own_wait_ms_per_step: float            # its own waits, concurrent waits counted once
     # the what-if, evaluated for candidate ranks only (last most often, or above the last-share bar); None otherwise
     lateness_ms_per_step: float | None     # L
     blocking_lateness_ms_per_step: float | None   # I: its lateness on the others' critical path
@@ -271,7 +273,7 @@ def find_stragglers(ranks: Sequence[RankCollectives], table: CollectiveTable | N
                 st.found_in_round = rounds + 1
                 by_rank[st.rank] = st
         for f in more:
-            f.evidence += f" (once rank(s) {', '.join(map(str, fixed))} run like the median rank)"
+            f.evidence += f" (once rank(s) {rank_list(fixed)} run like the median rank)"
         found += more
         remaining = [rc for rc in remaining if not by_rank[rc.rank].straggler]
         rounds += 1
@@ -378,9 +380,9 @@ def _evaluate(ranks: Sequence[RankCollectives], table: CollectiveTable, progress
         for r, g in mem.select("cid", "rank").join(sizes, on="cid").group_by("rank").agg(
                 pl.col("n_ranks").median()).iter_rows():
             group_n[int(r)] = int(round(g))
-        for r, n_coll, n_last, own in mem.group_by("rank").agg(
-                pl.len(), pl.col("is_last").sum(), pl.col("wait_ns").sum()).iter_rows():
-            per[int(r)] = (int(n_coll), int(n_last), float(own))
+        own_wait = _own_wait(mem, ranks, table.offsets_ns)
+        for r, n_coll, n_last in mem.group_by("rank").agg(pl.len(), pl.col("is_last").sum()).iter_rows():
+            per[int(r)] = (int(n_coll), int(n_last), float(own_wait.get(int(r), 0)))
         imposed = _imposed_wait(mem, coll)
         total_lead = float(coll["last_lead_ns"].sum())
         if total_lead > 0:
@@ -458,6 +460,24 @@ def _straggler(s: RankStats, coll: pl.DataFrame, median_step: float | None, caus
                      step_time_pct_over_mean=s.step_time_pct_over_mean,
                      wait_imposed_ms_per_step=s.wait_imposed_ms_per_step, excess_ms_per_step=s.excess_ms_per_step,
                      steps=last_steps, evidence=evidence)
+
+
+def _own_wait(mem: pl.DataFrame, ranks: Sequence[RankCollectives], offsets_ns: dict[int, int]) -> dict[int, int]:
+    """Per rank: the time (ns) it waited in collectives for their last member inside its step
+    windows, waits in concurrent collectives counted once (the union of its wait intervals)."""
+    windows = pl.DataFrame(
+        {"rank": [rc.rank for rc in ranks for _ in rc.steps], "step": [s for rc in ranks for s in rc.steps],
+         "step_end_ns": [e - int(offsets_ns.get(rc.rank, 0)) for rc in ranks for e in rc.step_end_ns]},
+        schema={"rank": pl.Int64, "step": pl.Int64, "step_end_ns": pl.Int64})
+    w = mem.select("rank", "step", "start_ns", "wait_ns").filter(pl.col("wait_ns") > 0).join(
+        windows, on=["rank", "step"]).sort("rank", "start_ns")
+    if w.is_empty():
+        return {}
+    rank, a = w["rank"].to_numpy(), w["start_ns"].to_numpy()
+    b = np.minimum(a + w["wait_ns"].to_numpy(), w["step_end_ns"].to_numpy())
+    first = np.r_[True, rank[1:] != rank[:-1]]
+    waited = union_length_per_group(a, np.maximum(a, b), np.cumsum(first) - 1)
+    return dict(zip(rank[first].tolist(), waited.tolist()))
 
 
 def _imposed_wait(mem: pl.DataFrame, coll: pl.DataFrame) -> dict[int, float]:
@@ -718,6 +738,7 @@ class CrossRank:
             "clock": self.clock.as_dict(),
             "ranks": [dataclasses.asdict(r) for r in rep.ranks],
             "thresholds": dict(rep.thresholds),
+            "median_step_ms": rep.median_step_ms,      # every "% of step" of the findings is of it
             "critical_path": msgspec.to_builtins(self.critical_path) if self.critical_path else None,   # asdict: 12x slower
             **(self.parallel.as_dict() if self.parallel else
                {"parallelism": {"layout": "", "dims": []}, "pipeline": None, "experts": None, "comm_by_dim_ms": {}}),
@@ -740,7 +761,8 @@ def cross_rank(ranks: Sequence[RankCollectives], align_clocks: bool = True,
     parallel = parallel_report(ranks)
     _late_by_dim(report, ranks, table)
     _stage_stragglers(report, parallel.pipeline, resolve(thresholds))
-    path = critical_path(ranks, table, parallel, thresholds)
+    path = critical_path(ranks, table, parallel, thresholds, [(s.rank, s.cause) for s in report.stragglers],
+                         CAUSE_GROUPS)
     return CrossRank(clock, table, report, fit_alpha_beta(table), parallel, path)
 
 
@@ -773,6 +795,8 @@ def _stage_stragglers(report: StragglerReport, pipeline: Pipeline | None, t: Thr
     stage = next(st for st in pipeline.stages if st.stage == pipeline.bottleneck_stage)
     for s in report.stragglers:
         if s.rank in stage.ranks:
+            report.verdict = report.verdict.replace(f"rank {s.rank} is a straggler (cause {s.cause},",
+                                                    f"rank {s.rank} is a straggler (cause pipeline_stage,")
             s.cause = "pipeline_stage"
             s.evidence += (f"; it is on pipeline stage {stage.stage}, which computes "
                            f"{pipeline.imbalance_pct_over_mean:.0f}% "

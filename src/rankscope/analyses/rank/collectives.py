@@ -54,6 +54,8 @@ DEFAULT_PG = "default"
 COLLECTIVE_TYPES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all",
                     "send", "recv", "barrier", "send_recv", "gather", "scatter", "unknown")
 P2P_TYPES = ("send", "recv", "send_recv")
+#: The process group name of a send or recv in a group of more than two ranks: "p2p@<rank>@<group>".
+P2P_PG = "p2p@"
 #: Types whose members all pass the same input size (all_to_all and p2p may differ by rank).
 SAME_SIZE_TYPES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "barrier")
 
@@ -750,7 +752,8 @@ def _assign_dims(out: RankCollectives, meta, rank: int, functional: list[bool],
         if dim and len(ranks) >= 2:
             seen.setdefault((dim, ranks), [dim, source, *ranks])
         if out.type[i] in ("send", "recv") and out.seq[i] < 0 and len(ranks) > 2:
-            out.pg[i] = f"p2p@{rank}"
+            # its own key on each rank: never matched by order (job/p2p.py pairs them by time)
+            out.pg[i] = f"{P2P_PG}{rank}@{group.key if group is not None else 'world'}"
     out.groups = list(seen.values())
 
 
