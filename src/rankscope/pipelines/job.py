@@ -21,7 +21,7 @@ from rankscope import engine as engines
 from rankscope.ingest import Cache, TraceError, load_rank, read_trace, reuse
 from rankscope.ingest.cache import content_key
 from rankscope.ingest.consistency import different_jobs
-from rankscope.ingest.discover import assign_ranks, discover
+from rankscope.ingest.discover import Discovered, assign_ranks, discover
 from rankscope.model import InputProblem, RankMeta, RankTrace
 from rankscope.pipelines import checking_arguments
 from rankscope.results import Analysis, Finding, Ingest, JobInfo
@@ -40,6 +40,7 @@ class _Task:
     path: str
     cache_dir: str | None
     use_cache: bool
+    spill_dir: str | None = None      # a run's summaries without a cache (pipelines/run.py)
 
 
 def one_line_errors(task_fn):
@@ -228,19 +229,18 @@ def _assign(metas: list[RankMeta]) -> tuple[list[RankMeta], list[str], list[Inpu
 
 def _map_files(inputs, task_fn, cache_dir, use_cache, engine, workers, on_progress,
                address=None, on_arrival: Callable[[object], None] | None = None,
-               keep_memory: bool = False) -> tuple[list, list, str]:
+               keep_memory: bool = False, spill_dir: str | None = None) -> tuple[list, list, str]:
     """Discover the files and map `task_fn` over them: (results, problems, engine used).
     `on_arrival(result)` runs in the driver on each result as it comes in. `keep_memory`: see
     `engines.map_ranks`."""
-    items = inputs if isinstance(inputs, list) else [inputs]
-    found = discover(items)
+    found = inputs if isinstance(inputs, Discovered) else discover(inputs if isinstance(inputs, list) else [inputs])
     problems = [InputProblem(str(f), why, fatal=False) for f, why in found.ignored]
     problems += [InputProblem(str(f), why) for f, why in found.skipped]
     files = sorted(found.traces, key=lambda p: -_size(p))     # largest first: better balance
     workers = workers or engines.default_workers()
     chosen = engines.choose_engine(engine, sum(_size(p) for p in files), len(files), workers, address)
     cache_root = str(cache_dir) if cache_dir is not None else None
-    tasks = [_Task(str(p), cache_root, use_cache) for p in files]
+    tasks = [_Task(str(p), cache_root, use_cache, spill_dir) for p in files]
     done = 0
 
     def progress(i: int, result) -> None:
@@ -278,23 +278,37 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
         _import_reduce()
         _arrived(result, strings)
 
-    summaries, problems, chosen = _map_files(inputs, _rank_task, cache_dir, use_cache, engine, workers,
-                                             on_progress, address, arrived, keep_memory=True)
-    _trim_heap(chosen)
-    from rankscope.findings import evaluate as evaluate_findings, ordered
-    kept_metas, rank_warnings, rank_problems = _assign([s.meta for s in summaries])
-    by_file = {s.meta.file: s for s in summaries}
-    kept = [by_file[m.file] for m in kept_metas]
-    problems += rank_problems
-    cross = _cross_rank(kept, values)
-    result = Analysis(job=_job_info(kept, rank_warnings), ranks=kept, problems=problems, engine=chosen,
-                      cross=cross)
-    result.findings = _noted_partial(evaluate_findings(result, values), result.job)
+    found = discover(inputs if isinstance(inputs, list) else [inputs])
+    from rankscope.pipelines import run
+    if run.cycles_in_names(found.traces):       # a run of several profiler cycles: pipelines/run.py
+        result = run.analyze_run(found, cache_dir, use_cache, engine, workers, on_progress, address, values)
+    else:
+        summaries, problems, chosen = _map_files(found, _rank_task, cache_dir, use_cache, engine, workers,
+                                                 on_progress, address, arrived, keep_memory=True)
+        _trim_heap(chosen)
+        result = (run.run_of_summaries(summaries, problems, chosen, values) if run.several_cycles(summaries)
+                  else job_analysis(summaries, problems, chosen, values))
     if nccl_logs:
+        from rankscope.findings import ordered
         from rankscope.pipelines.inputs import analyze_nccl_logs
         logs = analyze_nccl_logs(nccl_logs, values)
         result.findings = ordered(result.findings + logs.findings)
         result.problems += logs.problems
+    return result
+
+
+def job_analysis(summaries: list[RankSummary], problems: list[InputProblem], chosen: str,
+                 values: Thresholds) -> Analysis:
+    """The job of these per-rank summaries: ranks assigned, the cross-rank reduce, the findings."""
+    from rankscope.findings import evaluate as evaluate_findings
+    kept_metas, rank_warnings, rank_problems = _assign([s.meta for s in summaries])
+    by_file = {s.meta.file: s for s in summaries}
+    kept = [by_file[m.file] for m in kept_metas]
+    problems = problems + rank_problems
+    cross = _cross_rank(kept, values)
+    result = Analysis(job=_job_info(kept, rank_warnings), ranks=kept, problems=problems, engine=chosen,
+                      cross=cross)
+    result.findings = _noted_partial(evaluate_findings(result, values), result.job)
     return result
 
 

@@ -13,6 +13,7 @@ from rankscope.analyses.rank.memory import MemcpyReport
 from rankscope.analyses.rank.summary import HtaParity
 from rankscope.render.base import JsonRenderer
 from rankscope.render.format import rounded
+from rankscope.render.run_json import run_to_dict
 from rankscope.results import Analysis, to_plain
 
 SCHEMA = "rankscope.analysis/1"
@@ -128,4 +129,5 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
         "steps": steps,
         **_cross(cross),
         "findings": [f.as_dict() for f in a.findings],
+        "run": run_to_dict(a.run),
     }

@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rankscope.analyses.job.mfu import MfuReport
     from rankscope.analyses.job.stragglers import CrossRank
     from rankscope.analyses.rank.summary import RankSummary
+    from rankscope.results.run import Run
 
 
 def to_plain(obj: Any) -> Any:
@@ -99,6 +100,7 @@ class Analysis(Result):
     engine: str = "inprocess"
     cross: CrossRank | None = None                 # collectives, clock alignment, stragglers, alpha-beta
     findings: list[Finding] = field(default_factory=list)   # ordered: severity, then cost per step
+    run: Run | None = None                         # every profiler cycle, when the files hold several (results/run.py)
 
     @property
     def usable(self) -> bool:

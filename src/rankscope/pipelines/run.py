@@ -1,0 +1,148 @@
+"""Whole runs (docs/runs.md): a folder that holds several profiler cycles per rank is analysed cycle by
+cycle, each cycle as a job of its own, and the run view is built from what each cycle leaves
+(`analyses/run/cycles.py`).
+
+Bounded memory: the per-rank map runs once over every file (`_key_task`: the rank's summary is made, and
+kept in the parse cache, or with `use_cache=False` in a spill folder removed at the end) and sends back
+only what grouping needs (`CycleFile`: steps and span). Then each cycle in turn: its summaries are read
+back (decoding a cached summary costs milliseconds), reduced across ranks, judged, and reduced to its
+`CycleFacts`; only the last cycle's analysis is kept whole (the report details it). On a Ray cluster the
+summaries are read back in the driver: with a cache folder that every node shares (`--cache-dir`) they
+are found, else they are recomputed there.
+"""
+from __future__ import annotations
+
+import hashlib
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+import msgspec
+
+from rankscope.ingest.cycles import CycleFile, cycles_in_names, group_cycles
+from rankscope.model import InputProblem
+from rankscope.results import Analysis
+from rankscope.pipelines.job import (_arrived, _import_reduce, _map_files, _summary, _Task, _trim_heap,
+                                     decode_summary, job_analysis, one_line_errors)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rankscope.analyses.rank.summary import RankSummary
+    from rankscope.analyses.run.cycles import CycleFacts
+    from rankscope.ingest.discover import Discovered
+    from rankscope.thresholds import Thresholds
+
+__all__ = ["analyze_run", "cycles_in_names", "run_of_summaries", "several_cycles"]
+
+
+def cycle_file(s: RankSummary) -> CycleFile:
+    steps = tuple(st.step for st in s.steps) if s.steps_source == "profiler_step" else ()
+    return CycleFile(s.meta.file, steps, s.meta.span_ns)
+
+
+def several_cycles(summaries: list[RankSummary]) -> bool:
+    return len(group_cycles([cycle_file(s) for s in summaries])) > 1
+
+
+@one_line_errors
+def key_task(task: _Task) -> CycleFile:
+    """The per-rank map of a run: the summary made and kept (cache or spill folder); back comes its key."""
+    summary = _summary(task)
+    if task.spill_dir is not None:
+        Path(_spilled(task)).write_bytes(msgspec.msgpack.encode(summary))
+    return cycle_file(summary)
+
+
+@one_line_errors
+def summary_again(task: _Task) -> RankSummary:
+    """A file's summary read back (from the cache, the spill folder, or made again when neither has it)."""
+    if task.spill_dir is not None:
+        try:
+            summary = decode_summary(Path(_spilled(task)).read_bytes())
+        except OSError:
+            summary = None
+        if summary is not None:
+            summary.meta.file = task.path
+            return summary
+    return _summary(task)
+
+
+def _spilled(task: _Task) -> str:
+    return str(Path(task.spill_dir) / (hashlib.sha256(task.path.encode()).hexdigest()[:32] + ".msgpack"))
+
+
+class RunAnalysis:
+    """Analyses a run's cycles one by one (`add`), keeping each one's facts and the latest analysis;
+    `result()` is the report: the last cycle's analysis with the run view and the run's findings."""
+
+    def __init__(self, values: Thresholds, engine: str):
+        self.values, self.engine = values, engine
+        self.facts: list[CycleFacts] = []
+        self.problems: list[InputProblem] = []
+        self.last: Analysis | None = None
+
+    def add(self, summaries: list[RankSummary], problems: list[InputProblem]) -> Analysis:
+        from rankscope.analyses.run.cycles import cycle_facts
+        analysis = job_analysis(summaries, problems, self.engine, self.values)
+        self.problems += analysis.problems
+        if analysis.usable:
+            self.facts.append(cycle_facts(analysis))
+            if self.last is None or self.facts[-1].order >= max(f.order for f in self.facts):
+                self.last = analysis
+        return analysis
+
+    def result(self) -> Analysis | None:
+        """The report (None before a usable cycle): the latest cycle's analysis, the run, its findings."""
+        if self.last is None:
+            return None
+        from rankscope.analyses.run.cycles import run_view
+        from rankscope.findings import ordered
+        from rankscope.findings.run import run_findings
+        a = self.last
+        run = run_view(self.facts, self.values)
+        return Analysis(job=a.job, ranks=a.ranks, problems=_unique(self.problems), engine=a.engine, cross=a.cross,
+                        findings=ordered(run_findings(run, self.values) + a.findings), run=run)
+
+
+def _unique(problems: list[InputProblem]) -> list[InputProblem]:
+    return list({(p.file, p.problem, p.fatal): p for p in problems}.values())
+
+
+def analyze_run(found: Discovered, cache_dir, use_cache: bool, engine: str, workers: int | None,
+                on_progress: Callable[[int, int, str], None] | None, address: str | None,
+                values: Thresholds) -> Analysis:
+    """Every cycle of the run in `found`: the map over all files, then the cycles one by one."""
+    spill = None if use_cache else tempfile.mkdtemp(prefix="rankscope-run-")
+    try:
+        keys, problems, chosen = _map_files(found, key_task, cache_dir, use_cache, engine, workers, on_progress,
+                                            address, lambda _: _import_reduce(), spill_dir=spill)
+        _trim_heap(chosen)
+        cache_root = str(cache_dir) if cache_dir is not None else None
+        strings: dict[str, str] = {}
+
+        def summary_of(file: str) -> RankSummary | InputProblem:
+            summary = summary_again(_Task(file, cache_root, use_cache, spill))
+            _arrived(summary, strings)
+            return summary
+
+        return _by_cycle(keys, problems, chosen, values, summary_of)
+    finally:
+        if spill is not None:
+            shutil.rmtree(spill, ignore_errors=True)
+
+
+def run_of_summaries(summaries: list[RankSummary], problems: list[InputProblem], chosen: str,
+                     values: Thresholds) -> Analysis:
+    """A run whose summaries are all in memory already (its names did not look like cycles)."""
+    by_file = {s.meta.file: s for s in summaries}
+    return _by_cycle([cycle_file(s) for s in summaries], problems, chosen, values, by_file.pop)
+
+
+def _by_cycle(keys: list[CycleFile], problems: list[InputProblem], chosen: str, values: Thresholds,
+              summary_of: Callable[[str], RankSummary | InputProblem]) -> Analysis:
+    run = RunAnalysis(values, chosen)
+    run.problems += problems
+    for files in group_cycles(keys):
+        got = [summary_of(f) for f in files]
+        run.add([s for s in got if not isinstance(s, InputProblem)], [s for s in got if isinstance(s, InputProblem)])
+    return run.result() or job_analysis([], _unique(run.problems), chosen, values)
