@@ -21,6 +21,7 @@ from rankscope.render.format import escaped, no_device_words, ranges, value_text
 from rankscope.render.html_parts import (CATEGORY_COLORS, CATEGORY_LABELS, chart, chart_label, chart_layout,
                                          html_table, kv_table, name_cell, note, one_chart, page)
 from rankscope.render.json import analysis_to_dict
+from rankscope.render.run_html import run_section
 from rankscope.results import Analysis
 
 MAX_BAR_RANKS = 64
@@ -45,7 +46,8 @@ class AnalysisHtml(HtmlRenderer):
 def render_html(report: dict) -> str:
     """The whole page for one `rankscope.analysis/1` dict (also one read back from --json)."""
     figures: dict[str, dict] = {}
-    body = "".join([_header(report), _findings(report), _breakdown(report, figures), _parallel(report, figures),
+    body = "".join([_header(report), _findings(report), run_section(report, figures),
+                    _breakdown(report, figures), _parallel(report, figures),
                     _heatmap(report, figures),
                     _collectives(report, figures), _critical_path(report, figures), _overlap(report, figures),
                     _idle(report, figures),

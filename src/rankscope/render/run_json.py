@@ -14,7 +14,8 @@ def run_to_dict(run: Run | None) -> dict[str, Any] | None:
     return {"cycles": to_plain(run.cycles),
             "trend": [{"rank": p.rank, "step": p.step, "cycle": p.cycle, "step_ms": p.step_ms} for p in run.trend],
             "changes": [change_to_dict(c) for c in run.changes],
-            "detailed_cycle": run.detailed_cycle, "noise_pct": run.noise_pct, "z_critical": run.z_critical}
+            "detailed_cycle": run.detailed_cycle, "noise_pct": run.noise_pct,
+            "cycle_noise_pct": run.cycle_noise_pct, "z_critical": run.z_critical}
 
 
 def change_to_dict(c: RunChange) -> dict[str, Any]:

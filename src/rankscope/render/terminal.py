@@ -16,6 +16,7 @@ from rankscope.render.figures import (BREAKDOWN, COMM_BY_DIM, COMM_BY_DIM_NOTE, 
                                       STRAGGLER, legend)
 from rankscope.render.format import (distinct_shortened, literal, no_device_words, number, percent, print_table,
                                      printable, ranges, shortened)
+from rankscope.render.run_terminal import run_header, run_section
 from rankscope.results import Analysis
 
 
@@ -27,8 +28,12 @@ class AnalysisTerminal(TerminalRenderer):
 
     def render(self, result: Analysis, out: Console) -> None:
         _header(result, out)
+        if result.run is not None:
+            run_header(result.run, out)
         _capture(result, out)
         _warnings(result, out)
+        if result.run is not None:
+            run_section(result.run, out)
         if not self.brief:
             _tables(result, out)
         _findings(result, out, self.brief)

@@ -26,6 +26,7 @@ class RunCycle(msgspec.Struct):
     cycle: int                          # 1-based, in step order
     files: list[str]
     ranks: list[int]
+    rank_step_ms: list[float | None]    # each rank's median step in the cycle (the order of `ranks`; None: no step)
     missing_ranks: list[int]            # ranks of the job's world without a file in this cycle
     steps: list[int]
     step_ms_median: float | None
@@ -70,5 +71,6 @@ class Run(msgspec.Struct):
     trend: list[TrendPoint]
     changes: list[RunChange]
     detailed_cycle: int                 # the cycle whose analysis the rest of the report shows (the last)
-    noise_pct: float | None             # the run's step-to-step noise, % of the median step
+    noise_pct: float | None             # the run's noise from one profiled step to the next in a cycle, % of a step
+    cycle_noise_pct: float | None       # ... from one cycle's median step to the next cycle's, % of a step
     z_critical: float                   # how far over the noise a move must be to count (from the false-alarm rate)

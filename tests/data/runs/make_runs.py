@@ -3,7 +3,8 @@
 
 Each job is a small multi-process CPU (gloo) training job launched with
 ``torch.multiprocessing.spawn`` and profiled the way long runs are: ``torch.profiler``
-with ``schedule(wait=1, warmup=1, active=3, repeat=CYCLES)`` and ``tensorboard_trace_handler``
+with ``schedule(skip_first=5, wait=1, warmup=1, active=3, repeat=CYCLES)`` (the
+first steps' warm-up skipped, as the profiler's docs advise) and ``tensorboard_trace_handler``
 (gzip), so every rank writes one file per profiler cycle:
 ``DIR/<job>/rank<R>.<ts>.pt.trace.json.gz``. A fault is injected from a known step on
 (or none, the healthy run), and ``DIR/<job>/ground_truth.json`` records what was injected:
@@ -37,16 +38,16 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.profiler import ProfilerActivity, profile, record_function, schedule, tensorboard_trace_handler
 
-WAIT, WARMUP, ACTIVE, CYCLES = 1, 1, 3, 6
+SKIP_FIRST, WAIT, WARMUP, ACTIVE, CYCLES = 5, 1, 1, 3, 6
 PERIOD = WAIT + WARMUP + ACTIVE
-TOTAL_STEPS = PERIOD * CYCLES
+TOTAL_STEPS = SKIP_FIRST + PERIOD * CYCLES
 SEED = 31
 DIM, HIDDEN, BATCH = 128, 512, 16
 
 
 def profiled_steps() -> list[list[int]]:
     """The ProfilerStep numbers of each cycle (torch numbers steps from 0 over the whole run)."""
-    return [[c * PERIOD + WAIT + WARMUP + a for a in range(ACTIVE)] for c in range(CYCLES)]
+    return [[SKIP_FIRST + c * PERIOD + WAIT + WARMUP + a for a in range(ACTIVE)] for c in range(CYCLES)]
 
 
 def first_profiled(from_step: int) -> tuple[int, int]:
@@ -90,7 +91,7 @@ def _run(rank: int, outdir: str, model: nn.Module, dataset: Samples, between=Non
     loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, shuffle=False, num_workers=0)
     it = iter(loader)
     handler = tensorboard_trace_handler(outdir, worker_name=f"rank{rank}", use_gzip=True)
-    sched = schedule(wait=WAIT, warmup=WARMUP, active=ACTIVE, repeat=CYCLES)
+    sched = schedule(skip_first=SKIP_FIRST, wait=WAIT, warmup=WARMUP, active=ACTIVE, repeat=CYCLES)
     with profile(activities=[ProfilerActivity.CPU], schedule=sched, on_trace_ready=handler) as prof:
         for step in range(TOTAL_STEPS):
             x, y = next(it)              # batch `step`: samples step*BATCH .. step*BATCH + BATCH-1
@@ -113,11 +114,11 @@ def _ddp(model: nn.Module) -> nn.Module:
 # --------------------------------------------------------------------------- jobs
 # Each returns its ground truth's "injection" (None: healthy); it runs inside one spawned rank.
 
-SLEEP_RANK, SLEEP_FROM, SLEEP_S = 2, 11, 0.040
+SLEEP_RANK, SLEEP_FROM, SLEEP_S = 2, 16, 0.040
 
 
 def job_ddp3_rank2_sleeps(rank: int, world: int, outdir: str) -> dict:
-    """DDP, 3 ranks: from step 11 on, rank 2 sleeps 40 ms per step between forward and backward,
+    """DDP, 3 ranks: from step 16 on, rank 2 sleeps 40 ms per step between forward and backward,
     outside any profiled op (its main thread is busy elsewhere: a host-side stall)."""
     def between(step):
         if rank == SLEEP_RANK and step >= SLEEP_FROM:
@@ -130,11 +131,11 @@ def job_ddp3_rank2_sleeps(rank: int, world: int, outdir: str) -> dict:
             "expected_change": {"kind": "slowdown", "rank": SLEEP_RANK, "cause": "idle_other"}}
 
 
-LOADER_FROM, LOADER_SLOW_S = 18, 0.003
+LOADER_FROM, LOADER_SLOW_S = 23, 0.003
 
 
 def job_ddp3_loader_degrades(rank: int, world: int, outdir: str) -> dict:
-    """DDP, 3 ranks, DataLoader with num_workers=0: from the batch of step 18 on (the second profiled step
+    """DDP, 3 ranks, DataLoader with num_workers=0: from the batch of step 23 on (the second profiled step
     of cycle 4) each sample takes 3 ms to decode: every rank's input pipeline degrades."""
     data = Samples(TOTAL_STEPS * BATCH, slow_from=LOADER_FROM * BATCH, slow_s=LOADER_SLOW_S)
     _run(rank, outdir, _ddp(_mlp()), data)
@@ -151,12 +152,12 @@ def job_ddp3_healthy(rank: int, world: int, outdir: str) -> None:
     _run(rank, outdir, _ddp(_mlp()), Samples(TOTAL_STEPS * BATCH))
 
 
-COMPUTE_RANK, COMPUTE_FROM, COMPUTE_MATMULS = 1, 11, 24
+COMPUTE_RANK, COMPUTE_FROM, COMPUTE_MATMULS, COMPUTE_DIM = 1, 16, 12, 512
 
 
 def job_fsdp2_rank1_compute(rank: int, world: int, outdir: str) -> dict:
-    """FSDP2 (`fully_shard` per layer + root), 2 ranks: from step 11 on (cycle 3 is the first to show it),
-    rank 1's forward does 24 extra 256x256 matmuls (a rank whose compute got slower)."""
+    """FSDP2 (`fully_shard` per layer + root), 2 ranks: from step 16 on (cycle 3 is the first to show it),
+    rank 1's forward does 12 extra 512x512 matmuls (a rank whose compute got slower)."""
     from torch.distributed.fsdp import fully_shard
     model = _mlp()
     for layer in model:
@@ -164,7 +165,7 @@ def job_fsdp2_rank1_compute(rank: int, world: int, outdir: str) -> dict:
             fully_shard(layer)
     fully_shard(model)
     g = torch.Generator().manual_seed(SEED)
-    a = torch.randn(256, 256, generator=g)
+    a = torch.randn(COMPUTE_DIM, COMPUTE_DIM, generator=g) / COMPUTE_DIM ** 0.5
 
     def extra(step):
         if rank != COMPUTE_RANK or step < COMPUTE_FROM:
@@ -176,7 +177,7 @@ def job_fsdp2_rank1_compute(rank: int, world: int, outdir: str) -> dict:
 
     _run(rank, outdir, model, Samples(TOTAL_STEPS * BATCH), extra=extra)
     first, cycle = first_profiled(COMPUTE_FROM)
-    return {"what": f"rank {COMPUTE_RANK} runs {COMPUTE_MATMULS} extra 256x256 matmuls in its forward from step "
+    return {"what": f"rank {COMPUTE_RANK} runs {COMPUTE_MATMULS} extra {COMPUTE_DIM}x{COMPUTE_DIM} matmuls in its forward from step "
                     f"{COMPUTE_FROM}", "ranks": [COMPUTE_RANK], "from_step": COMPUTE_FROM,
             "first_profiled_step": first, "first_cycle": cycle, "delay_ms_per_step": None, "category": "compute",
             "straggler_cause": None, "expected_change": {"kind": "slowdown", "rank": COMPUTE_RANK, "cause": "compute"}}
@@ -239,7 +240,7 @@ def run_job(name: str, out: str) -> dict:
     assert all(len(f) == world for f in files_of_cycle), files_of_cycle
     truth = {
         "job": name, "world_size": world, "backend": "gloo", "torch": torch.__version__,
-        "profiler_schedule": {"wait": WAIT, "warmup": WARMUP, "active": ACTIVE, "repeat": CYCLES},
+        "profiler_schedule": {"skip_first": SKIP_FIRST, "wait": WAIT, "warmup": WARMUP, "active": ACTIVE, "repeat": CYCLES},
         "cycles": [{"cycle": c, "steps": s, "files": sorted(f)}
                    for c, (s, f) in enumerate(zip(cycles, files_of_cycle), start=1)],
         "injection": injection,

@@ -2,28 +2,34 @@
 against the run's own noise; stragglers that appear or go away; findings that start.
 
 Step time, per rank and for the job (per step, the median over the ranks), is a series over the run's
-profiled steps in order. A change at step k compares the steps before and after it, each side at most
-`WINDOW_STEPS` long and never across another change:
+profiled steps in order, taken as logarithms (a change is a ratio; noise on step times is proportional).
+A change at step k compares the steps before and after it, each side at most `WINDOW_STEPS` long and
+never across another change of the same series:
 
-- noise: the run's own, from how much a rank's step time moves from one profiled step to its next
-  (relative to its median step), pooled over all ranks: 1.4826 x the median absolute relative
-  difference / sqrt(2) (a robust standard deviation; one jump in a series is one difference of many, so
-  a change barely moves it);
-- move: the median step after minus the median before; z = move / (noise x level x 1.2533 x
-  sqrt(1/n_before + 1/n_after)) (1.2533: the standard error of a median over that of a mean);
-- a change: |z| >= the critical z, the move >= `run_change_min_pct` of the step before, both sides at
-  least `run_change_min_steps` steps, and it holds: at least 75% of the steps on each side lie on
-  their side of the midpoint between the two medians (one slow step is an outlier, not a change);
+- noise, the run's own, of two kinds, each pooled over every rank and made robust (1.4826 x the median
+  absolute difference / sqrt(2): one jump in a series is one difference of many): from one profiled step
+  to the next inside a cycle (`noise_pct`), and from one cycle's median step to the next cycle's
+  (`cycle_noise_pct`: a machine busier in one cycle than the next), leaving out the differences across the
+  change being tested and across changes already found;
+- move: the median log step after minus the median before; its standard error is the larger of the
+  step noise x 1.2533 x sqrt(1/steps_before + 1/steps_after) (1.2533: a median's standard error over a
+  mean's) and the cycle noise x sqrt(1/cycles_before + 1/cycles_after); z = move / standard error;
+- a change: |z| >= the critical z, the step moves by >= `run_change_min_pct` %, both sides hold at
+  least `run_change_min_steps` steps, and it holds: at least 75% of the steps on each side lie on their
+  side of the midpoint between the two medians (one slow step is an outlier, not a change);
 - the critical z makes a false alarm anywhere in a healthy run about `run_change_false_alarm_pct` %
-  likely if steps were independent and normal: a Bonferroni bound over every split of every series;
+  likely if the noise were independent and normal: a Bonferroni bound over every split of every series;
   benchmarks/bench_runs.py measures the real rate on healthy synthetic runs (docs/runs.md);
-- several changes per series: binary segmentation (the strongest change, then each side again).
+- where: among the splits that pass near the strongest, the one that leaves the least absolute deviation
+  from the two sides' medians (the change's most likely step); then each side again (binary
+  segmentation), so a run may have several changes.
 
 Cause: the step breakdown category whose median moved most. In a synchronised job every rank's step
 moves when one rank slows (the others wait for it in communication), so a change names the ranks
-whose own work moved (a category other than communication by at least half the job's move): all of
-them (more than half the ranks) -> one change of the job (rank None); a few -> one change per rank;
-none -> the job, from the category that moved most in its median breakdown.
+whose own work moved (a category other than communication by at least half the series' move): more
+than half the ranks -> one change of the job (rank None); fewer -> one change per such rank; none ->
+the job, from the category that moved most in the median over its ranks (a rank's own series without
+the job's: that rank).
 """
 from __future__ import annotations
 
@@ -32,6 +38,8 @@ from collections import Counter
 from dataclasses import dataclass
 from statistics import NormalDist, median
 from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
 
 from rankscope.analyses.rank.breakdown import CATEGORIES
 from rankscope.results.run import RunChange, RunCycle, TrendPoint
@@ -50,6 +58,9 @@ MEDIAN_SE = math.sqrt(math.pi / 2)
 NOISE_FLOOR = 0.005
 #: Where a rank's waits for the other ranks land in the step breakdown: not its own work.
 WAIT_CATEGORIES = ("comm_exposed", "comm_overlapped")
+#: Pairs of consecutive cycles (pooled over the ranks) the cycle noise needs; with fewer, the step noise
+#: alone judges a change (ranks of one cycle pair share its machine's load: one pair is one sample).
+MIN_CYCLE_PAIRS = 2
 #: A cycle's straggler counts for the run when it costs the other ranks this many times the run's noise.
 STRAGGLER_NOISES = 2.0
 #: Findings whose onset another change already says (the straggler verdict; this module's own).
@@ -59,19 +70,58 @@ NOT_AS_FINDING_ONSET = ("straggler_rank", "slowdown_onset")
 @dataclass(frozen=True)
 class FoundChanges:
     changes: list[RunChange]
-    noise_pct: float | None        # the run's step-to-step noise, % of the median step
+    noise_pct: float | None        # step to step inside a cycle, % of a step (a standard deviation)
+    cycle_noise_pct: float | None  # cycle median to the next, % of a step (a standard deviation)
     z_critical: float
 
 
 @dataclass(frozen=True)
 class _Split:
     series: int | None             # a rank, or None for the job's median
-    k: int                         # first index after the change
+    k: int                         # first index (of the run's steps) after the change
     lo: int                        # the windows: [lo, k) before, [k, hi) after
     hi: int
     z: float
-    before: float
+    before: float                  # median step, ms
     after: float
+
+
+class _Noise:
+    """The run's noise (log units): step to step inside cycles, and cycle to cycle without the
+    differences across given cuts (see the module's text)."""
+
+    def __init__(self, series: dict[int, list[tuple[int, float]]], cycle_of: list[int]):
+        within, prev_c, next_c, diffs = [], [], [], []
+        for points in series.values():
+            medians: dict[int, list[float]] = {}
+            for (i, y), (j, y2) in zip(points, points[1:]):
+                if cycle_of[i] == cycle_of[j]:
+                    within.append(abs(y2 - y))
+            for i, y in points:
+                medians.setdefault(cycle_of[i], []).append(y)
+            cs = sorted(medians)
+            for a, b in zip(cs, cs[1:]):
+                prev_c.append(a)
+                next_c.append(b)
+                diffs.append(abs(median(medians[b]) - median(medians[a])))
+        self.step = _robust_sd(np.asarray(within)) if within else None
+        self._a, self._b, self._d = np.asarray(prev_c), np.asarray(next_c), np.asarray(diffs)
+        self._cycle_of = cycle_of
+
+    def cycle(self, cuts: list[int]) -> float | None:
+        """Cycle to cycle, without the differences across a cut (a change's first index) of `cuts`."""
+        keep = np.ones(len(self._d), dtype=bool)
+        for k in cuts:
+            c = self._cycle_of[k]
+            at_start = k == 0 or self._cycle_of[k - 1] != c
+            keep &= ~((self._a < c) & (c <= self._b) if at_start else (self._a <= c) & (c <= self._b))
+        pairs = len(set(zip(self._a[keep].tolist(), self._b[keep].tolist())))
+        return _robust_sd(self._d[keep]) if pairs >= MIN_CYCLE_PAIRS else None
+
+
+def _robust_sd(abs_diffs: np.ndarray) -> float:
+    """The standard deviation of values whose absolute differences these are (1.4826 x MAD / sqrt 2)."""
+    return max(NOISE_FLOOR, 1.4826 * float(np.median(abs_diffs)) / math.sqrt(2.0))
 
 
 def find_changes(trend: list[TrendPoint], cycles: list[RunCycle], finding_costs: list[dict[str, float | None]],
@@ -80,81 +130,101 @@ def find_changes(trend: list[TrendPoint], cycles: list[RunCycle], finding_costs:
     of their first step. `finding_costs[i]`: cycle i+1's finding ids and what each costs per step."""
     keys = sorted({(p.cycle, p.step) for p in trend})
     at = {key: i for i, key in enumerate(keys)}
+    cycle_of = [c for c, _ in keys]
     ranks = sorted({p.rank for p in trend})
-    series: dict[int, list[tuple[int, float]]] = {r: [] for r in ranks}
+    series: dict[int, list[tuple[int, float]]] = {r: [] for r in ranks}       # (index, log step ms)
     parts: dict[int, dict[int, Sequence[float]]] = {r: {} for r in ranks}
     for p in trend:
-        i = at[(p.cycle, p.step)]
-        series[p.rank].append((i, p.step_ms))
-        parts[p.rank][i] = p.breakdown_ms
+        if p.step_ms > 0:
+            i = at[(p.cycle, p.step)]
+            series[p.rank].append((i, math.log(p.step_ms)))
+            parts[p.rank][i] = p.breakdown_ms
     per_step: list[list[float]] = [[] for _ in keys]
     for r in ranks:
         series[r].sort()
-        for i, ms in series[r]:
-            per_step[i].append(ms)
+        for i, y in series[r]:
+            per_step[i].append(y)
     job = [(i, median(v)) for i, v in enumerate(per_step) if v]
-    noise = _noise([[ms for _, ms in s] for s in series.values()])
+    noise = _Noise(series, cycle_of)
     min_steps = max(1, int(t["run_change_min_steps"]))
     tests = (len(ranks) + 1) * max(1, len(keys) - 2 * min_steps + 1)
     alpha = t["run_change_false_alarm_pct"] / 100.0
     z_crit = NormalDist().inv_cdf(1.0 - alpha / (2.0 * tests)) if 0 < alpha < 1 else math.inf
+    test = _Test(noise, cycle_of, z_crit, math.log1p(t["run_change_min_pct"] / 100.0), min_steps)
     splits: list[_Split] = []
-    if noise is not None:
+    if noise.step is not None:
         for name, s in [(None, job)] + [(r, series[r]) for r in ranks]:
-            xs = [ms for _, ms in s]
-            idx = [i for i, _ in s]
-            for sp in _segment(xs, 0, len(xs), noise, z_crit, t["run_change_min_pct"], min_steps):
-                splits.append(_Split(name, idx[sp.k], idx[sp.lo], idx[sp.hi - 1] + 1, sp.z, sp.before, sp.after))
-    changes = _attributed(splits, keys, ranks, series, parts, job, noise or 0.0)
-    changes += _straggler_changes(cycles, max(t["run_change_min_pct"], STRAGGLER_NOISES * 100.0 * (noise or 0.0)))
+            idx, ys = [i for i, _ in s], [y for _, y in s]
+            for f in test.segment(idx, ys, 0, len(ys), []):
+                splits.append(_Split(name, idx[f.k], idx[f.lo], idx[f.hi - 1] + 1, f.z, math.exp(f.before),
+                                     math.exp(f.after)))
+    step_noise = noise.step or 0.0
+    changes = _attributed(splits, keys, ranks, series, parts, job, step_noise)
+    cycle_noise = noise.cycle([s.k for s in splits])
+    changes += _straggler_changes(cycles, max(t["run_change_min_pct"],
+                                              STRAGGLER_NOISES * 100.0 * max(step_noise, cycle_noise or 0.0)))
     changes += _finding_onsets(cycles, finding_costs)
     kinds = ("slowdown", "speedup", "straggler_onset", "straggler_end", "finding_onset")
     changes.sort(key=lambda c: (c.first_cycle, c.first_step, kinds.index(c.kind), -1 if c.rank is None else c.rank))
-    return FoundChanges(changes, round(100.0 * noise, 2) if noise is not None else None, z_crit)
+    return FoundChanges(changes, _pct(noise.step), _pct(cycle_noise), z_crit)
 
 
-def _noise(series: list[list[float]]) -> float | None:
-    """The run's step-to-step noise as a share of the step (see the module's text); None without two
-    steps on any rank."""
-    rel = []
-    for xs in series:
-        level = median(xs) if xs else 0.0
-        if len(xs) >= 2 and level > 0:
-            rel += [abs(b - a) / level for a, b in zip(xs, xs[1:])]
-    if not rel:
-        return None
-    return max(NOISE_FLOOR, 1.4826 * median(rel) / math.sqrt(2.0))
+def _pct(log_sd: float | None) -> float | None:
+    return round(100.0 * math.expm1(log_sd), 2) if log_sd is not None else None
 
 
 @dataclass(frozen=True)
 class _Found:
-    k: int
+    k: int                          # positions in the series
     lo: int
     hi: int
     z: float
-    before: float
+    before: float                   # median log step
     after: float
 
 
-def _segment(xs: list[float], lo: int, hi: int, noise: float, z_crit: float, min_pct: float,
-             min_steps: int) -> list[_Found]:
-    """The changes in xs[lo:hi]: the strongest split that passes the test, then each side again."""
-    best: _Found | None = None
-    for k in range(lo + min_steps, hi - min_steps + 1):
+@dataclass(frozen=True)
+class _Test:
+    noise: _Noise
+    cycle_of: list[int]
+    z_crit: float
+    min_log_move: float
+    min_steps: int
+
+    def segment(self, idx: list[int], ys: list[float], lo: int, hi: int, cuts: list[int]) -> list[_Found]:
+        """The changes in ys[lo:hi] (`idx`: their indices among the run's steps; `cuts`: changes found
+        already): the most likely split near the strongest that passes, then each side again."""
+        passing = [f for k in range(lo + self.min_steps, hi - self.min_steps + 1)
+                   if (f := self.split(idx, ys, lo, hi, k, cuts)) is not None]
+        if not passing:
+            return []
+        strongest = max(passing, key=lambda f: abs(f.z))
+        near = [f for f in passing if (f.z > 0) == (strongest.z > 0) and abs(f.k - strongest.k) <= WINDOW_STEPS]
+        a, b = max(lo, strongest.k - WINDOW_STEPS), min(hi, strongest.k + WINDOW_STEPS)
+        best = min(near, key=lambda f: (_deviation(ys[a:f.k]) + _deviation(ys[f.k:b]), f.k))
+        cuts = cuts + [idx[best.k]]
+        return self.segment(idx, ys, lo, best.k, cuts) + [best] + self.segment(idx, ys, best.k, hi, cuts)
+
+    def split(self, idx: list[int], ys: list[float], lo: int, hi: int, k: int, cuts: list[int]) -> _Found | None:
+        """The test of a change at position k of ys[lo:hi] (the module's text); None when it fails."""
         b0, a1 = max(lo, k - WINDOW_STEPS), min(hi, k + WINDOW_STEPS)
-        before, after = xs[b0:k], xs[k:a1]
+        before, after = ys[b0:k], ys[k:a1]
         mb, ma = median(before), median(after)
-        if mb <= 0:
-            continue
-        z = (ma - mb) / (noise * mb * MEDIAN_SE * math.sqrt(1 / len(before) + 1 / len(after)))
-        if abs(z) < z_crit or 100.0 * abs(ma - mb) / mb < min_pct or not _holds(before, after, mb, ma):
-            continue
-        if best is None or abs(z) > abs(best.z):
-            best = _Found(k, b0, a1, z, mb, ma)
-    if best is None:
-        return []
-    return (_segment(xs, lo, best.k, noise, z_crit, min_pct, min_steps) + [best]
-            + _segment(xs, best.k, hi, noise, z_crit, min_pct, min_steps))
+        move = ma - mb
+        if abs(move) < self.min_log_move or not _holds(before, after, mb, ma):
+            return None
+        var = (math.pi / 2) * self.noise.step ** 2 * (1 / len(before) + 1 / len(after))
+        cycle = self.noise.cycle(cuts + [idx[k]])
+        if cycle is not None:
+            c = self.cycle_of
+            var = max(var, cycle ** 2 * (1 / (c[idx[k - 1]] - c[idx[b0]] + 1) + 1 / (c[idx[a1 - 1]] - c[idx[k]] + 1)))
+        z = move / math.sqrt(var)
+        return _Found(k, b0, a1, z, mb, ma) if abs(z) >= self.z_crit else None
+
+
+def _deviation(ys: list[float]) -> float:
+    m = median(ys)
+    return sum(abs(y - m) for y in ys)
 
 
 def _holds(before: list[float], after: list[float], mb: float, ma: float) -> bool:
@@ -175,53 +245,42 @@ def _attributed(splits: list[_Split], keys: list[tuple[int, int]], ranks: list[i
         groups.setdefault((keys[sp.k][0], sp.z > 0), []).append(sp)
     out = []
     for (_, up), group in groups.items():
-        lead = next((s for s in group if s.series is None), group[0])
+        by_series = {s.series: s for s in group}
+        lead = by_series.get(None, group[0])
         sign = 1.0 if up else -1.0
-        job_move = abs(lead.after - lead.before) if lead.series is None else abs(_move(job, lead) or 0.0)
-        moved: dict[int, tuple[str, float, float, float]] = {}      # rank -> (category, move, before, after)
+        moved: dict[int, str] = {}                 # rank -> the category of its own work that moved
         for r in ranks:
             own = _category_moves(parts[r], lead)
-            step = _window_medians(series[r], lead)
-            if own is None or step is None:
+            if own is None:
                 continue
             cat, mv = max(((c, sign * v) for c, v in own.items() if c not in WAIT_CATEGORIES), key=lambda cv: cv[1])
-            if mv >= 0.5 * job_move and mv > 0:
-                moved[r] = (cat, mv, *step)
+            if mv > 0 and mv >= 0.5 * abs(lead.after - lead.before):
+                moved[r] = cat
         first_step, first_cycle = keys[lead.k][1], keys[lead.k][0]
         kind = "slowdown" if up else "speedup"
-        by_series = {s.series: s for s in group}
-        if len(moved) > len(ranks) / 2 or (not moved and None in by_series):
-            if moved:
-                causes = Counter(c for c, *_ in moved.values())
-                cause = max(causes, key=lambda c: (causes[c], sum(m for cc, m, *_ in moved.values() if cc == c)))
-            else:
-                cause = _job_cause(ranks, parts, lead, sign)
-            jb = _window_medians(job, lead) or (lead.before, lead.after)
-            z = by_series[None].z if None in by_series else lead.z
-            out.append(RunChange(kind, None, first_step, first_cycle, round(jb[0], 3), round(jb[1], 3), cause,
-                                 ranks=sorted(moved), z=round(z, 2), noise_ms=round(noise * jb[0], 3)))
+        if None in by_series and (len(moved) > len(ranks) / 2 or not moved):
+            causes = Counter(moved.values())
+            cause = max(causes, key=causes.__getitem__) if moved else _job_cause(ranks, parts, lead, sign)
+            out.append(RunChange(kind, None, first_step, first_cycle, round(lead.before, 3), round(lead.after, 3),
+                                 cause, ranks=sorted(moved), z=round(lead.z, 2),
+                                 noise_ms=round(noise * lead.before, 3)))
             continue
-        chosen = moved or {s.series: (_top_category(parts[s.series], s, sign), 0.0, s.before, s.after)
-                           for s in group if s.series is not None}
-        for r, (cat, _, before, after) in sorted(chosen.items()):
-            z = by_series[r].z if r in by_series else lead.z
+        chosen = moved or {s.series: _top_category(parts[s.series], s, sign) for s in group if s.series is not None}
+        for r, cat in sorted(chosen.items()):
+            own = by_series.get(r, lead)
+            step = _window_medians(series[r], own)
+            if step is None:
+                continue
+            before, after = math.exp(step[0]), math.exp(step[1])
             out.append(RunChange(kind, r, first_step, first_cycle, round(before, 3), round(after, 3), cat,
-                                 ranks=[r], z=round(z, 2), noise_ms=round(noise * before, 3)))
+                                 ranks=[r], z=round(own.z, 2), noise_ms=round(noise * before, 3)))
     return out
 
 
-def _in_window(points: list[tuple[int, float]], sp: _Split) -> tuple[list[float], list[float]]:
-    return ([v for i, v in points if sp.lo <= i < sp.k], [v for i, v in points if sp.k <= i < sp.hi])
-
-
 def _window_medians(points: list[tuple[int, float]], sp: _Split) -> tuple[float, float] | None:
-    before, after = _in_window(points, sp)
+    before = [v for i, v in points if sp.lo <= i < sp.k]
+    after = [v for i, v in points if sp.k <= i < sp.hi]
     return (median(before), median(after)) if before and after else None
-
-
-def _move(points: list[tuple[int, float]], sp: _Split) -> float | None:
-    m = _window_medians(points, sp)
-    return m[1] - m[0] if m else None
 
 
 def _category_moves(rank_parts: dict[int, Sequence[float]], sp: _Split) -> dict[str, float] | None:
@@ -247,25 +306,26 @@ def _job_cause(ranks: list[int], parts: dict[int, dict[int, Sequence[float]]], s
 
 
 def _straggler_changes(cycles: list[RunCycle], min_pct: float) -> list[RunChange]:
-    """A rank that becomes the cycle's straggler (onset), or stops being it (end), from one cycle to the
-    next. A cycle's straggler counts when it costs the others at least `min_pct` % of the cycle's median
-    step (the larger of `run_change_min_pct` and STRAGGLER_NOISES times the run's noise): below, a verdict
-    that comes and goes with the noise."""
-    def costly(c: RunCycle):
-        s = c.straggler
-        return s if s is not None and c.step_ms_median and 100.0 * s.cost_ms_per_step >= min_pct * c.step_ms_median \
-            else None
-
+    """A rank that becomes the cycles' straggler (onset) and stops being it (end). It becomes it when a
+    cycle's straggler costs the others at least `min_pct` % of the cycle's median step (the larger of
+    `run_change_min_pct` and STRAGGLER_NOISES times the run's noise: below, a verdict that comes and goes
+    with the noise); it stays it while the cycles name it their straggler, whatever the cost."""
     out = []
-    for prev, cur in zip(cycles, cycles[1:]):
-        was, now = costly(prev), costly(cur)
-        first = min(cur.steps, default=0)
-        if was is not None and (now is None or now.rank != was.rank):
-            out.append(RunChange("straggler_end", was.rank, first, cur.cycle, was.cost_ms_per_step, 0.0, was.cause,
-                                 ranks=[was.rank]))
-        if now is not None and (was is None or was.rank != now.rank):
+    current = None
+    for cur in cycles:
+        now, first = cur.straggler, min(cur.steps, default=0)
+        if current is not None and (now is None or now.rank != current.rank):
+            out.append(RunChange("straggler_end", current.rank, first, cur.cycle, current.cost_ms_per_step, 0.0,
+                                 current.cause, ranks=[current.rank]))
+            current = None
+        costly = now is not None and cur.step_ms_median and 100.0 * now.cost_ms_per_step >= min_pct * cur.step_ms_median
+        if current is None and costly and cur.cycle > 1:
             out.append(RunChange("straggler_onset", now.rank, first, cur.cycle, 0.0, now.cost_ms_per_step, now.cause,
                                  ranks=[now.rank]))
+        if current is None and costly:
+            current = now
+        elif current is not None:
+            current = now
     return out
 
 

@@ -71,10 +71,12 @@ def run_view(cycles: list[CycleFacts], thresholds: Thresholds) -> Run:
             trend.append(TrendPoint(p.rank, p.step, number, round(p.step_ms, 3), [round(v, 3) for v in p.breakdown_ms]))
         all_ms = [p.step_ms for p in c.rank_steps]
         rows.append(RunCycle(
-            cycle=number, files=list(c.files), ranks=list(c.ranks), missing_ranks=list(c.missing_ranks),
+            cycle=number, files=list(c.files), ranks=list(c.ranks),
+            rank_step_ms=[round(median(by_rank[r]), 3) if r in by_rank else None for r in c.ranks],
+            missing_ranks=list(c.missing_ranks),
             steps=list(c.steps), step_ms_median=round(median(all_ms), 3) if all_ms else None,
             step_ms_max=round(max(median(v) for v in by_rank.values()), 3) if by_rank else None,
             straggler=c.straggler, findings=list(c.findings)))
     found = find_changes(trend, rows, [dict(c.finding_costs) for c in ordered], thresholds)
     return Run(cycles=rows, trend=trend, changes=found.changes, detailed_cycle=len(rows),
-               noise_pct=found.noise_pct, z_critical=round(found.z_critical, 2))
+               noise_pct=found.noise_pct, cycle_noise_pct=found.cycle_noise_pct, z_critical=round(found.z_critical, 2))
