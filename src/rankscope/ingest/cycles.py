@@ -26,6 +26,8 @@ class CycleFile:
     file: str
     steps: tuple[int, ...]                  # its ProfilerStep numbers (empty: no step marks)
     span_ns: tuple[int, int] | None         # its first and last timestamp
+    rank: int | None = None                 # the rank the trace (or else its name) gives
+    world_size: int | None = None           # the world size the trace gives
 
 
 def cycles_in_names(paths: list[Path]) -> bool:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Callable
 
 import msgspec
 
+from rankscope.ingest.discover import rank_from_filename
 from rankscope.ingest.cycles import CycleFile, cycles_in_names, group_cycles
 from rankscope.model import InputProblem
 from rankscope.results import Analysis
@@ -37,7 +38,8 @@ __all__ = ["analyze_run", "cycles_in_names", "run_of_summaries", "several_cycles
 
 def cycle_file(s: RankSummary) -> CycleFile:
     steps = tuple(st.step for st in s.steps) if s.steps_source == "profiler_step" else ()
-    return CycleFile(s.meta.file, steps, s.meta.span_ns)
+    rank = s.meta.dist_rank if s.meta.dist_rank is not None else rank_from_filename(s.meta.file)
+    return CycleFile(s.meta.file, steps, s.meta.span_ns, rank, s.meta.world_size)
 
 
 def several_cycles(summaries: list[RankSummary]) -> bool:

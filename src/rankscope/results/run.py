@@ -74,3 +74,15 @@ class Run(msgspec.Struct):
     noise_pct: float | None             # the run's noise from one profiled step to the next in a cycle, % of a step
     cycle_noise_pct: float | None       # ... from one cycle's median step to the next cycle's, % of a step
     z_critical: float                   # how far over the noise a move must be to count (from the false-alarm rate)
+
+
+class WatchStatus(msgspec.Struct):
+    """Where `rankscope watch` stands: the folder, files seen and read, cycles analysed and waiting
+    (each by its steps), seconds since a file last appeared or changed."""
+    folder: str
+    files_seen: int
+    files_read: int
+    cycles_analysed: int
+    cycles_waiting: list[list[int]]
+    idle_s: float
+    settle_s: float

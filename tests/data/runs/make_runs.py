@@ -152,12 +152,12 @@ def job_ddp3_healthy(rank: int, world: int, outdir: str) -> None:
     _run(rank, outdir, _ddp(_mlp()), Samples(TOTAL_STEPS * BATCH))
 
 
-COMPUTE_RANK, COMPUTE_FROM, COMPUTE_MATMULS, COMPUTE_DIM = 1, 16, 12, 512
+COMPUTE_RANK, COMPUTE_FROM, COMPUTE_MATMULS, COMPUTE_DIM = 1, 16, 48, 512
 
 
 def job_fsdp2_rank1_compute(rank: int, world: int, outdir: str) -> dict:
     """FSDP2 (`fully_shard` per layer + root), 2 ranks: from step 16 on (cycle 3 is the first to show it),
-    rank 1's forward does 12 extra 512x512 matmuls (a rank whose compute got slower)."""
+    rank 1's forward does 48 extra 512x512 matmuls (a rank whose compute got slower)."""
     from torch.distributed.fsdp import fully_shard
     model = _mlp()
     for layer in model:

@@ -14,9 +14,10 @@ never across another change of the same series:
 - move: the median log step after minus the median before; its standard error is the larger of the
   step noise x 1.2533 x sqrt(1/steps_before + 1/steps_after) (1.2533: a median's standard error over a
   mean's) and the cycle noise x sqrt(1/cycles_before + 1/cycles_after); z = move / standard error;
-- a change: |z| >= the critical z, the step moves by >= `run_change_min_pct` %, both sides hold at
-  least `run_change_min_steps` steps, and it holds: at least 75% of the steps on each side lie on their
-  side of the midpoint between the two medians (one slow step is an outlier, not a change);
+- a change: |z| >= the critical z, the step moves by >= `run_change_min_pct` %, each side holds at
+  least `run_change_min_steps` steps and every step of at least one cycle (a change lasts a cycle), and
+  it holds: at least 75% of the steps on each side lie on their side of the midpoint between the two
+  medians (one slow step is an outlier, not a change);
 - the critical z makes a false alarm anywhere in a healthy run about `run_change_false_alarm_pct` %
   likely if the noise were independent and normal: a Bonferroni bound over every split of every series;
   benchmarks/bench_runs.py measures the real rate on healthy synthetic runs (docs/runs.md);
@@ -150,7 +151,7 @@ def find_changes(trend: list[TrendPoint], cycles: list[RunCycle], finding_costs:
     tests = (len(ranks) + 1) * max(1, len(keys) - 2 * min_steps + 1)
     alpha = t["run_change_false_alarm_pct"] / 100.0
     z_crit = NormalDist().inv_cdf(1.0 - alpha / (2.0 * tests)) if 0 < alpha < 1 else math.inf
-    test = _Test(noise, cycle_of, z_crit, math.log1p(t["run_change_min_pct"] / 100.0), min_steps)
+    test = _Test(noise, cycle_of, z_crit, math.log1p(t["run_change_min_pct"] / 100.0), min_steps, Counter(cycle_of))
     splits: list[_Split] = []
     if noise.step is not None:
         for name, s in [(None, job)] + [(r, series[r]) for r in ranks]:
@@ -190,6 +191,7 @@ class _Test:
     z_crit: float
     min_log_move: float
     min_steps: int
+    cycle_size: dict[int, int]      # profiled steps per cycle
 
     def segment(self, idx: list[int], ys: list[float], lo: int, hi: int, cuts: list[int]) -> list[_Found]:
         """The changes in ys[lo:hi] (`idx`: their indices among the run's steps; `cuts`: changes found
@@ -208,6 +210,8 @@ class _Test:
     def split(self, idx: list[int], ys: list[float], lo: int, hi: int, k: int, cuts: list[int]) -> _Found | None:
         """The test of a change at position k of ys[lo:hi] (the module's text); None when it fails."""
         b0, a1 = max(lo, k - WINDOW_STEPS), min(hi, k + WINDOW_STEPS)
+        if not (self._whole_cycle(idx, lo, k) and self._whole_cycle(idx, k, hi)):
+            return None
         before, after = ys[b0:k], ys[k:a1]
         mb, ma = median(before), median(after)
         move = ma - mb
@@ -220,6 +224,20 @@ class _Test:
             var = max(var, cycle ** 2 * (1 / (c[idx[k - 1]] - c[idx[b0]] + 1) + 1 / (c[idx[a1 - 1]] - c[idx[k]] + 1)))
         z = move / math.sqrt(var)
         return _Found(k, b0, a1, z, mb, ma) if abs(z) >= self.z_crit else None
+
+
+    def _whole_cycle(self, idx: list[int], lo: int, hi: int) -> bool:
+        """Whether positions [lo, hi) of a series hold every profiled step of some cycle."""
+        c, size = self.cycle_of, self.cycle_size
+        run_start, n = 0, 0
+        for j in range(lo, hi):
+            i = idx[j]
+            if j == lo or c[i] != c[idx[j - 1]]:
+                run_start, n = i, 0
+            n += 1
+            if n == size[c[i]] and (i - run_start + 1) == n:
+                return True
+        return False
 
 
 def _deviation(ys: list[float]) -> float:
