@@ -34,7 +34,9 @@ STABLE_IDS = {"straggler_rank", "dataloader_stall", "exposed_communication", "lo
               "memory_pressure", "low_bus_bandwidth", "comm_bound", "load_imbalance",
               # parallel layouts (issue 15)
               "pipeline_bubble", "pipeline_stage_imbalance", "fsdp_exposed_gather", "tp_comm_exposed",
-              "expert_imbalance"}
+              "expert_imbalance",
+              # whole runs (issue 31)
+              "slowdown_onset"}
 
 
 @pytest.fixture(scope="module")

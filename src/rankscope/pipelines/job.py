@@ -272,22 +272,27 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
     from rankscope.thresholds import resolve
     with checking_arguments():
         values = resolve(thresholds)
+    summaries, problems, chosen = map_summaries(inputs, cache_dir, use_cache, engine, workers, on_progress, address)
+    return with_nccl_logs(job_analysis(summaries, problems, chosen, values), nccl_logs, values)
+
+
+def map_summaries(inputs, cache_dir, use_cache: bool, engine: str, workers: int | None, on_progress,
+                  address: str | None) -> tuple[list[RankSummary], list[InputProblem], str]:
+    """The per-rank map of `analyze`: every file's summary, the input problems, the engine used."""
     strings: dict[str, str] = {}
 
     def arrived(result: RankSummary | InputProblem) -> None:
         _import_reduce()
         _arrived(result, strings)
 
-    found = discover(inputs if isinstance(inputs, list) else [inputs])
-    from rankscope.pipelines import run
-    if run.cycles_in_names(found.traces):       # a run of several profiler cycles: pipelines/run.py
-        result = run.analyze_run(found, cache_dir, use_cache, engine, workers, on_progress, address, values)
-    else:
-        summaries, problems, chosen = _map_files(found, _rank_task, cache_dir, use_cache, engine, workers,
-                                                 on_progress, address, arrived, keep_memory=True)
-        _trim_heap(chosen)
-        result = (run.run_of_summaries(summaries, problems, chosen, values) if run.several_cycles(summaries)
-                  else job_analysis(summaries, problems, chosen, values))
+    summaries, problems, chosen = _map_files(inputs, _rank_task, cache_dir, use_cache, engine, workers,
+                                             on_progress, address, arrived, keep_memory=True)
+    _trim_heap(chosen)
+    return summaries, problems, chosen
+
+
+def with_nccl_logs(result: Analysis, nccl_logs: list | None, values: Thresholds) -> Analysis:
+    """`result` with the findings and problems of the job's NCCL logs (none: as it is)."""
     if nccl_logs:
         from rankscope.findings import ordered
         from rankscope.pipelines.inputs import analyze_nccl_logs

@@ -23,17 +23,42 @@ import msgspec
 from rankscope.ingest.discover import rank_from_filename
 from rankscope.ingest.cycles import CycleFile, cycles_in_names, group_cycles
 from rankscope.model import InputProblem
+from rankscope.analyses.rank.breakdown import CATEGORIES
+from rankscope.analyses.run.cycles import CycleFacts, CycleStraggler, RankStep
 from rankscope.results import Analysis
+from rankscope.results.run import Run
+from rankscope.ingest.discover import discover
+from rankscope.pipelines import checking_arguments
 from rankscope.pipelines.job import (_arrived, _import_reduce, _map_files, _summary, _Task, _trim_heap,
-                                     decode_summary, job_analysis, one_line_errors)
+                                     decode_summary, job_analysis, map_summaries, one_line_errors, with_nccl_logs)
 
 if TYPE_CHECKING:  # pragma: no cover
     from rankscope.analyses.rank.summary import RankSummary
-    from rankscope.analyses.run.cycles import CycleFacts
     from rankscope.ingest.discover import Discovered
     from rankscope.thresholds import Thresholds
 
-__all__ = ["analyze_run", "cycles_in_names", "run_of_summaries", "several_cycles"]
+__all__ = ["analyze"]
+
+
+def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True,
+            engine: str = "auto", workers: int | None = None,
+            on_progress: Callable[[int, int, str], None] | None = None, address: str | None = None,
+            thresholds: dict[str, float] | None = None, nccl_logs: list | None = None) -> Analysis:
+    """`pipelines.job.analyze` (same arguments), over every profiler cycle: when the files hold several
+    cycles per rank, each cycle is analysed as a job and the result is the run report (`Analysis.run`,
+    the last cycle detailed); one cycle gives the job's analysis as it is."""
+    from rankscope.thresholds import resolve
+    with checking_arguments():
+        values = resolve(thresholds)
+    found = discover(inputs if isinstance(inputs, list) else [inputs])
+    if cycles_in_names(found.traces):
+        result = analyze_run(found, cache_dir, use_cache, engine, workers, on_progress, address, values)
+    else:
+        summaries, problems, chosen = map_summaries(found, cache_dir, use_cache, engine, workers, on_progress,
+                                                    address)
+        result = (run_of_summaries(summaries, problems, chosen, values) if several_cycles(summaries)
+                  else job_analysis(summaries, problems, chosen, values))
+    return with_nccl_logs(result, nccl_logs, values)
 
 
 def cycle_file(s: RankSummary) -> CycleFile:
@@ -73,6 +98,23 @@ def _spilled(task: _Task) -> str:
     return str(Path(task.spill_dir) / (hashlib.sha256(task.path.encode()).hexdigest()[:32] + ".msgpack"))
 
 
+def cycle_facts(a: Analysis) -> CycleFacts:
+    """The facts a run keeps of one cycle's analysis."""
+    rank_steps = tuple(RankStep(s.rank, st.step, st.duration_ms, tuple(st.breakdown_ms[c] for c in CATEGORIES))
+                       for s in a.ranks for st in s.steps)
+    starts = [st.start_ns for s in a.ranks for st in s.steps] or [s.meta.span_ns[0] for s in a.ranks
+                                                                     if s.meta.span_ns] or [0]
+    found = a.cross.stragglers.stragglers if a.cross is not None else []
+    worst = max(found, key=lambda st: st.cost_ms_per_step, default=None)
+    return CycleFacts(
+        order=(min(a.job.steps, default=0), min(starts)),
+        files=tuple(s.meta.file for s in a.ranks), ranks=tuple(a.job.ranks),
+        missing_ranks=tuple(a.job.missing_ranks), steps=tuple(a.job.steps), rank_steps=rank_steps,
+        straggler=CycleStraggler(worst.rank, worst.cause, round(worst.cost_ms_per_step, 3)) if worst else None,
+        findings=tuple(dict.fromkeys(f.id for f in a.findings)),
+        finding_costs=tuple((f.id, f.cost_ms_per_step) for f in a.findings))
+
+
 class RunAnalysis:
     """Analyses a run's cycles one by one (`add`), keeping each one's facts and the latest analysis;
     `result()` is the report: the last cycle's analysis with the run view and the run's findings."""
@@ -84,7 +126,6 @@ class RunAnalysis:
         self.last: Analysis | None = None
 
     def add(self, summaries: list[RankSummary], problems: list[InputProblem]) -> Analysis:
-        from rankscope.analyses.run.cycles import cycle_facts
         analysis = job_analysis(summaries, problems, self.engine, self.values)
         self.problems += analysis.problems
         if analysis.usable:
@@ -97,11 +138,16 @@ class RunAnalysis:
         """The report (None before a usable cycle): the latest cycle's analysis, the run, its findings."""
         if self.last is None:
             return None
-        from rankscope.analyses.run.cycles import run_view
+        from rankscope.analyses.run.changes import find_changes
+        from rankscope.analyses.run.cycles import run_rows
         from rankscope.findings import ordered
         from rankscope.findings.run import run_findings
         a = self.last
-        run = run_view(self.facts, self.values)
+        rows, trend = run_rows(self.facts)
+        costs = [dict(c.finding_costs) for c in sorted(self.facts, key=lambda c: c.order)]
+        found = find_changes(trend, rows, costs, self.values)
+        run = Run(cycles=rows, trend=trend, changes=found.changes, detailed_cycle=len(rows), noise_pct=found.noise_pct,
+                  cycle_noise_pct=found.cycle_noise_pct, z_critical=round(found.z_critical, 2))
         return Analysis(job=a.job, ranks=a.ranks, problems=_unique(self.problems), engine=a.engine, cross=a.cross,
                         findings=ordered(run_findings(run, self.values) + a.findings), run=run)
 

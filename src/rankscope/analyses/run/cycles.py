@@ -1,5 +1,5 @@
-"""What a run keeps of one analysed profiler cycle (`CycleFacts`), and the run view built from the
-cycles kept (`run_view`): rows per cycle, the step-time trend, the changes (changes.py).
+"""What a run keeps of one analysed profiler cycle (`CycleFacts`), and what the run shows of the cycles
+kept (`run_rows`): a row per cycle, the step-time trend per rank and step.
 
 A cycle is analysed as a job of its own (the per-rank map and the cross-rank reduce); the run keeps
 only these facts of it, so the driver's memory grows with cycles x ranks x steps numbers, not with
@@ -9,14 +9,40 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from statistics import median
-from typing import TYPE_CHECKING
+
+import msgspec
 
 from rankscope.analyses.rank.breakdown import CATEGORIES
-from rankscope.results.run import CycleStraggler, Run, RunCycle, TrendPoint
 
-if TYPE_CHECKING:  # pragma: no cover
-    from rankscope.results import Analysis
-    from rankscope.thresholds import Thresholds
+class CycleStraggler(msgspec.Struct):
+    """The cycle's costliest straggler (the cross-rank verdict of that cycle)."""
+    rank: int
+    cause: str                          # straggler cause vocabulary (docs/concepts.md)
+    cost_ms_per_step: float
+
+
+class RunCycle(msgspec.Struct):
+    """One profiler cycle: its files (one per rank), its profiled steps, the median over its ranks'
+    steps of the step time, its straggler and the finding ids of its own analysis."""
+    cycle: int                          # 1-based, in step order
+    files: list[str]
+    ranks: list[int]
+    rank_step_ms: list[float | None]    # each rank's median step in the cycle (the order of `ranks`; None: no step)
+    missing_ranks: list[int]            # ranks of the job's world without a file in this cycle
+    steps: list[int]
+    step_ms_median: float | None
+    step_ms_max: float | None           # the slowest rank's median step in the cycle
+    straggler: CycleStraggler | None
+    findings: list[str]
+
+
+class TrendPoint(msgspec.Struct, array_like=True):
+    """One rank's step: its time and breakdown (ms, `CATEGORIES` order of the step breakdown)."""
+    rank: int
+    step: int
+    cycle: int
+    step_ms: float
+    breakdown_ms: list[float]
 
 
 @dataclass(frozen=True)
@@ -41,30 +67,10 @@ class CycleFacts:
     finding_costs: tuple[tuple[str, float | None], ...]   # (id, cost ms per step) of each finding
 
 
-def cycle_facts(a: Analysis) -> CycleFacts:
-    """The facts a run keeps of one cycle's analysis."""
-    rank_steps = tuple(RankStep(s.rank, st.step, st.duration_ms, tuple(st.breakdown_ms[c] for c in CATEGORIES))
-                       for s in a.ranks for st in s.steps)
-    starts = [st.start_ns for s in a.ranks for st in s.steps] or [s.meta.span_ns[0] for s in a.ranks
-                                                                     if s.meta.span_ns] or [0]
-    found = a.cross.stragglers.stragglers if a.cross is not None else []
-    worst = max(found, key=lambda st: st.cost_ms_per_step, default=None)
-    return CycleFacts(
-        order=(min(a.job.steps, default=0), min(starts)),
-        files=tuple(s.meta.file for s in a.ranks), ranks=tuple(a.job.ranks),
-        missing_ranks=tuple(a.job.missing_ranks), steps=tuple(a.job.steps), rank_steps=rank_steps,
-        straggler=CycleStraggler(worst.rank, worst.cause, round(worst.cost_ms_per_step, 3)) if worst else None,
-        findings=tuple(dict.fromkeys(f.id for f in a.findings)),
-        finding_costs=tuple((f.id, f.cost_ms_per_step) for f in a.findings))
-
-
-def run_view(cycles: list[CycleFacts], thresholds: Thresholds) -> Run:
-    """The run of these cycles (any order; numbered 1.. in step order): a row per cycle, the trend,
-    the changes judged against `thresholds`. The last cycle is the one the report details."""
-    from rankscope.analyses.run.changes import find_changes
-    ordered = sorted(cycles, key=lambda c: c.order)
+def run_rows(cycles: list[CycleFacts]) -> tuple[list[RunCycle], list[TrendPoint]]:
+    """The run's row per cycle and its trend, cycles numbered 1.. in step order (`cycles` in any order)."""
     rows, trend = [], []
-    for number, c in enumerate(ordered, start=1):
+    for number, c in enumerate(sorted(cycles, key=lambda c: c.order), start=1):
         by_rank: dict[int, list[float]] = {}
         for p in c.rank_steps:
             by_rank.setdefault(p.rank, []).append(p.step_ms)
@@ -77,6 +83,4 @@ def run_view(cycles: list[CycleFacts], thresholds: Thresholds) -> Run:
             steps=list(c.steps), step_ms_median=round(median(all_ms), 3) if all_ms else None,
             step_ms_max=round(max(median(v) for v in by_rank.values()), 3) if by_rank else None,
             straggler=c.straggler, findings=list(c.findings)))
-    found = find_changes(trend, rows, [dict(c.finding_costs) for c in ordered], thresholds)
-    return Run(cycles=rows, trend=trend, changes=found.changes, detailed_cycle=len(rows),
-               noise_pct=found.noise_pct, cycle_noise_pct=found.cycle_noise_pct, z_critical=round(found.z_critical, 2))
+    return rows, trend
