@@ -6,11 +6,13 @@ profiled steps in order, taken as logarithms (a change is a ratio; noise on step
 A change at step k compares the steps before and after it, each side at most `WINDOW_STEPS` long and
 never across another change of the same series:
 
-- noise, the run's own, of two kinds, each pooled over every rank and made robust (1.4826 x the median
-  absolute difference / sqrt(2): one jump in a series is one difference of many): from one profiled step
-  to the next inside a cycle (`noise_pct`), and from one cycle's median step to the next cycle's
-  (`cycle_noise_pct`: a machine busier in one cycle than the next), leaving out the differences across the
-  change being tested and across changes already found;
+- noise, the run's own, of two kinds, each pooled over every rank: from one profiled step to the next
+  inside a cycle (`noise_pct`; robust: 1.4826 x the median absolute difference / sqrt(2), so one jump in
+  a series is one difference of many), and from one cycle's median step to the next cycle's
+  (`cycle_noise_pct`: a machine busier in one cycle than the next; the larger of that robust estimate and
+  the root mean square, since the ranks of one pair of cycles share its load and few pairs make the
+  robust one swing), leaving out the differences across the change being tested and across changes
+  already found; with fewer than MIN_CYCLE_PAIRS pairs of cycles left, the step noise alone judges;
 - move: the median log step after minus the median before; its standard error is the larger of the
   step noise x 1.2533 x sqrt(1/steps_before + 1/steps_after) (1.2533: a median's standard error over a
   mean's) and the cycle noise x sqrt(1/cycles_before + 1/cycles_after); z = move / standard error;
@@ -27,10 +29,11 @@ never across another change of the same series:
 
 Cause: the step breakdown category whose median moved most. In a synchronised job every rank's step
 moves when one rank slows (the others wait for it in communication), so a change names the ranks
-whose own work moved (a category other than communication by at least half the series' move): more
-than half the ranks -> one change of the job (rank None); fewer -> one change per such rank; none ->
-the job, from the category that moved most in the median over its ranks (a rank's own series without
-the job's: that rank).
+whose own work moved (a category other than communication by at least half the series' move) when
+they are at most half the ranks and the others' waits explain theirs (together >= 75% of the ranks):
+one change per such rank; else one change of the job (rank None), from the category most of the ranks
+whose own work moved share, or (none) the one that moved most in the median over the ranks. A rank's
+own series that changed without the job's: that rank.
 """
 from __future__ import annotations
 
@@ -142,7 +145,10 @@ class _Noise:
             at_start = k == 0 or self._cycle_of[k - 1] != c
             keep &= ~((self._a < c) & (c <= self._b) if at_start else (self._a <= c) & (c <= self._b))
         pairs = len(set(zip(self._a[keep].tolist(), self._b[keep].tolist())))
-        return _robust_sd(self._d[keep]) if pairs >= MIN_CYCLE_PAIRS else None
+        if pairs < MIN_CYCLE_PAIRS:
+            return None
+        d = self._d[keep]
+        return max(_robust_sd(d), math.sqrt(float(np.mean(d * d)) / 2.0))
 
 
 def _robust_sd(abs_diffs: np.ndarray) -> float:
@@ -301,7 +307,8 @@ def _attributed(splits: list[_Split], keys: list[tuple[int, int]], ranks: list[i
                 moved[r] = cat
         first_step, first_cycle = keys[lead.k][1], keys[lead.k][0]
         kind = "slowdown" if up else "speedup"
-        if None in by_series and (len(moved) > len(ranks) / 2 or not moved):
+        waiting = {r for r in ranks if r not in moved and _waited(parts[r], lead, sign)}
+        if None in by_series and (len(moved) > len(ranks) / 2 or len(moved) + len(waiting) < 0.75 * len(ranks)):
             causes = Counter(moved.values())
             cause = max(causes, key=causes.__getitem__) if moved else _job_cause(ranks, parts, lead, sign)
             out.append(RunChange(kind, None, first_step, first_cycle, round(lead.before, 3), round(lead.after, 3),
@@ -318,6 +325,12 @@ def _attributed(splits: list[_Split], keys: list[tuple[int, int]], ranks: list[i
             out.append(RunChange(kind, r, first_step, first_cycle, round(before, 3), round(after, 3), cat,
                                  ranks=[r], z=round(own.z, 2), noise_ms=round(noise * before, 3)))
     return out
+
+
+def _waited(rank_parts: dict[int, Sequence[float]], sp: _Split, sign: float) -> bool:
+    """Whether the rank's waits (WAIT_CATEGORIES) moved by at least half the series' move."""
+    moves = _category_moves(rank_parts, sp)
+    return moves is not None and sign * sum(moves[c] for c in WAIT_CATEGORIES) >= 0.5 * abs(sp.after - sp.before)
 
 
 def _window_medians(points: list[tuple[int, float]], sp: _Split) -> tuple[float, float] | None:
