@@ -143,6 +143,9 @@ def test_real_run_changes_match_what_was_injected(job):
         inj = t["injection"]
         change = next(c for c in run.changes if c.kind == "slowdown")
         assert change.ranks == inj["ranks"]            # the ranks whose own work moved: those injected
+        onsets = [(c.rank, c.first_cycle, c.cause) for c in run.changes if c.kind == "straggler_onset"]
+        if inj["straggler_cause"]:                     # one rank late: the others wait for it from then on
+            assert onsets == [(inj["ranks"][0], inj["first_cycle"], inj["straggler_cause"])]
         assert [f.id for f in a.findings].count("slowdown_onset") == 1
 
 

@@ -18,8 +18,8 @@ never across another change of the same series:
   mean's) and the cycle noise x sqrt(1/cycles_before + 1/cycles_after); z = move / standard error;
 - a change: |z| >= the critical z, the step moves by >= `run_change_min_pct` %, each side holds at
   least `run_change_min_steps` steps and every step of at least one cycle (a change lasts a cycle), and
-  it holds: at least 75% of the steps on each side lie on their side of the midpoint between the two
-  medians (one slow step is an outlier, not a change);
+  it holds: at least 75% of the steps after it are `run_change_min_pct` % beyond the median before, and
+  75% of those before it as far short of the median after (one odd step is an outlier, not a change);
 - the critical z makes a false alarm anywhere in a healthy run about `run_change_false_alarm_pct` %
   likely if the noise were independent and normal: a Bonferroni bound over every split of every series;
   benchmarks/bench_runs.py measures the real rate on healthy synthetic runs (docs/runs.md);
@@ -78,7 +78,7 @@ class RunChange(msgspec.Struct):
 
 #: Steps on each side of a split that its test looks at, at most.
 WINDOW_STEPS = 8
-#: Share of the steps on each side that must lie on their side of the midpoint.
+#: Share of the steps on each side that must lie the minimum move beyond the other side's median.
 CONSISTENT_SHARE = 0.75
 #: The standard error of a median of normal values over that of their mean.
 MEDIAN_SE = math.sqrt(math.pi / 2)
@@ -90,7 +90,7 @@ WAIT_CATEGORIES = ("comm_exposed", "comm_overlapped")
 #: Pairs of consecutive cycles (pooled over the ranks) the cycle noise needs; with fewer, the step noise
 #: alone judges a change (ranks of one cycle pair share its machine's load: one pair is one sample).
 MIN_CYCLE_PAIRS = 2
-#: A cycle's straggler counts for the run when it costs the other ranks this many times the run's noise.
+#: A single cycle's straggler verdict counts for the run when it costs the others this many times the run's noise.
 STRAGGLER_NOISES = 2.0
 #: Findings whose onset another change already says (the straggler verdict; this module's own).
 NOT_AS_FINDING_ONSET = ("straggler_rank", "slowdown_onset")
@@ -193,8 +193,7 @@ def find_changes(trend: list[TrendPoint], cycles: list[RunCycle], finding_costs:
     step_noise = noise.step or 0.0
     changes = _attributed(splits, keys, ranks, series, parts, job, step_noise)
     cycle_noise = noise.cycle([s.k for s in splits])
-    changes += _straggler_changes(cycles, max(t["run_change_min_pct"],
-                                              STRAGGLER_NOISES * 100.0 * max(step_noise, cycle_noise or 0.0)))
+    changes += _straggler_changes(cycles, t["run_change_min_pct"], 100.0 * max(step_noise, cycle_noise or 0.0))
     changes += _finding_onsets(cycles, finding_costs)
     kinds = ("slowdown", "speedup", "straggler_onset", "straggler_end", "finding_onset")
     changes.sort(key=lambda c: (c.first_cycle, c.first_step, kinds.index(c.kind), -1 if c.rank is None else c.rank))
@@ -233,7 +232,7 @@ class _Test:
             return []
         strongest = max(passing, key=lambda f: abs(f.z))
         near = [f for f in passing if (f.z > 0) == (strongest.z > 0) and abs(f.k - strongest.k) <= WINDOW_STEPS]
-        a, b = max(lo, strongest.k - WINDOW_STEPS), min(hi, strongest.k + WINDOW_STEPS)
+        a, b = max(lo, min(f.k for f in near) - WINDOW_STEPS), min(hi, max(f.k for f in near) + WINDOW_STEPS)
         best = min(near, key=lambda f: (_deviation(ys[a:f.k]) + _deviation(ys[f.k:b]), f.k))
         cuts = cuts + [idx[best.k]]
         return self.segment(idx, ys, lo, best.k, cuts) + [best] + self.segment(idx, ys, best.k, hi, cuts)
@@ -246,7 +245,7 @@ class _Test:
         before, after = ys[b0:k], ys[k:a1]
         mb, ma = median(before), median(after)
         move = ma - mb
-        if abs(move) < self.min_log_move or not _holds(before, after, mb, ma):
+        if abs(move) < self.min_log_move or not _holds(before, after, mb, ma, self.min_log_move):
             return None
         var = (math.pi / 2) * self.noise.step ** 2 * (1 / len(before) + 1 / len(after))
         cycle = self.noise.cycle(cuts + [idx[k]])
@@ -276,12 +275,13 @@ def _deviation(ys: list[float]) -> float:
     return sum(abs(y - m) for y in ys)
 
 
-def _holds(before: list[float], after: list[float], mb: float, ma: float) -> bool:
-    """At least CONSISTENT_SHARE of each side lies on its side of the midpoint of the two medians."""
-    mid, up = (mb + ma) / 2, ma > mb
-    below = sum((x < mid) if up else (x > mid) for x in before) / len(before)
-    above = sum((x > mid) if up else (x < mid) for x in after) / len(after)
-    return below >= CONSISTENT_SHARE and above >= CONSISTENT_SHARE
+def _holds(before: list[float], after: list[float], mb: float, ma: float, min_move: float) -> bool:
+    """At least CONSISTENT_SHARE of the steps after the split lie `min_move` (log) beyond the median before,
+    and as many before it `min_move` short of the median after (one odd step does not make a change)."""
+    up = 1.0 if ma > mb else -1.0
+    beyond = sum(up * (x - mb) >= min_move for x in after) / len(after)
+    short = sum(up * (ma - x) >= min_move for x in before) / len(before)
+    return beyond >= CONSISTENT_SHARE and short >= CONSISTENT_SHARE
 
 
 def _attributed(splits: list[_Split], keys: list[tuple[int, int]], ranks: list[int],
@@ -361,27 +361,36 @@ def _job_cause(ranks: list[int], parts: dict[int, dict[int, Sequence[float]]], s
     return max(CATEGORIES, key=lambda c: sign * median(m[c] for m in moves))
 
 
-def _straggler_changes(cycles: list[RunCycle], min_pct: float) -> list[RunChange]:
-    """A rank that becomes the cycles' straggler (onset) and stops being it (end). It becomes it when a
-    cycle's straggler costs the others at least `min_pct` % of the cycle's median step (the larger of
-    `run_change_min_pct` and STRAGGLER_NOISES times the run's noise: below, a verdict that comes and goes
-    with the noise); it stays it while the cycles name it their straggler, whatever the cost."""
+def _straggler_changes(cycles: list[RunCycle], min_pct: float, noise_pct: float) -> list[RunChange]:
+    """A rank that becomes the cycles' straggler (onset) and stops being it (end). A streak of cycles
+    naming one rank their straggler counts when it starts with a cost to the others of at least `min_pct`
+    % of the cycle's median step and either lasts two cycles or more or starts with a cost of at least
+    STRAGGLER_NOISES times the run's noise (`noise_pct`): a single cycle's verdict below that comes and
+    goes with the noise. Its onset is its first cycle (not the run's first), its end the cycle after it."""
+    def cost_pct(c: RunCycle) -> float:
+        s = c.straggler
+        return 100.0 * s.cost_ms_per_step / c.step_ms_median if s is not None and c.step_ms_median else 0.0
+
     out = []
-    current = None
-    for cur in cycles:
-        now, first = cur.straggler, min(cur.steps, default=0)
-        if current is not None and (now is None or now.rank != current.rank):
-            out.append(RunChange("straggler_end", current.rank, first, cur.cycle, current.cost_ms_per_step, 0.0,
-                                 current.cause, ranks=[current.rank]))
-            current = None
-        costly = now is not None and cur.step_ms_median and 100.0 * now.cost_ms_per_step >= min_pct * cur.step_ms_median
-        if current is None and costly and cur.cycle > 1:
-            out.append(RunChange("straggler_onset", now.rank, first, cur.cycle, 0.0, now.cost_ms_per_step, now.cause,
-                                 ranks=[now.rank]))
-        if current is None and costly:
-            current = now
-        elif current is not None:
-            current = now
+    i = 0
+    while i < len(cycles):
+        start = cycles[i].straggler
+        if start is None or cost_pct(cycles[i]) < min_pct:
+            i += 1
+            continue
+        j = i + 1
+        while j < len(cycles) and cycles[j].straggler is not None and cycles[j].straggler.rank == start.rank:
+            j += 1
+        if j - i >= 2 or cost_pct(cycles[i]) >= max(min_pct, STRAGGLER_NOISES * noise_pct):
+            first = cycles[i]
+            if i > 0:
+                out.append(RunChange("straggler_onset", start.rank, min(first.steps, default=0), first.cycle, 0.0,
+                                     start.cost_ms_per_step, start.cause, ranks=[start.rank]))
+            if j < len(cycles):
+                last, after = cycles[j - 1].straggler, cycles[j]
+                out.append(RunChange("straggler_end", last.rank, min(after.steps, default=0), after.cycle,
+                                     last.cost_ms_per_step, 0.0, last.cause, ranks=[last.rank]))
+        i = j
     return out
 
 
