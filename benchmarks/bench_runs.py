@@ -113,7 +113,7 @@ def _synth_false_alarms(args) -> None:
             run = rankscope.analyze(Path(tmp) / "run", use_cache=False).run
             alarms += bool(run.changes)
             noise.append(run.noise_pct)
-    print(f"end to end, healthy synthetic runs (8 ranks x 10 cycles, seeds 0-{args.synth_runs - 1}): "
+    print(f"end to end, {args.synth_runs} healthy synthetic runs (8 ranks x 10 cycles, each its own random draws): "
           f"{alarms}/{args.synth_runs} with a change; the runs' step noise {min(noise):.2f}-{max(noise):.2f}%")
 
 
