@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_no_traceback, run_cli
+from test_html import artifacts, browser  # noqa: F401  (fixtures: a real headless browser, screenshots)
 from rankscope.analyses.run.changes import find_changes
 from rankscope.api import analyze
 from rankscope.ingest.cycles import CycleFile, cycles_in_names, group_cycles
@@ -286,3 +287,23 @@ def test_synth_cli_writes_cycles(tmp_path):
     assert len(list((tmp_path / "run").glob("rank*.pt.trace.json"))) == 9
     assert t["expected_changes"][0] == {"kind": "slowdown", "rank": 1, "cause": "idle_other", "first_step": 13,
                                         "first_cycle": 3}
+
+
+# ---------------------------------------------------------------------------------- HTML in a browser
+
+def test_run_charts_draw_in_a_browser(browser, corpus_run, tmp_path, artifacts):
+    """The run section's charts are drawn (real headless Chromium, network blocked): the line chart has the
+    median and the slowest per cycle (3 cycles: MANIFEST), the heatmap one row per rank, the change is
+    marked; nothing is fetched and no script error."""
+    from test_html import _open
+    page, charts, problems, outside = _open(browser, analysis_to_dict(corpus_run), tmp_path, "run-cycles", artifacts)
+    try:
+        assert problems == [] and outside == []
+        by_id = {c["id"]: c for c in charts}
+        assert by_id["chart-run-trend"]["svg"] >= 1 and by_id["chart-run-heatmap"]["marks"] > 0
+        trend = page.evaluate("document.getElementById('chart-run-trend').data.map(t => [t.name, t.y.length])")
+        assert sorted(n for n, _ in trend) == ["median step ms", "slowest rank ms"] and {k for _, k in trend} == {3}
+        assert page.evaluate("document.getElementById('chart-run-heatmap').data[0].y") == ["0", "1"]
+        assert "slowdown" in page.text_content("#run .changes")
+    finally:
+        page.close()

@@ -20,17 +20,16 @@ from typing import TYPE_CHECKING, Callable
 
 import msgspec
 
-from rankscope.ingest.discover import rank_from_filename
-from rankscope.ingest.cycles import CycleFile, cycles_in_names, group_cycles
-from rankscope.model import InputProblem
 from rankscope.analyses.rank.breakdown import CATEGORIES
 from rankscope.analyses.run.cycles import CycleFacts, CycleStraggler, RankStep
-from rankscope.results import Analysis
-from rankscope.results.run import Run
-from rankscope.ingest.discover import discover
+from rankscope.ingest.cycles import CycleFile, cycles_in_names, group_cycles
+from rankscope.ingest.discover import discover, rank_from_filename
+from rankscope.model import InputProblem
 from rankscope.pipelines import checking_arguments
 from rankscope.pipelines.job import (_arrived, _import_reduce, _map_files, _summary, _Task, _trim_heap,
                                      decode_summary, job_analysis, map_summaries, one_line_errors, with_nccl_logs)
+from rankscope.results import Analysis
+from rankscope.results.run import Run
 
 if TYPE_CHECKING:  # pragma: no cover
     from rankscope.analyses.rank.summary import RankSummary

@@ -247,7 +247,7 @@ class _Test:
         move = ma - mb
         if abs(move) < self.min_log_move or not _holds(before, after, mb, ma, self.min_log_move):
             return None
-        var = (math.pi / 2) * self.noise.step ** 2 * (1 / len(before) + 1 / len(after))
+        var = (MEDIAN_SE * self.noise.step) ** 2 * (1 / len(before) + 1 / len(after))
         cycle = self.noise.cycle(cuts + [idx[k]])
         if cycle is not None:
             c = self.cycle_of
