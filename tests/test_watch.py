@@ -11,10 +11,7 @@ import os
 import queue
 import shutil
 import threading
-import time
 from pathlib import Path
-
-import pytest
 
 from conftest import ctrl_c, start_cli
 from rankscope.pipelines.watch import RunWatch, json_closes

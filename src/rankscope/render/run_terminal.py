@@ -39,11 +39,13 @@ def run_section(run: Run, console: Console) -> None:
         rows = rows[:MAX_CYCLE_ROWS // 2] + rows[-(MAX_CYCLE_ROWS // 2):]
     for i, c in enumerate(rows):
         if cut and i == MAX_CYCLE_ROWS // 2:
-            table.add_row("...", f"{len(run.cycles) - MAX_CYCLE_ROWS} more (--json has all)", "", "", "", "", "")
+            table.add_row("...", "", "", "", "", "", "")
         table.add_row(str(c.cycle), ranges(c.steps), str(len(c.ranks)) + (f" (-{len(c.missing_ranks)})"
                                                                         if c.missing_ranks else ""),
                       number(c.step_ms_median), number(c.step_ms_max), straggler_text(c), str(len(c.findings)))
     print_table(console, table)
+    if cut:
+        console.print(f"  {len(run.cycles) - MAX_CYCLE_ROWS} cycles in the middle not listed (--json has all)")
     missing = [c for c in run.cycles if c.missing_ranks]
     for c in missing[:5]:
         console.print(Padding(Text(f"cycle {c.cycle}: no file of rank(s) {ranges(c.missing_ranks)}"), (0, 0, 0, 2)))

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
-from torch.profiler import ProfilerActivity, profile, record_function, schedule, tensorboard_trace_handler
+from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
 SKIP_FIRST, WAIT, WARMUP, ACTIVE, CYCLES = 5, 1, 1, 3, 6
 PERIOD = WAIT + WARMUP + ACTIVE
