@@ -20,7 +20,7 @@ import re
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -59,7 +59,6 @@ class _Seen:
     size: int
     mtime_ns: int
     changed_at: float              # when size or mtime last changed (monotonic seconds)
-    polls_unchanged: int = 0
 
 
 @dataclass
@@ -67,7 +66,7 @@ class CycleDone:
     """One analysed cycle: its analysis, and the run report after it."""
     analysis: Analysis
     report: Analysis
-    files: tuple[str, ...] = field(default_factory=tuple)
+    files: tuple[str, ...]
 
 
 class RunWatch:
@@ -76,14 +75,13 @@ class RunWatch:
     def __init__(self, folder: str | Path, thresholds: Thresholds, cache_dir: str | None = None,
                  use_cache: bool = True, engine: str = "auto", workers: int | None = None,
                  settle_s: float = 30.0, stable_s: float = 2.0, clock: Callable[[], float] = time.monotonic):
-        self.folder, self.values, self.cache_dir, self.use_cache = str(folder), thresholds, cache_dir, use_cache
+        self.folder, self.cache_dir, self.use_cache = str(folder), cache_dir, use_cache
         self.engine, self.workers, self.settle_s, self.stable_s, self.clock = engine, workers, settle_s, stable_s, clock
         self.spill = None if use_cache else tempfile.mkdtemp(prefix="rankscope-watch-")
         self.run = RunAnalysis(thresholds, engine)
         self.seen: dict[str, _Seen] = {}
         self.keys: dict[str, CycleFile] = {}           # files read, by path
-        self.read_at: dict[str, float] = {}
-        self.unreadable: set[str] = set()
+        self.read_at: dict[str, float] = {}           # when each file was read (unreadable ones too)
         self.done_files: set[str] = set()               # files of analysed cycles, and late ones
         self.last_new_file_at = clock()
 
@@ -115,7 +113,6 @@ class RunWatch:
                 self.seen[p] = _Seen(st.st_size, st.st_mtime_ns, now)
                 self.last_new_file_at = now
                 continue
-            seen.polls_unchanged += 1
             if now - seen.changed_at >= self.stable_s or json_closes(p):
                 ready.append(p)
         for p in set(self.seen) - present:
@@ -133,7 +130,6 @@ class RunWatch:
             if isinstance(r, CycleFile):
                 self.keys[f] = r
             else:                           # unreadable: named once, in no cycle
-                self.unreadable.add(f)
                 self.run.problems.append(r)
 
     def _cycles(self) -> list[list[str]]:
