@@ -22,7 +22,7 @@ from conftest import assert_no_traceback, run_cli
 from test_html import artifacts, browser  # noqa: F401  (fixtures: a real headless browser, screenshots)
 from rankscope.analyses.run.changes import find_changes
 from rankscope.api import analyze
-from rankscope.ingest.cycles import CycleFile, cycles_in_names, group_cycles
+from rankscope.ingest.cycles import CycleFile, cycles_in_names, group_cycles, run_cycles
 from rankscope.render.json import analysis_to_dict
 from rankscope.results.run import RunCycle, TrendPoint
 from rankscope.thresholds import resolve
@@ -256,6 +256,17 @@ def test_group_cycles_by_steps_then_by_time():
              CycleFile("b0", (6, 7), (50, 60)), CycleFile("b1", (6, 7), (51, 61)),
              CycleFile("x0", (), (100, 120)), CycleFile("x1", (), (110, 130)), CycleFile("y0", (), (200, 210))]
     assert group_cycles(files) == [["a0", "a1"], ["b0", "b1"], ["x0", "x1"], ["y0"]]
+
+
+def test_a_file_cut_before_its_first_step_joins_its_time_and_one_job_stays_one():
+    """A salvaged file that lost its step marks lies in the time of the others' steps: their cycle. Files
+    whose ranks appear in one group each are one job, whatever their steps."""
+    files = [CycleFile("r0", (2, 3), (0, 10), 0), CycleFile("r1", (2, 3), (1, 11), 1), CycleFile("r2", (), (2, 5), 2)]
+    assert group_cycles(files) == [["r0", "r1", "r2"]]
+    odd = [CycleFile("r0", (2,), (0, 10), 0), CycleFile("r1", (3,), (20, 30), 1)]
+    assert group_cycles(odd) == [["r0"], ["r1"]] and run_cycles(odd) == [["r0", "r1"]]
+    run = odd + [CycleFile("r0b", (6,), (40, 50), 0)]
+    assert run_cycles(run) == [["r0"], ["r1"], ["r0b"]]
 
 
 def test_cycles_in_names():

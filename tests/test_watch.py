@@ -32,10 +32,23 @@ class Lines:
 
     def __init__(self, proc):
         self.q: queue.Queue = queue.Queue()
-        threading.Thread(target=lambda: [self.q.put(line) for line in proc.stdout], daemon=True).start()
+
+        def read():
+            for line in proc.stdout:
+                self.q.put(line)
+            self.q.put(None)                 # the end of the output
+
+        threading.Thread(target=read, daemon=True).start()
 
     def next(self, timeout: float = 60) -> str:
         return self.q.get(timeout=timeout)
+
+    def rest(self) -> str:
+        """Every line until the output ends."""
+        lines = []
+        while (line := self.next()) is not None:
+            lines.append(line)
+        return "".join(lines)
 
     def empty_for(self, seconds: float) -> bool:
         try:
@@ -91,10 +104,7 @@ def test_ctrl_c_ends_with_the_run_report(corpus, tmp_path):
     assert "slowdown: rank 1" in first[2] and "slowdown" not in first[0] + first[1]
     proc.stdout = None                                   # the reader thread keeps what follows
     done = ctrl_c(proc)
-    rest = []
-    while not lines.empty_for(0.5):
-        rest.append(lines.next())
-    out = "".join(rest)
+    out = lines.rest()
     assert done.returncode == 0
     assert "Traceback" not in done.stderr + out
     assert "Run: 3 profiler cycles" in out and "slowdown_onset" in out

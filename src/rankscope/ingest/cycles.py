@@ -4,7 +4,8 @@
 `group_cycles` groups the files of a job into its cycles by the traces' own step numbers (steps keep the
 profiler's numbers across the run: cycle 1 holds steps 2-3, cycle 2 steps 6-7, ...): files that share
 a ProfilerStep number are one cycle; files without step marks are one cycle when their time spans
-overlap. Within a cycle each rank has one file; two files of one rank in one cycle claim the same rank
+overlap (or overlap a cycle's marked files: a file cut before its first step mark). Within a cycle each
+rank has one file; two files of one rank in one cycle claim the same rank
 for the same steps (the rank assignment names them). `cycles_in_names` says, from the names alone,
 whether a folder looks like several cycles (so that the per-rank work keeps summaries out of memory).
 """
@@ -63,13 +64,17 @@ def group_cycles(files: list[CycleFile]) -> list[list[str]]:
         for s in f.steps:
             j = first_with_step.setdefault(s, i)
             parent[root(i)] = root(j)
+    marked = [i for i, f in enumerate(files) if f.steps and f.span_ns]
     unmarked = sorted((i for i, f in enumerate(files) if not f.steps),
                       key=lambda i: files[i].span_ns[0] if files[i].span_ns else 0)
     end = None
-    for prev, i in zip([None] + unmarked, unmarked):      # overlapping spans, swept in start order
+    for prev, i in zip([None] + unmarked, unmarked):
         span = files[i].span_ns
-        if prev is not None and span is not None and end is not None and span[0] <= end:
-            parent[root(i)] = root(prev)
+        over = next((j for j in marked if span and _overlap(span, files[j].span_ns)), None)
+        if over is not None:                # a file whose step marks were lost (cut short) joins its time's cycle
+            parent[root(i)] = root(over)
+        elif prev is not None and span is not None and end is not None and span[0] <= end:
+            parent[root(i)] = root(prev)    # files without steps whose spans overlap (swept in start order)
         end = max(end or 0, span[1]) if span is not None else end
     groups: dict[int, list[int]] = {}
     for i in range(len(files)):
@@ -81,3 +86,20 @@ def group_cycles(files: list[CycleFile]) -> list[list[str]]:
         return (min(steps) if steps else float("inf"), min(starts, default=0))
 
     return [sorted(files[i].file for i in members) for members in sorted(groups.values(), key=order)]
+
+
+def run_cycles(files: list[CycleFile]) -> list[list[str]]:
+    """`group_cycles`, when some rank has files in two of them (a run); else every file in one job."""
+    groups = group_cycles(files)
+    rank_of = {f.file: f.rank for f in files}
+    seen: dict[int, int] = {}
+    for g, members in enumerate(groups):
+        for f in members:
+            r = rank_of[f]
+            if r is not None and seen.setdefault(r, g) != g:
+                return groups
+    return [sorted(rank_of)] if files else []
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] <= b[1] and b[0] <= a[1]

@@ -22,7 +22,7 @@ import msgspec
 
 from rankscope.analyses.rank.breakdown import CATEGORIES
 from rankscope.analyses.run.cycles import CycleFacts, CycleStraggler, RankStep
-from rankscope.ingest.cycles import CycleFile, cycles_in_names, group_cycles
+from rankscope.ingest.cycles import CycleFile, cycles_in_names, run_cycles
 from rankscope.ingest.discover import discover, rank_from_filename
 from rankscope.model import InputProblem
 from rankscope.pipelines import checking_arguments
@@ -67,7 +67,7 @@ def cycle_file(s: RankSummary) -> CycleFile:
 
 
 def several_cycles(summaries: list[RankSummary]) -> bool:
-    return len(group_cycles([cycle_file(s) for s in summaries])) > 1
+    return len(run_cycles([cycle_file(s) for s in summaries])) > 1
 
 
 @one_line_errors
@@ -187,9 +187,14 @@ def run_of_summaries(summaries: list[RankSummary], problems: list[InputProblem],
 
 def _by_cycle(keys: list[CycleFile], problems: list[InputProblem], chosen: str, values: Thresholds,
               summary_of: Callable[[str], RankSummary | InputProblem]) -> Analysis:
+    cycles = run_cycles(keys)
+    if len(cycles) == 1:                # names that looked like cycles, but one job: its analysis as it is
+        got = [summary_of(f) for f in cycles[0]]
+        return job_analysis([s for s in got if not isinstance(s, InputProblem)],
+                            problems + [s for s in got if isinstance(s, InputProblem)], chosen, values)
     run = RunAnalysis(values, chosen)
     run.problems += problems
-    for files in group_cycles(keys):
+    for files in cycles:
         got = [summary_of(f) for f in files]
         run.add([s for s in got if not isinstance(s, InputProblem)], [s for s in got if isinstance(s, InputProblem)])
     return run.result() or job_analysis([], _unique(run.problems), chosen, values)
