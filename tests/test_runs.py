@@ -267,6 +267,9 @@ def test_a_file_cut_before_its_first_step_joins_its_time_and_one_job_stays_one()
     assert group_cycles(odd) == [["r0"], ["r1"]] and run_cycles(odd) == [["r0", "r1"]]
     run = odd + [CycleFile("r0b", (6,), (40, 50), 0)]
     assert run_cycles(run) == [["r0"], ["r1"], ["r0b"]]
+    # two jobs (world sizes 8 and 128) whose rank 0 appears in both: one folder of two jobs, not a run
+    two_jobs = [CycleFile("a0", (5,), (0, 10), 0, 8), CycleFile("b0", (9,), (20, 30), 0, 128)]
+    assert run_cycles(two_jobs) == [["a0", "b0"]]
 
 
 def test_cycles_in_names():

@@ -89,16 +89,22 @@ def group_cycles(files: list[CycleFile]) -> list[list[str]]:
 
 
 def run_cycles(files: list[CycleFile]) -> list[list[str]]:
-    """`group_cycles`, when some rank has files in two of them (a run); else every file in one job."""
+    """`group_cycles`, when they look like the cycles of one run: some rank has files in two of them, the
+    traces give one world size, and the cycles in step order are in time order too. Else every file in
+    one job (files of different jobs are then said as such, and a rank claimed twice is named)."""
     groups = group_cycles(files)
-    rank_of = {f.file: f.rank for f in files}
+    by_file = {f.file: f for f in files}
     seen: dict[int, int] = {}
+    repeated = False
     for g, members in enumerate(groups):
-        for f in members:
-            r = rank_of[f]
-            if r is not None and seen.setdefault(r, g) != g:
-                return groups
-    return [sorted(rank_of)] if files else []
+        for name in members:
+            r = by_file[name].rank
+            repeated |= r is not None and seen.setdefault(r, g) != g
+    worlds = {f.world_size for f in files if f.world_size}
+    starts = [min((by_file[n].span_ns[0] for n in members if by_file[n].span_ns), default=0) for members in groups]
+    if repeated and len(worlds) <= 1 and starts == sorted(starts):
+        return groups
+    return [sorted(by_file)] if files else []
 
 
 def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
