@@ -37,7 +37,9 @@ STABLE_IDS = {"straggler_rank", "dataloader_stall", "exposed_communication", "lo
               "pipeline_bubble", "pipeline_stage_imbalance", "fsdp_exposed_gather", "tp_comm_exposed",
               "expert_imbalance",
               # Flight Recorder dumps (issue 30)
-              "collective_hang", "collective_desync"}
+              "collective_hang", "collective_desync",
+              # whole runs (issue 31)
+              "slowdown_onset"}
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,9 @@ from rankscope.pipelines import ArgumentError
 from rankscope.pipelines.diff import diff_runs
 from rankscope.pipelines.export import export_perfetto
 from rankscope.pipelines.inputs import analyze_memory_snapshots, analyze_nccl_logs
-from rankscope.pipelines.job import Job, analyze, ingest, load
+from rankscope.pipelines.job import Job, ingest, load
 from rankscope.pipelines.mfu import mfu
+from rankscope.pipelines.run import analyze
 from rankscope.results import (
     Analysis,
     DiffResult,

@@ -166,6 +166,16 @@ THRESHOLDS: dict[str, Threshold] = {
                                    "rankscope default: below this, within the noise of step times", "severity"),
     "expert_imbalance_high_pct": Threshold(100.0, "% above the expert-parallel group's mean tokens (bytes) per rank",
                                            "rankscope default", "expert_imbalance"),
+    # whole runs: changes over the profiler cycles (analyses/run/changes.py)
+    "run_change_false_alarm_pct": Threshold(1.0, "% chance of a false change in a healthy run (nominal: normal, "
+                                            "independent steps; sets the critical z)", "rankscope default; the "
+                                            "measured rate is in docs/runs.md", "slowdown_onset"),
+    "run_change_min_pct": Threshold(10.0, "% of the step before the change (smaller moves are not reported)",
+                                    "rankscope default", "slowdown_onset"),
+    "run_change_min_steps": Threshold(2.0, "profiled steps on each side of a change (fewer: an outlier)",
+                                      "rankscope default", "slowdown_onset"),
+    "slowdown_onset_high_pct": Threshold(25.0, "% of the step before the slowdown", "rankscope default",
+                                         "slowdown_onset"),
 }
 
 

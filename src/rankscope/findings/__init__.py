@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from rankscope.findings import communication, compute, host, inputs, memory, parallel, stragglers  # noqa: F401  (rules)
 from rankscope.findings.hang import hang_findings
+from rankscope.findings import run as _run  # noqa: F401  (the whole run's rules)
 from rankscope.findings.registry import JobView, NcclView, ordered, run
 from rankscope.results import Finding
 from rankscope.thresholds import resolve

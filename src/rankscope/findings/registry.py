@@ -45,7 +45,8 @@ FINDING_IDS = ("straggler_rank", "dataloader_stall", "exposed_communication", "l
                "gpu_idle_host_bound", "launch_overhead", "sync_stall", "unpinned_memcpy", "memory_fragmentation",
                "memory_pressure", "load_imbalance", "tensor_cores_unused", "low_bus_bandwidth", "degraded_nccl_link",
                "pipeline_stage_imbalance", "pipeline_bubble", "fsdp_exposed_gather", "tp_comm_exposed",
-               "expert_imbalance", "collective_hang", "collective_desync")
+               "expert_imbalance", "collective_hang", "collective_desync",
+               "slowdown_onset")
 
 
 @dataclass

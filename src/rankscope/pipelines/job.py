@@ -22,7 +22,7 @@ from rankscope.ingest import Cache, TraceError, load_rank, read_trace, read_trac
 from rankscope.ingest.cache import claim_root, content_key
 from rankscope.ingest.consistency import different_jobs
 from rankscope.ingest.devices import NOT_A_CAPTURE, device_name
-from rankscope.ingest.discover import assign_ranks, discover
+from rankscope.ingest.discover import Discovered, assign_ranks, discover
 from rankscope.model import InputProblem, RankMeta, RankTrace
 from rankscope.pipelines import checking_arguments
 from rankscope.results import Analysis, Finding, Ingest, JobInfo
@@ -42,6 +42,7 @@ class _Task:
     path: str
     cache_dir: str | None
     use_cache: bool
+    spill_dir: str | None = None      # a run's summaries without a cache (pipelines/run.py)
 
 
 def one_line_errors(task_fn):
@@ -238,12 +239,12 @@ def _assign(metas: list[RankMeta]) -> tuple[list[RankMeta], list[str], list[Inpu
 
 def _map_files(inputs, task_fn, cache_dir, use_cache, engine, workers, on_progress,
                address=None, on_arrival: Callable[[object], None] | None = None,
-               keep_memory: bool = False, fr_dumps: list | None = None) -> tuple[list, list, str]:
-    """Discover the files and map `task_fn` over them: (results, problems, engine used).
-    `on_arrival(result)` runs in the driver on each result as it comes in. `keep_memory`: see
+               keep_memory: bool = False, fr_dumps: list | None = None,
+               spill_dir: str | None = None) -> tuple[list, list, str]:
+    """Discover the files (or take those `inputs` found) and map `task_fn` over them: (results, problems,
+    engine used). `on_arrival(result)` runs in the driver on each result as it comes in. `keep_memory`: see
     `engines.map_ranks`. `fr_dumps`: receives the Flight Recorder dumps found (else they are ignored)."""
-    items = inputs if isinstance(inputs, list) else [inputs]
-    found = discover(items)
+    found = inputs if isinstance(inputs, Discovered) else discover(inputs if isinstance(inputs, list) else [inputs])
     if fr_dumps is not None:
         fr_dumps.extend(found.fr_dumps)
     problems = [InputProblem(str(f), why, fatal=False) for f, why in found.ignored]
@@ -254,7 +255,7 @@ def _map_files(inputs, task_fn, cache_dir, use_cache, engine, workers, on_progre
     cache_root = str(cache_dir) if cache_dir is not None else None
     if use_cache:
         claim_root(Cache(cache_root).root)    # a folder that is no cache: refused before anything is read there
-    tasks = [_Task(str(p), cache_root, use_cache) for p in files]
+    tasks = [_Task(str(p), cache_root, use_cache, spill_dir) for p in files]
     done = 0
 
     def progress(i: int, result) -> None:
@@ -291,36 +292,60 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
         values = resolve(thresholds)
         if job is not None and job < 1:
             raise ValueError(f"job {job}: jobs are numbered from 1")
+    dumps: list[Path] = []
+    summaries, problems, chosen = map_summaries(inputs, cache_dir, use_cache, engine, workers, on_progress, address,
+                                                fr_dumps=dumps)
+    return with_nccl_logs(job_analysis(summaries, problems, chosen, values, job=job, fr_dumps=dumps,
+                                       workers=workers), nccl_logs, values)
+
+
+def map_summaries(inputs, cache_dir, use_cache: bool, engine: str, workers: int | None, on_progress,
+                  address: str | None, fr_dumps: list | None = None
+                  ) -> tuple[list[RankSummary], list[InputProblem], str]:
+    """The per-rank map of `analyze`: every file's summary, the input problems, the engine used
+    (`fr_dumps`: receives the Flight Recorder dumps found)."""
     strings: dict[str, str] = {}
 
     def arrived(result: RankSummary | InputProblem) -> None:
         _import_reduce()
         _arrived(result, strings)
 
-    dumps: list[Path] = []
     summaries, problems, chosen = _map_files(inputs, _rank_task, cache_dir, use_cache, engine, workers,
-                                             on_progress, address, arrived, keep_memory=True, fr_dumps=dumps)
+                                             on_progress, address, arrived, keep_memory=True, fr_dumps=fr_dumps)
     _trim_heap(chosen)
+    return summaries, problems, chosen
+
+
+def job_analysis(summaries: list[RankSummary], problems: list[InputProblem], chosen: str, values: Thresholds,
+                 job: int | None = None, fr_dumps: list | None = None, workers: int | None = None) -> Analysis:
+    """The job of these per-rank summaries: the job picked (`job`, when the files hold several), ranks
+    assigned, the cross-rank reduce, the Flight Recorder dumps' verdict, the findings."""
+    from rankscope.findings import evaluate as evaluate_findings
     summaries, found, picked = _one_job(summaries, job)
     if picked is None:
         return Analysis(job=_job_info([], []), ranks=[], problems=problems, engine=chosen, jobs=found)
-    from rankscope.findings import evaluate as evaluate_findings, ordered
     kept_metas, rank_warnings, rank_problems = _assign([s.meta for s in summaries])
     rank_warnings += picked
     by_file = {rank_input(s.meta): s for s in summaries}
     kept = [by_file[rank_input(m)] for m in kept_metas]
-    problems += rank_problems
+    problems = problems + rank_problems
     cross = _cross_rank(kept, values)
     refused = [str(p) for p in problems if p.fatal and p.problem.startswith(NOT_A_CAPTURE)]
     hang = None
-    if dumps:                        # Flight Recorder dumps, beside the traces or alone: the hang verdict
+    if fr_dumps:                     # Flight Recorder dumps, beside the traces or alone: the hang verdict
         from rankscope.pipelines.hang import analyze_hang
-        hang, hang_problems = analyze_hang(dumps, kept, cross, engine, workers)
+        hang, hang_problems = analyze_hang(fr_dumps, kept, cross, chosen, workers)
         problems += hang_problems
     result = Analysis(job=_job_info(kept, rank_warnings, refused), ranks=kept, problems=problems, engine=chosen,
                       cross=cross, jobs=found, hang=hang)
     result.findings = _noted_partial(evaluate_findings(result, values), result.job)
+    return result
+
+
+def with_nccl_logs(result: Analysis, nccl_logs: list | None, values: Thresholds) -> Analysis:
+    """`result` with the findings and problems of the job's NCCL logs (none: as it is)."""
     if nccl_logs:
+        from rankscope.findings import ordered
         from rankscope.pipelines.inputs import analyze_nccl_logs
         logs = analyze_nccl_logs(nccl_logs, values)
         result.findings = ordered(result.findings + logs.findings)

@@ -24,6 +24,7 @@ from rankscope.render.html_parts import (CATEGORY_COLORS, CATEGORY_LABELS, chart
 from rankscope.render.html_views import FEW_RANKS, distribution, evidence_value, heatmap_note, heatmap_z, named_ranks
 from rankscope.render.json import analysis_to_dict
 from rankscope.render.rank_rows import rank_list
+from rankscope.render.run_html import run_section
 from rankscope.results import Analysis
 
 MAX_BAR_RANKS = 64
@@ -52,7 +53,8 @@ def render_html(report: dict) -> str:
         body = "".join([dumps_header(report), hang_section(report), _findings(report)])
         return page(f"rankscope report: {len(report['hang']['ranks_dumped'])} Flight Recorder dumps", body, figures,
                     report.get("schema"))
-    body = "".join([_header(report), hang_section(report), _findings(report), _breakdown(report, figures),
+    body = "".join([_header(report), hang_section(report), _findings(report), run_section(report, figures),
+                    _breakdown(report, figures),
                     distribution(report, figures), _parallel(report, figures), _heatmap(report, figures),
                     _collectives(report, figures), _critical_path(report, figures), _overlap(report, figures),
                     _idle(report, figures),

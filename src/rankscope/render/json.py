@@ -13,6 +13,7 @@ from rankscope.analyses.rank.memory import MemcpyReport
 from rankscope.analyses.rank.summary import HtaParity
 from rankscope.render.base import JsonRenderer
 from rankscope.render.format import rounded
+from rankscope.render.run_json import run_to_dict
 from rankscope.results import Analysis, to_plain
 
 SCHEMA = "rankscope.analysis/1"
@@ -130,4 +131,5 @@ def analysis_to_dict(a: Analysis) -> dict[str, Any]:
         **_cross(cross),
         "hang": to_plain(a.hang) if a.hang is not None else None,
         "findings": [f.as_dict() for f in a.findings],
+        "run": run_to_dict(a.run),
     }

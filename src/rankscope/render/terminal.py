@@ -19,6 +19,7 @@ from rankscope.render.format import (GAP_POSITIONS, distinct_shortened, literal,
                                      print_table, printable, ranges, shortened)
 from rankscope.render.hang_terminal import hang_section
 from rankscope.render.rank_rows import host_list, named_ranks, pick, rank_list, rest_line
+from rankscope.render.run_terminal import run_header, run_section
 from rankscope.results import Analysis
 
 
@@ -33,8 +34,12 @@ class AnalysisTerminal(TerminalRenderer):
             hang_section(result.hang, out, self.brief)
         if result.ranks:
             _header(result, out)
+            if result.run is not None:
+                run_header(result.run, out)
             _capture(result, out)
         _warnings(result, out)
+        if result.run is not None:
+            run_section(result.run, out)
         if not self.brief and result.ranks:
             _tables(result, out)
         _findings(result, out, self.brief)

@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rankscope.analyses.job.stragglers import CrossRank
     from rankscope.analyses.rank.summary import RankSummary
     from rankscope.results.hang import HangReport
+    from rankscope.results.run import Run
 
 
 def to_plain(obj: Any) -> Any:
@@ -103,6 +104,7 @@ class Analysis(Result):
     findings: list[Finding] = field(default_factory=list)   # ordered: severity, then cost per step
     jobs: list[FoundJob] = field(default_factory=list)      # the jobs the inputs hold, when several (results/jobs.py)
     hang: HangReport | None = None                 # the Flight Recorder dumps' verdict (None: no dump read)
+    run: Run | None = None                         # every profiler cycle, when the files hold several (results/run.py)
 
     @property
     def usable(self) -> bool:

@@ -19,7 +19,6 @@ from rankscope.synth.constants import (
     BASE_TIME_NS,
     BUS_BANDWIDTH_GBPS,
     DEFAULT_LAYERS,
-    FIRST_STEP,
     GENERATOR,
     GENERATOR_VERSION,
     GROUND_TRUTH_FILE,
@@ -39,14 +38,15 @@ from rankscope.synth.kineto import _encode_trace, _gzip_bytes, _trace_events, _t
 from rankscope.synth.model import build_program
 from rankscope.synth.program import Program
 from rankscope.synth.program_changes import _rank_programs
-from rankscope.synth.simulation import _RankSim, _simulate_rank, _simulate_timing, _Timeline
+from rankscope.synth.simulation import Cycle, _RankSim, _simulate_rank, _simulate_timing, _Timeline
 
 
 _TRACE_FILE = re.compile(r"^rank\d+\.\d+\.pt\.trace\.json(\.gz)?$")
 
 
 def generate_job(out_dir: str | Path, ranks: int = 8, steps: int = 6, seed: int = 0,
-                 injections: list[Injection] | None = None, gzip: bool = True, scale: float = 1.0) -> dict:
+                 injections: list[Injection] | None = None, gzip: bool = True, scale: float = 1.0,
+                 cycle: Cycle = Cycle()) -> dict:
     """Write one trace file per rank + ground_truth.json into out_dir; return the ground-truth dict.
 
     `scale` multiplies the model's layers (events per step; 12 gives ~50 MB ranks) for benchmarks.
@@ -60,13 +60,14 @@ def generate_job(out_dir: str | Path, ranks: int = 8, steps: int = 6, seed: int 
     downstream), comm_overlap, collectives_per_step, clock_offsets_ms {rank: ms}, truncated_ranks,
     and per_rank {rank: file, device, pid, step_time_ms, kernel_count, nccl_kernel_count,
     collective_count, memcpy_count, pageable_memcpy_count, events, clock_offset_ms, truncated}.
-    Counts are of the events complete in the file."""
+    Counts are of the events complete in the file. `cycle`: which profiler cycle of a run this job is
+    (`rankscope.synth.runs`); its files join those of the other cycles in out_dir."""
     if ranks < 1 or steps < 1 or scale <= 0:
         raise ValueError(f"need ranks >= 1, steps >= 1, scale > 0; got ranks={ranks}, steps={steps}, scale={scale}")
     injections = [_normalized(inj, ranks) for inj in injections or []]
     faults = _plan_faults(injections, ranks)
     with _gc_paused():
-        return _generate(Path(out_dir), ranks, steps, seed, injections, faults, gzip, scale)
+        return _generate(Path(out_dir), ranks, steps, seed, injections, faults, gzip, scale, cycle)
 
 
 @contextmanager
@@ -82,19 +83,22 @@ def _gc_paused():
 
 
 def _generate(out: Path, ranks: int, steps: int, seed: int, injections: list[Injection], faults: _JobFaults,
-              gzip: bool, scale: float) -> dict:
+              gzip: bool, scale: float, cycle: Cycle) -> dict:
     program = build_program(max(1, round(DEFAULT_LAYERS * scale)))
-    timeline = _simulate_timing(program, ranks, steps, seed, faults)
+    timeline = _simulate_timing(program, ranks, steps, seed, faults, cycle)
     healthy = [inj for inj in injections if not _makes_straggler(inj)]   # the counterfactual for straggler cost
-    baseline = (_simulate_timing(program, ranks, steps, seed, _plan_faults(healthy, ranks))
+    baseline = (_simulate_timing(program, ranks, steps, seed, _plan_faults(healthy, ranks), cycle)
                 if len(healthy) < len(injections) else timeline)
 
-    _clear_earlier_job(out)
+    if cycle.index:                   # a later cycle of a run: beside the earlier cycles' files
+        output_folder(out)
+    else:
+        _clear_earlier_job(out)
     per_rank = {}
     programs = _rank_programs(program, faults)
     for rank in range(ranks):
-        per_rank[str(rank)] = _write_rank(out, rank, ranks, programs[rank], faults, seed, timeline, gzip)
-    truth = _ground_truth(seed, ranks, steps, injections, faults, program, timeline, baseline, per_rank)
+        per_rank[str(rank)] = _write_rank(out, rank, ranks, programs[rank], faults, seed, timeline, gzip, cycle)
+    truth = _ground_truth(seed, ranks, steps, injections, faults, program, timeline, baseline, per_rank, cycle)
     atomic_write_bytes(out / GROUND_TRUTH_FILE, msgspec.json.format(msgspec.json.encode(truth), indent=1) + b"\n")
     return truth
 
@@ -124,10 +128,11 @@ def _synthetic(truth: Path) -> bool:
 
 
 def _write_rank(out: Path, rank: int, world: int, program: Program, faults: _JobFaults, seed: int,
-                timeline: _Timeline, gzip: bool) -> dict:
-    sim, sink = _simulate_rank(rank, world, program, faults, seed, timeline)
+                timeline: _Timeline, gzip: bool, cycle: Cycle) -> dict:
+    sim, sink = _simulate_rank(rank, world, program, faults, seed, timeline, cycle)
     events = _trace_events(sim, sink)
-    written_ns = BASE_TIME_NS + TRACE_ORIGIN_NS + faults.ranks[rank].clock_offset_ns + sim.last_activity + 250_000_000
+    written_ns = (BASE_TIME_NS + TRACE_ORIGIN_NS + cycle.offset_ns + faults.ranks[rank].clock_offset_ns
+                  + sim.last_activity + 250_000_000)
     path = out / f"rank{rank}.{written_ns + 1_009 * rank}.pt.trace.json{'.gz' if gzip else ''}"
     truncated = faults.ranks[rank].truncated
     # Kineto names the temporary file it first writes: "/tmp/tmpz2k7xkjt.json" in a real trace.
@@ -158,10 +163,10 @@ def _rank_truth(path: Path, sim: _RankSim, events: list[dict], faults: _RankFaul
 
 
 def _ground_truth(random_seed: int, world: int, steps: int, injections: list[Injection], faults: _JobFaults,
-                  program: Program, timeline: _Timeline, baseline: _Timeline, per_rank: dict) -> dict:
+                  program: Program, timeline: _Timeline, baseline: _Timeline, per_rank: dict, cycle: Cycle) -> dict:
     return {
         "schema": GROUND_TRUTH_SCHEMA, "generator": GENERATOR, "generator_version": GENERATOR_VERSION,
-        "random_seed": random_seed, "world_size": world, "steps": [FIRST_STEP + i for i in range(steps)],
+        "random_seed": random_seed, "world_size": world, "steps": [cycle.first_step + i for i in range(steps)],
         "injections": [{"kind": inj.kind, "params": inj.params} for inj in injections],
         "model": {"layers": program.layers, "parameters": sum(b.nelems for b in program.buckets),
                   "dtype": "BFloat16", "allreduce_nelems": [b.nelems for b in program.buckets],

@@ -82,11 +82,21 @@ def _rank_pid(rank: int) -> int:
     return 2_910_249 + 7_919 * rank
 
 
+@dataclass(frozen=True)
+class Cycle:
+    """Which profiler cycle of a run a simulation writes: its index (0: a job of one cycle), the number of
+    its first ProfilerStep and how much later than the first cycle it starts (ns). A rank keeps its speed
+    from cycle to cycle; the noise of each cycle is its own."""
+    index: int = 0
+    first_step: int = FIRST_STEP
+    offset_ns: int = 0
+
+
 class _RankSim:
     """One rank's main thread, autograd thread and two GPU streams on the job timeline."""
 
     def __init__(self, rank: int, world: int, program: Program, faults: _RankFaults, overlap_comm: bool,
-                 seed: int, sink: _NullSink | _EventSink):
+                 seed: int, sink: _NullSink | _EventSink, cycle: Cycle = Cycle()):
         self.world, self.program, self.faults = world, program, faults
         self.overlap_comm = overlap_comm
         self._backward_nodes = program.backward if overlap_comm else tuple(map(_without_all_reduce, program.backward))
@@ -97,11 +107,14 @@ class _RankSim:
         self._noise = _Noise(np.random.default_rng([seed, rank]))
         self._cpu_ns_per_us = 1000 * self._noise.factor(RANK_CPU_SPEED_SIGMA)
         self._gpu_speed = self._noise.factor(RANK_GPU_SPEED_SIGMA)
+        if cycle.index:
+            self._noise = _Noise(np.random.default_rng([seed, rank, cycle.index]))
+        self.first_step = cycle.first_step
         self._compute_scale = 1.0 + faults.gpu_compute_delay_ns / (program.compute_us_per_step * 1000)
         self._stream_free = {COMPUTE_STREAM: 0, COMM_STREAM: 0}
         self._ext = self._corr = 0
-        self._seq_nr = 40_000 + 1_000 * FIRST_STEP
-        self._collective_seq = len(program.buckets) * FIRST_STEP
+        self._seq_nr = 40_000 + 1_000 * cycle.first_step
+        self._collective_seq = len(program.buckets) * cycle.first_step
         self._fwd_seqs: list[tuple[int, int, int]] = []     # (seq, tid, ts) of forward ops awaiting backward
         self._bwd_seq: tuple[int, int, int] = (0, 0, 0)
         self._allocated = program.static_bytes
@@ -242,7 +255,7 @@ class _RankSim:
         """Host work of a step up to the end of backward; returns each all-reduce's ready time (ns)."""
         self._pending = []
         t = self._step_start = self.t_main
-        step_name = f"ProfilerStep#{FIRST_STEP + step_index}"
+        step_name = f"ProfilerStep#{self.first_step + step_index}"
         self._step_handle = self.sink.annotation(step_name, self.main_tid, t, self._next_ext())
         t += self._cpu_ns(20.0)
         t = self._timed_annotation("Optimizer.zero_grad#AdamW.zero_grad", t, self._cpu_ns(45.0))
@@ -345,8 +358,8 @@ def _ranks_string(world: int) -> str:
 class _Network:
     """Resolves each all-reduce across ranks: it ends everywhere at max(ready) + transfer time."""
 
-    def __init__(self, world: int, seed: int, buckets: tuple[AllReduce, ...]):
-        self._rng = np.random.default_rng([seed, 1 << 32])       # a stream no rank uses
+    def __init__(self, world: int, seed: int, buckets: tuple[AllReduce, ...], cycle: int = 0):
+        self._rng = np.random.default_rng([seed, 1 << 32] + ([cycle] if cycle else []))   # a stream no rank uses
         latency_us = NCCL_BASE_LATENCY_US + NCCL_HOP_LATENCY_US * math.log2(max(world, 2))
         bus_factor = 2 * (world - 1) / world                      # ring all-reduce: busbw = algbw * 2(n-1)/n
         self._transfer_ns = np.array([latency_us * 1000 + b.nbytes * bus_factor / BUS_BANDWIDTH_GBPS for b in buckets])
@@ -371,12 +384,13 @@ class _Timeline:
     step_spans: list[list[tuple[int, int]]]   # per rank, per step: (start, end) ns
 
 
-def _simulate_timing(program: Program, world: int, steps: int, seed: int, faults: _JobFaults) -> _Timeline:
+def _simulate_timing(program: Program, world: int, steps: int, seed: int, faults: _JobFaults,
+                     cycle: Cycle = Cycle()) -> _Timeline:
     """All ranks in lock step, no events: where every collective starts and ends on every rank."""
     programs = _rank_programs(program, faults)
-    sims = [_RankSim(r, world, programs[r], faults.ranks[r], faults.overlap_comm, seed, _NULL_SINK)
+    sims = [_RankSim(r, world, programs[r], faults.ranks[r], faults.overlap_comm, seed, _NULL_SINK, cycle)
             for r in range(world)]
-    network = _Network(world, seed, program.buckets)
+    network = _Network(world, seed, program.buckets, cycle.index)
     comm_spans = np.empty((steps, world, len(program.buckets), 2), dtype=np.int64)
     for step in range(steps):
         ready = np.array([sim.run_until_collectives(step) for sim in sims], dtype=np.int64)
@@ -387,10 +401,11 @@ def _simulate_timing(program: Program, world: int, steps: int, seed: int, faults
 
 
 def _simulate_rank(rank: int, world: int, program: Program, faults: _JobFaults, seed: int,
-                   timeline: _Timeline) -> tuple[_RankSim, _EventSink]:
+                   timeline: _Timeline, cycle: Cycle = Cycle()) -> tuple[_RankSim, _EventSink]:
     """Replay one rank with events; its collectives take their times from the timing pass."""
-    sink = _EventSink(_rank_pid(rank), rank % GPUS_PER_NODE, TRACE_ORIGIN_NS + faults.ranks[rank].clock_offset_ns)
-    sim = _RankSim(rank, world, program, faults.ranks[rank], faults.overlap_comm, seed, sink)
+    sink = _EventSink(_rank_pid(rank), rank % GPUS_PER_NODE,
+                      TRACE_ORIGIN_NS + cycle.offset_ns + faults.ranks[rank].clock_offset_ns)
+    sim = _RankSim(rank, world, program, faults.ranks[rank], faults.overlap_comm, seed, sink, cycle)
     for step in range(len(timeline.comm_spans)):
         sim.run_until_collectives(step)
         sim.finish_step(timeline.comm_spans[step, rank].tolist())
