@@ -191,13 +191,19 @@ HOSTILE = {
     "truncated": lambda tmp: (DATA / "hang-late" / "nccl_trace_rank_2").read_bytes()[:1000],
     "truncated_json": lambda tmp: b'{"comm_lib_version":"","entries":[{"collective_seq_id":1,"input',
     "not_a_dump": lambda tmp: pickle.dumps({"version": "2.10", "pg_config": {}}),
+    # EXT1 code 1 as a dict value (past find_class where the extension is cached: test_safe_pickle.py)
+    "ext_opcode": lambda tmp: b"\x80\x02}(X\x07\x00\x00\x00versionq\x00\x82\x01u.",
+    # {"version": EMPTY_DICT stored at memo index 2**20} (the unpickler would clear 2**21 slots first)
+    "memo_index": lambda tmp: b"\x80\x02}X\x07\x00\x00\x00version}r\x00\x00\x10\x00s.",
 }
 PROBLEMS = {"calls_os_system": "unsafe pickle, not loaded: it names the global (posix|os).system",
             "imports_a_module": "unsafe pickle, not loaded: it names the global this.d",
             "hash_bomb": "Flight Recorder dump: its dict keys or set members, built from shared references",
             "shared_sizes": "Flight Recorder dump: its shared references repeat entries, frames and sizes beyond",
             "truncated": "truncated or damaged pickle", "truncated_json": "truncated or damaged JSON",
-            "not_a_dump": "a dict without 'entries': not a Flight Recorder dump"}
+            "not_a_dump": "a dict without 'entries': not a Flight Recorder dump",
+            "ext_opcode": "unsafe pickle, not loaded: it names an entry of the copyreg extension registry",
+            "memo_index": "unsafe pickle, not loaded: it stores an object at a memo index beyond"}
 
 
 @pytest.mark.parametrize("kind", sorted(HOSTILE))

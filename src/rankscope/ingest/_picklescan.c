@@ -18,6 +18,10 @@
  * opcode, cut argument, stack underflow) ends the count there, as it ends `pickletools.genops`.
  * Text arguments of GET / PUT / INT / LONG and the bytes of LONG1 / LONG4 are read with Python's
  * own int(), as genops reads them. Counts saturate at UINT64_MAX.
+ *
+ * Refused outright (the result is then negative, as `safe_pickle.REFUSED` names them): an EXT1 /
+ * EXT2 / EXT4 opcode (-1), a PUT / BINPUT / LONG_BINPUT index above the number of objects memoized
+ * so far (-2).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -26,7 +30,9 @@
 
 enum { SP_NONE, SP_GET, SP_BINGET, SP_LONG_BINGET, SP_PUT, SP_BINPUT, SP_LONG_BINPUT, SP_MEMOIZE, SP_MARK,
        SP_TUPLE_N, SP_SETITEM, SP_DUP, SP_POP, SP_PAIRS, SP_ALL, SP_TUPLE, SP_INT_TEXT, SP_LONG_TEXT,
-       SP_LONG_BYTES, SP_STOP };
+       SP_LONG_BYTES, SP_STOP, SP_EXT };
+
+enum { REFUSED_EXT = -1, REFUSED_MEMO_INDEX = -2 };
 
 typedef struct { int arg, special, below, to_mark, pushed, n; int valid; } op_t;
 
@@ -133,7 +139,7 @@ static PyObject *hash_work(PyObject *self, PyObject *args) {
     vec_t stack = {0}, marks = {0};
     memo_t memo = {0};
     uint64_t work = 0;
-    int failed = 0;
+    int failed = 0, refused = 0;
     if (load_table(table, ops) < 0) { PyBuffer_Release(&buf); return NULL; }
     const unsigned char *d = buf.buf;
     Py_ssize_t len = buf.len, pos = 0;
@@ -193,8 +199,12 @@ static PyObject *hash_work(PyObject *self, PyObject *args) {
             break;
         case SP_PUT: case SP_BINPUT: case SP_LONG_BINPUT:
             if (!stack.len) goto end;
+            if (big || key < 0 || (uint64_t)key > memo.n) { refused = REFUSED_MEMO_INDEX; goto end; }
             if (memo_put(&memo, key, big, stack.v[stack.len - 1]) < 0) FAIL;
             break;
+        case SP_EXT:
+            refused = REFUSED_EXT;
+            goto end;
         case SP_MARK:
             if (vec_push(&marks, (uint64_t)stack.len) < 0) FAIL;
             break;
@@ -285,6 +295,7 @@ end:
     PyMem_Free(marks.v);
     PyMem_Free(memo.s);
     if (failed) return NULL;
+    if (refused) return PyLong_FromLong(refused);
     return PyLong_FromUnsignedLongLong(work);
 #undef NEED
 #undef FAIL

@@ -4,16 +4,33 @@ Flight Recorder dumps): it builds only plain data, and nothing in the file is ev
 A pickle can run any code it names, so the unpickler refuses every global (`find_class`) and every
 persistent id. These files need none: they are dicts, lists, tuples, strings, numbers, booleans and
 None (checked with `pickletools` on real files: no GLOBAL, STACK_GLOBAL, REDUCE, BUILD, INST, OBJ or
-NEWOBJ opcode). Objects cannot be built without a global, so nothing in the file is ever called;
-no torch is needed to read them.
+NEWOBJ opcode). No torch is needed to read them.
+
+Why nothing is ever called (CPython's C unpickler, Modules/_pickle.c, which `pickle.Unpickler` is):
+an opcode calls something only when a callable is on its stack (REDUCE, NEWOBJ, NEWOBJ_EX, OBJ: the
+callable popped; BUILD: the object's `__setstate__`) or when it resolves a name: GLOBAL,
+STACK_GLOBAL and INST call `self.find_class`, PERSID / BINPERSID `self.persistent_load`, and the
+EXT1 / EXT2 / EXT4 opcodes look the code up in `copyreg._extension_cache` FIRST and call
+`find_class` only when it is not there: a process that ever unpickled that extension code (any
+library registering one with `copyreg.add_extension`) would hand the cached class or function to
+the stream without asking us. So `find_class` and `persistent_load` always raise, and the pre-scan
+(below) refuses the EXT opcodes before anything is unpickled. Every other opcode pushes a str,
+bytes, bytearray, int, float, bool, None, tuple, list, dict, set or frozenset, or links them
+(APPEND(S) / SETITEM(S) / ADDITEMS on a list, dict or set: their own C methods, `list.extend`,
+`set.add`); none of them is callable, and the `__setstate__` BUILD looks up does not exist on them
+(BUILD then fails on the missing `__dict__`). So no callable ever reaches the stack.
 
 Bounded: unpickling itself only links shared objects, except where it hashes: a dict key, a set or
 frozenset member. Hashing a tuple hashes its items each time (not cached), so 60 tuples of two
 references to the one before make a key of 2**60 items. Before anything is unpickled, the opcode
 stream is read (`pickletools.genops`, nothing built) and the hashing it would do is counted, each
 shared tuple at its full expanded size: past `MAX_HASH_PER_BYTE` per byte of the file (or
-`MAX_HASH_WORK` in all) the file is refused (`_hash_work`). What the readers then walk (a list
-shared by reference at many places) they bound themselves, per byte of the file.
+`MAX_HASH_WORK` in all) the file is refused (`_hash_work`). The memo is an array indexed by the
+PUT opcodes' numbers (`_Unpickler_MemoPut` grows it to twice the index and clears every new slot),
+so a 10-byte pickle with LONG_BINPUT 0x40000000 makes it write 16 GB: the pre-scan refuses a memo
+index beyond the number of objects memoized so far (picklers number them 0, 1, 2, ...). What the
+readers then walk (a list shared by reference at many places) they bound themselves, per byte of
+the file.
 """
 from __future__ import annotations
 
@@ -55,10 +72,37 @@ class _PlainUnpickler(pickle.Unpickler):
         raise UnsafePickle(f"it refers to an external object (persistent id); a {self.what} holds none")
 
 
+class _Whole:
+    """A file over bytes in memory whose `peek` gives all that is left: the C unpickler then reads
+    the opcodes from the buffer itself (over io.BytesIO it calls `read` for each one: 2x slower)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.view = memoryview(data)
+        self.pos = 0
+
+    def peek(self, n: int = 0) -> memoryview:
+        return self.view[self.pos:]
+
+    def read(self, n: int = -1) -> memoryview:
+        start = self.pos
+        self.pos = len(self.view) if n is None or n < 0 else min(len(self.view), start + n)
+        return self.view[start:self.pos]
+
+    def readinto(self, buf) -> int:
+        data = self.read(len(buf))
+        buf[:len(data)] = data
+        return len(data)
+
+    def readline(self) -> bytes:
+        rest = self.view[self.pos:]
+        end = bytes(rest[:1 << 16]).find(b"\n") if len(rest) <= 1 << 16 else bytes(rest).find(b"\n")
+        return bytes(self.read(-1 if end < 0 else end + 1))
+
+
 def load_plain_pickle(data: bytes, what: str = "plain-data pickle"):
     """Unpickle bytes with no global allowed (UnsafePickle on any); `what` names the file's kind in
-    the message."""
-    return _PlainUnpickler(io.BytesIO(data), what).load()
+    the message. Unsafe alone: call it after `hash_work` (`read_plain_pickle` does)."""
+    return _PlainUnpickler(_Whole(data), what).load()
 
 
 def read_plain_pickle(data: bytes, what: str):
@@ -67,6 +111,8 @@ def read_plain_pickle(data: bytes, what: str):
     it is refused; then it is unpickled with no global allowed. Raises TraceError (one line)."""
     limit = min(MAX_HASH_WORK, max(MIN_HASH_LIMIT, MAX_HASH_PER_BYTE * len(data)))
     work = hash_work(data, limit)
+    if work in REFUSED:
+        raise TraceError(f"unsafe pickle, not loaded: {REFUSED[work]}")
     if work > limit:
         raise TraceError(f"{what}: its dict keys or set members, built from shared references, would "
                          f"take over {limit:,} hashing steps to unpickle ({MAX_HASH_PER_BYTE} per byte of the "
@@ -79,6 +125,14 @@ def read_plain_pickle(data: bytes, what: str):
             OverflowError, RecursionError) as exc:
         raise TraceError(f"truncated or damaged pickle ({type(exc).__name__}: {exc or 'ran out of input'})") from None
 
+
+#: What the pre-scan returns instead of a count for a stream it refuses outright, and why.
+EXT_OPCODE, MEMO_INDEX = -1, -2
+REFUSED = {EXT_OPCODE: "it names an entry of the copyreg extension registry (EXT opcode), which can be a class "
+                       "or function",
+           MEMO_INDEX: "it stores an object at a memo index beyond the objects stored so far (the unpickler "
+                       "would allocate memory for every index below it)"}
+_EXTS = {"EXT1", "EXT2", "EXT4"}
 
 #: Opcode name -> (items popped below a mark, pops to a mark, items pushed), from pickletools.
 _STACK_EFFECT = {op.name: (op.stack_before.index(pickletools.markobject)
@@ -96,7 +150,7 @@ _ARG_TWO_LINES = -6
 _SPECIALS = {"GET": 1, "BINGET": 2, "LONG_BINGET": 3, "PUT": 4, "BINPUT": 5, "LONG_BINPUT": 6, "MEMOIZE": 7,
              "MARK": 8, "TUPLE1": 9, "TUPLE2": 9, "TUPLE3": 9, "SETITEM": 10, "DUP": 11, "POP": 12, "SETITEMS": 13,
              "DICT": 13, "ADDITEMS": 14, "FROZENSET": 14, "TUPLE": 15, "INT": 16, "LONG": 17, "LONG1": 18,
-             "LONG4": 18, "STOP": 19}
+             "LONG4": 18, "STOP": 19, "EXT1": 20, "EXT2": 20, "EXT4": 20}
 
 
 def _scan_table() -> list:
@@ -110,7 +164,7 @@ def _scan_table() -> list:
 
 
 def hash_work(data: bytes, limit: int) -> int:
-    """`_hash_work`, by the C scanner where it is built (the same count, ~100x faster)."""
+    """`_hash_work` (a count, or a key of REFUSED), by the C scanner where it is built (the same count, ~100x faster)."""
     if _picklescan is None:
         return _hash_work(data, limit)
     global _TABLE
@@ -124,7 +178,9 @@ _TABLE: list | None = None
 
 def _hash_work(data: bytes, limit: int) -> int:
     """How many items unpickling `data` would hash (dict keys, set and frozenset members), counted
-    from the opcode stream without building anything; stops once past `limit`. Each object on the
+    from the opcode stream without building anything; stops once past `limit`. A stream that
+    unpickling cannot be trusted with returns a key of REFUSED instead: an EXT opcode, or a memo
+    index (PUT, BINPUT, LONG_BINPUT) above the number of objects memoized so far. Each object on the
     simulated stack is its hashing cost: a tuple 1 + its items' costs (shared ones at every use),
     an int 1 + its size in 60-bit digits (an int's hash is not cached), anything else 1 (a str's
     hash is cached; a list or dict is not hashable: hashing it fails at once). A stream that breaks
@@ -141,7 +197,12 @@ def _hash_work(data: bytes, limit: int) -> int:
             elif name == "MEMOIZE":
                 memo[len(memo)] = stack[-1]
             elif name in _PUTS:
-                memo[arg] = stack[-1]
+                top = stack[-1]
+                if not 0 <= arg <= len(memo):
+                    return MEMO_INDEX
+                memo[arg] = top
+            elif name in _EXTS:
+                return EXT_OPCODE
             elif name == "MARK":
                 marks.append(len(stack))
             elif name in _TUPLES:
