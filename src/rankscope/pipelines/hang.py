@@ -105,7 +105,7 @@ def flight_recorder_slices(analysis: Analysis, offsets: dict[int, int]) -> list[
             dumps.append(read_fr_dump(path))
         except TraceError:                     # changed since the analysis read it: left out
             continue
-    horizon = max((t for d in dumps for e in d.entries for t in (e.created_ns, e.completed_ns or 0)), default=0)
+    horizon = max((int(max(d.created_ns.max(), d.completed_ns.max())) for d in dumps if len(d)), default=0)
     bases = {s.rank: s.meta.base_time_ns or 0 for s in analysis.ranks}
     common = next(iter(bases.values()), 0)
     return [(d, entry_slices(d, horizon, bases.get(d.rank, common) + offsets.get(d.rank, 0))) for d in dumps]
@@ -120,5 +120,5 @@ def write_flight_recorder(writer, tracks: list[tuple[FrDump, pl.DataFrame]], ori
     for d, slices in tracks:
         chunks, events = flight_recorder_json(d.rank, slices, origin_ns, d.rank in written)
         writer.write(chunks, events)
-        out.append({"rank": d.rank, "file": d.file, "entries": len(d.entries), "events": events})
+        out.append({"rank": d.rank, "file": d.file, "entries": len(d), "events": events})
     return out

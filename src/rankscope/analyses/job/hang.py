@@ -165,9 +165,12 @@ def hang_report(dumps: list[DumpSummary], world_size: int | None = None,
     first_ns = min((d.first_ns for d in by_rank.values() if d.first_ns), default=0)
     states = all(d.states_recorded for d in by_rank.values())
     stalls, all_groups = [], []
-    sig_ids: dict[str, int] = {}
+    sig_ids: dict[str, int] = {}          # signature text -> job-wide id; per dump, its codes -> those ids
+    sig_lut = {r: np.array([sig_ids.setdefault(x, len(sig_ids)) for x in d.signatures], dtype=np.int64)
+               for r, d in by_rank.items()}
+    sig_texts = list(sig_ids)
     for g in groups:
-        stall, state = _group_stall(g, by_rank, sig_ids, horizon)
+        stall, state = _group_stall(g, by_rank, sig_lut, sig_texts, horizon)
         all_groups.append(state)
         if stall is not None:
             stalls.append(stall)
@@ -215,7 +218,7 @@ def _groups(by_rank: dict[int, DumpSummary], world: int | None, trace_groups: di
     return out
 
 
-def _group_stall(g: _Group, by_rank: dict[int, DumpSummary], sig_ids: dict[str, int],
+def _group_stall(g: _Group, by_rank: dict[int, DumpSummary], sig_lut: dict[int, np.ndarray], sig_texts: list[str],
                  horizon: int) -> tuple[StuckCollective | None, GroupState]:
     dumped = [r for r in g.ranks if r in by_rank]
     no_dump = [r for r in g.ranks if r not in by_rank]
@@ -236,7 +239,7 @@ def _group_stall(g: _Group, by_rank: dict[int, DumpSummary], sig_ids: dict[str, 
         at = np.searchsorted(cols, s.seq[keep])
         present[i, at] = True
         state[i, at] = s.state[keep]
-        sig[i, at] = [sig_ids.setdefault(x, len(sig_ids)) for x, k in zip(s.signature, keep) if k]
+        sig[i, at] = sig_lut[r][s.signature[keep]]
     states = all(by_rank[r].states_recorded for r in rows)
     entered_all = present.all(axis=0) if n else np.zeros(m, dtype=bool)
     lo = np.where(present, sig, np.iinfo(np.int64).max).min(axis=0) if n else np.zeros(m)
@@ -255,18 +258,17 @@ def _group_stall(g: _Group, by_rank: dict[int, DumpSummary], sig_ids: dict[str, 
     if not len(bad):
         return None, GroupState(**grid_state, state="complete", last_seq_all=last_all)
     c = int(bad[0])
-    stall = _stall(g, rows, no_dump, c, cols, present, state, sig, sig_ids, states, by_rank, horizon)
+    stall = _stall(g, rows, no_dump, c, cols, present, state, sig, sig_texts, states, by_rank, horizon)
     kind = {"hang": "stuck"}.get(stall.kind, stall.kind)
     return stall, GroupState(**grid_state, state=kind, last_seq_all=last_all)
 
 
 def _stall(g: _Group, rows: list[int], no_dump: list[int], c: int, cols: np.ndarray, present: np.ndarray,
-           state: np.ndarray, sig: np.ndarray, sig_ids: dict[str, int], states: bool,
+           state: np.ndarray, sig: np.ndarray, text: list[str], states: bool,
            by_rank: dict[int, DumpSummary], horizon: int) -> StuckCollective:
     seq = int(cols[c])
     entered = [r for i, r in enumerate(rows) if present[i, c]]
     not_entered = [r for i, r in enumerate(rows) if not present[i, c]]
-    text = {v: k for k, v in sig_ids.items()}
     sigs = {r: int(sig[i, c]) for i, r in enumerate(rows) if present[i, c]}
     counts = Counter(sigs.values())
     top = max(counts.values())
