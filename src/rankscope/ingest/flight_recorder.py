@@ -192,18 +192,35 @@ def _int(v) -> int | None:
 
 
 def _ranks(v) -> list[int] | None:
+    """A group's ranks from pg_config ("[0, 1]" or a list), sorted; None where it gives none. Every
+    dump of a job repeats its pg_config (at 1,024 ranks: ~3,000 numbers a dump), so a text is parsed
+    once per process (`_RANKS_OF_TEXT`; the lists are shared: read them, never change them)."""
     if isinstance(v, str):
-        v = [int(x) for x in re.findall(r"\d{1,10}", v[:1 << 20])]
+        known = _RANKS_OF_TEXT.get(v, False)
+        if known is not False:
+            return known
+        if len(_RANKS_OF_TEXT) > 4096:
+            _RANKS_OF_TEXT.clear()
+        ranks = _RANKS_OF_TEXT[v] = _ranks([int(x) for x in re.findall(r"\d{1,10}", v[:1 << 20])])
+        return ranks
     if not isinstance(v, list) or not v or not all(isinstance(r, int) and not isinstance(r, bool) for r in v):
         return None
     return sorted(set(v))
 
 
+_RANKS_OF_TEXT: dict[str, list[int] | None] = {}
+
+
+#: A text column: (int32 codes, the texts they index).
+Texts = tuple[np.ndarray, list[str]]
+
+
 @dataclass
 class RawEntries:
     """A dump's usable entries in file order, the fields the verdict reads as they are there (what
-    both readers give, `_dump` finishes). Sizes and dtypes as compact text ("[[4096]]", "[Float]";
-    "?" for anything but lists of ints or strings); ints outside int64 count as none."""
+    both readers give, `_dump` finishes). Texts as (codes, table): per entry the index of its text in
+    the table, which lists them in order of first use. Sizes and dtypes as compact text ("[[4096]]",
+    "[Float]"; "?" for anything but lists of ints or strings); ints outside int64 count as none."""
     top: dict                      # version, pg_config, comm_lib_version, nccl_version: as in the dump
     total: int                     # entries in the dump, usable or not
     where: np.ndarray              # int64: each usable entry's place in the dump's entries
@@ -218,10 +235,10 @@ class RawEntries:
     completed_ns: np.ndarray       # int64 (0: none)
     duration_ms: np.ndarray        # float64 (NaN: none)
     timeout_ms: np.ndarray         # float64 (NaN: none)
-    pg_name: list[str]
-    pg_desc: list[str]
-    profiling_name: list[str]
-    sizes: list[list[str]]         # input sizes, input dtypes, output sizes, output dtypes: 4 columns
+    pg_name: Texts
+    pg_desc: Texts
+    profiling_name: Texts
+    sizes: list[Texts]             # input sizes, input dtypes, output sizes, output dtypes
     frames: Callable[[list[int]], list[list[Frame]]]     # places in the dump's entries -> their frames
 
 
@@ -262,8 +279,14 @@ def _plain_entries(raw, limit: int) -> RawEntries:
     walk(len(config) if isinstance(config, dict) else 0)
     cols: dict[str, list] = {k: [] for k in ("where", "record_id", "coll_seq", "p2p_seq", "has_p2p_seq", "is_p2p",
                                              "state", "created_ns", "started_ns", "completed_ns", "duration_ms",
-                                             "timeout_ms", "pg_name", "pg_desc", "profiling_name", "s0", "s1", "s2",
-                                             "s3")}
+                                             "timeout_ms")}
+    tables: list[dict[str, int]] = [{} for _ in range(7)]
+    codes: list[list[int]] = [[] for _ in range(7)]
+
+    def code(k: int, text: str) -> None:
+        table = tables[k]
+        codes[k].append(table.setdefault(text, len(table)))
+
     for i, e in enumerate(entries):
         walk(1)
         if type(e) is not dict:
@@ -293,13 +316,11 @@ def _plain_entries(raw, limit: int) -> RawEntries:
         duration = float(duration) if type(duration) is float or _int(duration) is not None else math.nan
         c["duration_ms"].append(duration if math.isfinite(duration) else math.nan)
         c["timeout_ms"].append(math.nan if timeout is None else float(timeout))
-        c["pg_name"].append(pg0 if type(pg0) is str else str(pg0))
-        c["pg_desc"].append(_text(pg[1]) if len(pg) > 1 else "")
-        c["profiling_name"].append(name)
-        c["s0"].append(sizes(get("input_sizes")))
-        c["s1"].append(sizes(get("input_dtypes")))
-        c["s2"].append(sizes(get("output_sizes")))
-        c["s3"].append(sizes(get("output_dtypes")))
+        code(0, pg0 if type(pg0) is str else str(pg0))
+        code(1, _text(pg[1]) if len(pg) > 1 else "")
+        code(2, name)
+        for k, key in enumerate(("input_sizes", "input_dtypes", "output_sizes", "output_dtypes"), 3):
+            code(k, sizes(get(key)))
     known: dict[int, list[Frame]] = {}        # id of a raw frames list -> its conversion
 
     def frames(places: list[int]) -> list[list[Frame]]:
@@ -320,6 +341,7 @@ def _plain_entries(raw, limit: int) -> RawEntries:
     def arr(key: str, dtype) -> np.ndarray:
         return np.array(cols[key], dtype=dtype)
 
+    texts = [(np.array(c, dtype=np.int32), list(t)) for c, t in zip(codes, tables)]
     i64 = np.int64
     return RawEntries(
         top={k: raw.get(k) for k in ("version", "pg_config", "comm_lib_version", "nccl_version")},
@@ -327,9 +349,8 @@ def _plain_entries(raw, limit: int) -> RawEntries:
         p2p_seq=arr("p2p_seq", i64), has_p2p_seq=arr("has_p2p_seq", bool), is_p2p=arr("is_p2p", bool),
         state=arr("state", np.int8), created_ns=arr("created_ns", i64), started_ns=arr("started_ns", i64),
         completed_ns=arr("completed_ns", i64), duration_ms=arr("duration_ms", np.float64),
-        timeout_ms=arr("timeout_ms", np.float64), pg_name=cols["pg_name"], pg_desc=cols["pg_desc"],
-        profiling_name=cols["profiling_name"], sizes=[cols["s0"], cols["s1"], cols["s2"], cols["s3"]],
-        frames=frames)
+        timeout_ms=arr("timeout_ms", np.float64), pg_name=texts[0], pg_desc=texts[1], profiling_name=texts[2],
+        sizes=texts[3:], frames=frames)
 
 
 def _c_entries(data: bytes, limit: int) -> RawEntries | None:
@@ -342,14 +363,17 @@ def _c_entries(data: bytes, limit: int) -> RawEntries | None:
     (where, record_id, coll_seq, p2p_seq, has_p2p_seq, is_p2p, state, created, started, completed, duration,
      timeout) = (np.frombuffer(b, dtype=t) for b, t in zip(numbers, (i64, i64, i64, i64, bool, bool, np.int8, i64,
                                                                     i64, i64, f64, f64)))
-    pg_name, pg_desc, profiling_name, *sizes = texts
+    pg_name, pg_desc, profiling_name, *sizes = ((np.frombuffer(c, dtype=np.int32), t) for c, t in texts)
     return RawEntries(top, total, where, record_id, coll_seq, p2p_seq, has_p2p_seq, is_p2p, state, created, started,
                       completed, duration, timeout, pg_name, pg_desc, profiling_name, sizes, frames)
 
 
-def _intern(values: list, table: dict) -> np.ndarray:
-    """Each value's index in `table` (added in order of first appearance)."""
-    return np.fromiter((table.setdefault(v, len(table)) for v in values), dtype=np.int32, count=len(values))
+def _merged(columns: list[Texts]) -> tuple[np.ndarray, list[str]]:
+    """Several text columns over one table (the first column's texts first): (n x k codes, table)."""
+    table: dict[str, int] = {}
+    codes = [np.array([table.setdefault(t, len(table)) for t in texts], dtype=np.int32)[c] if len(c) else c
+             for c, texts in columns]
+    return np.stack(codes, axis=1), list(table)
 
 
 def _dump(file: str, rank: int, fmt: str, raw: RawEntries, frames_last: int | None) -> FrDump:
@@ -368,8 +392,8 @@ def _dump(file: str, rank: int, fmt: str, raw: RawEntries, frames_last: int | No
             groups.append(FrGroupConfig(_text(pg.get("name"), _text(key)), _text(pg.get("desc")),
                                         _ranks(pg.get("ranks"))))
     order = np.argsort(raw.record_id, kind="stable")
-    names: dict[str, int] = {}
-    name_of = _intern(raw.profiling_name, names)[order]
+    name_of, names = raw.profiling_name
+    name_of = name_of[order]
     calls, backends, p2p_ops = [], set(), []
     for name in names:                         # "nccl:all_reduce", "gloo:send 0->1", "all_reduce"
         backend, _, op_text = name.partition(":") if ":" in name else ("", "", name)
@@ -379,15 +403,18 @@ def _dump(file: str, rank: int, fmt: str, raw: RawEntries, frames_last: int | No
         p2p_ops.append(op in ("send", "recv"))
     is_p2p = raw.is_p2p[order] | np.array(p2p_ops, dtype=bool)[name_of]
     use_p2p = is_p2p & raw.has_p2p_seq[order]
-    pgs: dict[tuple[str, str], int] = {}
-    pg = _intern(list(zip(raw.pg_name, raw.pg_desc)), pgs)[order]
-    texts: dict[str, int] = {}
-    sizes = np.stack([_intern(col, texts) for col in raw.sizes], axis=1) if n else np.zeros((0, 4), np.int32)
+    (pg_name, pg_names), (pg_desc, pg_descs) = raw.pg_name, raw.pg_desc
+    pairs, first, pg = np.unique(pg_name.astype(np.int64) * max(len(pg_descs), 1) + pg_desc, return_index=True,
+                                 return_inverse=True)
+    by_first = np.argsort(first)                       # the (name, desc) pairs in order of first use
+    pgs = [(pg_names[p // max(len(pg_descs), 1)], pg_descs[p % max(len(pg_descs), 1)]) for p in pairs[by_first].tolist()]
+    pg = np.argsort(by_first).astype(np.int32)[pg.reshape(-1)][order]
+    sizes, texts = _merged(raw.sizes)
     dump = FrDump(
         file=file, rank=rank, format=fmt, version=version,
         backend=", ".join(sorted(b for b in backends if b)) or "unknown", groups=groups,
         comm_lib_version=_text(top.get("comm_lib_version") or top.get("nccl_version")),
-        pgs=list(pgs), calls=calls, texts=list(texts), record_id=raw.record_id[order], pg=pg,
+        pgs=pgs, calls=calls, texts=texts, record_id=raw.record_id[order], pg=pg,
         seq=np.where(use_p2p, raw.p2p_seq[order], raw.coll_seq[order]), is_p2p=is_p2p, call=name_of,
         sizes=sizes[order], state=raw.state[order], created_ns=raw.created_ns[order],
         started_ns=raw.started_ns[order], completed_ns=raw.completed_ns[order], duration_ms=raw.duration_ms[order],
