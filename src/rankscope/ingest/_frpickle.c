@@ -174,7 +174,10 @@ static int parse(Reader *r) {
     const uint8_t *d = r->d;
     size_t n = r->len, pos = 0;
     for (int t = 0; t < FIRST_FREE; t++) new_node(r, (uint8_t)(t == ID_NONE ? N_NONE : t == ID_TRUE ? N_TRUE : N_FALSE));
-    if (r->nomem || GROW(r, segs, n_segs, cap_segs, 1) < 0) return -1;
+    /* torch's dumps: ~1 node per 6 bytes, ~1 item per 4 (grown as needed beyond) */
+    if (r->nomem || GROW(r, segs, n_segs, cap_segs, n / 16 + 1) < 0 || GROW(r, nodes, n_nodes, cap_nodes, n / 4 + 1) < 0 ||
+        GROW(r, items, n_items, cap_items, n / 4 + 1) < 0)
+        return -1;
     r->n_segs = 1;                                      /* segment 0: none */
 #define NEED(k) do { if ((size_t)(k) > n - pos) return 1; } while (0)
 #define FENCE (r->n_marks ? r->marks[r->n_marks - 1] : 0)
@@ -468,9 +471,11 @@ static int put(text_t *t, const char *s, size_t n) {
 }
 
 static int put_int(text_t *t, int64_t v) {
-    char num[24];
-    int k = snprintf(num, sizeof num, "%lld", (long long)v);
-    return put(t, num, (size_t)k);
+    char num[24], *end = num + sizeof num, *p = end;
+    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    do { *--p = (char)('0' + u % 10); u /= 10; } while (u);
+    if (v < 0) *--p = '-';
+    return put(t, p, (size_t)(end - p));
 }
 
 /* 1: text written; 0: "?"; -1: error (exception set). */

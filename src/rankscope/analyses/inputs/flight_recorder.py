@@ -77,26 +77,28 @@ def call_site(frames: list[Frame]) -> Frame | None:
     return frames[0] if frames else None
 
 
-def _runs(key: np.ndarray) -> np.ndarray:
-    """Where each run of equal values of a sorted key starts."""
-    return np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if len(key) else np.zeros(0, np.int64)
+def _distinct_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of the columns (non-negative ints, one length), the id of its distinct combination;
+    and per id, its first row."""
+    key = np.zeros(len(columns[0]), np.int64)
+    first = np.zeros(0, np.int64)
+    for c in columns:
+        key = key * (int(c.max()) + 1 if len(c) else 1) + c      # < rows x (max + 1): no overflow
+        _, first, key = np.unique(key, return_index=True, return_inverse=True)
+        key = key.reshape(-1)
+    return key, first
 
 
 def summarize_dump(dump: FrDump) -> DumpSummary:
     n = len(dump)
-    # each entry's signature, computed once per distinct (op, p2p, sizes, dtypes)
-    combos = np.column_stack([dump.call, dump.is_p2p, dump.sizes]) if n else np.zeros((0, 6), np.int32)
-    kinds, entry_sig = np.unique(combos, axis=0, return_inverse=True)
-    entry_sig = entry_sig.reshape(-1)
-    signatures = [signature(dump.calls[c][0], bool(p), *(dump.texts[t] for t in sizes))
-                  for c, p, *sizes in kinds.tolist()]
+    # each entry's signature, made once per distinct (op, p2p, sizes, dtypes)
+    entry_sig, firsts = _distinct_rows([dump.call, dump.is_p2p.astype(np.int64), *dump.sizes.T])
+    signatures = [signature(dump.calls[dump.call[i]][0], bool(dump.is_p2p[i]), *(dump.texts[t] for t in dump.sizes[i]))
+                  for i in firsts.tolist()]
     # streams: (group name, p2p), in order of their first entry; rows: (stream, seq)
     names: dict[str, int] = {}
     name_of_pg = np.array([names.setdefault(name, len(names)) for name, _ in dump.pgs], dtype=np.int64)
     stream_key = name_of_pg[dump.pg] * 2 + dump.is_p2p if n else np.zeros(0, np.int64)
-    first_at = {}
-    for i, k in enumerate(stream_key.tolist()):
-        first_at.setdefault(k, i)
     order = np.lexsort((dump.seq, stream_key))
     key, seq = stream_key[order], dump.seq[order]
     row_at = np.flatnonzero(np.r_[True, (key[1:] != key[:-1]) | (seq[1:] != seq[:-1])]) if n else np.zeros(0, int)
@@ -107,24 +109,26 @@ def summarize_dump(dump: FrDump) -> DumpSummary:
         text = ";".join(signatures[j] for j in entry_sig[order[row_at[r]:row_at[r] + sizes[r]]].tolist())
         row_sig[r] = sig_ids.setdefault(text, len(sig_ids))
     row_state = np.minimum.reduceat(dump.state[order], row_at) if n else np.zeros(0, np.int8)
-    firsts = order[row_at]
+    row_first = order[row_at]
     row_key = key[row_at]
+    keys, first_entry = np.unique(stream_key, return_index=True)
     streams = []
-    for k in sorted(first_at, key=first_at.get):
+    for k in keys[np.argsort(first_entry)].tolist():
         lo, hi = np.searchsorted(row_key, [k, k + 1])
         mine = np.flatnonzero(stream_key == k)
         name, desc = dump.pgs[dump.pg[mine[0]]]
         streams.append(Stream(
             group=name, desc=desc, p2p=bool(k & 1), seq=seq[row_at[lo:hi]], signature=row_sig[lo:hi],
-            state=row_state[lo:hi].astype(np.int8), created_ns=dump.created_ns[firsts[lo:hi]],
-            record_id=dump.record_id[firsts[lo:hi]], last=[dump.entry(i) for i in mine[-LAST_ENTRIES:].tolist()]))
+            state=row_state[lo:hi].astype(np.int8), created_ns=dump.created_ns[row_first[lo:hi]],
+            record_id=dump.record_id[row_first[lo:hi]], last=[dump.entry(i) for i in mine[-LAST_ENTRIES:].tolist()]))
     times = np.concatenate([dump.created_ns, dump.started_ns, dump.completed_ns])
     times = times[times != 0]
     named = {g.name: g.ranks for g in dump.groups if g.name and g.ranks}
-    every = [r for g in dump.groups if g.ranks for r in g.ranks]
+    highest = max((g.ranks[-1] for g in dump.groups if g.ranks), default=None)     # ranks are sorted
     return DumpSummary(
         rank=dump.rank, file=dump.file, format=dump.format, version=dump.version, backend=dump.backend,
-        states_recorded=dump.backend != "gloo", group_ranks=named, world_hint=max(every) + 1 if every else None,
+        states_recorded=dump.backend != "gloo", group_ranks=named,
+        world_hint=None if highest is None else highest + 1,
         wrapped=bool(n) and int(dump.record_id[0]) > 0,
         first_ns=int(times.min()) if len(times) else None, last_ns=int(times.max()) if len(times) else None,
         streams=streams, last=[dump.entry(i) for i in range(max(0, n - LAST_ENTRIES), n)],

@@ -156,8 +156,7 @@ def hang_report(dumps: list[DumpSummary], world_size: int | None = None,
     with a trace, what it shows (`trace_facts`), of which the culprits' join the verdict."""
     by_rank = {d.rank: d for d in sorted(dumps, key=lambda d: d.rank)}
     candidates = [world_size or 0, max(by_rank) + 1 if by_rank else 0]
-    candidates += [d.world_hint or 0 for d in by_rank.values()]
-    candidates += [max(r) + 1 for d in by_rank.values() for r in d.group_ranks.values()]
+    candidates += [d.world_hint or 0 for d in by_rank.values()]      # covers each dump's group_ranks
     candidates += [max(r) + 1 for r in (trace_groups or {}).values() if r]
     world = max(candidates) or None
     groups = _groups(by_rank, world, trace_groups or {})
