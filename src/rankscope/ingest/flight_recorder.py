@@ -431,12 +431,14 @@ def _dump(file: str, rank: int, fmt: str, raw: RawEntries, frames_last: int | No
 def last_of_streams(dump: FrDump, k: int) -> np.ndarray:
     """The rows of each stream's (a process group's collectives, or its p2p ops, by group name)
     last `k` entries, ascending."""
-    names = {}
+    if not len(dump):
+        return np.zeros(0, np.int64)
+    names: dict[str, int] = {}
     stream = np.array([names.setdefault(name, len(names)) for name, _ in dump.pgs], dtype=np.int64)
-    key = (stream[dump.pg] * 2 + dump.is_p2p) if len(dump) else np.zeros(0, np.int64)
+    key = stream[dump.pg] * 2 + dump.is_p2p
     order = np.argsort(key, kind="stable")
     ranked = key[order]
-    starts = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]]) if len(ranked) else np.zeros(0, np.int64)
+    starts = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]])
     ends = np.r_[starts[1:], len(ranked)]
-    from_end = np.repeat(ends, np.diff(np.r_[starts, len(ranked)])) - np.arange(len(ranked))
+    from_end = np.repeat(ends, ends - starts) - np.arange(len(ranked))
     return np.sort(order[from_end <= k])

@@ -121,8 +121,8 @@ def read_plain_pickle(data: bytes, what: str):
         return load_plain_pickle(data, what)
     except UnsafePickle as exc:
         raise TraceError(f"unsafe pickle, not loaded: {exc}") from None
-    except (pickle.UnpicklingError, EOFError, ValueError, IndexError, KeyError, TypeError, MemoryError,
-            OverflowError, RecursionError) as exc:
+    except (pickle.UnpicklingError, EOFError, ValueError, IndexError, KeyError, TypeError, AttributeError,
+            MemoryError, OverflowError, RecursionError) as exc:      # AttributeError: APPEND on a dict
         raise TraceError(f"truncated or damaged pickle ({type(exc).__name__}: {exc or 'ran out of input'})") from None
 
 
