@@ -174,8 +174,9 @@ def hang_report(dumps: list[DumpSummary], world_size: int | None = None,
         if stall is not None:
             stalls.append(stall)
     stalls.sort(key=lambda s: (s.program_position, s.group))
+    waiting_in = [set(s.entered) - set(s.culprits) for s in stalls]       # who waits in each stall
     for s in stalls:
-        s.blockers_where = [_where(r, s, stalls) for r in s.culprits]
+        s.blockers_where = [_where(r, s, stalls, waiting_in) for r in s.culprits]
         s.verdict = _verdict(s)
     first = next((s for s in stalls if s.culprits), stalls[0] if stalls else None)
     missing = [r for r in range(world or 0) if r not in by_rank]
@@ -222,7 +223,8 @@ def _group_stall(g: _Group, by_rank: dict[int, DumpSummary], sig_lut: dict[int, 
     dumped = [r for r in g.ranks if r in by_rank]
     no_dump = [r for r in g.ranks if r not in by_rank]
     rolled = [r for r in dumped if r not in g.streams and by_rank[r].wrapped]     # its rows rolled out
-    rows = [r for r in dumped if r not in rolled]
+    gone = set(rolled)
+    rows = [r for r in dumped if r not in gone]
     start = max(int(g.streams[r].seq[0]) for r in g.streams)
     cols = np.unique(np.concatenate([g.streams[r].seq for r in g.streams]))
     cols = cols[cols >= start]
@@ -287,11 +289,13 @@ def _stall(g: _Group, rows: list[int], no_dump: list[int], c: int, cols: np.ndar
     entries = {r: _entry_at(g, r, seq) for r in entered}
     firsts = [int(g.streams[r].created_ns[np.searchsorted(g.streams[r].seq, seq)]) for r in entered]
     t0 = min(firsts)
-    waits = [MemberWait(rank=r, state=_STATE_NAMES[int(state[rows.index(r), c])],
+    row_of = {r: i for i, r in enumerate(rows)}
+    held = set(culprits)
+    waits = [MemberWait(rank=r, state=_STATE_NAMES[int(state[row_of[r], c])],
                         entered_ms=round((t - t0) / NS_PER_MS, 3),
                         waited_ms_at_least=round(max(horizon - t, 0) / NS_PER_MS, 3),
                         timeout_ms=float(entries[r].timeout_ms) if entries[r] and entries[r].timeout_ms else None)
-             for r, t in zip(entered, firsts) if r not in culprits]
+             for r, t in zip(entered, firsts) if r not in held]
     position = min(int(g.streams[r].record_id[np.searchsorted(g.streams[r].seq, seq)]) for r in entered)
     frames = []
     for r in culprits:
@@ -338,23 +342,25 @@ def _grid(g: _Group, rows: list[int], rolled: list[int], no_dump: list[int], col
     bad = np.flatnonzero(~ok)
     end = min(len(cols), int(bad[0]) + 3) if len(bad) else len(cols)
     shown = list(range(max(0, end - GRID_SEQS), end))
+    missing, gone, row_of = set(no_dump), set(rolled), {r: i for i, r in enumerate(rows)}
     grid = []
     for r in g.ranks:
-        if r in no_dump:
+        if r in missing:
             cells = ["no_dump"] * len(shown)
-        elif r in rolled:
+        elif r in gone:
             cells = ["rolled_out"] * len(shown)
         else:
-            i = rows.index(r)
+            i = row_of[r]
             cells = [_STATE_NAMES[int(state[i, j])] if present[i, j] else "not_entered" for j in shown]
         grid.append(GridRow(rank=r, states=cells))
     return dict(group=g.name, group_desc=g.desc, label=g.label, dim=g.dim, group_ranks=g.ranks, p2p=g.p2p,
                 grid_seqs=[int(cols[j]) for j in shown], grid=grid)
 
 
-def _where(rank: int, stall: StuckCollective, stalls: list[StuckCollective]) -> BlockerWhere:
-    """Where a culprit of `stall` is: waiting in another stall, or in none."""
-    other = next((s for s in stalls if s is not stall and rank in s.entered and rank not in s.culprits), None)
+def _where(rank: int, stall: StuckCollective, stalls: list[StuckCollective],
+           waiting_in: list[set[int]]) -> BlockerWhere:
+    """Where a culprit of `stall` is: waiting in another stall (`waiting_in`: who waits in each), or in none."""
+    other = next((s for s, waiting in zip(stalls, waiting_in) if s is not stall and rank in waiting), None)
     if other is None:
         return BlockerWhere(rank=rank, group=None, label=None, seq=None, op=None)
     return BlockerWhere(rank=rank, group=other.group, label=other.label, seq=other.seq, op=other.op)
