@@ -3,7 +3,10 @@
 
 A rank's entries are grouped into streams: per process group, its collectives (by
 `collective_seq_id`) and its point-to-point ops (by `p2p_seq_id`), one row per sequence number
-(the entries of a coalesced call share one). Per row: its signature (op, input sizes, dtypes,
+(the entries of a coalesced call share one); and its point-to-point ops once more per direction
+(`channel`: sender -> receiver, the group's own ranks, from the op's name), one row per transfer in
+order, as a group of more than two ranks is aligned (a rank's p2p_seq_id counts its ops to every
+peer). Per row: its signature (op, input sizes, dtypes,
 output sizes; the entries of a coalesced call joined), the state it reached (the least advanced
 of its entries), when it was created, and its record id (the rank's running count of recorded
 ops: the program position). Rows are columns (numpy), signatures codes into the dump's own table
@@ -13,8 +16,10 @@ entries as timeline slices (the Perfetto export).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 import polars as pl
 
@@ -39,6 +44,8 @@ class Stream:
     created_ns: np.ndarray             # int64: the row's first entry
     record_id: np.ndarray              # int64
     last: list[FrEntry]                # its last LAST_ENTRIES entries, whole
+    channel: tuple[int, int] | None = None   # p2p of one direction: (sender, receiver), ranks in the group;
+                                             # seq then counts its transfers (1, 2, ...)
 
 
 @dataclass
@@ -89,12 +96,51 @@ def _distinct_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return key, first
 
 
+_SEND, _RECV = re.compile(r"(\d+)->(\d+)"), re.compile(r"(\d+)<-(\d+)")
+
+
+def _direction(op: str, detail: str) -> tuple[int, int] | None:
+    """(sender, receiver) of a send ("send 1->2") or a recv ("recv 2<-1"), ranks in the group."""
+    m = (_SEND if op == "send" else _RECV if op == "recv" else None)
+    m = m.fullmatch(detail) if m else None
+    if m is None:
+        return None
+    a, b = int(m[1]), int(m[2])
+    return (a, b) if op == "send" else (b, a)
+
+
+def _channels(dump: FrDump, name: str, desc: str, mine: np.ndarray, entry_sig: np.ndarray) -> list[Stream]:
+    """A group's p2p entries (`mine`, in record order) split by direction: per (sender, receiver), its
+    transfers in p2p_seq_id order, numbered 1, 2, ... (the n-th transfer that way)."""
+    directions = [_direction(op, detail) for op, detail in dump.calls]
+    known = {d: i for i, d in enumerate(dict.fromkeys(d for d in directions if d))}
+    code = np.array([known[d] if d else -1 for d in directions], dtype=np.int64)[dump.call[mine]]
+    out = []
+    for (src, dst), c in known.items():
+        rows = mine[code == c]
+        if not len(rows):
+            continue
+        rows = rows[np.argsort(dump.seq[rows], kind="stable")]
+        nth = np.arange(1, len(rows) + 1, dtype=np.int64)
+        out.append(Stream(
+            group=name, desc=desc, p2p=True, seq=nth, signature=entry_sig[rows].astype(np.int32),
+            state=dump.state[rows], created_ns=dump.created_ns[rows], record_id=dump.record_id[rows],
+            last=[msgspec.structs.replace(dump.entry(i), seq=n)
+                  for i, n in zip(rows[-LAST_ENTRIES:].tolist(), nth[-LAST_ENTRIES:].tolist())],
+            channel=(src, dst)))
+    return out
+
+
 def summarize_dump(dump: FrDump) -> DumpSummary:
     n = len(dump)
     # each entry's signature, made once per distinct (op, p2p, sizes, dtypes)
-    entry_sig, firsts = _distinct_rows([dump.call, dump.is_p2p.astype(np.int64), *dump.sizes.T])
-    signatures = [signature(dump.calls[dump.call[i]][0], bool(dump.is_p2p[i]), *(dump.texts[t] for t in dump.sizes[i]))
-                  for i in firsts.tolist()]
+    kind, firsts = _distinct_rows([dump.call, dump.is_p2p.astype(np.int64), *dump.sizes.T])
+    sig_ids: dict[str, int] = {}        # a send and a recv of the same data: one signature
+    text_of_kind = np.array([sig_ids.setdefault(signature(dump.calls[dump.call[i]][0], bool(dump.is_p2p[i]),
+                                                          *(dump.texts[t] for t in dump.sizes[i])), len(sig_ids))
+                             for i in firsts.tolist()], dtype=np.int64)
+    entry_sig = text_of_kind[kind] if n else kind
+    signatures = list(sig_ids)
     # streams: (group name, p2p), in order of their first entry; rows: (stream, seq)
     names: dict[str, int] = {}
     name_of_pg = np.array([names.setdefault(name, len(names)) for name, _ in dump.pgs], dtype=np.int64)
@@ -104,7 +150,6 @@ def summarize_dump(dump: FrDump) -> DumpSummary:
     row_at = np.flatnonzero(np.r_[True, (key[1:] != key[:-1]) | (seq[1:] != seq[:-1])]) if n else np.zeros(0, int)
     row_sig = entry_sig[order][row_at].astype(np.int32)
     sizes = np.diff(np.r_[row_at, n])
-    sig_ids = {text: i for i, text in enumerate(signatures)}
     for r in np.flatnonzero(sizes > 1).tolist():        # a coalesced call: its entries' signatures joined
         text = ";".join(signatures[j] for j in entry_sig[order[row_at[r]:row_at[r] + sizes[r]]].tolist())
         row_sig[r] = sig_ids.setdefault(text, len(sig_ids))
@@ -121,6 +166,8 @@ def summarize_dump(dump: FrDump) -> DumpSummary:
             group=name, desc=desc, p2p=bool(k & 1), seq=seq[row_at[lo:hi]], signature=row_sig[lo:hi],
             state=row_state[lo:hi].astype(np.int8), created_ns=dump.created_ns[row_first[lo:hi]],
             record_id=dump.record_id[row_first[lo:hi]], last=[dump.entry(i) for i in mine[-LAST_ENTRIES:].tolist()]))
+        if k & 1:
+            streams += _channels(dump, name, desc, mine, entry_sig)
     times = np.concatenate([dump.created_ns, dump.started_ns, dump.completed_ns])
     times = times[times != 0]
     named = {g.name: g.ranks for g in dump.groups if g.name and g.ranks}
