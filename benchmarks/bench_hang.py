@@ -139,12 +139,12 @@ def base_checkout(commit: str, into: Path) -> Path:
 
 
 def phases(folder: Path) -> tuple[float, float]:
-    """In-process: (read + per-rank summary s, cross-rank verdict s)."""
-    from rankscope.analyses.inputs.flight_recorder import summarize_dump
+    """In-process, as `analyze` does them: (read + per-rank summary s, cross-rank verdict s)."""
+    from rankscope.analyses.inputs.flight_recorder import LAST_ENTRIES, summarize_dump
     from rankscope.analyses.job.hang import hang_report
     from rankscope.ingest.flight_recorder import read_fr_dump
     t = time.perf_counter()
-    summaries = [summarize_dump(read_fr_dump(p)) for p in sorted(folder.iterdir())]
+    summaries = [summarize_dump(read_fr_dump(p, frames_last=LAST_ENTRIES)) for p in sorted(folder.iterdir())]
     t1 = time.perf_counter()
     hang_report(summaries)
     return t1 - t, time.perf_counter() - t1

@@ -380,12 +380,13 @@ static int walk(Reader *r, unsigned long long k) {
 
 static int is_key(Reader *r, uint32_t key, const char *name, size_t n) {
     const node_t *k = &r->nodes[key];
-    return k->b == n && !memcmp(r->d + k->a, name, n);
+    return k->type == N_STR && k->b == n && !memcmp(r->d + k->a, name, n);
 }
 
 /* The values of `names` in dict `dict` (the last one where a key repeats); 0 where absent. */
 static void lookup(Reader *r, uint32_t dict, const char *const *names, const size_t *lens, int n_names, uint32_t *out) {
     memset(out, 0, n_names * sizeof(uint32_t));
+    if (r->nodes[dict].type != N_DICT) return;
     uint32_t key = 0;
     int i = 0;
     FOR_ITEMS(r, dict, it) {
