@@ -198,7 +198,7 @@ HOSTILE = {
 }
 PROBLEMS = {"calls_os_system": "unsafe pickle, not loaded: it names the global (posix|os).system",
             "imports_a_module": "unsafe pickle, not loaded: it names the global this.d",
-            "hash_bomb": "Flight Recorder dump: its dict keys or set members, built from shared references",
+            "hash_bomb": r"Flight Recorder dump: its dict keys or set members \(built from shared references",
             "shared_sizes": "Flight Recorder dump: its shared references repeat entries, frames and sizes beyond",
             "truncated": "truncated or damaged pickle", "truncated_json": "truncated or damaged JSON",
             "not_a_dump": "a dict without 'entries': not a Flight Recorder dump",

@@ -129,3 +129,27 @@ def test_real_pickles_use_memo_indices_in_sequence():
                 stored.add(len(stored))
         for name, scan in _scanners():
             assert scan(d, 1 << 40) >= 0, name
+
+
+def _colliding_ints(n: int, key_op: bytes = b"\x8a\x10") -> bytes:
+    """{"version": "2.10", "x": {k: 0 for k in keys}} by hand, keys i * (2**61 - 1) + 7 for i in
+    1..n: ints of 62-66 bits (LONG1, 16 bytes each) whose hashes are all 7 (an int's hash is the int
+    mod 2**61 - 1)."""
+    keys = [i * ((1 << 61) - 1) + 7 for i in range(1, n + 1)]
+    assert {hash(k) for k in keys} == {7}
+    body = b"".join(key_op + k.to_bytes(16, "little", signed=True) + b"K\x00" for k in keys)
+    return b"\x80\x02}(X\x07\x00\x00\x00versionX\x04\x00\x00\x002.10X\x01\x00\x00\x00x}(" + body + b"uu."
+
+
+def test_colliding_int_keys_counted_and_refused():
+    """n int keys with one hash: each insert compares with the keys before it. The count by hand:
+    2 str keys at 1, n ints at 2 (1 + 62..66 bits // 60), and 0 + 1 + ... + (n - 1) for the
+    collisions. 50,000 of them (1 MB) are refused, unpickled not; as many string keys read."""
+    for n in (3, 2000):
+        for name, scan in _scanners():
+            assert scan(_colliding_ints(n), 1 << 62) == 2 + 2 * n + n * (n - 1) // 2, (name, n)
+    with pytest.raises(TraceError, match=r"its dict keys or set members \(built from shared references, or not "
+                                         r"strings, whose hashes can all be made equal\) would take over 64,0"):
+        read_plain_pickle(_colliding_ints(50_000), "Flight Recorder dump")
+    strings = pickle.dumps({"version": "2.10", "x": {f"k{i:014d}": 0 for i in range(50_000)}}, protocol=2)
+    assert len(read_plain_pickle(strings, "Flight Recorder dump")["x"]) == 50_000

@@ -22,10 +22,13 @@ bytes, bytearray, int, float, bool, None, tuple, list, dict, set or frozenset, o
 
 Bounded: unpickling itself only links shared objects, except where it hashes: a dict key, a set or
 frozenset member. Hashing a tuple hashes its items each time (not cached), so 60 tuples of two
-references to the one before make a key of 2**60 items. Before anything is unpickled, the opcode
-stream is read (`pickletools.genops`, nothing built) and the hashing it would do is counted, each
-shared tuple at its full expanded size: past `MAX_HASH_PER_BYTE` per byte of the file (or
-`MAX_HASH_WORK` in all) the file is refused (`_hash_work`). The memo is an array indexed by the
+references to the one before make a key of 2**60 items; and keys whose hashes are equal (an int's
+hash is the int mod 2**61 - 1, so a file can choose them) make each insert compare with every key
+before it: 50,000 such ints in a 1 MB file, 1.25e9 comparisons. Before anything is unpickled, the
+opcode stream is read (`pickletools.genops`, nothing built) and the hashing it would do is counted,
+each shared tuple at its full expanded size, the n-th key that is not a str (a str's hash is
+keyed per process: it cannot be chosen) at n more: past `MAX_HASH_PER_BYTE` per byte of the file
+(or `MAX_HASH_WORK` in all) the file is refused (`_hash_work`). The memo is an array indexed by the
 PUT opcodes' numbers (`_Unpickler_MemoPut` grows it to twice the index and clears every new slot),
 so a 10-byte pickle with LONG_BINPUT 0x40000000 makes it write 16 GB: the pre-scan refuses a memo
 index beyond the number of objects memoized so far (picklers number them 0, 1, 2, ...). What the
@@ -114,9 +117,9 @@ def read_plain_pickle(data: bytes, what: str):
     if work in REFUSED:
         raise TraceError(f"unsafe pickle, not loaded: {REFUSED[work]}")
     if work > limit:
-        raise TraceError(f"{what}: its dict keys or set members, built from shared references, would "
-                         f"take over {limit:,} hashing steps to unpickle ({MAX_HASH_PER_BYTE} per byte of the "
-                         f"file at most): refused, not unpickled")
+        raise TraceError(f"{what}: its dict keys or set members (built from shared references, or not "
+                         f"strings, whose hashes can all be made equal) would take over {limit:,} hashing steps "
+                         f"to unpickle ({MAX_HASH_PER_BYTE} per byte of the file at most): refused, not unpickled")
     try:
         return load_plain_pickle(data, what)
     except UnsafePickle as exc:
@@ -143,6 +146,8 @@ _GETS = {"BINGET", "LONG_BINGET", "GET"}
 _PUTS = {"BINPUT", "LONG_BINPUT", "PUT"}
 _TUPLES = {"TUPLE1": 1, "TUPLE2": 2, "TUPLE3": 3}
 _INTS = {"LONG", "LONG1", "LONG4", "INT"}
+#: Opcodes that push a str: on the simulated stack its cost is 1.0 (a float marks a str).
+_STRS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "STRING", "BINSTRING", "SHORT_BINSTRING"}
 
 
 #: The C scanner's opcode table: per opcode byte (arg, special, below, to_mark, pushed); _picklescan.c.
@@ -150,7 +155,8 @@ _ARG_TWO_LINES = -6
 _SPECIALS = {"GET": 1, "BINGET": 2, "LONG_BINGET": 3, "PUT": 4, "BINPUT": 5, "LONG_BINPUT": 6, "MEMOIZE": 7,
              "MARK": 8, "TUPLE1": 9, "TUPLE2": 9, "TUPLE3": 9, "SETITEM": 10, "DUP": 11, "POP": 12, "SETITEMS": 13,
              "DICT": 13, "ADDITEMS": 14, "FROZENSET": 14, "TUPLE": 15, "INT": 16, "LONG": 17, "LONG1": 18,
-             "LONG4": 18, "STOP": 19, "EXT1": 20, "EXT2": 20, "EXT4": 20}
+             "LONG4": 18, "STOP": 19, "EXT1": 20, "EXT2": 20, "EXT4": 20, "SHORT_BINUNICODE": 21, "BINUNICODE": 21,
+             "BINUNICODE8": 21, "UNICODE": 21, "STRING": 21, "BINSTRING": 21, "SHORT_BINSTRING": 21}
 
 
 def _scan_table() -> list:
@@ -183,12 +189,16 @@ def _hash_work(data: bytes, limit: int) -> int:
     index (PUT, BINPUT, LONG_BINPUT) above the number of objects memoized so far. Each object on the
     simulated stack is its hashing cost: a tuple 1 + its items' costs (shared ones at every use),
     an int 1 + its size in 60-bit digits (an int's hash is not cached), anything else 1 (a str's
-    hash is cached; a list or dict is not hashable: hashing it fails at once). A stream that breaks
-    (bad opcode, cut, stack underflow) ends the count there: unpickling fails at the same opcode."""
+    hash is cached; a list or dict is not hashable: hashing it fails at once). A str's cost is the
+    float 1.0, which marks it: a key or member that is not a str may collide with every one before
+    it (an int's hash is the int mod 2**61 - 1: a file can choose them equal, and each insert then
+    compares with all the others), so the n-th such one in the file also counts n - 1. A stream
+    that breaks (bad opcode, cut, stack underflow) ends the count there: unpickling fails at the
+    same opcode."""
     stack: list[int] = []
     marks: list[int] = []        # stack lengths at each MARK, as the unpickler keeps them
     memo: dict = {}
-    work = 0
+    work = others = 0              # others: keys and members so far that are not a str
     try:
         for op, arg, _pos in pickletools.genops(data):
             name = op.name
@@ -209,13 +219,17 @@ def _hash_work(data: bytes, limit: int) -> int:
                 n = _TUPLES[name]
                 if len(stack) - (marks[-1] if marks else 0) < n:
                     break
-                cost = 1 + sum(stack[-n:])
+                cost = 1 + sum(map(int, stack[-n:]))
                 del stack[-n:]
                 stack.append(cost)
             elif name == "SETITEM":
                 if len(stack) - (marks[-1] if marks else 0) < 3:
                     break
-                work += stack[-2]
+                key = stack[-2]
+                work += int(key)
+                if type(key) is not float:
+                    work += others
+                    others += 1
                 del stack[-2:]
             elif name == "DUP":
                 stack.append(stack[-1])
@@ -232,13 +246,18 @@ def _hash_work(data: bytes, limit: int) -> int:
                     if len(stack) - (marks[-1] if marks else 0) < below:
                         break
                     del stack[-below:]
-                if name in ("SETITEMS", "DICT"):
-                    work += sum(items[0::2])
-                elif name in ("ADDITEMS", "FROZENSET"):
-                    work += sum(items)
-                cost = 1
+                hashed = items[0::2] if name in ("SETITEMS", "DICT") else items if name in (
+                    "ADDITEMS", "FROZENSET") else []
+                work += sum(map(int, hashed))
+                for x in hashed:
+                    if work > limit:
+                        break
+                    if type(x) is not float:
+                        work += others
+                        others += 1
+                cost = 1.0 if name in _STRS else 1
                 if name == "TUPLE":
-                    cost += sum(items)
+                    cost += sum(map(int, items))
                 elif name in _INTS and isinstance(arg, int):
                     cost += arg.bit_length() // 60
                 stack.extend([cost] * pushed)
