@@ -37,7 +37,6 @@ the file.
 """
 from __future__ import annotations
 
-import io
 import pickle
 import pickletools
 
@@ -96,10 +95,10 @@ class _Whole:
         buf[:len(data)] = data
         return len(data)
 
-    def readline(self) -> bytes:
-        rest = self.view[self.pos:]
-        end = bytes(rest[:1 << 16]).find(b"\n") if len(rest) <= 1 << 16 else bytes(rest).find(b"\n")
-        return bytes(self.read(-1 if end < 0 else end + 1))
+    def readline(self) -> bytes:         # only where the rest holds no newline: a text opcode cut short
+        rest = bytes(self.view[self.pos:])
+        end = rest.find(b"\n")
+        return bytes(self.read(len(rest) if end < 0 else end + 1))
 
 
 def load_plain_pickle(data: bytes, what: str = "plain-data pickle"):
