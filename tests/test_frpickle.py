@@ -8,7 +8,7 @@ tests also check that it does take every dump torch or Python's pickler writes (
 Inputs: the committed torch 2.13 dumps (tests/data/hangs, the corpus' fr-gloo-4rank-late), the same
 data re-pickled at every protocol, NCCL-style dumps made here (p2p, coalesced, wrapped, out of
 record order), random dumps (hypothesis: any field of any plain type), and real dumps cut and
-mutated byte by byte (seeded).
+mutated byte by byte (a fixed random sequence).
 """
 from __future__ import annotations
 
@@ -172,7 +172,7 @@ def test_random_dumps_same_as_the_reference(tmp_path, monkeypatch, dump_protocol
 
 
 def test_cut_and_mutated_dumps_same_as_the_reference(tmp_path, monkeypatch):
-    """A real dump cut at every 97th byte, and 400 seeded mutations (a byte changed, inserted or
+    """A real dump cut at every 97th byte, and 400 mutations from a fixed random sequence (a byte changed, inserted or
     deleted; the rest kept): the same FrDump or the same error; the C reader never crashes."""
     data = (DATA / "mesh-tp-skip" / "rank_3").read_bytes()
     rng = random.Random(30)
