@@ -84,7 +84,8 @@ def _nccl_entries() -> list[dict]:
         p2p = i % 4 == 3
         op = ("send 0->1" if i % 8 == 3 else "recv 1->0") if p2p else "all_reduce" if i % 3 else "_reduce_scatter_base"
         state = "completed" if i < 9 else "started" if i < 11 else "scheduled"
-        out.append({"record_id": 40 + i, "pg_id": 0, "process_group": ("1", "mesh_tp") if i % 2 else ["0", "default_pg"],
+        pg = ("1", "mesh_tp") if i % 2 else ["0", "default_pg"]          # a tuple as torch, a list as JSON
+        out.append({"record_id": 40 + i, "pg_id": 0, "process_group": pg,
                     "collective_seq_id": i // 2 if not p2p else 0, "p2p_seq_id": i if p2p else 0, "op_id": i,
                     "profiling_name": f"nccl:{op}", "time_created_ns": T0 + i * 1000, "input_sizes": [[4096, i % 3]],
                     "input_dtypes": ["BFloat16"], "output_sizes": [[4096, i % 3]] if i != 5 else [[4096], [2]],
@@ -172,8 +173,9 @@ def test_random_dumps_same_as_the_reference(tmp_path, monkeypatch, dump_protocol
 
 
 def test_cut_and_mutated_dumps_same_as_the_reference(tmp_path, monkeypatch):
-    """A real dump cut at every 97th byte, and 400 mutations from a fixed random sequence (a byte changed, inserted or
-    deleted; the rest kept): the same FrDump or the same error; the C reader never crashes."""
+    """A real dump cut at every 97th byte, and 400 mutations from a fixed random sequence (a byte
+    changed, inserted or deleted; the rest kept): the same FrDump or the same error; the C reader
+    never crashes."""
     data = (DATA / "mesh-tp-skip" / "rank_3").read_bytes()
     rng = random.Random(30)
     samples = [data[:n] for n in range(1, len(data), 97)]

@@ -82,10 +82,11 @@ static int grow(void **p, size_t *cap, size_t need, size_t item) {
     *cap = cap2;
     return 0;
 }
-#define GROW(r, arr, n, cap, need) (grow((void **)&(r)->arr, &(r)->cap, (need), sizeof(*(r)->arr)) < 0 ? ((r)->nomem = 1, -1) : 0)
+#define GROW(r, arr, cap, need) \
+    (grow((void **)&(r)->arr, &(r)->cap, (need), sizeof(*(r)->arr)) < 0 ? ((r)->nomem = 1, -1) : 0)
 
 static uint32_t new_node(Reader *r, uint8_t type) {
-    if (GROW(r, nodes, n_nodes, cap_nodes, r->n_nodes + 1) < 0) return 0;
+    if (GROW(r, nodes, cap_nodes, r->n_nodes + 1) < 0) return 0;
     node_t *n = &r->nodes[r->n_nodes];
     memset(n, 0, sizeof *n);
     n->type = type;
@@ -93,7 +94,7 @@ static uint32_t new_node(Reader *r, uint8_t type) {
 }
 
 static int push(Reader *r, uint32_t id) {
-    if (!id || GROW(r, stack, sp, cap_stack, r->sp + 1) < 0) return -1;
+    if (!id || GROW(r, stack, cap_stack, r->sp + 1) < 0) return -1;
     r->stack[r->sp++] = id;
     return 0;
 }
@@ -102,7 +103,7 @@ static int push(Reader *r, uint32_t id) {
 static int add_items(Reader *r, uint32_t c, size_t from) {
     size_t count = r->sp - from;
     if (!count) return 0;
-    if (GROW(r, items, n_items, cap_items, r->n_items + count) < 0 || GROW(r, segs, n_segs, cap_segs, r->n_segs + 1) < 0)
+    if (GROW(r, items, cap_items, r->n_items + count) < 0 || GROW(r, segs, cap_segs, r->n_segs + 1) < 0)
         return -1;
     memcpy(r->items + r->n_items, r->stack + from, count * sizeof(uint32_t));
     uint32_t s = (uint32_t)r->n_segs++;
@@ -173,10 +174,11 @@ static uint32_t int_node(Reader *r, int64_t v) {
 static int parse(Reader *r) {
     const uint8_t *d = r->d;
     size_t n = r->len, pos = 0;
-    for (int t = 0; t < FIRST_FREE; t++) new_node(r, (uint8_t)(t == ID_NONE ? N_NONE : t == ID_TRUE ? N_TRUE : N_FALSE));
+    for (int t = 0; t < FIRST_FREE; t++)
+        new_node(r, (uint8_t)(t == ID_NONE ? N_NONE : t == ID_TRUE ? N_TRUE : N_FALSE));
     /* torch's dumps: ~1 node per 6 bytes, ~1 item per 4 (grown as needed beyond) */
-    if (r->nomem || GROW(r, segs, n_segs, cap_segs, n / 16 + 1) < 0 || GROW(r, nodes, n_nodes, cap_nodes, n / 4 + 1) < 0 ||
-        GROW(r, items, n_items, cap_items, n / 4 + 1) < 0)
+    if (r->nomem || GROW(r, segs, cap_segs, n / 16 + 1) < 0 || GROW(r, nodes, cap_nodes, n / 4 + 1) < 0 ||
+        GROW(r, items, cap_items, n / 4 + 1) < 0)
         return -1;
     r->n_segs = 1;                                      /* segment 0: none */
 #define NEED(k) do { if ((size_t)(k) > n - pos) return 1; } while (0)
@@ -202,7 +204,7 @@ static int parse(Reader *r) {
             r->root = r->stack[r->sp - 1];
             return 0;
         case '(':                                       /* MARK */
-            TRY(GROW(r, marks, n_marks, cap_marks, r->n_marks + 1));
+            TRY(GROW(r, marks, cap_marks, r->n_marks + 1));
             r->marks[r->n_marks++] = r->sp;
             break;
         case '0':                                       /* POP: the top item, or the mark at the top */
@@ -337,7 +339,7 @@ static int parse(Reader *r) {
             if (r->sp <= FENCE || idx > r->memo_count) return 1;
             if (idx >= r->cap_memo) {
                 size_t old = r->cap_memo;
-                TRY(GROW(r, memo, cap_memo, cap_memo, idx + 1));
+                TRY(GROW(r, memo, cap_memo, idx + 1));
                 memset(r->memo + old, 0, (r->cap_memo - old) * sizeof(uint32_t));
             }
             if (!r->memo[idx]) r->memo_count++;
@@ -804,7 +806,7 @@ done:
 }
 
 static PyMethodDef methods[] = {
-    {"read", fr_read, METH_VARARGS, "read(data, walk_limit) -> None | (top, total, numbers, texts, frames) (see the module)."},
+    {"read", fr_read, METH_VARARGS, "read(data, walk_limit) -> None | (top, total, numbers, texts, frames)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_frpickle", NULL, -1, methods};

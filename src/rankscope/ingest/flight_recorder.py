@@ -407,10 +407,10 @@ def _dump(file: str, rank: int, fmt: str, raw: RawEntries, frames_last: int | No
     is_p2p = raw.is_p2p[order] | np.array(p2p_ops, dtype=bool)[name_of]
     use_p2p = is_p2p & raw.has_p2p_seq[order]
     (pg_name, pg_names), (pg_desc, pg_descs) = raw.pg_name, raw.pg_desc
-    pairs, first, pg = np.unique(pg_name.astype(np.int64) * max(len(pg_descs), 1) + pg_desc, return_index=True,
-                                 return_inverse=True)
+    width = max(len(pg_descs), 1)
+    pairs, first, pg = np.unique(pg_name.astype(np.int64) * width + pg_desc, return_index=True, return_inverse=True)
     by_first = np.argsort(first)                       # the (name, desc) pairs in order of first use
-    pgs = [(pg_names[p // max(len(pg_descs), 1)], pg_descs[p % max(len(pg_descs), 1)]) for p in pairs[by_first].tolist()]
+    pgs = [(pg_names[p // width], pg_descs[p % width]) for p in pairs[by_first].tolist()]
     pg = np.argsort(by_first).astype(np.int32)[pg.reshape(-1)][order]
     sizes, texts = _merged(raw.sizes)
     dump = FrDump(

@@ -169,7 +169,8 @@ def _scan_table() -> list:
 
 
 def hash_work(data: bytes, limit: int) -> int:
-    """`_hash_work` (a count, or a key of REFUSED), by the C scanner where it is built (the same count, ~100x faster)."""
+    """`_hash_work` (a count, or a key of REFUSED), by the C scanner where it is built (the same
+    count, ~100x faster)."""
     if _picklescan is None:
         return _hash_work(data, limit)
     global _TABLE

@@ -6,7 +6,9 @@ sequence number (`collective_seq_id`; `p2p_seq_id` for the send / recv of a two-
 over the numbers every member's ring buffer still holds. In a group of more than two ranks a
 rank's p2p_seq_id counts its ops to every peer, so the point-to-point ops are aligned per direction
 (a channel: the sender's sends to one receiver against that receiver's recvs from it, the n-th with
-the n-th), where both ranks' dumps hold the group's p2p ops from the first (p2p_seq_id 1). A number is settled when every member
+the n-th), where both ranks' dumps hold the group's p2p ops from the first (p2p_seq_id 1).
+
+A number is settled when every member
 with a dump entered it with the same signature (op, input sizes, dtypes, output sizes) and it is
 complete: where the dumps record progress (NCCL: scheduled / started / completed), every member
 completed it; where they do not (gloo: every entry reads "scheduled", and pg_status counts a
