@@ -1,24 +1,29 @@
 #!/usr/bin/env python
 """Flight Recorder dumps of a large job: how long `rankscope analyze` takes to name the rank that
-stopped it, and torch's own `fr_trace` on the same dumps (side by side, one run).
+stopped it, before and after a change (side by side, one run), and torch's own `fr_trace` on the
+same dumps.
 
 The bench writes synthetic NCCL-style dumps (format 2.10, as torch's pickler writes them: pg_config
-with each group's ranks, entries with state / times / sizes / 4 Python frames) of a dp x tp job:
+with each group's ranks, entries with state / times / sizes / 4 Python frames, each entry its own
+list of frame dicts, the strings shared as the pickler memoizes them) of a dp x tp job:
 each step a tp all_reduce then a dp all_reduce; every rank's ring buffer holds its last `--entries`
 entries (2,000: torch's default buffer; 200: a job dumped 100 steps after its start, or a smaller
 buffer). At the last step one rank (`CULPRIT`) never enters its tp
 all_reduce: its tp peers wait in it, and every dp group, which holds one of them, waits in its dp
-all_reduce (9 stalled groups at 1,024 ranks: 8 of them victims). Then:
+all_reduce (9 stalled groups at 1,024 ranks: 8 of them victims). Then, per job:
 
-  rankscope    `rankscope analyze DIR --json` (a subprocess: start, read, verdict, JSON), checked to
-               name the culprit, its tp group and the sequence number;
-  phases       in one process: read + per-rank summary, and the cross-rank verdict, each timed
-               (`analyze` reads many dumps in worker processes);
+  before       `rankscope analyze DIR --json` of the code at `--base` (a commit: its tree exported
+               with `git archive` to a temporary folder, its C parts built there, run with that
+               folder's src/ first on PYTHONPATH), a subprocess, verdict checked;
+  after        the same command of this checkout, right after, so both see the same machine load;
+  phases       in one process, this checkout: read + per-rank summary of every dump, and the
+               cross-rank verdict, each timed;
   fr_trace     `python -m torch.distributed.flight_recorder.fr_trace DIR` (when torch is installed;
-               at --fr-ranks ranks, since it matches entries pairwise), with what it prints last.
+               on the first job only, since it matches entries pairwise), with what it prints last.
 
-    python benchmarks/bench_hang.py                       # 1,024 ranks x 200 and x 2,000 entries
-    python benchmarks/bench_hang.py --ranks 256 --entries 500 --fr-ranks 64
+    python benchmarks/bench_hang.py                     # 64 x 200, 1,024 x 200, 1,024 x 2,000 entries
+    python benchmarks/bench_hang.py --jobs 256x500 --base HEAD~3
+    python benchmarks/bench_hang.py --no-before         # this checkout only
 """
 from __future__ import annotations
 
@@ -33,6 +38,9 @@ import tempfile
 import time
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[1]
+#: The commit issue 30 left (before the Flight Recorder reading was made fast).
+BASE = "a264949"
 TP = 8
 CULPRIT = 5
 T0 = 1_790_000_000_000_000_000
@@ -78,7 +86,7 @@ def write_job(folder: Path, ranks: int, entries: int) -> dict:
                            "time_discovered_started_ns": created + 10_000,
                            "time_discovered_completed_ns": None if stuck else created + 500_000,
                            "duration_ms": None if stuck else 0.49, "retired": not stuck, "timeout_ms": 600_000,
-                           "is_p2p": False, "frames": FRAMES})
+                           "is_p2p": False, "frames": [dict(f) for f in FRAMES]})
         dump = {"version": "2.10", "pg_config": config, "pg_status": {}, "entries": es[-entries:],
                 "comm_lib_version": "2.21.5"}
         (folder / f"nccl_trace_rank_{r}").write_bytes(pickle.dumps(dump, protocol=2))
@@ -86,9 +94,12 @@ def write_job(folder: Path, ranks: int, entries: int) -> dict:
             "group_ranks": list(range(culprit_tp * TP, culprit_tp * TP + TP))}
 
 
-def run_rankscope(folder: Path, truth: dict) -> tuple[float, float]:
-    """`rankscope analyze DIR --json` in a subprocess: (seconds, its peak RSS MB); checks the verdict."""
+def run_rankscope(folder: Path, truth: dict, src: Path | None = None) -> tuple[float, float]:
+    """`rankscope analyze DIR --json` in a subprocess (with `src` first on PYTHONPATH: another
+    checkout's code): (seconds, its peak RSS MB); checks the verdict."""
     env = dict(os.environ, RANKSCOPE_CACHE_DIR=str(folder.parent / "cache"))
+    if src is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(src)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t = time.perf_counter()
         proc = subprocess.Popen([sys.executable, "-m", "rankscope", "analyze", str(folder), "--json", "-q"],
@@ -99,7 +110,10 @@ def run_rankscope(folder: Path, truth: dict) -> tuple[float, float]:
         err.seek(0)
         stdout, stderr = out.read().decode(), err.read().decode()
     code = os.waitstatus_to_exitcode(status)
-    h = json.loads(stdout)["hang"]
+    try:
+        h = json.loads(stdout)["hang"]
+    except (ValueError, KeyError, TypeError):
+        raise SystemExit(f"rankscope gave no verdict (exit {code}): {stderr[-300:]}") from None
     ok = (code == 1 and h["culprits"] == [truth["culprit"]] and h["first"]["group"] == truth["group"]
           and h["first"]["seq"] == truth["seq"] and h["first"]["group_ranks"] == truth["group_ranks"])
     if not ok:
@@ -107,13 +121,30 @@ def run_rankscope(folder: Path, truth: dict) -> tuple[float, float]:
     return seconds, usage.ru_maxrss / 1024
 
 
+def base_checkout(commit: str, into: Path) -> Path:
+    """The tree of `commit` exported to `into` (git archive: nothing in this repository changes),
+    its C parts built in place (setuptools, from its setup.py's list); its src/ folder."""
+    into.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", commit], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    build = (
+        "import re, sys; from pathlib import Path; from setuptools import Extension, setup\n"
+        "root = Path(sys.argv[1])\n"
+        "mods = re.findall(r'_optional\\(\"([\\w.]+)\", \"([\\w/.]+)\"', (root / 'setup.py').read_text())\n"
+        "setup(name='base', script_args=['-q', 'build_ext', '--build-lib', str(root / 'src'), '--build-temp',\n"
+        "      str(root / 'build')], ext_modules=[Extension(m, [str(root / s)], extra_compile_args=['-O3'],\n"
+        "      include_dirs=[str(root / 'src/rankscope/analyses')]) for m, s in mods])\n")
+    subprocess.run([sys.executable, "-c", build, str(into)], cwd=into.parent, capture_output=True, check=True)
+    return into / "src"
+
+
 def phases(folder: Path) -> tuple[float, float]:
-    """In-process: (read + per-rank summary s, cross-rank verdict s)."""
-    from rankscope.analyses.inputs.flight_recorder import summarize_dump
+    """In-process, as `analyze` does them: (read + per-rank summary s, cross-rank verdict s)."""
+    from rankscope.analyses.inputs.flight_recorder import LAST_ENTRIES, summarize_dump
     from rankscope.analyses.job.hang import hang_report
     from rankscope.ingest.flight_recorder import read_fr_dump
     t = time.perf_counter()
-    summaries = [summarize_dump(read_fr_dump(p)) for p in sorted(folder.iterdir())]
+    summaries = [summarize_dump(read_fr_dump(p, frames_last=LAST_ENTRIES)) for p in sorted(folder.iterdir())]
     t1 = time.perf_counter()
     hang_report(summaries)
     return t1 - t, time.perf_counter() - t1
@@ -133,42 +164,46 @@ def run_fr_trace(folder: Path, timeout: int) -> tuple[float | None, str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ranks", type=int, default=1024)
-    ap.add_argument("--entries", type=int, nargs="+", default=[200, 2000],
-                    help="entries per rank's ring buffer (several: one row each)")
-    ap.add_argument("--fr-ranks", type=int, default=64,
-                    help="ranks of the job both tools analyse (fr_trace), with the first --entries")
+    ap.add_argument("--jobs", nargs="+", default=["64x200", "1024x200", "1024x2000"],
+                    help="RANKSxENTRIES per job (ranks a multiple of 8); fr_trace runs on the first")
+    ap.add_argument("--base", default=BASE, help="the commit whose code is `before` (default: %(default)s)")
+    ap.add_argument("--no-before", action="store_true", help="run this checkout only")
     ap.add_argument("--fr-timeout", type=int, default=300)
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-hang-") as tmp:
-        jobs = [(args.fr_ranks, args.entries[0], True)] + [(args.ranks, e, False) for e in args.entries]
-        for ranks, entries, compare in jobs:
+        base = None if args.no_before else base_checkout(args.base, Path(tmp) / "base")
+        for i, job in enumerate(args.jobs):
+            ranks, entries = map(int, job.split("x"))
             folder = Path(tmp) / f"job{ranks}x{entries}"
-            t = time.perf_counter()
             truth = write_job(folder, ranks, entries)
-            written = time.perf_counter() - t
             mb = sum(p.stat().st_size for p in folder.iterdir()) / 1e6
-            ours, rss = run_rankscope(folder, truth)
+            before = run_rankscope(folder, truth, base) if base else (None, None)
+            after = run_rankscope(folder, truth)
             read_s, reduce_s = phases(folder)
-            torch_s, torch_said = run_fr_trace(folder, args.fr_timeout) if compare else (None, "-")
-            rows.append((ranks, entries, mb, written, ours, read_s, reduce_s, rss, torch_s, torch_said))
+            torch_s, torch_said = run_fr_trace(folder, args.fr_timeout) if i == 0 else (None, "-")
+            rows.append((ranks, entries, mb, *before, *after, read_s, reduce_s, torch_s, torch_said))
             shutil.rmtree(folder)
-    print(f"{'ranks':>6} {'entries':>8} {'MB':>7} {'write s':>8} {'rankscope s':>12} {'read+map s':>11} "
-          f"{'reduce s':>9} {'peak MB':>8} {'fr_trace s':>11} {'ratio':>6}")
-    for ranks, entries, mb, written, ours, read_s, reduce_s, rss, torch_s, said in rows:
-        ratio = f"{torch_s / ours:.1f}x" if torch_s else "-"
-        print(f"{ranks:>6} {entries:>8} {mb:>7.1f} {written:>8.1f} {ours:>12.2f} {read_s:>11.2f} {reduce_s:>9.2f} "
-              f"{rss:>8.0f} {(f'{torch_s:.2f}' if torch_s else 'failed' if said != '-' else '-'):>11} {ratio:>6}")
+    print(f"{'ranks':>6} {'entries':>8} {'MB':>7} {'before s':>9} {'before MB':>10} {'after s':>8} {'after MB':>9} "
+          f"{'speed-up':>9} {'read+map s':>11} {'reduce s':>9} {'fr_trace s':>11}")
+    for ranks, entries, mb, b_s, b_mb, a_s, a_mb, read_s, reduce_s, torch_s, said in rows:
+        fr_text = f"{torch_s:.2f}" if torch_s else "failed" if said != "-" else "-"
+        print(f"{ranks:>6} {entries:>8} {mb:>7.1f} {_num(b_s, 9, 2)} {_num(b_mb, 10, 0)} {a_s:>8.2f} {a_mb:>9.0f} "
+              f"{(f'{b_s / a_s:.1f}x' if b_s else '-'):>9} {read_s:>11.2f} {reduce_s:>9.2f} {fr_text:>11}")
     for ranks, entries, *_, torch_s, said in rows:
         if said != "-":
-            print(f"fr_trace at {ranks} ranks x {entries} entries, its last line: {said[:200]}")
-    print("rankscope s: `rankscope analyze DIR --json` end to end (a subprocess; verdict checked: culprit, "
-          "group, seq); read+map s: reading and summarising every dump in one process; reduce s: the cross-rank "
-          "verdict; peak MB: the largest resident memory of the rankscope process (its worker processes, one "
-          "dump at a time each, apart); ratio: fr_trace s / "
-          "rankscope s on the same dumps; fr_trace 'failed': it stopped with an error or at the "
-          "timeout")
+            print(f"fr_trace at {ranks} ranks x {entries} entries, its last line: {said[:200]}"
+                  + (f" (it took {torch_s / rows[0][5]:.1f}x the time of `after`)" if torch_s else ""))
+    print(f"before: `rankscope analyze DIR --json` of commit {args.base}; after: of this checkout (each a subprocess, "
+          "one after the other on the same dumps, verdict checked: culprit, group, seq); MB: the dumps on disk, "
+          "then the largest resident memory of the rankscope process (worker processes, where the code uses "
+          "them, apart); speed-up: before s / after s; read+map s: reading and summarising every dump in one "
+          "process (this checkout); reduce s: its cross-rank verdict; fr_trace: torch's analyser on the first "
+          "job ('failed': it stopped with an error or at the timeout)")
+
+
+def _num(v: float | None, width: int, digits: int) -> str:
+    return f"{v:>{width}.{digits}f}" if v is not None else f"{'-':>{width}}"
 
 
 if __name__ == "__main__":

@@ -191,13 +191,19 @@ HOSTILE = {
     "truncated": lambda tmp: (DATA / "hang-late" / "nccl_trace_rank_2").read_bytes()[:1000],
     "truncated_json": lambda tmp: b'{"comm_lib_version":"","entries":[{"collective_seq_id":1,"input',
     "not_a_dump": lambda tmp: pickle.dumps({"version": "2.10", "pg_config": {}}),
+    # EXT1 code 1 as a dict value (past find_class where the extension is cached: test_safe_pickle.py)
+    "ext_opcode": lambda tmp: b"\x80\x02}(X\x07\x00\x00\x00versionq\x00\x82\x01u.",
+    # {"version": EMPTY_DICT stored at memo index 2**20} (the unpickler would clear 2**21 slots first)
+    "memo_index": lambda tmp: b"\x80\x02}X\x07\x00\x00\x00version}r\x00\x00\x10\x00s.",
 }
 PROBLEMS = {"calls_os_system": "unsafe pickle, not loaded: it names the global (posix|os).system",
             "imports_a_module": "unsafe pickle, not loaded: it names the global this.d",
-            "hash_bomb": "Flight Recorder dump: its dict keys or set members, built from shared references",
+            "hash_bomb": r"Flight Recorder dump: its dict keys or set members \(built from shared references",
             "shared_sizes": "Flight Recorder dump: its shared references repeat entries, frames and sizes beyond",
             "truncated": "truncated or damaged pickle", "truncated_json": "truncated or damaged JSON",
-            "not_a_dump": "a dict without 'entries': not a Flight Recorder dump"}
+            "not_a_dump": "a dict without 'entries': not a Flight Recorder dump",
+            "ext_opcode": "unsafe pickle, not loaded: it names an entry of the copyreg extension registry",
+            "memo_index": "unsafe pickle, not loaded: it stores an object at a memo index beyond"}
 
 
 @pytest.mark.parametrize("kind", sorted(HOSTILE))
@@ -349,6 +355,61 @@ def test_nccl_send_recv_of_a_pipeline_pair(tmp_path):
     h = hang_of(job, tmp_path).hang
     s = h.first
     assert (h.status, h.culprits, s.p2p, s.seq, s.group_ranks, s.dim, s.op) == ("hang", [1], True, 3, [0, 1], "pp", "send")
+
+
+PP = ("5", "mesh_pp")
+PP_CONFIG = {"5": {"name": "5", "desc": "mesh_pp", "ranks": "[0, 1, 2, 3]"}}
+
+
+def pipeline(stops: int | None = None, microbatches: int = 4) -> dict[int, list[dict]]:
+    """A 4-stage pipeline (group "5", mesh_pp, ranks 0-3), per microbatch each stage receives from the
+    one before and sends to the next, as torch names them ("recv 2<-1", "send 1->2"); each rank's
+    p2p_seq_id counts all its p2p ops. With `stops`: rank 2 records nothing from that microbatch on;
+    what it never does leaves the others' matching ops started, not completed, and stage 1, stuck
+    sending to it, posts nothing after."""
+    out = {}
+    for r in range(4):
+        es: list[dict] = []
+        for m in range(1, microbatches + 1):
+            for op, peer in (("recv", r - 1), ("send", r + 1)):
+                if not 0 <= peer <= 3:
+                    continue
+                stuck = stops is not None and m >= stops and 2 in (r, peer)
+                if stops is not None and (r == 2 and m >= stops or r == 1 and m > stops or r == 0 and m > stops + 1):
+                    continue                  # stopped; stage 1 blocked in its send; stage 0 in its next send
+                stuck = stuck or (stops is not None and r == 0 and m == stops + 1)
+                detail = f"{r}->{peer}" if op == "send" else f"{r}<-{peer}"
+                es.append(entry(len(es), len(es) + 1, "started" if stuck else "completed", op=op, pg=PP,
+                                detail=detail, t_ms=10 * m + r))
+        out[r] = es
+    return out
+
+
+def test_nccl_pipeline_of_four_stages_aligned_per_direction(tmp_path):
+    """Rank 2 stops at microbatch 3 (built above): rank 1 waits in its 3rd send to 2, rank 3 in its 3rd
+    recv from 2, rank 0 in its 4th send to 1 (rank 1 never posts that recv: it is stuck in the send to
+    2). Each rank's p2p_seq_ids count its ops to both neighbours, so only direction by direction do
+    they pair. Rank 2 is the culprit; the 0 -> 1 stall is held by rank 1, which waits in 1 -> 2."""
+    h = hang_of(nccl_job(tmp_path / "j", pipeline(stops=3), PP_CONFIG), tmp_path).hang
+    s = h.first
+    assert (h.status, h.culprits, s.dim, s.group_ranks, s.p2p) == ("hang", [2], "pp", [0, 1, 2, 3], True)
+    assert ((s.channel.src, s.channel.dst), s.seq, s.entered, s.not_entered) == ((2, 3), 3, [3], [2])
+    rows = {(g.channel.src, g.channel.dst): g for g in h.groups}
+    assert {k: (g.seq, g.culprits) for k, g in rows.items()} == {(0, 1): (4, [1]), (1, 2): (3, [2]), (2, 3): (3, [2])}
+    assert [(b.rank, b.label, b.seq) for b in rows[(0, 1)].blockers_where] == [(1, "pp group [0-3], 1 -> 2", 3)]
+    assert s.verdict.startswith("rank 2 never entered recv #3 (p2p) of pp group [0-3], 2 -> 3")
+
+
+def test_nccl_pipeline_that_ended_and_one_whose_ring_wrapped_no_hang(tmp_path):
+    """The same pipeline with no fault: no stall. Then rank 1's ring buffer holds only its last 4 of 8
+    p2p ops (p2p_seq_id 5-8): its transfers' numbers one way are unknown, so its directions are not
+    aligned (no false hang), and the others still are."""
+    entries = pipeline()
+    assert hang_of(nccl_job(tmp_path / "a", entries, PP_CONFIG), tmp_path).hang.status == "none"
+    entries[1] = entries[1][4:]
+    h = hang_of(nccl_job(tmp_path / "b", entries, PP_CONFIG), tmp_path).hang
+    assert h.status == "none" and h.groups == []
+    assert sorted((g.channel.src, g.channel.dst) for g in h.all_groups if g.channel) == [(2, 3)]
 
 
 def test_nccl_ring_buffers_that_wrapped_are_aligned_from_the_common_start(tmp_path):

@@ -14,10 +14,17 @@
  *            below / to_mark / pushed   its stack effect, as pickletools declares it
  *
  * Each object on the simulated stack is its hashing cost (a tuple: 1 + its items' costs, shared
- * ones at every use; an int: 1 + its bits // 60; anything else 1). A stream that breaks (unknown
+ * ones at every use; an int: 1 + its bits // 60; anything else 1), flagged (STR_BIT) when it is a
+ * str. A key or member that is not a str may collide with every one before it (their hashes can be
+ * chosen: an int's is the int mod 2**61 - 1), so the n-th such one in the file also counts n - 1.
+ * A stream that breaks (unknown
  * opcode, cut argument, stack underflow) ends the count there, as it ends `pickletools.genops`.
  * Text arguments of GET / PUT / INT / LONG and the bytes of LONG1 / LONG4 are read with Python's
  * own int(), as genops reads them. Counts saturate at UINT64_MAX.
+ *
+ * Refused outright (the result is then negative, as `safe_pickle.REFUSED` names them): an EXT1 /
+ * EXT2 / EXT4 opcode (-1), a PUT / BINPUT / LONG_BINPUT index above the number of objects memoized
+ * so far (-2).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -26,7 +33,14 @@
 
 enum { SP_NONE, SP_GET, SP_BINGET, SP_LONG_BINGET, SP_PUT, SP_BINPUT, SP_LONG_BINPUT, SP_MEMOIZE, SP_MARK,
        SP_TUPLE_N, SP_SETITEM, SP_DUP, SP_POP, SP_PAIRS, SP_ALL, SP_TUPLE, SP_INT_TEXT, SP_LONG_TEXT,
-       SP_LONG_BYTES, SP_STOP };
+       SP_LONG_BYTES, SP_STOP, SP_EXT, SP_STR };
+
+/* A str on the stack: its cost (1) with this bit set; costs saturate below it. */
+#define STR_BIT (1ull << 63)
+#define COST(x) ((x) & ~STR_BIT)
+static inline uint64_t cost_add(uint64_t a, uint64_t b) { return a + b >= STR_BIT || a + b < a ? STR_BIT - 1 : a + b; }
+
+enum { REFUSED_EXT = -1, REFUSED_MEMO_INDEX = -2 };
 
 typedef struct { int arg, special, below, to_mark, pushed, n; int valid; } op_t;
 
@@ -133,7 +147,8 @@ static PyObject *hash_work(PyObject *self, PyObject *args) {
     vec_t stack = {0}, marks = {0};
     memo_t memo = {0};
     uint64_t work = 0;
-    int failed = 0;
+    int failed = 0, refused = 0;
+    uint64_t others = 0;                            /* keys and members so far that are not a str */
     if (load_table(table, ops) < 0) { PyBuffer_Release(&buf); return NULL; }
     const unsigned char *d = buf.buf;
     Py_ssize_t len = buf.len, pos = 0;
@@ -193,8 +208,12 @@ static PyObject *hash_work(PyObject *self, PyObject *args) {
             break;
         case SP_PUT: case SP_BINPUT: case SP_LONG_BINPUT:
             if (!stack.len) goto end;
+            if (big || key < 0 || (uint64_t)key > memo.n) { refused = REFUSED_MEMO_INDEX; goto end; }
             if (memo_put(&memo, key, big, stack.v[stack.len - 1]) < 0) FAIL;
             break;
+        case SP_EXT:
+            refused = REFUSED_EXT;
+            goto end;
         case SP_MARK:
             if (vec_push(&marks, (uint64_t)stack.len) < 0) FAIL;
             break;
@@ -202,14 +221,15 @@ static PyObject *hash_work(PyObject *self, PyObject *args) {
             Py_ssize_t n = op->below;
             if (stack.len - BASE < n) goto end;
             uint64_t cost = 1;
-            for (Py_ssize_t i = stack.len - n; i < stack.len; i++) cost = sat_add(cost, stack.v[i]);
+            for (Py_ssize_t i = stack.len - n; i < stack.len; i++) cost = cost_add(cost, COST(stack.v[i]));
             stack.len -= n;
             stack.v[stack.len++] = cost;
             break;
         }
         case SP_SETITEM:
             if (stack.len - BASE < 3) goto end;
-            work = sat_add(work, stack.v[stack.len - 2]);
+            work = sat_add(work, COST(stack.v[stack.len - 2]));
+            if (!(stack.v[stack.len - 2] & STR_BIT)) work = sat_add(work, others++);
             stack.len -= 2;
             break;
         case SP_DUP:
@@ -220,14 +240,16 @@ static PyObject *hash_work(PyObject *self, PyObject *args) {
             if (marks.len && (Py_ssize_t)marks.v[marks.len - 1] == stack.len) { marks.len--; break; }
             /* fall through: a plain POP */
         default: {
-            uint64_t sum_all = 0, sum_pairs = 0;
+            uint64_t sum_all = 0, sum_pairs = 0, others_all = 0, others_pairs = 0;
             if (op->to_mark) {
                 if (!marks.len) goto end;
                 Py_ssize_t from = (Py_ssize_t)marks.v[--marks.len];
                 if (from > stack.len) from = stack.len;      /* as stack[at:] past the end: nothing */
                 for (Py_ssize_t i = from; i < stack.len; i++) {
-                    sum_all = sat_add(sum_all, stack.v[i]);
-                    if ((i - from) % 2 == 0) sum_pairs = sat_add(sum_pairs, stack.v[i]);
+                    uint64_t v = COST(stack.v[i]), other = !(stack.v[i] & STR_BIT);
+                    sum_all = sat_add(sum_all, v);
+                    others_all += other;
+                    if ((i - from) % 2 == 0) { sum_pairs = sat_add(sum_pairs, v); others_pairs += other; }
                 }
                 stack.len = from;
             }
@@ -235,10 +257,13 @@ static PyObject *hash_work(PyObject *self, PyObject *args) {
                 if (stack.len - BASE < op->below) goto end;
                 stack.len -= op->below;
             }
-            if (op->special == SP_PAIRS) work = sat_add(work, sum_pairs);
-            else if (op->special == SP_ALL) work = sat_add(work, sum_all);
-            uint64_t cost = 1;
-            if (op->special == SP_TUPLE) cost = sat_add(cost, sum_all);
+            if (op->special == SP_PAIRS || op->special == SP_ALL) {
+                uint64_t k = op->special == SP_PAIRS ? others_pairs : others_all;
+                work = sat_add(work, op->special == SP_PAIRS ? sum_pairs : sum_all);
+                for (uint64_t j = 0; j < k && work <= limit; j++) work = sat_add(work, others++);
+            }
+            uint64_t cost = op->special == SP_STR ? (STR_BIT | 1) : 1;
+            if (op->special == SP_TUPLE) cost = cost_add(cost, sum_all);
             else if (op->special == SP_INT_TEXT || op->special == SP_LONG_TEXT || op->special == SP_LONG_BYTES) {
                 PyObject *v;
                 if (op->special == SP_LONG_BYTES && arg_len <= 8) {         /* fits an int64: no Python int */
@@ -268,7 +293,7 @@ static PyObject *hash_work(PyObject *self, PyObject *args) {
                     v = int_of_text((const char *)a, arg_len, op->special == SP_LONG_TEXT);
                     if (!v) goto end;
                 }
-                cost = sat_add(0, int_cost(v));
+                cost = cost_add(0, int_cost(v));
                 Py_DECREF(v);
             }
         pushed:
@@ -285,6 +310,7 @@ end:
     PyMem_Free(marks.v);
     PyMem_Free(memo.s);
     if (failed) return NULL;
+    if (refused) return PyLong_FromLong(refused);
     return PyLong_FromUnsignedLongLong(work);
 #undef NEED
 #undef FAIL

@@ -58,15 +58,19 @@ def analyze_hang(dumps: Sequence[str | Path], traces: Sequence[RankSummary] = ()
     """The verdict over the dumps (None when none could be used), and the problems met. `traces`
     and `cross`: the job's profiler traces analysed beside them, whose world size and process groups
     fill in what the dumps do not say, and whose steps say how the culprits ran before. The dumps
-    are read in worker processes when there are many (reading a pickle is Python work, which
-    threads would not share); `engine` "processes" or "ray" (the user's choice) is kept."""
+    are read in this process: reading one is C work of 1-4 ms (ingest/_frpickle.c), and worker
+    processes cost more to start and to send their summaries back than they save (bench_hang.py:
+    1,024 dumps of 2,000 entries, 3.9 s here, 5.0 s in 2 workers); in worker processes only where
+    there is much to read and the C reader is not built. `engine` "processes", "local" (threads:
+    the C reader runs without the GIL) or "ray" (the user's choice) is kept."""
     from rankscope.analyses.job.hang import foreign_dumps, hang_report, trace_facts
     from rankscope.analyses.rank.groups import parse_ranks
     paths = sorted(map(str, dumps))
     workers = workers or engines.default_workers()
-    if engine not in ("processes", "ray"):
+    if engine not in ("processes", "local", "ray"):
+        from rankscope.ingest.flight_recorder import C_READER
         big = sum(map(_bytes, paths)) >= engines.AUTO_INPROCESS_BELOW_BYTES and len(paths) > 1 and workers > 1
-        engine = "processes" if big else "inprocess"
+        engine = "processes" if big and not C_READER else "inprocess"
     results = engines.map_ranks(_dump_task, [_DumpTask(p) for p in paths], engine=engine, workers=workers,
                                 on_lost=lambda task, why: InputProblem(task.path, why))
     problems: list[InputProblem] = [r for r in results if isinstance(r, InputProblem)]
@@ -105,7 +109,7 @@ def flight_recorder_slices(analysis: Analysis, offsets: dict[int, int]) -> list[
             dumps.append(read_fr_dump(path))
         except TraceError:                     # changed since the analysis read it: left out
             continue
-    horizon = max((t for d in dumps for e in d.entries for t in (e.created_ns, e.completed_ns or 0)), default=0)
+    horizon = max((int(max(d.created_ns.max(), d.completed_ns.max())) for d in dumps if len(d)), default=0)
     bases = {s.rank: s.meta.base_time_ns or 0 for s in analysis.ranks}
     common = next(iter(bases.values()), 0)
     return [(d, entry_slices(d, horizon, bases.get(d.rank, common) + offsets.get(d.rank, 0))) for d in dumps]
@@ -120,5 +124,5 @@ def write_flight_recorder(writer, tracks: list[tuple[FrDump, pl.DataFrame]], ori
     for d, slices in tracks:
         chunks, events = flight_recorder_json(d.rank, slices, origin_ns, d.rank in written)
         writer.write(chunks, events)
-        out.append({"rank": d.rank, "file": d.file, "entries": len(d.entries), "events": events})
+        out.append({"rank": d.rank, "file": d.file, "entries": len(d), "events": events})
     return out

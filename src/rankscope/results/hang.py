@@ -51,6 +51,13 @@ class BlockerWhere(msgspec.Struct):
     op: str | None
 
 
+class P2PChannel(msgspec.Struct):
+    """The transfers one way between two members of a group of more than two ranks (a pipeline
+    stage to the next): aligned on their own, `seq` then counting them (1 = the first)."""
+    src: int
+    dst: int
+
+
 class StuckCollective(msgspec.Struct):
     """The first sequence number of one process group that is not completed (or, where completion is
     not recorded, not entered) by every member, or where members disagree (`kind`)."""
@@ -73,6 +80,8 @@ class StuckCollective(msgspec.Struct):
     blockers_where: list[BlockerWhere]
     program_position: int              # record id of its earliest waiter's entry (orders the stalls)
     verdict: str                       # one line in words
+    channel: P2PChannel | None = None  # p2p in a group of more than two ranks: the direction; entered /
+                                       # not_entered / waits are its two ranks, seq the n-th transfer
 
 
 class GridRow(msgspec.Struct):
@@ -92,6 +101,7 @@ class GroupState(msgspec.Struct):
     last_seq_all: int | None           # the last seq every member with a dump entered (completed)
     grid_seqs: list[int]
     grid: list[GridRow]
+    channel: P2PChannel | None = None  # as StuckCollective.channel: the grid is its two ranks
 
 
 class LastEntry(msgspec.Struct):

@@ -3,7 +3,12 @@
 
 Per process group (sequence numbers are local to a group), its members' rows are aligned by
 sequence number (`collective_seq_id`; `p2p_seq_id` for the send / recv of a two-member group),
-over the numbers every member's ring buffer still holds. A number is settled when every member
+over the numbers every member's ring buffer still holds. In a group of more than two ranks a
+rank's p2p_seq_id counts its ops to every peer, so the point-to-point ops are aligned per direction
+(a channel: the sender's sends to one receiver against that receiver's recvs from it, the n-th with
+the n-th), where both ranks' dumps hold the group's p2p ops from the first (p2p_seq_id 1).
+
+A number is settled when every member
 with a dump entered it with the same signature (op, input sizes, dtypes, output sizes) and it is
 complete: where the dumps record progress (NCCL: scheduled / started / completed), every member
 completed it; where they do not (gloo: every entry reads "scheduled", and pg_status counts a
@@ -20,11 +25,14 @@ number that is not settled is the group's stall, classified:
   unknown  every member entered and started it and it did not complete: no member holds it up
            (the transport, or a member that died inside it).
 
-Across groups, a culprit may itself wait in another group's stall (a tp peer that skipped its
-tp collective and waits in the default group): the stalls are ordered by program position, the
-record id of the first waiter's entry (a rank's running count of recorded collectives: the same
-count at the same point of an SPMD program), and the earliest stall with a culprit is the first
-cause. A group's dimension comes from its description (`mesh_tp` -> tp), named as the layout
+Across groups, a culprit may itself wait in another group's stall (a pipeline stage stuck sending
+to the next stage, which stopped; a tp peer that skipped its tp collective and waits in the default
+group): the stalls are ordered by program position, the record id of the first waiter's entry (a
+rank's running count of recorded collectives: the same count at the same point of an SPMD
+program), and the first cause is the earliest stall held up by a culprit that waits in no other
+stall (the end of the chain); where every culprit waits in another (a cycle: a member that skipped
+a collective waits in the next one, for the members that wait for it), the earliest stall with a
+culprit. A group's dimension comes from its description (`mesh_tp` -> tp), named as the layout
 analysis names them (analyses/rank/groups.py).
 """
 from __future__ import annotations
@@ -40,7 +48,7 @@ from rankscope.analyses.rank.groups import dim_of_desc
 from rankscope.ingest.flight_recorder import FrEntry
 from rankscope.numbers import ranges
 from rankscope.results.hang import (BlockerWhere, CallFrame, CulpritLast, CulpritTrace, GridRow, GroupState, HangReport,
-                                    LastEntry, MemberWait, Mismatch, StuckCollective)
+                                    LastEntry, MemberWait, Mismatch, P2PChannel, StuckCollective)
 from rankscope.units import NS_PER_MS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -105,7 +113,8 @@ def _time_offsets(dumps: list[DumpSummary]) -> dict[int, float]:
     keys: dict[tuple[str, bool], list[tuple[int, Stream]]] = {}
     for d in dumps:
         for s in d.streams:
-            keys.setdefault((s.group, s.p2p), []).append((d.rank, s))
+            if s.channel is None:
+                keys.setdefault((s.group, s.p2p), []).append((d.rank, s))
     for members in keys.values():
         if len(members) < 2:
             continue
@@ -134,17 +143,20 @@ def _duration(ns: float) -> str:
 # ------------------------------------------------------------------------------------ the report
 @dataclass
 class _Group:
-    """One stream of one process group across its members."""
+    """One stream of one process group across its members (of a channel: its two ranks)."""
     name: str
     desc: str
     p2p: bool
     ranks: list[int]
     dim: str | None
     streams: dict[int, Stream]             # member with a dump -> its rows (absent: none recorded)
+    members: list[int] | None = None       # a channel's: the whole group's ranks
+    channel: P2PChannel | None = None      # (sender, receiver), ranks in the job
 
     @property
     def label(self) -> str:
-        return group_label(self.desc, self.dim, self.name, self.ranks)
+        label = group_label(self.desc, self.dim, self.name, self.members or self.ranks)
+        return label + (f", {self.channel.src} -> {self.channel.dst}" if self.channel else "")
 
 
 def hang_report(dumps: list[DumpSummary], world_size: int | None = None,
@@ -156,8 +168,7 @@ def hang_report(dumps: list[DumpSummary], world_size: int | None = None,
     with a trace, what it shows (`trace_facts`), of which the culprits' join the verdict."""
     by_rank = {d.rank: d for d in sorted(dumps, key=lambda d: d.rank)}
     candidates = [world_size or 0, max(by_rank) + 1 if by_rank else 0]
-    candidates += [d.world_hint or 0 for d in by_rank.values()]
-    candidates += [max(r) + 1 for d in by_rank.values() for r in d.group_ranks.values()]
+    candidates += [d.world_hint or 0 for d in by_rank.values()]      # covers each dump's group_ranks
     candidates += [max(r) + 1 for r in (trace_groups or {}).values() if r]
     world = max(candidates) or None
     groups = _groups(by_rank, world, trace_groups or {})
@@ -165,17 +176,22 @@ def hang_report(dumps: list[DumpSummary], world_size: int | None = None,
     first_ns = min((d.first_ns for d in by_rank.values() if d.first_ns), default=0)
     states = all(d.states_recorded for d in by_rank.values())
     stalls, all_groups = [], []
-    sig_ids: dict[str, int] = {}
+    sig_ids: dict[str, int] = {}          # signature text -> job-wide id; per dump, its codes -> those ids
+    sig_lut = {r: np.array([sig_ids.setdefault(x, len(sig_ids)) for x in d.signatures], dtype=np.int64)
+               for r, d in by_rank.items()}
+    sig_texts = list(sig_ids)
     for g in groups:
-        stall, state = _group_stall(g, by_rank, sig_ids, horizon)
+        stall, state = _group_stall(g, by_rank, sig_lut, sig_texts, horizon)
         all_groups.append(state)
         if stall is not None:
             stalls.append(stall)
     stalls.sort(key=lambda s: (s.program_position, s.group))
+    waiting_in = [set(s.entered) - set(s.culprits) for s in stalls]       # who waits in each stall
     for s in stalls:
-        s.blockers_where = [_where(r, s, stalls) for r in s.culprits]
+        s.blockers_where = [_where(r, s, stalls, waiting_in) for r in s.culprits]
         s.verdict = _verdict(s)
-    first = next((s for s in stalls if s.culprits), stalls[0] if stalls else None)
+    first = next((s for s in stalls if any(b.group is None for b in s.blockers_where)), None) or \
+        next((s for s in stalls if s.culprits), stalls[0] if stalls else None)
     missing = [r for r in range(world or 0) if r not in by_rank]
     culprits = first.culprits if first else []
     return HangReport(
@@ -192,12 +208,17 @@ def hang_report(dumps: list[DumpSummary], world_size: int | None = None,
 def _groups(by_rank: dict[int, DumpSummary], world: int | None, trace_groups: dict[str, list[int]]) -> list[_Group]:
     """Every (group, collectives | p2p) stream the dumps show, with its members: from the dumps'
     pg_config, else the traces', else every rank for the default group, else the ranks whose dumps
-    hold rows of the group. A p2p stream is aligned only in a two-member group."""
+    hold rows of the group. A p2p stream is aligned as it is in a two-member group, per channel in a
+    larger one (`_channel_groups`)."""
     found: dict[tuple[str, bool], dict[int, Stream]] = {}
+    channels: dict[str, dict[tuple[int, int], dict[int, Stream]]] = {}
     seen_in: dict[str, set[int]] = {}
     desc: dict[str, str] = {}
     for rank, d in by_rank.items():
         for s in d.streams:
+            if s.channel is not None:
+                channels.setdefault(s.group, {}).setdefault(s.channel, {})[rank] = s
+                continue
             found.setdefault((s.group, s.p2p), {})[rank] = s
             seen_in.setdefault(s.group, set()).add(rank)
             desc.setdefault(s.group, s.desc)
@@ -208,19 +229,39 @@ def _groups(by_rank: dict[int, DumpSummary], world: int | None, trace_groups: di
         if not ranks and (desc[name] == "default_pg" or (name == "0" and not desc[name])) and world:
             ranks = list(range(world))
         ranks = sorted(set(ranks or seen_in[name]) | seen_in[name])
-        if p2p and len(ranks) != 2:
-            continue
-        out.append(_Group(name, desc[name], p2p, ranks, dim_of_desc(desc[name]),
-                          {r: streams[r] for r in ranks if r in streams}))
+        dim = dim_of_desc(desc[name])
+        if p2p and len(ranks) > 2:
+            out += _channel_groups(name, desc[name], dim, ranks, streams, channels.get(name, {}), by_rank)
+        elif not p2p or len(ranks) == 2:
+            out.append(_Group(name, desc[name], p2p, ranks, dim, {r: streams[r] for r in ranks if r in streams}))
     return out
 
 
-def _group_stall(g: _Group, by_rank: dict[int, DumpSummary], sig_ids: dict[str, int],
+def _channel_groups(name: str, desc: str, dim: str | None, ranks: list[int], p2p: dict[int, Stream],
+                    channels: dict[tuple[int, int], dict[int, Stream]], by_rank: dict[int, DumpSummary]
+                    ) -> list[_Group]:
+    """The channels of a group of more than two ranks (`ranks`, ascending: the n-th is the group's
+    rank n), each a two-member _Group. A channel is left out where either rank's dump lost the
+    group's first p2p ops (its n-th transfer is then unknown)."""
+    out = []
+    for (src, dst), streams in sorted(channels.items()):
+        if max(src, dst) >= len(ranks) or src == dst:
+            continue
+        pair = [ranks[src], ranks[dst]]
+        if any(r in by_rank and (int(p2p[r].seq[0]) != 1 if r in p2p else by_rank[r].wrapped) for r in pair):
+            continue
+        out.append(_Group(name, desc, True, sorted(pair), dim, {r: streams[r] for r in pair if r in streams},
+                          members=ranks, channel=P2PChannel(src=pair[0], dst=pair[1])))
+    return out
+
+
+def _group_stall(g: _Group, by_rank: dict[int, DumpSummary], sig_lut: dict[int, np.ndarray], sig_texts: list[str],
                  horizon: int) -> tuple[StuckCollective | None, GroupState]:
     dumped = [r for r in g.ranks if r in by_rank]
     no_dump = [r for r in g.ranks if r not in by_rank]
     rolled = [r for r in dumped if r not in g.streams and by_rank[r].wrapped]     # its rows rolled out
-    rows = [r for r in dumped if r not in rolled]
+    gone = set(rolled)
+    rows = [r for r in dumped if r not in gone]
     start = max(int(g.streams[r].seq[0]) for r in g.streams)
     cols = np.unique(np.concatenate([g.streams[r].seq for r in g.streams]))
     cols = cols[cols >= start]
@@ -236,7 +277,7 @@ def _group_stall(g: _Group, by_rank: dict[int, DumpSummary], sig_ids: dict[str, 
         at = np.searchsorted(cols, s.seq[keep])
         present[i, at] = True
         state[i, at] = s.state[keep]
-        sig[i, at] = [sig_ids.setdefault(x, len(sig_ids)) for x, k in zip(s.signature, keep) if k]
+        sig[i, at] = sig_lut[r][s.signature[keep]]
     states = all(by_rank[r].states_recorded for r in rows)
     entered_all = present.all(axis=0) if n else np.zeros(m, dtype=bool)
     lo = np.where(present, sig, np.iinfo(np.int64).max).min(axis=0) if n else np.zeros(m)
@@ -255,18 +296,17 @@ def _group_stall(g: _Group, by_rank: dict[int, DumpSummary], sig_ids: dict[str, 
     if not len(bad):
         return None, GroupState(**grid_state, state="complete", last_seq_all=last_all)
     c = int(bad[0])
-    stall = _stall(g, rows, no_dump, c, cols, present, state, sig, sig_ids, states, by_rank, horizon)
+    stall = _stall(g, rows, no_dump, c, cols, present, state, sig, sig_texts, states, by_rank, horizon)
     kind = {"hang": "stuck"}.get(stall.kind, stall.kind)
     return stall, GroupState(**grid_state, state=kind, last_seq_all=last_all)
 
 
 def _stall(g: _Group, rows: list[int], no_dump: list[int], c: int, cols: np.ndarray, present: np.ndarray,
-           state: np.ndarray, sig: np.ndarray, sig_ids: dict[str, int], states: bool,
+           state: np.ndarray, sig: np.ndarray, text: list[str], states: bool,
            by_rank: dict[int, DumpSummary], horizon: int) -> StuckCollective:
     seq = int(cols[c])
     entered = [r for i, r in enumerate(rows) if present[i, c]]
     not_entered = [r for i, r in enumerate(rows) if not present[i, c]]
-    text = {v: k for k, v in sig_ids.items()}
     sigs = {r: int(sig[i, c]) for i, r in enumerate(rows) if present[i, c]}
     counts = Counter(sigs.values())
     top = max(counts.values())
@@ -286,11 +326,13 @@ def _stall(g: _Group, rows: list[int], no_dump: list[int], c: int, cols: np.ndar
     entries = {r: _entry_at(g, r, seq) for r in entered}
     firsts = [int(g.streams[r].created_ns[np.searchsorted(g.streams[r].seq, seq)]) for r in entered]
     t0 = min(firsts)
-    waits = [MemberWait(rank=r, state=_STATE_NAMES[int(state[rows.index(r), c])],
+    row_of = {r: i for i, r in enumerate(rows)}
+    held = set(culprits)
+    waits = [MemberWait(rank=r, state=_STATE_NAMES[int(state[row_of[r], c])],
                         entered_ms=round((t - t0) / NS_PER_MS, 3),
                         waited_ms_at_least=round(max(horizon - t, 0) / NS_PER_MS, 3),
                         timeout_ms=float(entries[r].timeout_ms) if entries[r] and entries[r].timeout_ms else None)
-             for r, t in zip(entered, firsts) if r not in culprits]
+             for r, t in zip(entered, firsts) if r not in held]
     position = min(int(g.streams[r].record_id[np.searchsorted(g.streams[r].seq, seq)]) for r in entered)
     frames = []
     for r in culprits:
@@ -301,7 +343,8 @@ def _stall(g: _Group, rows: list[int], no_dump: list[int], c: int, cols: np.ndar
         if site:
             frames.append(CallFrame(rank=r, name=site[0], file=site[1], line=site[2]))
     return StuckCollective(
-        kind=kind, group=g.name, group_desc=g.desc, label=g.label, dim=g.dim, group_ranks=g.ranks, p2p=g.p2p, seq=seq,
+        kind=kind, group=g.name, group_desc=g.desc, label=g.label, dim=g.dim, group_ranks=g.members or g.ranks,
+        p2p=g.p2p, seq=seq, channel=g.channel,
         op=_op_name(text[majority], entries.get(entered[0])), entered=entered, not_entered=not_entered,
         no_dump=list(no_dump),
         mismatched=mismatched, culprits=culprits, culprit_frames=frames, waits=waits, blockers_where=[],
@@ -337,23 +380,26 @@ def _grid(g: _Group, rows: list[int], rolled: list[int], no_dump: list[int], col
     bad = np.flatnonzero(~ok)
     end = min(len(cols), int(bad[0]) + 3) if len(bad) else len(cols)
     shown = list(range(max(0, end - GRID_SEQS), end))
+    missing, gone, row_of = set(no_dump), set(rolled), {r: i for i, r in enumerate(rows)}
     grid = []
     for r in g.ranks:
-        if r in no_dump:
+        if r in missing:
             cells = ["no_dump"] * len(shown)
-        elif r in rolled:
+        elif r in gone:
             cells = ["rolled_out"] * len(shown)
         else:
-            i = rows.index(r)
+            i = row_of[r]
             cells = [_STATE_NAMES[int(state[i, j])] if present[i, j] else "not_entered" for j in shown]
         grid.append(GridRow(rank=r, states=cells))
-    return dict(group=g.name, group_desc=g.desc, label=g.label, dim=g.dim, group_ranks=g.ranks, p2p=g.p2p,
+    return dict(group=g.name, group_desc=g.desc, label=g.label, dim=g.dim, group_ranks=g.members or g.ranks,
+                p2p=g.p2p, channel=g.channel,
                 grid_seqs=[int(cols[j]) for j in shown], grid=grid)
 
 
-def _where(rank: int, stall: StuckCollective, stalls: list[StuckCollective]) -> BlockerWhere:
-    """Where a culprit of `stall` is: waiting in another stall, or in none."""
-    other = next((s for s in stalls if s is not stall and rank in s.entered and rank not in s.culprits), None)
+def _where(rank: int, stall: StuckCollective, stalls: list[StuckCollective],
+           waiting_in: list[set[int]]) -> BlockerWhere:
+    """Where a culprit of `stall` is: waiting in another stall (`waiting_in`: who waits in each), or in none."""
+    other = next((s for s, waiting in zip(stalls, waiting_in) if s is not stall and rank in waiting), None)
     if other is None:
         return BlockerWhere(rank=rank, group=None, label=None, seq=None, op=None)
     return BlockerWhere(rank=rank, group=other.group, label=other.label, seq=other.seq, op=other.op)
