@@ -44,7 +44,8 @@ import polars as pl
 
 from rankscope.ingest.discover import checked_rank, open_regular
 from rankscope.ingest.errors import TraceError
-from rankscope.ingest.kineto import MAX_DUR_NS, MAX_TS_NS, TIME_REASONS, _main_run, _mark
+from rankscope.ingest.times import (MAX_TS_NS, mark, mark_durations, mark_far_from_the_others, out_of_range,
+                                    reason_counts, start_reasons)
 from rankscope.model import (DEVICE_KINDS, PROFILER_STEP_PATTERN, KernelClass, Kind, RankMeta, RankTrace,
                              event_kernel_classes)
 
@@ -304,29 +305,21 @@ def _trace(db: _Db, path: Path, size: int, frame: pl.DataFrame, env: dict, probl
 
 def _drop_unusable_times(frame: pl.DataFrame, epoch: int) -> tuple[pl.DataFrame, dict[str, int]]:
     """Times made absolute (+ the session's epoch), and the events whose start or duration is
-    unusable dropped, each under its first reason, as the Kineto reader does (kineto.TIME_REASONS:
+    unusable dropped, each under its first reason, by the Kineto reader's rules (rankscope.ingest.times:
     not a number, i.e. NULL or not an integer; out of range; a negative duration, end before start;
     over a day; a day away from the other events). Returns the frame and the count per reason."""
     ts = frame["ts_ns"].cast(pl.Int64, strict=False)
     dur = frame["dur_ns"].cast(pl.Int64, strict=False)
     t, d = ts.fill_null(0).to_numpy(), dur.fill_null(0).to_numpy()
-    reasons = np.zeros(frame.height, np.uint8)
-    _mark(reasons, ts.is_null().to_numpy(), 1)
-    _mark(reasons, (t >= MAX_TS_NS) | (t <= -MAX_TS_NS), 2)
+    reasons = start_reasons(t, ts.is_null().to_numpy())
     if abs(epoch) < MAX_TS_NS:
         t = np.where(reasons == 0, t, 0) + epoch             # both below 2**62: no overflow
-        _mark(reasons, (t >= MAX_TS_NS) | (t <= -MAX_TS_NS), 2)
+        mark(reasons, out_of_range(t), 2)
     else:                                                    # a session start no clock gives
-        _mark(reasons, np.ones(len(t), dtype=bool), 2)
-    _mark(reasons, dur.is_null().to_numpy(), 3)
-    _mark(reasons, d < 0, 4)
-    _mark(reasons, d > MAX_DUR_NS, 5)
-    usable = t[reasons == 0]
-    if len(usable) and int(usable.max()) - int(usable.min()) > MAX_DUR_NS:
-        lo, hi = _main_run(usable)
-        _mark(reasons, (t < lo) | (t > hi), 6)
-    counts = np.bincount(reasons, minlength=len(TIME_REASONS) + 1)
-    dropped = {reason: int(n) for reason, n in zip(TIME_REASONS, counts[1:]) if n}
+        mark(reasons, np.ones(len(t), dtype=bool), 2)
+    mark_durations(reasons, d, dur.is_null().to_numpy())
+    mark_far_from_the_others([t], [reasons])
+    dropped = reason_counts([reasons])
     frame = frame.with_columns(pl.Series("ts_ns", t), pl.Series("dur_ns", d))
     host = ~pl.col("kind").is_in([int(k) for k in DEVICE_KINDS] + [int(Kind.SYNC)])
     process = pl.col("process") if "process" in frame.columns else pl.lit(None, pl.Int64)
