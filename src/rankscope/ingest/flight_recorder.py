@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Callable, Literal
 
 import msgspec
 
@@ -104,6 +104,7 @@ def read_fr_dump(path: str | Path, frames_last: int | None = None) -> FrDump:
         raise TraceError(f"cannot read: {exc.strerror or exc}") from exc
     if not data:
         raise TraceError("empty file")
+    fmt: Literal["pickle", "json"]
     if data[:1] == b"\x80":
         raw, fmt = read_plain_pickle(data, "Flight Recorder dump"), "pickle"
     elif data.lstrip()[:1] == b"{":
@@ -168,7 +169,7 @@ class _Reader:
         if self.walked > self.limit:
             raise _TooShared(self.limit)
 
-    def dump(self, file: str, rank: int, fmt: str, version: str, raw: dict) -> FrDump:
+    def dump(self, file: str, rank: int, fmt: Literal["pickle", "json"], version: str, raw: dict) -> FrDump:
         groups = []
         config = raw.get("pg_config")
         for key, pg in (config.items() if isinstance(config, dict) else ()):
@@ -197,7 +198,7 @@ class _Reader:
                       entries=entries, comm_lib_version=_text(lib), skipped_entries=skipped)
 
     def _entry(self, e: dict) -> tuple[FrEntry, str] | None:
-        get = e.get
+        get: Callable[[str], Any] = e.get            # the dump's values, each checked as it is read
         name, pg, created, coll_seq = get("profiling_name"), get("process_group"), get("time_created_ns"), \
             get("collective_seq_id")
         if type(name) is not str or type(pg) not in (list, tuple) or not pg or type(created) is not int \

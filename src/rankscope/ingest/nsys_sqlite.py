@@ -38,6 +38,7 @@ import re
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -86,7 +87,7 @@ WORLD_ENV = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE")
 
 _EVENT_COLUMNS = ("kind", "name", "ts_ns", "dur_ns", "pid", "tid", "device", "stream", "correlation")
 _GPU_ARGS = ("grid_blocks", "block_threads", "registers_per_thread", "shared_memory_bytes", "bytes")
-_EMPTY = {
+_EMPTY: dict[str, dict[str, Any]] = {
     "comm_args": {"row": pl.Int64, "collective": pl.Categorical, "in_msg_nelems": pl.Int64,
                   "out_msg_nelems": pl.Int64, "in_split_size": pl.Categorical, "out_split_size": pl.Categorical,
                   "group_size": pl.Int64, "dtype": pl.Categorical, "pg_name": pl.Categorical,
@@ -229,10 +230,10 @@ def _read(db: _Db, path: Path, size: int) -> list[tuple[RankTrace, dict]]:
     epoch = _session_epoch_ns(db)
     problems: list[str] = []
     parts = [_kernels(db), _memcpy(db), _memset(db), _syncs(db), _runtime(db), _nvtx(db, problems)]
-    parts = [p for p in parts if p is not None and p.height]
-    if not parts:
+    found = [p for p in parts if p is not None and p.height]
+    if not found:
         raise TraceError("Nsight Systems export without CUDA or NVTX events (was it captured with -t cuda,nvtx?)")
-    frame, dropped = _drop_unusable_times(pl.concat(parts, how="diagonal_relaxed"), epoch)
+    frame, dropped = _drop_unusable_times(pl.concat(found, how="diagonal_relaxed"), epoch)
     if frame.is_empty():
         raise TraceError(f"no event with a usable start and duration ({sum(dropped.values())} dropped: "
                          + ", ".join(f"{k} with {reason}" for reason, k in dropped.items()) + ")")
@@ -247,7 +248,7 @@ def _read(db: _Db, path: Path, size: int) -> list[tuple[RankTrace, dict]]:
         trace = _trace(db, path, size, frame, env, problems)
         trace.meta.dropped = dropped
         return [(trace, {"env": env})]
-    out = []
+    out: list[tuple[RankTrace, dict]] = []
     ranks = _process_ranks(processes)
     for pid, (device, rank, source) in ranks.items():
         own = frame.filter(pl.col("process") == pid)
@@ -300,7 +301,8 @@ def _trace(db: _Db, path: Path, size: int, frame: pl.DataFrame, env: dict, probl
     gpu_args = _gpu_args(frame)
     meta = _meta(db, path, size, events, env, list(problems))
     empty = {name: pl.DataFrame(schema=schema) for name, schema in _EMPTY.items()}
-    return RankTrace(meta=meta, events=events, gpu_args=gpu_args, **empty)
+    return RankTrace(meta=meta, events=events, gpu_args=gpu_args, comm_args=empty["comm_args"],
+                     op_args=empty["op_args"], memory=empty["memory"], flows=empty["flows"])
 
 
 def _drop_unusable_times(frame: pl.DataFrame, epoch: int) -> tuple[pl.DataFrame, dict[str, int]]:

@@ -79,7 +79,7 @@ def spare_map(key: Hashable, nbytes: int) -> mmap.mmap | None:
     """A spare map of at least `nbytes` that column `key` used before and no array views any
     more (None: none); it is no longer spare."""
     with _lock:
-        maps = _spare.get(key, ())
+        maps = _spare.get(key, [])
         for i, m in enumerate(maps):
             if len(m) >= nbytes and not _viewed(m):
                 return maps.pop(i)

@@ -26,7 +26,7 @@ from rankscope.ingest.errors import TraceError
 try:
     from rankscope.ingest import _picklescan
 except ImportError:  # pragma: no cover  (no C compiler at install: the Python scan)
-    _picklescan = None
+    _picklescan = None  # type: ignore[assignment]  # no C module: None (its stub types the built one)
 
 #: Items hashed while unpickling (a tuple key: all the items it expands to, at each use), per byte
 #: of the file, at most, and in all; real snapshots hash about one key per 10 bytes (the corpus: 0.03

@@ -55,7 +55,7 @@ from rankscope.units import NS_PER_MS
 try:
     from rankscope.analyses import _retime as _c_retime      # the re-timing pass in C
 except ImportError:                                            # built without a C compiler: `_StepPlan.retime`'s loop
-    _c_retime = None
+    _c_retime = None  # type: ignore[assignment]  # no C module: None (its stub types the built one)
 
 _N = len(CATEGORIES)
 _IDLE = CATEGORIES.index("idle_other")

@@ -63,7 +63,7 @@ from rankscope.analyses.intervals import sorted_unique
 try:
     from rankscope.analyses import _nesting
 except ImportError:                     # built without a C compiler: the numpy method
-    _nesting = None
+    _nesting = None  # type: ignore[assignment]  # no C module: None (its stub types the built one)
 from rankscope.analyses.rank.views import (column, first_launch_rows, name_mask, of_kinds,
                                           rows_of_kinds)
 from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace, name_codes

@@ -69,7 +69,9 @@ def _first_non_ws(buf: bytes | bytearray, lo: int, before: int) -> int:
         hi = min(before, lo + step)
         piece = buf[lo:hi]
         if not _all_ws(piece):
-            return _NON_WS.search(buf, lo, hi).start()
+            m = _NON_WS.search(buf, lo, hi)
+            assert m is not None              # the piece holds a byte that is not JSON whitespace
+            return m.start()
         lo, step = hi, min(step * 4, 1 << 20)
     return -1
 
@@ -109,7 +111,9 @@ class _Gaps:
                     break
                 pos, self.in_string = quote + 1, True
             else:
-                end = _STRING_REST.match(buf, pos).end()
+                rest = _STRING_REST.match(buf, pos)
+                assert rest is not None       # the pattern matches the empty string too
+                end = rest.end()
                 if end >= n or buf[end] != 0x22:        # the string goes on past what was read
                     pos = end
                     break

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import mmap
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -135,12 +136,14 @@ class _Column:
         self.n += len(values)
 
     def _grow(self, nbytes: int) -> None:
+        buffer = self.buffer
+        assert buffer is not None             # grown once it exists
         try:
-            self.buffer.resize(nbytes)
+            buffer.resize(nbytes)
         except (OSError, SystemError, ValueError):        # no mremap here (macOS): copy
             grown = _anonymous_map(nbytes)
-            grown[:self.n * self.dtype.itemsize] = self.buffer[:self.n * self.dtype.itemsize]
-            self.buffer.close()
+            grown[:self.n * self.dtype.itemsize] = buffer[:self.n * self.dtype.itemsize]
+            buffer.close()
             self.buffer = grown
 
     def values(self) -> np.ndarray:
@@ -202,7 +205,7 @@ class _Accumulator:
         self._routing_codes: tuple | None = None      # (phases, categories) the tables below cover
         self._routing_luts: tuple = ()
         # the groups the C routing returns, in its order (G_X ... G_META), and their columns
-        self.routed_columns = {
+        self.routed_columns: dict[str, list[tuple[str, Any]]] = {
             "x": _X_COLUMNS, "flows": _FLOW_COLUMNS,
             **{frame: [("row", np.int64)] + self._spec_columns(frame) for frame in _SIDE_KINDS},
             "memory": [("ts_ns", np.int64)] + self._spec_columns("memory"), "meta": _META_COLUMNS,

@@ -38,8 +38,9 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     bytes: Any = None
     bandwidth: Any = msgspec.field(default=None, name="memory bandwidth (GB/s)")
     # operators
-    input_dims: msgspec.Raw = msgspec.field(default=None, name="Input Dims")
-    input_type: msgspec.Raw = msgspec.field(default=None, name="Input type")
+    # Raw (the value's JSON text), None when absent: typed `Raw | None`, msgspec would accept only null
+    input_dims: msgspec.Raw = msgspec.field(default=None, name="Input Dims")  # type: ignore[assignment]
+    input_type: msgspec.Raw = msgspec.field(default=None, name="Input type")  # type: ignore[assignment]
     call_stack: Any = msgspec.field(default=None, name="Call stack")
     sequence_number: Any = msgspec.field(default=None, name="Sequence number")
     fwd_thread_id: Any = msgspec.field(default=None, name="Fwd thread id")
@@ -86,9 +87,10 @@ _decode_any = msgspec.json.Decoder(float_hook=Decimal).decode
 
 
 class _RawTimes(Event):
-    """An event whose ts or dur is not a number: both kept as JSON text, judged by `_time`."""
-    ts: msgspec.Raw = None
-    dur: msgspec.Raw = None
+    """An event whose ts or dur is not a number: both kept as JSON text, judged by `_time`. (A
+    Struct subclass may give a field another type; None when absent, as in `Args`.)"""
+    ts: msgspec.Raw = None  # type: ignore[assignment]
+    dur: msgspec.Raw = None  # type: ignore[assignment]
 
 
 _decode_raw_times = msgspec.json.Decoder(list[_RawTimes]).decode

@@ -97,10 +97,13 @@ def _build(path: Path, size: int, parsed: _Parsed, header: dict) -> RankTrace:
     if begin_end:
         problems.append(f"begin/end ('B'/'E') events ignored: {begin_end}")
 
-    dist = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
+    dist = header.get("distributedInfo")
+    dist = dist if isinstance(dist, dict) else {}
+    pg_config = dist.get("pg_config")
     dist_rank, world_size, rank_problems = checked_rank(dist.get("rank"), dist.get("world_size"))
     problems += rank_problems
-    devices = header.get("deviceProperties") if isinstance(header.get("deviceProperties"), list) else []
+    devices = header.get("deviceProperties")
+    devices = devices if isinstance(devices, list) else []
     if parsed.fmt == "chrome-array":
         problems.append(_array_format_note(path, bool(legacy.any())))
     meta = RankMeta(
@@ -108,7 +111,7 @@ def _build(path: Path, size: int, parsed: _Parsed, header: dict) -> RankTrace:
         format=parsed.fmt if parsed.fmt != "kineto" else _format_of(t.cat),
         dist_rank=dist_rank, world_size=world_size,
         backend=dist.get("backend") if isinstance(dist.get("backend"), str) else None,
-        pg_config=dist.get("pg_config") if isinstance(dist.get("pg_config"), list) else [],
+        pg_config=pg_config if isinstance(pg_config, list) else [],
         devices=[d for d in devices if isinstance(d, dict)],
         hostname=next((h for h in (header.get("host_name"), header.get("hostname")) if isinstance(h, str)), None),
         base_time_ns=_int_or_none(header.get("baseTimeNanoseconds")),
@@ -125,7 +128,8 @@ def _build(path: Path, size: int, parsed: _Parsed, header: dict) -> RankTrace:
         span_ns=span, salvaged=parsed.cut_at_byte is not None, problems=problems, size_bytes=size,
         cut_at_byte=parsed.cut_at_byte, cut_reason=parsed.cut_reason or None, dropped=dropped,
     )
-    return RankTrace(meta=meta, events=events, memory=memory, flows=flows, **side)
+    return RankTrace(meta=meta, events=events, memory=memory, flows=flows, gpu_args=side["gpu_args"],
+                     comm_args=side["comm_args"], op_args=side["op_args"])
 
 
 def _drop_unusable_times(acc: _Accumulator) -> dict[str, int]:
@@ -256,7 +260,7 @@ _SIDE_TEXT = {"collective", "in_split_size", "out_split_size", "dtype", "pg_name
 
 
 def _side_frame(acc: _Accumulator, frame: str, text: pl.Series) -> pl.DataFrame:
-    data = {"row": acc.take(frame, "row")}
+    data: dict[str, np.ndarray | pl.Series] = {"row": acc.take(frame, "row")}
     for name, spec in zip(acc.side_names[frame], acc.side_specs[frame]):
         values = acc.take(frame, name, DTYPES[spec.kind])
         data[name] = _text_column(values, text) if name in _SIDE_TEXT else values
