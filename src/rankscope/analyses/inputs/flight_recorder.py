@@ -115,11 +115,14 @@ def entry_slices(dump: FrDump, horizon_ns: int, shift_ns: int = 0) -> pl.DataFra
     ends, why = [], []
     for i, e in enumerate(entries):
         if e.completed_ns:
-            ends.append(e.completed_ns), why.append("completed")
+            ends.append(e.completed_ns)
+            why.append("completed")
         elif i + 1 < len(entries):
-            ends.append(starts[i + 1]), why.append("next call")
+            ends.append(starts[i + 1])
+            why.append("next call")
         else:
-            ends.append(max(horizon_ns, e.created_ns)), why.append("last record of any dump")
+            ends.append(max(horizon_ns, e.created_ns))
+            why.append("last record of any dump")
     return pl.DataFrame({
         "track": [0] * len(entries), "ts_ns": [s - shift_ns for s in starts],
         "dur_ns": [max(b - a, 0) for a, b in zip(starts, ends)],

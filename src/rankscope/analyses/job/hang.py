@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -40,7 +40,7 @@ from rankscope.analyses.rank.groups import dim_of_desc
 from rankscope.ingest.flight_recorder import FrEntry
 from rankscope.numbers import ranges
 from rankscope.results.hang import (BlockerWhere, CallFrame, CulpritLast, CulpritTrace, GridRow, GroupState, HangReport,
-                                    LastEntry, MemberWait, Mismatch, StuckCollective)
+                                    LastEntry, MemberState, MemberWait, Mismatch, StuckCollective)
 from rankscope.units import NS_PER_MS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -56,8 +56,9 @@ CULPRIT_ENTRIES = 5
 FOREIGN_SLACK_NS = 10_000 * 1_000_000
 #: Without a timeout in the dumps: the gap beyond which a dump is another job's.
 FOREIGN_DEFAULT_NS = 600_000 * 1_000_000
-_FIELDS = ("op", "input_sizes", "dtype", "output_sizes")
-_STATE_NAMES = {STATE_CODE["completed"]: "completed", STATE_CODE["started"]: "started",
+_FIELDS: tuple[Literal["op", "input_sizes", "dtype", "output_sizes"], ...] = ("op", "input_sizes", "dtype",
+                                                                            "output_sizes")
+_STATE_NAMES: dict[int, MemberState] = {STATE_CODE["completed"]: "completed", STATE_CODE["started"]: "started",
                 STATE_CODE["scheduled"]: "entered"}
 
 
@@ -79,9 +80,9 @@ def foreign_dumps(dumps: list[DumpSummary]) -> list[tuple[DumpSummary, str]]:
     timeouts = [e.timeout_ms for d in dumps for e in d.last if e.timeout_ms]
     tolerance = (max(timeouts) * 1_000_000 + FOREIGN_SLACK_NS) if timeouts else FOREIGN_DEFAULT_NS
     offsets = _time_offsets(dumps)
-    spans = [(d.first_ns, d.last_ns) for d in dumps if d.first_ns is not None]
+    timed = [(d, (d.first_ns, d.last_ns)) for d in dumps if d.first_ns is not None and d.last_ns is not None]
     for d in dumps:
-        if d.rank in out or d.first_ns is None:
+        if d.rank in out or d.first_ns is None or d.last_ns is None:
             continue
         off = offsets.get(d.rank)
         if off is not None:
@@ -90,7 +91,7 @@ def foreign_dumps(dumps: list[DumpSummary]) -> list[tuple[DumpSummary, str]]:
                                f"{'after' if off > 0 else 'before'} the same collectives on the other ranks "
                                f"(more than the {_duration(tolerance - FOREIGN_SLACK_NS)} timeout allows)")
             continue
-        others = [s for s, dd in zip(spans, (x for x in dumps if x.first_ns is not None)) if dd is not d]
+        others = [s for dd, s in timed if dd is not d]
         lo, hi = min(s[0] for s in others), max(s[1] for s in others)
         gap = max(lo - d.last_ns, d.first_ns - hi, 0)
         if gap > tolerance:
@@ -256,8 +257,7 @@ def _group_stall(g: _Group, by_rank: dict[int, DumpSummary], sig_ids: dict[str, 
         return None, GroupState(**grid_state, state="complete", last_seq_all=last_all)
     c = int(bad[0])
     stall = _stall(g, rows, no_dump, c, cols, present, state, sig, sig_ids, states, by_rank, horizon)
-    kind = {"hang": "stuck"}.get(stall.kind, stall.kind)
-    return stall, GroupState(**grid_state, state=kind, last_seq_all=last_all)
+    return stall, GroupState(**grid_state, state="stuck" if stall.kind == "hang" else stall.kind, last_seq_all=last_all)
 
 
 def _stall(g: _Group, rows: list[int], no_dump: list[int], c: int, cols: np.ndarray, present: np.ndarray,
@@ -273,6 +273,7 @@ def _stall(g: _Group, rows: list[int], no_dump: list[int], c: int, cols: np.ndar
     majority = next(sigs[r] for r in entered if counts[sigs[r]] == top)
     mismatched = [_mismatch(r, text[sigs[r]], text[majority]) for r in entered if sigs[r] != majority]
     started = [r for i, r in enumerate(rows) if present[i, c] and state[i, c] >= STATE_CODE["started"]]
+    kind: Literal["hang", "desync", "unknown"]
     if mismatched:
         kind, culprits = "desync", [m.rank for m in mismatched]
     elif not_entered:
@@ -289,7 +290,7 @@ def _stall(g: _Group, rows: list[int], no_dump: list[int], c: int, cols: np.ndar
     waits = [MemberWait(rank=r, state=_STATE_NAMES[int(state[rows.index(r), c])],
                         entered_ms=round((t - t0) / NS_PER_MS, 3),
                         waited_ms_at_least=round(max(horizon - t, 0) / NS_PER_MS, 3),
-                        timeout_ms=float(entries[r].timeout_ms) if entries[r] and entries[r].timeout_ms else None)
+                        timeout_ms=float(e.timeout_ms) if (e := entries[r]) and e.timeout_ms else None)
              for r, t in zip(entered, firsts) if r not in culprits]
     position = min(int(g.streams[r].record_id[np.searchsorted(g.streams[r].seq, seq)]) for r in entered)
     frames = []
@@ -339,6 +340,7 @@ def _grid(g: _Group, rows: list[int], rolled: list[int], no_dump: list[int], col
     shown = list(range(max(0, end - GRID_SEQS), end))
     grid = []
     for r in g.ranks:
+        cells: list[MemberState]
         if r in no_dump:
             cells = ["no_dump"] * len(shown)
         elif r in rolled:

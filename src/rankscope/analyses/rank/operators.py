@@ -99,7 +99,7 @@ def is_library_frame(frame: str) -> bool:
 
 def is_source_frame(frame: str) -> bool:
     m = _FRAME.match(frame)
-    return bool(m) and not m.group(1).startswith("<")
+    return m is not None and not m.group(1).startswith("<")
 
 
 class OperatorGroups(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -435,7 +435,7 @@ def _locations(trace: RankTrace, t: _OpTimes, stack_frame: str) -> tuple[np.ndar
         distinct = stacks.drop_nulls().unique().to_list()
         picked = {cs: pick([f.strip() for f in cs.split(";") if f.strip()]) for cs in distinct}
         labels = sorted({v for v in picked.values() if v is not None})
-        index = {lab: i for i, lab in enumerate(labels)}
+        index: dict[str | None, int] = {lab: i for i, lab in enumerate(labels)}
         mapping = pl.DataFrame({"call_stack": distinct,
                                 "lid": [index.get(picked[cs], -1) for cs in distinct]},
                                schema={"call_stack": pl.String, "lid": pl.Int64})
