@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from typing import Any, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any, Mapping
 
 from rankscope.model import RankMeta
 

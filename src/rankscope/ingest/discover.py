@@ -14,8 +14,8 @@ import os
 import re
 import stat
 from dataclasses import dataclass
-from pathlib import Path
 from io import BufferedReader
+from pathlib import Path
 
 TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", ".sqlite3")    # Kineto JSON; nsys SQLite export
 #: JSON files that sit beside traces and are known not to be traces (not reported).

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 
-
 _JSON_WS = b" \t\n\r"
 _NON_WS = re.compile(rb"[^ \t\n\r]")
 _BOUNDARY = re.compile(rb"\}[ \t\n\r]*,[ \t\n\r]*\{")

@@ -15,7 +15,6 @@ from rankscope.ingest.columns import DTYPES, Col, columnize, scan_json, scan_sta
 from rankscope.ingest.kineto.events import Args, Event
 from rankscope.model import DEVICE_KINDS, Kind, category_kind
 
-
 _E, _A = Event, Args
 
 

@@ -4,8 +4,8 @@ at the end of the file the trailer, or the salvage of what came before a cut."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from io import BufferedReader
+from pathlib import Path
 from typing import Iterator
 
 import msgspec
@@ -17,7 +17,6 @@ from rankscope.ingest.kineto.columns import _Accumulator, _Tables
 from rankscope.ingest.kineto.decode import _STRING_OR_CONSTANT, _JSONError
 from rankscope.ingest.kineto.events import _decode_any, _decode_header
 from rankscope.ingest.kineto.salvage import _decode_whole_events, _finish, _salvage
-
 
 CHUNK_BYTES = 2 << 20          # decompressed bytes decoded at once (transient memory ~6x this)
 HEADER_LIMIT = 64 << 20        # give up looking for "traceEvents" after this many bytes
