@@ -195,7 +195,7 @@ def test_corrupt_gzip_is_one_line_and_others_load(dlrm_dir: Path):
 
 
 def test_corrupt_gzip_salvages_events_before_the_damage(dlrm_dir: Path):
-    """Events inflated before the damaged gzip bytes are kept (kineto._chunks docstring): at least
+    """Events inflated before the damaged gzip bytes are kept (kineto.reading._chunks docstring): at least
     the complete events before the first byte that differs from the original text."""
     original = rank7_text(dlrm_dir)
     damaged = _corrupt_middle((dlrm_dir / RANK7).read_bytes())
@@ -398,7 +398,7 @@ def test_event_with_number_name_does_not_take_another_name(dlrm_dir: Path):
 
 def test_repaired_events_are_reported(dlrm_dir: Path):
     """An event repaired on the lenient path ("args": [] dropped) is counted in the problems
-    (kineto.py docstring, item 2)."""
+    (the kineto package docstring, item 2)."""
     doc, _ = _doc_with_bad_event(dlrm_dir / RANK7, "args", [], 1000)
     trace, _ = read_kineto(write_trace(dlrm_dir / RANK7, doc))
     assert trace.meta.problems, "the repaired event is not reported"

@@ -24,7 +24,8 @@ import pytest
 from conftest import assert_no_traceback, ctrl_c, linked_job, process_tree, reading, run_cli, start_cli, wait_for
 from rankscope.analyses.inputs.memory_snapshot import analyze_snapshot
 from rankscope.ingest import TraceError, read_trace
-from rankscope.ingest.kineto import CHUNK_BYTES, read_kineto
+from rankscope.ingest.kineto import read_kineto
+from rankscope.ingest.kineto.reading import CHUNK_BYTES
 from rankscope.ingest.memory_snapshot import read_memory_snapshot
 from rankscope.ingest.nccl_log import read_nccl_log
 from rankscope.ingest.nsys_sqlite import read_nsys_sqlite

@@ -21,10 +21,11 @@ import numpy as np
 import pytest
 
 from conftest import load_json, write_trace
-from rankscope.ingest import columns, kineto
+from rankscope.ingest import columns
 from rankscope.ingest.columns import Col, columnize
 from rankscope.ingest.errors import TraceError
-from rankscope.ingest.kineto import Args, Event, read_kineto
+from rankscope.ingest.kineto import Args, Event, read_kineto, reading
+from rankscope.ingest.kineto import columns as kineto_columns
 
 pytestmark = pytest.mark.skipif(not columns.has_c_extension(),
                                 reason="C extension not built: nothing to compare the Python twin with")
@@ -33,8 +34,8 @@ NAN = float("nan")
 
 
 def _all_specs(tables) -> list[Col]:
-    specs = list(kineto._core_specs(tables))
-    for cols in kineto._side_specs(tables).values():
+    specs = list(kineto_columns._core_specs(tables))
+    for cols in kineto_columns._side_specs(tables).values():
         specs += [c for _, c in cols]
     return specs
 
@@ -66,7 +67,7 @@ def test_columnize_c_equals_python_on_corpus_events(corpus: Path, folder: str):
     rng = np.random.default_rng(0)
     subset = np.sort(rng.choice(len(objs), size=min(len(objs), 500), replace=False)).astype(np.int64)
     for indices in (None, subset):
-        t_c, t_py = kineto._Tables(), kineto._Tables()
+        t_c, t_py = kineto_columns._Tables(), kineto_columns._Tables()
         specs_c, specs_py = _all_specs(t_c), _all_specs(t_py)
         out_c = columnize(objs, specs_c, indices, use_c=True)
         out_py = columnize(objs, specs_py, indices, use_c=False)
@@ -216,18 +217,18 @@ ROUTING_FILES = ["hta-nccl-metadata", "cpu-gloo-4rank-healthy", "tracelens-b200-
 def _read_counting_routed(path: Path, monkeypatch) -> tuple:
     """read_kineto with the scanner, and the rows that the C routing put in each group."""
     rows: dict[str, int] = {}
-    original = kineto._Accumulator._add_routed
+    original = kineto_columns._Accumulator._add_routed
 
     def counting(self, groups, phase_counts, n):
         for (name, columns), buffers in zip(self.routed_columns.items(), groups):
             rows[name] = rows.get(name, 0) + len(buffers[0]) // np.dtype(columns[0][1]).itemsize
         return original(self, groups, phase_counts, n)
 
-    monkeypatch.setattr(kineto._Accumulator, "_add_routed", counting)
+    monkeypatch.setattr(kineto_columns._Accumulator, "_add_routed", counting)
     try:
         return read_kineto(path, use_scanner=True)[0], rows
     finally:
-        monkeypatch.setattr(kineto._Accumulator, "_add_routed", original)
+        monkeypatch.setattr(kineto_columns._Accumulator, "_add_routed", original)
 
 
 @pytest.mark.parametrize("folder", ROUTING_FILES)
@@ -236,7 +237,7 @@ def test_c_routing_equals_msgspec_path_on_corpus(corpus: Path, monkeypatch, fold
     each chunk's rows into the kept groups in C instead of `_Accumulator._add`. With 4 KB chunks
     (a gzip file is read in inflate steps of ~50 KB) most chunks are split in C; the frames must
     equal those of the msgspec reference path."""
-    monkeypatch.setattr(kineto, "CHUNK_BYTES", 4 << 10)
+    monkeypatch.setattr(reading, "CHUNK_BYTES", 4 << 10)
     path = sorted((corpus / folder).glob("*.json.gz"))[0]
     ref, _ = read_kineto(path, use_scanner=False)
     fast, rows = _read_counting_routed(path, monkeypatch)
@@ -280,10 +281,11 @@ def test_c_routing_fills_every_group(tmp_path: Path, monkeypatch, chunk: int):
     events = [e for i in range(1, 1500) for e in block(i)]
     path = tmp_path / "rank0.json"
     path.write_text(json.dumps({"traceEvents": events}))
-    monkeypatch.setattr(kineto, "CHUNK_BYTES", chunk)
+    monkeypatch.setattr(reading, "CHUNK_BYTES", chunk)
     ref, _ = read_kineto(path, use_scanner=False)
     fast, rows = _read_counting_routed(path, monkeypatch)
-    assert {g for g, n in rows.items() if n > 0} == set(kineto._Accumulator(kineto._Tables()).routed_columns), rows
+    groups = kineto_columns._Accumulator(kineto_columns._Tables()).routed_columns
+    assert {g for g, n in rows.items() if n > 0} == set(groups), rows
     assert _frames_equal(fast, ref) == []
     assert fast.meta.to_dict() == ref.meta.to_dict()
 
@@ -292,7 +294,7 @@ def test_c_routing_misuse_raises():
     """The routing's output buffers live in the scan state: routing without one, or a malformed
     routing, is a programming error (TypeError), not a chunk handed to the msgspec path."""
     from rankscope.ingest import _fastcols
-    acc = kineto._Accumulator(kineto._Tables())
+    acc = kineto_columns._Accumulator(kineto_columns._Tables())
     body = b'[{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 2}]'
     with pytest.raises(TypeError, match="scan state"):
         _fastcols.scan_events(body, acc.scan_specs, acc.table_list, None, acc.routing())

@@ -34,7 +34,7 @@ from conftest import corpus_root, raw_text
 from rankscope import api
 from rankscope.ingest import kineto
 from rankscope.ingest.errors import TraceError
-from rankscope.ingest.kineto import read_kineto
+from rankscope.ingest.kineto import read_kineto, reading
 from rankscope.model import DEVICE_KINDS
 
 BASES = ["hta-cpu-only", "hta-triton", "hta-amd-mi250", "param-dlrm-8rank"]
@@ -112,9 +112,9 @@ def check_analyze(path: Path, cache_dir: Path | None = None):
 
 
 def write_and_check(data: bytes, gz: bool, analyze: bool = True, cache: bool = False, chunk: int | None = None):
-    """`chunk`: a small kineto.CHUNK_BYTES, so that damaged text also meets the chunked path
+    """`chunk`: a small kineto.reading.CHUNK_BYTES, so that damaged text also meets the chunked path
     (chunk boundaries, mid-file salvage) that only files over 8 MiB reach by default."""
-    patch = mock.patch.object(kineto, "CHUNK_BYTES", chunk) if chunk else nullcontext()
+    patch = mock.patch.object(reading, "CHUNK_BYTES", chunk) if chunk else nullcontext()
     with tempfile.TemporaryDirectory() as d, patch:
         path = Path(d) / "job" / ("rank0.pt.trace.json.gz" if gz else "rank0.pt.trace.json")
         path.parent.mkdir()

@@ -14,9 +14,8 @@ import pytest
 
 from conftest import (MEMORY_TIMELINE, corpus_trace_params, fresh_json, load_json, write_trace,
                       x_events)
-from rankscope.ingest import kineto
 from rankscope.ingest.errors import TraceError
-from rankscope.ingest.kineto import read_kineto
+from rankscope.ingest.kineto import read_kineto, reading
 from rankscope.model import Kind, KernelClass
 
 KERNEL_CATS = ("kernel", "Kernel")          # current Kineto / 2021 format
@@ -281,7 +280,7 @@ def test_chunk_size_does_not_change_the_result(corpus: Path, monkeypatch, folder
     that many chunk boundaries fall inside events, the frames are identical to the default."""
     path = sorted((corpus / folder).glob("*.json.gz"))[0]
     ref, _ = read_kineto(path)
-    monkeypatch.setattr(kineto, "CHUNK_BYTES", chunk)
+    monkeypatch.setattr(reading, "CHUNK_BYTES", chunk)
     small, _ = read_kineto(path)
     assert small.meta.events_total == ref.meta.events_total
     for name, frame in ref.frames().items():

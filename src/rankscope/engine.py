@@ -37,7 +37,7 @@ import socket
 import sys
 import threading
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from typing import Callable, Iterable, TypeVar
+from typing import Any, Callable, Iterable, TypeVar
 
 from rankscope import prefork
 
@@ -180,12 +180,14 @@ def _map_local(fn: Callable[[T], R], items: list[T], n: int, on_done,
             settle(i, fn, items[i])
 
     def in_worker_process(i: int) -> R:
+        assert worker is not None         # only with a worker process
         try:
             return worker.run(fn, items[i])
         except prefork.WorkerLost:
             return fn(items[i])       # here; and the rest too, below
 
     def worker_process_feeder() -> None:
+        assert worker is not None         # only with a worker process
         if worker.wait_ready(lambda: stop.is_set() or next_item[0] == len(items)):
             while not worker.lost and (i := take()) is not None:
                 settle(i, in_worker_process, i)
@@ -286,7 +288,7 @@ def _stop(pool: ProcessPoolExecutor) -> None:
         p.join(STOP_WAIT_S)
     manager = getattr(pool, "_executor_manager_thread", None)
     if processes:
-        pool._result_queue._writer.close()
+        pool._result_queue._writer.close()  # type: ignore[attr-defined]  # its pipe's end (typeshed: no such attribute)
     pool.shutdown(wait=False, cancel_futures=True)
     if manager is not None:
         manager.join(STOP_WAIT_S)
@@ -303,7 +305,7 @@ def _map_ray(fn, items: list, workers: int | None, on_done, address: str | None,
         raise EngineError(RAY_MISSING) from None
     started = not ray.is_initialized()
     if started:
-        quiet = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
+        quiet: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
         try:
             if address:
                 _check_reachable(address)

@@ -106,7 +106,7 @@ class AtomicFile:
                 pass
 
 
-def atomic_write_bytes(path: str | Path, data: bytes, fsync: bool = False) -> None:
+def atomic_write_bytes(path: str | Path, data: bytes | memoryview, fsync: bool = False) -> None:
     """Write `data` to `path` atomically (`AtomicFile`): a regular file or nothing there before, a
     link never followed; the mode of a replaced file is kept, a new file gets the default mode
     (umask). `fsync`: flush the file and the folder to disk before returning (survives a power

@@ -67,8 +67,8 @@ def device_model(name: str | None, props: dict | None = None) -> str | None:
     for key, _ in PEAK_TFLOPS:
         if key.lower() in text:
             return key
-    if "amd" in text and props:
-        return AMD_BY_COMPUTE_UNITS.get(props.get("numSms"))
+    if "amd" in text and props and "numSms" in props:
+        return AMD_BY_COMPUTE_UNITS.get(props["numSms"])
     return None
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from typing import NoReturn
 
 INTERRUPTED_EXIT_CODE = 130
 
 
-def exit_interrupted() -> None:
+def exit_interrupted() -> NoReturn:
     """Say so in one line and leave at once (os._exit: worker threads still parsing are not
     waited for)."""
     _remove_multiprocessing_temp_dir()

@@ -8,7 +8,7 @@ import numpy as np
 try:
     from rankscope.analyses import _intervals as _c_intervals
 except ImportError:                  # built without a C compiler
-    _c_intervals = None
+    _c_intervals = None  # type: ignore[assignment]  # no C module: None (its stub types the built one)
 
 
 def sorted_unique(values: np.ndarray) -> np.ndarray:

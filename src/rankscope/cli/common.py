@@ -22,12 +22,12 @@ from rankscope.engine import ENGINES, EngineError
 from rankscope.files import write_all
 from rankscope.ingest.cache import NotACache, default_cache_dir
 from rankscope.pipelines import ArgumentError
-from rankscope.render.base import render, renderer
+from rankscope.render.base import TextRenderer, render, renderer
 from rankscope.render.format import printable
 from rankscope.results import Analysis
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rankscope.results import Result
+    from rankscope.results import Result, ThresholdList
 
 R = TypeVar("R", bound="Result")
 
@@ -107,12 +107,12 @@ def say(line: str) -> None:
 _CONTROL_OR_STYLE = re.compile(r"(\x1b\[[0-9;]*m)|[\x00-\x09\x0b-\x1f\x7f-\x9f]")
 
 
-def show(result: Result, as_json: bool, **terminal_options) -> None:
+def show(result: Result | ThresholdList, as_json: bool, **terminal_options) -> None:
     """The result on stdout: one JSON object (UTF-8 whatever the locale), or the terminal report. The
     report keeps no control character but rich's styles (a name missed by `printable` still cannot
     drive the terminal), and when stdout is no terminal (a pipe, a file) no line ends in spaces."""
     if as_json:
-        emit(renderer(type(result), "json").text(result).encode())
+        emit(_text(result, "json").encode())
         return
     from rich.console import Console              # not imported for JSON: ~35 ms of a cached run
     console = Console(highlight=False)
@@ -126,7 +126,14 @@ def show(result: Result, as_json: bool, **terminal_options) -> None:
 
 def html_page(result: Result) -> str:
     """The result's self-contained HTML page."""
-    return renderer(type(result), "html").text(result)
+    return _text(result, "html")
+
+
+def _text(result: Result | ThresholdList, fmt: str) -> str:
+    """The whole output of `result` in a text format ("json", "html")."""
+    out = renderer(type(result), fmt)
+    assert isinstance(out, TextRenderer)
+    return out.text(result)
 
 
 def with_progress(run: Callable[[Callable[[int, int, str], None]], R], quiet: bool, label: str) -> R:

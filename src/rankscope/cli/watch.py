@@ -4,6 +4,7 @@ cycle as it is analysed (a live view on a terminal, a line per cycle otherwise, 
 seconds without a new file, or at Ctrl-C."""
 from __future__ import annotations
 
+import io
 import sys
 import time
 
@@ -14,7 +15,7 @@ from rankscope.cli.common import (EXIT_NOTHING, cache_options, err, exit_code, h
 from rankscope.engine import ENGINES
 from rankscope.files import atomic_write_text
 from rankscope.pipelines.watch import CycleDone, RunWatch
-from rankscope.render.base import renderer
+from rankscope.render.base import JsonRenderer, renderer
 from rankscope.render.run_json import change_to_dict
 from rankscope.results import to_plain
 
@@ -85,6 +86,7 @@ def _live():
 
 def _cycle_done(done: CycleDone, as_json: bool, live, html_path: str | None) -> None:
     run = done.report.run
+    assert run is not None                # a watched cycle's report has its run
     row = next(c for c in run.cycles if set(c.files) == set(done.files))
     if as_json:
         line = {"cycle": to_plain(row), "changes": [change_to_dict(c) for c in run.changes]}
@@ -118,8 +120,11 @@ def _final(watch: RunWatch, as_json: bool, html_path: str | None) -> None:
         err(f"no profiler cycle analysed in {watch.folder}")
         sys.exit(EXIT_NOTHING)
     if as_json:
-        sys.stdout.reconfigure(encoding="utf-8")
-        sys.stdout.buffer.write(msgspec.json.encode(renderer(type(result), "json").to_dict(result)) + b"\n")
+        if isinstance(sys.stdout, io.TextIOWrapper):
+            sys.stdout.reconfigure(encoding="utf-8")
+        json_out = renderer(type(result), "json")
+        assert isinstance(json_out, JsonRenderer)
+        sys.stdout.buffer.write(msgspec.json.encode(json_out.to_dict(result)) + b"\n")
         sys.stdout.flush()
     else:
         show(result, False)

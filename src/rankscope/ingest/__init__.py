@@ -52,6 +52,6 @@ def load_rank(path: str | Path, cache: Cache | None = None, key: str | None = No
         if hit is not None:
             return hit, True
     trace, _ = read_trace(path)
-    if cache is not None:
+    if cache is not None and key is not None:       # a cache: the key is known
         cache.put(key, trace)
     return trace, False

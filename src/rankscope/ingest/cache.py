@@ -44,6 +44,7 @@ import stat
 import struct
 import time
 from pathlib import Path
+from typing import Any
 
 import platformdirs
 import polars as pl
@@ -211,11 +212,14 @@ def _read_meta(entry: Path) -> tuple[RankMeta, dict] | None:
         if os.path.lexists(entry / _META):
             raise _Damaged
         return None
+    unsealed = _unseal(entry.name, sealed)
+    if unsealed is None:         # not sealed for this entry
+        raise _Damaged
     try:
-        data = json.loads(_unseal(entry.name, sealed))
+        data = json.loads(unsealed)
         meta, frames = RankMeta.from_dict(data["meta"]), data["frames"]
         sizes = [(os.lstat(entry / f"{name}.parquet"), frames[name][0]) for name in FRAME_NAMES]
-    except Exception:            # not sealed for this entry (None), a field or a frame missing
+    except Exception:            # a field or a frame missing
         raise _Damaged from None
     if not all(stat.S_ISREG(st.st_mode) and st.st_size == size for st, size in sizes):
         raise _Damaged
@@ -281,7 +285,7 @@ class Cache:
         if found is None:
             return None
         entry, meta, sums = found
-        frames = {}
+        frames: dict[str, Any] = {}          # by name: RankTrace's frames
         for name in FRAME_NAMES:
             size, checksum = sums[name]
             data = _read_regular(entry / f"{name}.parquet", size)
@@ -304,8 +308,10 @@ class Cache:
         entry = self._entry(key)
         found = self._meta(entry)
         if found is None:
-            entry = self._adopt(key, file)
-            found = self._meta(entry) if entry else None
+            adopted = self._adopt(key, file)
+            if adopted is None:
+                return None
+            entry, found = adopted, self._meta(adopted)
         if found is None:
             return None
         found[0].file = file

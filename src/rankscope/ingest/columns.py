@@ -21,7 +21,7 @@ import numpy as np
 try:  # pragma: no cover - exercised implicitly when the build succeeded
     from rankscope.ingest import _fastcols
 except ImportError:  # pragma: no cover - fallback when no C compiler was available
-    _fastcols = None
+    _fastcols = None  # type: ignore[assignment]  # no C module: None (its stub types the built one)
 
 #: 't' columns: a value that is not a number; magnitudes beyond int64 nanoseconds saturate at +-T_MAX
 T_NOT_A_NUMBER = -2**63
@@ -46,7 +46,8 @@ def _digits(s: str) -> int | None:
     return None
 
 
-def _code(table: dict, key: str) -> int:
+def _code(table: dict | None, key: str) -> int:
+    assert table is not None          # the specs of kinds 'k', 's' and 'r' have a table
     code = table.get(key)
     if code is None:
         code = table[key] = len(table)
@@ -146,7 +147,8 @@ def columnize(objs: list, specs: Sequence[Col], indices: np.ndarray | None = Non
 
 
 def scan_json(body, specs: Sequence[tuple], tables: list[dict], state=None,
-              routing: tuple | None = None) -> tuple[list[np.ndarray] | tuple, int, int] | int | None:
+              routing: tuple | None = None
+              ) -> tuple[list[np.ndarray] | tuple[list[list[bytes]], bytes], int, int] | int | None:
     """C scanner over a JSON array of events: (one array per spec, events, non-object elements);
     an int where the scanner declines (invalid JSON, unexpected types): the byte offset where it
     stopped, and the caller decodes with msgspec; None without the extension.

@@ -9,6 +9,7 @@ import json
 from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any, Mapping
 
 from rankscope.model import RankMeta
 
@@ -49,7 +50,7 @@ def _split(metas: list[RankMeta], key) -> dict[object, list[str]]:
     return out
 
 
-def _listing(groups: dict[object, list[str]]) -> str:
+def _listing(groups: Mapping[Any, list[str]]) -> str:
     return "; ".join(f"{key} in {_names(files)}" for key, files in groups.items())
 
 

@@ -64,13 +64,12 @@ def group_cycles(files: list[CycleFile]) -> list[list[str]]:
         for s in f.steps:
             j = first_with_step.setdefault(s, i)
             parent[root(i)] = root(j)
-    marked = [i for i, f in enumerate(files) if f.steps and f.span_ns]
-    unmarked = sorted((i for i, f in enumerate(files) if not f.steps),
-                      key=lambda i: files[i].span_ns[0] if files[i].span_ns else 0)
+    marked = [(i, f.span_ns) for i, f in enumerate(files) if f.steps and f.span_ns]
+    unmarked = sorted((i for i, f in enumerate(files) if not f.steps), key=lambda i: _start(files[i]))
     end = None
-    for prev, i in zip([None] + unmarked, unmarked):
+    for prev, i in zip([None, *unmarked], unmarked):
         span = files[i].span_ns
-        over = next((j for j in marked if span and _overlap(span, files[j].span_ns)), None)
+        over = next((j for j, other in marked if span and _overlap(span, other)), None)
         if over is not None:                # a file whose step marks were lost (cut short) joins its time's cycle
             parent[root(i)] = root(over)
         elif prev is not None and span is not None and end is not None and span[0] <= end:
@@ -82,7 +81,7 @@ def group_cycles(files: list[CycleFile]) -> list[list[str]]:
 
     def order(members: list[int]) -> tuple[float, int]:
         steps = [s for i in members for s in files[i].steps]
-        starts = [files[i].span_ns[0] for i in members if files[i].span_ns]
+        starts = [_start(files[i]) for i in members if files[i].span_ns]
         return (min(steps) if steps else float("inf"), min(starts, default=0))
 
     return [sorted(files[i].file for i in members) for members in sorted(groups.values(), key=order)]
@@ -101,10 +100,14 @@ def run_cycles(files: list[CycleFile]) -> list[list[str]]:
             r = by_file[name].rank
             repeated |= r is not None and seen.setdefault(r, g) != g
     worlds = {f.world_size for f in files if f.world_size}
-    starts = [min((by_file[n].span_ns[0] for n in members if by_file[n].span_ns), default=0) for members in groups]
+    starts = [min((_start(by_file[n]) for n in members if by_file[n].span_ns), default=0) for members in groups]
     if repeated and len(worlds) <= 1 and starts == sorted(starts):
         return groups
     return [sorted(by_file)] if files else []
+
+
+def _start(f: CycleFile) -> int:
+    return f.span_ns[0] if f.span_ns else 0
 
 
 def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:

@@ -14,8 +14,8 @@ import os
 import re
 import stat
 from dataclasses import dataclass
+from io import BufferedReader
 from pathlib import Path
-from typing import BinaryIO
 
 TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", ".sqlite3")    # Kineto JSON; nsys SQLite export
 #: JSON files that sit beside traces and are known not to be traces (not reported).
@@ -66,7 +66,7 @@ def discover(inputs: list[str | Path]) -> Discovered:
         elif mode is None and why == _MISSING:
             ignored.append((p, _MISSING))
         else:
-            skipped.append((p, why or _not_regular(mode)))
+            skipped.append((p, _not_regular(mode, why)))
     traces, ignored, dumps = _set_aside_fr_dumps(traces, ignored)
     unique = list(dict.fromkeys(t.resolve() for t in traces))
     return Discovered(traces=unique, ignored=ignored, skipped=skipped, fr_dumps=list(dict.fromkeys(dumps)))
@@ -98,7 +98,11 @@ def _mode(p: Path) -> tuple[int | None, str | None]:
         return None, f"cannot read: {exc.strerror or exc}"
 
 
-def _not_regular(mode: int) -> str:
+def _not_regular(mode: int | None, why: str | None) -> str:
+    """Why a path that is no regular file is skipped: `why` it has no file type (`_mode`), else what
+    its file type makes it."""
+    if mode is None:
+        return why or _MISSING
     what = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
             "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
             else "not a regular file")
@@ -120,7 +124,7 @@ def _listing(folder: Path, skipped: list[tuple[Path, str]]) -> tuple[list[Path],
         if mode is not None and stat.S_ISREG(mode):
             files.append(e)
         else:
-            others.append((e, why or _not_regular(mode)))
+            others.append((e, _not_regular(mode, why)))
     return files, others
 
 
@@ -144,7 +148,7 @@ def _identity(folder: Path) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
-def open_regular(path: str | Path) -> BinaryIO:
+def open_regular(path: str | Path) -> BufferedReader:
     """`path` opened for binary reading when it is a regular file, else OSError. The open does not
     block, so a FIFO is never waited on."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))

@@ -44,7 +44,7 @@ from rankscope.ingest.safe_pickle import read_plain_pickle
 try:
     from rankscope.ingest import _frpickle
 except ImportError:  # pragma: no cover  (no C compiler at install: the restricted unpickler)
-    _frpickle = None
+    _frpickle = None  # type: ignore[assignment]  # no C module: None (its stub types the built one)
 
 #: A frame as (function name, file name, line).
 Frame = tuple[str, str, int]
@@ -54,8 +54,8 @@ MAX_DUMP_BYTES = 256 << 20
 #: Entries, frames and size values walked (shared ones at each appearance), per byte of the file.
 MAX_WALK_PER_BYTE = 64
 MIN_WALK_LIMIT = 1 << 20
-_STATES = ("scheduled", "started", "completed")
-STATE_CODE = {name: code for code, name in enumerate(_STATES)}
+_STATES: tuple[Literal["scheduled", "started", "completed"], ...] = ("scheduled", "started", "completed")
+STATE_CODE: dict[str, int] = {name: code for code, name in enumerate(_STATES)}
 _INT64 = (-(1 << 63), 1 << 63)
 
 
@@ -130,7 +130,8 @@ class FrDump:
         started, completed = int(self.started_ns[i]), int(self.completed_ns[i])
         duration, timeout = float(self.duration_ms[i]), float(self.timeout_ms[i])
         return FrEntry(int(self.record_id[i]), name, desc, int(self.seq[i]), bool(self.is_p2p[i]), op, detail,
-                       *sizes, _STATES[self.state[i]], int(self.created_ns[i]), started or None, completed or None,
+                       sizes[0], sizes[1], sizes[2], sizes[3], _STATES[self.state[i]], int(self.created_ns[i]),
+                       started or None, completed or None,
                        None if math.isnan(duration) else duration, None if math.isnan(timeout) else int(timeout),
                        self.frames.get(i, []))
 
@@ -157,6 +158,7 @@ def read_fr_dump(path: str | Path, frames_last: int | None = None) -> FrDump:
         raise TraceError("empty file")
     limit = max(MIN_WALK_LIMIT, MAX_WALK_PER_BYTE * len(data))
     try:
+        fmt: Literal["pickle", "json"]
         if data[:1] == b"\x80":
             raw = _c_entries(data, limit) if _frpickle is not None else None
             if raw is None:            # not built, or left to the restricted unpickler
@@ -199,9 +201,8 @@ def _ranks(v) -> list[int] | None:
     dump of a job repeats its pg_config (at 1,024 ranks: ~3,000 numbers a dump), so a text is parsed
     once per process (`_RANKS_OF_TEXT`; the lists are shared: read them, never change them)."""
     if isinstance(v, str):
-        known = _RANKS_OF_TEXT.get(v, False)
-        if known is not False:
-            return known
+        if v in _RANKS_OF_TEXT:
+            return _RANKS_OF_TEXT[v]
         if len(_RANKS_OF_TEXT) > 4096:
             _RANKS_OF_TEXT.clear()
         ranks = _RANKS_OF_TEXT[v] = _ranks([int(x) for x in re.findall(r"\d{1,10}", v[:1 << 20])])
@@ -312,11 +313,12 @@ def _plain_entries(raw, limit: int) -> RawEntries:
         c["p2p_seq"].append(p2p_seq or 0)
         c["has_p2p_seq"].append(p2p_seq is not None)
         c["is_p2p"].append(get("is_p2p") is True)
-        c["state"].append(STATE_CODE.get(state, 0) if type(state) is str else 0)
+        c["state"].append(STATE_CODE.get(state, 0) if isinstance(state, str) else 0)
         c["created_ns"].append(created)
         c["started_ns"].append(started or 0)
         c["completed_ns"].append(completed or 0)
-        duration = float(duration) if type(duration) is float or _int(duration) is not None else math.nan
+        duration = (float(duration) if duration is not None and (type(duration) is float or _int(duration) is not None)
+                    else math.nan)
         c["duration_ms"].append(duration if math.isfinite(duration) else math.nan)
         c["timeout_ms"].append(math.nan if timeout is None else float(timeout))
         code(0, pg0 if type(pg0) is str else str(pg0))
@@ -327,7 +329,7 @@ def _plain_entries(raw, limit: int) -> RawEntries:
     known: dict[int, list[Frame]] = {}        # id of a raw frames list -> its conversion
 
     def frames(places: list[int]) -> list[list[Frame]]:
-        out = []
+        out: list[list[Frame]] = []
         for i in places:
             v = entries[i].get("frames")
             if type(v) is not list:
@@ -379,7 +381,7 @@ def _merged(columns: list[Texts]) -> tuple[np.ndarray, list[str]]:
     return np.stack(codes, axis=1), list(table)
 
 
-def _dump(file: str, rank: int, fmt: str, raw: RawEntries, frames_last: int | None) -> FrDump:
+def _dump(file: str, rank: int, fmt: Literal["pickle", "json"], raw: RawEntries, frames_last: int | None) -> FrDump:
     top = raw.top
     version = top.get("version")
     if not isinstance(version, str) or not version.startswith("2."):

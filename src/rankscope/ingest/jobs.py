@@ -36,7 +36,7 @@ def span_utc(metas: list[RankMeta]) -> tuple[str, str] | None:
     timed = [m for m in metas if _wall(m)]
     if not timed:
         return None
-    return _clock(min(_start(m) for m in timed)), _clock(max(m.span_ns[1] + (m.base_time_ns or 0) for m in timed))
+    return _clock(min(_start(m) for m in timed)), _clock(max(_end(m) for m in timed))
 
 
 def layout_sizes(m: RankMeta) -> tuple[int, ...]:
@@ -53,6 +53,10 @@ def _start(m: RankMeta) -> int:
     return m.span_ns[0] + (m.base_time_ns or 0) if m.span_ns else 0
 
 
+def _end(m: RankMeta) -> int:
+    return m.span_ns[1] + (m.base_time_ns or 0) if m.span_ns else 0
+
+
 def _pids(m: RankMeta) -> set[int]:
     """The host processes the trace names (thread and process name metadata)."""
     keys = list(m.process_names) + [k.split("/")[0] for k in m.thread_names]
@@ -65,7 +69,7 @@ def _apart_in_time(metas: list[RankMeta]) -> list[list[RankMeta]]:
     timed = sorted((m for m in metas if _wall(m)), key=_start)
     runs: list[list] = []                      # [end, [metas]]
     for m in timed:
-        end = m.span_ns[1] + (m.base_time_ns or 0)
+        end = _end(m)
         if runs and _start(m) <= runs[-1][0] + CLOCK_SKEW_NS:
             runs[-1][0] = max(runs[-1][0], end)
             runs[-1][1].append(m)

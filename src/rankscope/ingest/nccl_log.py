@@ -312,7 +312,8 @@ class _Parser:
     def _nccl(self, thread: tuple, dev: int, level: str, msg: str) -> None:
         log = self.log
         if level in ("WARN", "ABORT"):
-            self._warn(level, msg, thread, dev, self.ptr_rank.get(self.thread_comm.get(thread)))
+            ptr = self.thread_comm.get(thread)
+            self._warn(level, msg, thread, dev, None if ptr is None else self.ptr_rank.get(ptr))
             return
         where = (thread[0], thread[1], dev)
         if (m := _COMM_PTR.search(msg)) and m[1] in self.ptr_comm:

@@ -38,13 +38,15 @@ import re
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
 
 from rankscope.ingest.discover import checked_rank, open_regular
 from rankscope.ingest.errors import TraceError
-from rankscope.ingest.kineto import MAX_DUR_NS, MAX_TS_NS, TIME_REASONS, _main_run, _mark
+from rankscope.ingest.times import (MAX_TS_NS, mark, mark_durations, mark_far_from_the_others, out_of_range,
+                                    reason_counts, start_reasons)
 from rankscope.model import (DEVICE_KINDS, PROFILER_STEP_PATTERN, KernelClass, Kind, RankMeta, RankTrace,
                              event_kernel_classes)
 
@@ -85,7 +87,7 @@ WORLD_ENV = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE")
 
 _EVENT_COLUMNS = ("kind", "name", "ts_ns", "dur_ns", "pid", "tid", "device", "stream", "correlation")
 _GPU_ARGS = ("grid_blocks", "block_threads", "registers_per_thread", "shared_memory_bytes", "bytes")
-_EMPTY = {
+_EMPTY: dict[str, dict[str, Any]] = {
     "comm_args": {"row": pl.Int64, "collective": pl.Categorical, "in_msg_nelems": pl.Int64,
                   "out_msg_nelems": pl.Int64, "in_split_size": pl.Categorical, "out_split_size": pl.Categorical,
                   "group_size": pl.Int64, "dtype": pl.Categorical, "pg_name": pl.Categorical,
@@ -228,10 +230,10 @@ def _read(db: _Db, path: Path, size: int) -> list[tuple[RankTrace, dict]]:
     epoch = _session_epoch_ns(db)
     problems: list[str] = []
     parts = [_kernels(db), _memcpy(db), _memset(db), _syncs(db), _runtime(db), _nvtx(db, problems)]
-    parts = [p for p in parts if p is not None and p.height]
-    if not parts:
+    found = [p for p in parts if p is not None and p.height]
+    if not found:
         raise TraceError("Nsight Systems export without CUDA or NVTX events (was it captured with -t cuda,nvtx?)")
-    frame, dropped = _drop_unusable_times(pl.concat(parts, how="diagonal_relaxed"), epoch)
+    frame, dropped = _drop_unusable_times(pl.concat(found, how="diagonal_relaxed"), epoch)
     if frame.is_empty():
         raise TraceError(f"no event with a usable start and duration ({sum(dropped.values())} dropped: "
                          + ", ".join(f"{k} with {reason}" for reason, k in dropped.items()) + ")")
@@ -246,7 +248,7 @@ def _read(db: _Db, path: Path, size: int) -> list[tuple[RankTrace, dict]]:
         trace = _trace(db, path, size, frame, env, problems)
         trace.meta.dropped = dropped
         return [(trace, {"env": env})]
-    out = []
+    out: list[tuple[RankTrace, dict]] = []
     ranks = _process_ranks(processes)
     for pid, (device, rank, source) in ranks.items():
         own = frame.filter(pl.col("process") == pid)
@@ -299,34 +301,27 @@ def _trace(db: _Db, path: Path, size: int, frame: pl.DataFrame, env: dict, probl
     gpu_args = _gpu_args(frame)
     meta = _meta(db, path, size, events, env, list(problems))
     empty = {name: pl.DataFrame(schema=schema) for name, schema in _EMPTY.items()}
-    return RankTrace(meta=meta, events=events, gpu_args=gpu_args, **empty)
+    return RankTrace(meta=meta, events=events, gpu_args=gpu_args, comm_args=empty["comm_args"],
+                     op_args=empty["op_args"], memory=empty["memory"], flows=empty["flows"])
 
 
 def _drop_unusable_times(frame: pl.DataFrame, epoch: int) -> tuple[pl.DataFrame, dict[str, int]]:
     """Times made absolute (+ the session's epoch), and the events whose start or duration is
-    unusable dropped, each under its first reason, as the Kineto reader does (kineto.TIME_REASONS:
+    unusable dropped, each under its first reason, by the Kineto reader's rules (rankscope.ingest.times:
     not a number, i.e. NULL or not an integer; out of range; a negative duration, end before start;
     over a day; a day away from the other events). Returns the frame and the count per reason."""
     ts = frame["ts_ns"].cast(pl.Int64, strict=False)
     dur = frame["dur_ns"].cast(pl.Int64, strict=False)
     t, d = ts.fill_null(0).to_numpy(), dur.fill_null(0).to_numpy()
-    reasons = np.zeros(frame.height, np.uint8)
-    _mark(reasons, ts.is_null().to_numpy(), 1)
-    _mark(reasons, (t >= MAX_TS_NS) | (t <= -MAX_TS_NS), 2)
+    reasons = start_reasons(t, ts.is_null().to_numpy())
     if abs(epoch) < MAX_TS_NS:
         t = np.where(reasons == 0, t, 0) + epoch             # both below 2**62: no overflow
-        _mark(reasons, (t >= MAX_TS_NS) | (t <= -MAX_TS_NS), 2)
+        mark(reasons, out_of_range(t), 2)
     else:                                                    # a session start no clock gives
-        _mark(reasons, np.ones(len(t), dtype=bool), 2)
-    _mark(reasons, dur.is_null().to_numpy(), 3)
-    _mark(reasons, d < 0, 4)
-    _mark(reasons, d > MAX_DUR_NS, 5)
-    usable = t[reasons == 0]
-    if len(usable) and int(usable.max()) - int(usable.min()) > MAX_DUR_NS:
-        lo, hi = _main_run(usable)
-        _mark(reasons, (t < lo) | (t > hi), 6)
-    counts = np.bincount(reasons, minlength=len(TIME_REASONS) + 1)
-    dropped = {reason: int(n) for reason, n in zip(TIME_REASONS, counts[1:]) if n}
+        mark(reasons, np.ones(len(t), dtype=bool), 2)
+    mark_durations(reasons, d, dur.is_null().to_numpy())
+    mark_far_from_the_others([t], [reasons])
+    dropped = reason_counts([reasons])
     frame = frame.with_columns(pl.Series("ts_ns", t), pl.Series("dur_ns", d))
     host = ~pl.col("kind").is_in([int(k) for k in DEVICE_KINDS] + [int(Kind.SYNC)])
     process = pl.col("process") if "process" in frame.columns else pl.lit(None, pl.Int64)

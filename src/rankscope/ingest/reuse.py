@@ -1,7 +1,7 @@
 """Memory a process keeps from one rank for the next while it reads a job's ranks.
 
 A process that reads ranks one after another allocates about the same memory for each: the parse's
-columns (one anonymous memory map per column, see `kineto._Column`) and the analyses' numpy
+columns (one anonymous memory map per column, see `kineto.columns._Column`) and the analyses' numpy
 arrays. Given back to the OS after each rank, every page of it is faulted in again, zeroed, for
 the next (~1.4 us a page here): on 208 MB ranks ~17,000 faults in the parse and ~7,000 in the
 analyses, each rank. Inside `between_ranks()`:
@@ -79,7 +79,7 @@ def spare_map(key: Hashable, nbytes: int) -> mmap.mmap | None:
     """A spare map of at least `nbytes` that column `key` used before and no array views any
     more (None: none); it is no longer spare."""
     with _lock:
-        maps = _spare.get(key, ())
+        maps = _spare.get(key, [])
         for i, m in enumerate(maps):
             if len(m) >= nbytes and not _viewed(m):
                 return maps.pop(i)

@@ -45,7 +45,7 @@ from rankscope.ingest.errors import TraceError
 try:
     from rankscope.ingest import _picklescan
 except ImportError:  # pragma: no cover  (no C compiler at install: the Python scan)
-    _picklescan = None
+    _picklescan = None  # type: ignore[assignment]  # no C module: None (its stub types the built one)
 
 #: Items hashed while unpickling (a tuple key: all the items it expands to, at each use), per byte
 #: of the file, at most, and in all; real snapshots hash about one key per 10 bytes (the corpus: 0.03
@@ -195,7 +195,7 @@ def _hash_work(data: bytes, limit: int) -> int:
     compares with all the others), so the n-th such one in the file also counts n - 1. A stream
     that breaks (bad opcode, cut, stack underflow) ends the count there: unpickling fails at the
     same opcode."""
-    stack: list[int] = []
+    stack: list[float] = []       # each object's hashing cost (a float: a str)
     marks: list[int] = []        # stack lengths at each MARK, as the unpickler keeps them
     memo: dict = {}
     work = others = 0              # others: keys and members so far that are not a str
@@ -208,7 +208,7 @@ def _hash_work(data: bytes, limit: int) -> int:
                 memo[len(memo)] = stack[-1]
             elif name in _PUTS:
                 top = stack[-1]
-                if not 0 <= arg <= len(memo):
+                if arg is None or not 0 <= arg <= len(memo):
                     return MEMO_INDEX
                 memo[arg] = top
             elif name in _EXTS:
@@ -219,7 +219,7 @@ def _hash_work(data: bytes, limit: int) -> int:
                 n = _TUPLES[name]
                 if len(stack) - (marks[-1] if marks else 0) < n:
                     break
-                cost = 1 + sum(map(int, stack[-n:]))
+                cost: float = 1 + sum(map(int, stack[-n:]))
                 del stack[-n:]
                 stack.append(cost)
             elif name == "SETITEM":
@@ -237,7 +237,7 @@ def _hash_work(data: bytes, limit: int) -> int:
                 marks.pop()                      # POP of a mark drops the mark
             else:
                 below, to_mark, pushed = _STACK_EFFECT[name]
-                items: list[int] = []
+                items: list[float] = []
                 if to_mark:
                     at = marks.pop()
                     items = stack[at:]

@@ -3,6 +3,7 @@
 the CLI calls one per command.
 
     job.py      analyze, ingest (validate), load: the per-rank map, the cross-rank reduce
+    driver_memory.py  what the driver does to keep its memory small while the ranks are mapped
     export.py   export_perfetto
     diff.py     diff_runs: two runs analysed and compared
     inputs.py   analyze_nccl_logs, analyze_memory_snapshots

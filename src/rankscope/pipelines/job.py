@@ -6,25 +6,24 @@ the cross-rank part works on the small summaries only.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
-import gc
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import msgspec
-import numpy as np
 
 from rankscope import engine as engines
-from rankscope.ingest import Cache, TraceError, load_rank, read_trace, read_traces, reuse, several_ranks
+from rankscope.ingest import Cache, TraceError, load_rank, read_trace, read_traces, several_ranks
 from rankscope.ingest.cache import claim_root, content_key
 from rankscope.ingest.consistency import different_jobs
 from rankscope.ingest.devices import NOT_A_CAPTURE, device_name
 from rankscope.ingest.discover import Discovered, assign_ranks, discover
 from rankscope.model import InputProblem, RankMeta, RankTrace
 from rankscope.pipelines import checking_arguments
+from rankscope.pipelines.driver_memory import _arrived as _arrived, _trim_heap as _trim_heap  # the driver's memory
+from rankscope.pipelines.driver_memory import share_strings as share_strings
 from rankscope.results import Analysis, Finding, Ingest, JobInfo
 from rankscope.results.jobs import FoundJob
 
@@ -74,76 +73,12 @@ def _rank_task(task: _Task) -> RankSummary | InputProblem:
     return summary
 
 
-_NUMBERS = {int, float, bool, type(None)}
-
-
-def share_strings(obj: Any, pool: dict[str, str]) -> Any:
-    """`obj` with every string replaced by the equal one in `pool` (added there when new). The
-    ranks of a job repeat the same kernel, op, category and column names, and each rank's summary
-    arrives (unpickled from a worker, or decoded from the cache) with its own copies: at 10 MB
-    synth ranks, 49 KB of a summary's 127 KB of Python objects outside its collectives are strings,
-    35 KB of them the same on every rank. Dicts and tuples are rebuilt, lists, msgspec Structs and
-    (non-frozen) dataclasses changed in place; everything else is left as it is."""
-    if type(obj) in _NUMBERS:
-        return obj
-    if isinstance(obj, str):
-        return pool.setdefault(obj, obj)
-    if isinstance(obj, dict):
-        return {share_strings(k, pool): share_strings(v, pool) for k, v in obj.items()}
-    if isinstance(obj, list):
-        if not set(map(type, obj)) <= _NUMBERS:          # most lists are columns of numbers
-            for i, v in enumerate(obj):
-                obj[i] = share_strings(v, pool)
-        return obj
-    if isinstance(obj, tuple):
-        return tuple(share_strings(v, pool) for v in obj)
-    if isinstance(obj, msgspec.Struct):
-        for name in obj.__struct_fields__:
-            setattr(obj, name, share_strings(getattr(obj, name), pool))
-        return obj
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type) and not obj.__dataclass_params__.frozen:
-        for f in dataclasses.fields(obj):
-            setattr(obj, f.name, share_strings(getattr(obj, f.name), pool))
-    return obj
-
-
-def _arrived(result: RankSummary | list[RankSummary] | InputProblem, strings: dict[str, str]) -> None:
-    """Runs in the driver on each rank's summary as it arrives, so that what the driver holds per
-    rank stays small while the others are mapped: the strings every rank repeats are shared
-    (`share_strings`), and the collectives' arrays are copied out of the buffer the engine
-    delivered them in (Ray unpickles numpy arrays as views into the task's whole reply, which
-    they would keep alive)."""
-    if isinstance(result, list):
-        for one in result:
-            _arrived(one, strings)
-        return
-    if isinstance(result, InputProblem):
-        return
-    rc = result.collectives
-    if rc is not None:
-        for name, value in vars(rc).items():
-            if isinstance(value, np.ndarray) and value.base is not None:
-                setattr(rc, name, value.copy())
-    share_strings(result, strings)
-
-
 @functools.cache
 def _import_reduce() -> None:
     """The code of the cross-rank reduce and of the findings, imported in the driver as the first
     rank arrives: while the others are still read (the parse runs without the GIL), not after."""
     import rankscope.analyses.job.stragglers  # noqa: F401
     import rankscope.findings  # noqa: F401
-
-
-def _trim_heap(engine: str) -> None:
-    """Hand the C heap's free pages back to the OS (glibc's malloc_trim) once the map is done.
-    Receiving the summaries frees most of what it allocates (Ray's replies, the strings and
-    arrays `_arrived` replaces), but glibc keeps the pages, between the objects that stay, where
-    neither the reduce (polars has its own allocator) nor anything else would reuse them: 20 MB
-    of 124 MB at 256 ranks on Ray. Nothing happens where the C library has no malloc_trim."""
-    if engine == "ray":
-        gc.collect()                  # Ray's replies leave reference cycles (a full collection: ~15 ms)
-    reuse.trim_heap()
 
 
 _summary_decoder: msgspec.msgpack.Decoder | None = None

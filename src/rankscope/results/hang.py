@@ -15,11 +15,13 @@ import msgspec
 #: no_dump: the rank left no dump; rolled_out: older than what its ring buffer still holds.
 MemberState = Literal["completed", "started", "entered", "not_entered", "no_dump", "rolled_out"]
 Status = Literal["hang", "desync", "none", "unknown"]
+MismatchField = Literal["op", "input_sizes", "dtype", "output_sizes"]
+StallKind = Literal["hang", "desync", "unknown"]
 
 
 class Mismatch(msgspec.Struct):
     rank: int
-    field: Literal["op", "input_sizes", "dtype", "output_sizes"]
+    field: MismatchField
     value: str
     expected: str                      # what most members that entered it passed
 
@@ -61,7 +63,7 @@ class P2PChannel(msgspec.Struct):
 class StuckCollective(msgspec.Struct):
     """The first sequence number of one process group that is not completed (or, where completion is
     not recorded, not entered) by every member, or where members disagree (`kind`)."""
-    kind: Literal["hang", "desync", "unknown"]
+    kind: StallKind
     group: str                         # the process group's name
     group_desc: str
     label: str                         # the group in words: `tp group [2-3]`, `the default group [0-7]`

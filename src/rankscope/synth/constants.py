@@ -16,7 +16,10 @@ NUM_SMS = 132
 COMPUTE_STREAM = 7
 COMM_STREAM = 20
 BF16 = "c10::BFloat16"
-SCALAR, NONE, TENSORS = ([], "Scalar"), ([], ""), ([], "TensorList")   # record_shapes inputs without dims
+# record_shapes inputs without dims
+SCALAR: tuple[list, str] = ([], "Scalar")
+NONE: tuple[list, str] = ([], "")
+TENSORS: tuple[list, str] = ([], "TensorList")
 
 BASE_TIME_NS = 1_790_857_026_000_000_000    # "baseTimeNanoseconds": an epoch in whole seconds
 TRACE_ORIGIN_NS = 4_457_526_208_000_000     # job time 0 as a Kineto ts (µs since that base) × 1000

@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass
+from typing import Any
 from operator import itemgetter
 from pathlib import Path
 from statistics import NormalDist
@@ -230,6 +231,11 @@ class _Group:
 class _RankBuilder:
     """One rank: issues each step's host work and GPU tasks (`build_step`); after the job's timing is
     solved, turns them into Kineto events (`events`)."""
+    # the step being built (`build_step`)
+    pending_waits: list[int]
+    last_compute: int | None
+    last_p2p: tuple[int, int, bool] | None
+    last_compute_at_p2p: int | None
 
     def __init__(self, spec: LayoutSpec, rank: int, groups: list[ProcessGroup], seed: int):
         self.spec, self.rank, self.seed = spec, rank, seed
@@ -246,7 +252,7 @@ class _RankBuilder:
         self.actions = schedule_actions(spec, self.stage)
         self.pg_seq: dict[str, int] = {}
         self.p2p_seq: dict[str, int] = {}
-        self.p2p_streams: dict[tuple, int] = {}
+        self.p2p_streams: dict[tuple | int, int] = {}
         self.ext = self.corr = 0
         self.t = int(150_000 * _hash_uniform(seed, "start", rank))
         self.profile_start = self.t - 350_000
@@ -395,7 +401,7 @@ class _RankBuilder:
         spec = self.spec
         self.tasks: list[_Task] = []
         self.spans: list[tuple] = []
-        self.pending_waits: list[int] = []
+        self.pending_waits = []
         self.tp_pending: list[int] = []
         self.last_compute = None
         self.last_p2p = self.last_compute_at_p2p = None
@@ -703,13 +709,13 @@ _ADD_NAME = ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDA
 def _solve_step(builders: list[_RankBuilder], seed: int, step: int) -> None:
     """Start and end of every task of the step on every rank (module docstring). Raises RuntimeError
     on a deadlock (a schedule the generator got wrong)."""
-    queues = []
+    queues: list[list[list[Any]]] = []          # per rank, per stream: [its tasks, the next one's place]
     for b in builders:
         by_stream: dict[int, list[int]] = {}
         for i, task in enumerate(b.tasks):
             by_stream.setdefault(task.stream, []).append(i)
         queues.append([[lst, 0] for lst in by_stream.values()])
-    free = [dict() for _ in builders]
+    free: list[dict[int, int]] = [{} for _ in builders]
     arrived: dict[tuple, list[_Task]] = {}
     remaining = sum(len(b.tasks) for b in builders)
     while remaining:

@@ -5,6 +5,7 @@ order of forward and backward actions each pipeline rank runs)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 #: Keys of a SPEC, in the order `LayoutSpec.text` writes them, with their defaults.
 SPEC_DEFAULTS: dict[str, object] = {
@@ -143,7 +144,7 @@ class LayoutSpec:
 
 def parse_layout(text: str) -> LayoutSpec:
     """`pp=4,dp=2,tp=2,schedule=1f1b,...` -> LayoutSpec (`LAYOUT_HELP`); ValueError when wrong."""
-    values: dict[str, object] = {}
+    values: dict[str, str] = {}
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
@@ -155,7 +156,7 @@ def parse_layout(text: str) -> LayoutSpec:
         if key in values:
             raise ValueError(f"layout: {key} given twice")
         values[key] = value
-    kw: dict[str, object] = {}
+    kw: dict[str, Any] = {}                 # LayoutSpec's fields
     for key in ("pp", "dp", "tp", "ep", "virtual", "microbatches"):
         if key in values:
             kw[key] = _int(key, values[key], 1)
@@ -169,10 +170,10 @@ def parse_layout(text: str) -> LayoutSpec:
             kw[key] = _int(key, values[key], 0)
     if "factor" in values:
         try:
-            kw["factor"] = float(values["factor"])
+            kw["factor"] = factor = float(values["factor"])
         except ValueError:
             raise ValueError(f"layout: factor must be a number, not {values['factor']!r}") from None
-        if not kw["factor"] > 1.0:
+        if not factor > 1.0:
             raise ValueError("layout: factor must be > 1")
     for key, allowed in (("schedule", SCHEDULES), ("names", NAMINGS), ("marks", ("auto", "0", "1"))):
         if key in values:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from rankscope.synth.constants import (
     BF16,
@@ -133,7 +134,7 @@ class _ModelBuilder:
         heads_view = [_view(head) for _ in range(3)] + [_transpose(head) for _ in range(3)]
         return [split, *heads_view, sdpa, _transpose(bhsd), _view(head)], mem
 
-    def block(self, first_bucket: int) -> tuple[list[Op], list[Op | AllReduce], list[AllReduce], int]:
+    def block(self, first_bucket: int) -> tuple[list[Op], list[Op], list[AllReduce], int]:
         """One transformer block: forward top-level ops, backward nodes, its buckets (numbered from
         `first_bucket` in the order DDP fires them), its parameter count."""
         s, h, f = self.s, self.s.hidden, self.s.ffn
@@ -152,7 +153,7 @@ class _ModelBuilder:
         sizes = (f * h, h * f, h * h + 2 * h, 3 * h * h + 2 * h)      # fc2 | fc1 | ln2 + out | qkv + ln1
         buckets = [AllReduce(first_bucket + i, nelems) for i, nelems in enumerate(sizes)]
         b_fc2, b_fc1, b_attn, b_qkv = buckets
-        backward: list[Op | AllReduce] = [
+        backward: list[Op] = [
             _node("AddBackward0", (), m_add2),
             _mm_backward(s, f, h, 460.0, m_fc2), _accumulate_grad([f, h], b_fc2),
             _node("GeluBackward0", (Op("aten::gelu_backward", 10.0, launch=_ew(_GELU_BWD, 130.0),
@@ -244,7 +245,7 @@ def _grad_add(s: _Shape) -> Op:
 
 def _flash_backward(s: _Shape, freed: tuple[int, int]) -> Op:
     bhsd = [s.batch, s.heads, s.seq, s.hidden // s.heads]
-    big = dict(grid=(16, 64, 1), block=(256, 1, 1), registers=255, shared_mem=98_304, sigma=0.02)
+    big: dict[str, Any] = dict(grid=(16, 64, 1), block=(256, 1, 1), registers=255, shared_mem=98_304, sigma=0.02)
     flash = Op("aten::_flash_attention_backward", 16.0,
                (Op("aten::empty_like", 3.0), Op("aten::empty", 2.0),
                 Op("aten::zero_", 3.0, launch=_ew(_FILL, 12.0)),

@@ -3,6 +3,7 @@ uneven_shards, launch_bound, fp32_gemm), as rewrites of the step's op tree (`_ra
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable
 
 from rankscope.synth.constants import BF16
 from rankscope.synth.faults import _JobFaults
@@ -11,12 +12,12 @@ from rankscope.synth.model import _ACCUMULATE_GRAD_NODE, _host_to_device, _Shape
 from rankscope.synth.program import AllReduce, Kernel, Memcpy, Op, Program
 
 
-def _map_ops(op: Op | AllReduce, change, skip: str | None = None) -> Op | AllReduce:
-    """The op tree with `change(op) -> Op` applied to every op, children first; subtrees of ops
-    named `skip` are kept as they are."""
-    if type(op) is AllReduce or op.name == skip:
+def _map_ops(op: Op, change: Callable[[Op], Op], skip: str | None = None) -> Op:
+    """The op tree with `change(op) -> Op` applied to every op, children first (an AllReduce is kept
+    as it is); subtrees of ops named `skip` are kept as they are."""
+    if op.name == skip:
         return op
-    children = tuple(_map_ops(child, change, skip) for child in op.children)
+    children = tuple(c if isinstance(c, AllReduce) else _map_ops(c, change, skip) for c in op.children)
     return change(replace(op, children=children) if children != op.children else op)
 
 
@@ -77,7 +78,7 @@ def _pageable_memcpy(program: Program, batch_mb: float, gbps: float) -> Program:
 
 #: Applied in this order: launch_bound sets every batch-sized kernel's duration, so FP32 GEMMs
 #: stay `slowdown` times slower than the other tiny kernels.
-_PROGRAM_CHANGES = {"pageable_memcpy": _pageable_memcpy, "uneven_shards": _uneven_shards,
+_PROGRAM_CHANGES: dict[str, Callable[..., Program]] = {"pageable_memcpy": _pageable_memcpy, "uneven_shards": _uneven_shards,
                     "launch_bound": _launch_bound, "fp32_gemm": _fp32_gemm}
 
 

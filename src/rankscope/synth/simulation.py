@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -120,7 +121,7 @@ class _RankSim:
         self._allocated = program.static_bytes
         self._reserved = _round_up(self._allocated, RESERVE_GRANULE_BYTES)
         self._pending: list[_PendingComm] = []
-        self._step_handle = None
+        self._step_handle: Any = None       # the sink's handle of the step's annotation
         self._step_start = 0
         self.t_main = int(STEP_START_JITTER_US * 1000 * (0.5 + 0.5 * math.tanh(self._noise.z())))
         self.step_spans: list[tuple[int, int]] = []
@@ -148,7 +149,7 @@ class _RankSim:
 
     def _run(self, item: Op | AllReduce, tid: int, t: int) -> int:
         """Run an op tree starting at t on thread tid; return when it ends."""
-        if type(item) is AllReduce:
+        if isinstance(item, AllReduce):
             return self._all_reduce(item, tid, t)
         op, ext = item, self._next_ext()
         handle = self.sink.begin(op, tid, t, ext, self._sequence_number(op, tid, t) if op.seq else None)
@@ -160,10 +161,9 @@ class _RankSim:
             t = self._run(child, tid, t)
         launch = op.launch
         if launch is not None:
-            run = self._launch if type(launch) is Kernel else self._memcpy
-            t = run(launch, tid, t, ext)
+            t = self._launch_or_copy(launch, tid, t, ext)
             for _ in range(op.launches - 1):
-                t = run(launch, tid, t + self._cpu_ns(LAUNCH_LOOP_US), ext)
+                t = self._launch_or_copy(launch, tid, t + self._cpu_ns(LAUNCH_LOOP_US), ext)
         t += half_self_ns
         self.sink.end(handle, t)
         return t
@@ -181,6 +181,9 @@ class _RankSim:
             self.sink.fwdbwd(fwd_tid, fwd_ts, tid, t)
             return seq
         return None
+
+    def _launch_or_copy(self, launch: Kernel | Memcpy, tid: int, t: int, ext: int) -> int:
+        return self._launch(launch, tid, t, ext) if isinstance(launch, Kernel) else self._memcpy(launch, tid, t, ext)
 
     def _launch(self, kernel: Kernel, tid: int, t: int, ext: int) -> int:
         corr, call_ns = self._next_corr(), self._cpu_ns(LAUNCH_CALL_US)

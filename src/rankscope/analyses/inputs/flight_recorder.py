@@ -101,8 +101,8 @@ _SEND, _RECV = re.compile(r"(\d+)->(\d+)"), re.compile(r"(\d+)<-(\d+)")
 
 def _direction(op: str, detail: str) -> tuple[int, int] | None:
     """(sender, receiver) of a send ("send 1->2") or a recv ("recv 2<-1"), ranks in the group."""
-    m = (_SEND if op == "send" else _RECV if op == "recv" else None)
-    m = m.fullmatch(detail) if m else None
+    pattern = _SEND if op == "send" else _RECV if op == "recv" else None
+    m = pattern.fullmatch(detail) if pattern else None
     if m is None:
         return None
     a, b = int(m[1]), int(m[2])

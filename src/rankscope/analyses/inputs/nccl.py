@@ -27,6 +27,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from statistics import median
+from typing import Sequence, cast
 
 from rankscope.ingest.nccl_log import NcclLog, TopoLink
 
@@ -148,7 +149,8 @@ def summarize_log(log: NcclLog) -> NcclRun:
             peers.append(PeerLink(comm.comm_id, src, dst, same, via, kind, sum(vias.values())))
     rows = [row for test in log.perf for row in test.rows]
     avgs = [t.avg_busbw_gbps for t in log.perf if t.avg_busbw_gbps is not None]
-    busbws = [b for row in rows for b in (row.out_of_place.busbw_gbps, row.in_place and row.in_place.busbw_gbps)
+    busbws = [b for row in rows
+              for b in (row.out_of_place.busbw_gbps, row.in_place.busbw_gbps if row.in_place else None)
               if b is not None]
     return NcclRun(
         file=log.file, nccl_version=log.nccl_version, hosts=log.hosts,
@@ -166,7 +168,7 @@ def summarize_log(log: NcclLog) -> NcclRun:
 def compare_nccl_logs(logs: list[NcclLog]) -> NcclReport:
     runs = [summarize_log(log) for log in logs]
     with_busbw = [r for r in runs if r.avg_busbw_gbps is not None]
-    best = max(with_busbw, key=lambda r: r.avg_busbw_gbps) if with_busbw else None
+    best = max(with_busbw, key=lambda r: cast(float, r.avg_busbw_gbps)) if with_busbw else None
     comparisons = (_channels(runs) + _links(runs) + _transports(runs) + (_busbw(runs, best) if best else []))
     reference = best or (runs[0] if runs else None)
     for run in runs:
@@ -198,8 +200,9 @@ def _pct(value: float, reference: float) -> float:
     return 100.0 * value / reference if reference > 0 else 100.0
 
 
-def _best(candidates: list[tuple[float, str]]) -> tuple[float, str] | None:
-    return max(candidates, key=lambda c: c[0]) if candidates else None
+def _best(candidates: Sequence[tuple[float, str]]) -> tuple[float, str]:
+    """The largest value and where it is from (the value compared is among the candidates)."""
+    return max(candidates, key=lambda c: c[0])
 
 
 def _channels(runs: list[NcclRun]) -> list[Comparison]:
@@ -257,7 +260,10 @@ def _transports(runs: list[NcclRun]) -> list[Comparison]:
 
 
 def _busbw(runs: list[NcclRun], best: NcclRun) -> list[Comparison]:
-    ref_rows = {(t.name, row.size_bytes): row.out_of_place.busbw_gbps for t in best.log.perf for row in t.rows}
+    best_busbw = best.avg_busbw_gbps
+    assert best_busbw is not None             # the run of the highest bus bandwidth
+    ref_rows = {(t.name, row.size_bytes): row.out_of_place.busbw_gbps for t in best.log.perf for row in t.rows
+                if row.out_of_place.busbw_gbps is not None}
     out = []
     for run in runs:
         if run.avg_busbw_gbps is None:
@@ -265,10 +271,10 @@ def _busbw(runs: list[NcclRun], best: NcclRun) -> list[Comparison]:
         ratios = [row.out_of_place.busbw_gbps / ref_rows[(t.name, row.size_bytes)]
                   for t in run.log.perf for row in t.rows
                   if ref_rows.get((t.name, row.size_bytes)) and row.out_of_place.busbw_gbps is not None]
-        pct = 100.0 * median(ratios) if ratios else _pct(run.avg_busbw_gbps, best.avg_busbw_gbps)
+        pct = 100.0 * median(ratios) if ratios else _pct(run.avg_busbw_gbps, best_busbw)
         ranks = sorted({r for c in run.log.comms.values() for r in c.ranks})
         out.append(Comparison(run.file, "busbw", "nccl-tests bus bandwidth", ranks, run.avg_busbw_gbps,
-                              best.avg_busbw_gbps, _origin(best.file, run), pct,
+                              best_busbw, _origin(best.file, run), pct,
                               {"sizes_compared": len(ratios), "peak_busbw_gbps": run.peak_busbw_gbps,
                                "reference_peak_busbw_gbps": best.peak_busbw_gbps,
                                "tests": [t.name for t in run.log.perf]}))

@@ -128,7 +128,9 @@ def predict_us(ctype: str, nbytes: float, n: int, hop_latency_us: float, bus_ban
     if n < 2:
         return 0.0
     hops = _hops(ctype, algorithm, n)                 # raises for a type the model does not cover
-    bw_term_us = busbw_factor(ctype, n) * nbytes / (bus_bandwidth_gbps * 1e3)   # GB/s = 1e3 bytes/µs
+    factor = busbw_factor(ctype, n)
+    assert factor is not None                 # every type `_hops` covers has one
+    bw_term_us = factor * nbytes / (bus_bandwidth_gbps * 1e3)   # GB/s = 1e3 bytes/µs
     return hops * hop_latency_us + bw_term_us
 
 

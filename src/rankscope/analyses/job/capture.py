@@ -157,8 +157,8 @@ def job_capture(ranks: Sequence[RankSummary], warnings: Sequence[str] = (), refu
     if launched:
         where, n = [s.rank for s in launched], sum(s.kernel_launches for s in launched)
         issues.append(CaptureIssue("kernels_not_captured", where, f"{ranks_text(where)}: {launches_not_captured(n)}"))
-        said = launches_not_captured(n, None if len(launched) == len(ranks) else where)
-        restated += [w for w in warnings if w == said]
+        line = launches_not_captured(n, None if len(launched) == len(ranks) else where)
+        restated += [w for w in warnings if w == line]
 
     for fmt, what in LEGACY_FORMATS.items():
         old = [s for s in ranks if s.meta.format == fmt]
@@ -258,6 +258,7 @@ def _time_lost(cut: RankMeta, whole: Sequence[RankMeta]) -> str:
 
 
 def _epoch(m: RankMeta) -> tuple[int, int]:
+    assert m.span_ns is not None              # ranks with a time range
     a, b = m.span_ns
     return a + (m.base_time_ns or 0), b + (m.base_time_ns or 0)
 

@@ -55,7 +55,7 @@ from rankscope.units import NS_PER_MS
 try:
     from rankscope.analyses import _retime as _c_retime      # the re-timing pass in C
 except ImportError:                                            # built without a C compiler: `_StepPlan.retime`'s loop
-    _c_retime = None
+    _c_retime = None  # type: ignore[assignment]  # no C module: None (its stub types the built one)
 
 _N = len(CATEGORIES)
 _IDLE = CATEGORIES.index("idle_other")
@@ -279,7 +279,8 @@ class _Links:
 
 
 def _links(table: CollectiveTable, rk: dict[int, _Rank]) -> _Links:
-    of, members = {}, {}
+    of: dict[tuple[int, int], int] = {}
+    members: dict[int, list[tuple[int, int]]] = {}
     m = table.members
     if m.height:
         for cid, rank, idx in zip(*(m[c].to_list() for c in ("cid", "rank", "idx"))):
@@ -696,7 +697,7 @@ def _what_ifs(cp: CriticalPath, rk: dict[int, _Rank], links: _Links, steps: list
             ms = min(ms, change.cap_ms)
         change.what.step_ms_saved = round(ms, 3)
         out.append(change.what)
-    if model is not None:
+    if model is not None and pipe is not None:      # a model: of a pipeline
         mean = float(np.mean(model.compute_ms))
         mult = {r: _scale(("compute", "comm_overlapped"), mean / st.compute_ms_per_step if st.compute_ms_per_step > 0
                           else 1.0) for st in pipe.stages for r in st.ranks if r in rk}

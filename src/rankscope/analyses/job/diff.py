@@ -215,7 +215,7 @@ def compare_samples(items: Sequence[tuple[Any, str, np.ndarray, np.ndarray]]) ->
         if nb == 0 or na == 0:
             mb = b.mean(axis=1) if nb else np.full(len(group), np.nan)
             ma = a.mean(axis=1) if na else np.full(len(group), np.nan)
-            ci = [None] * len(group)
+            ci: Sequence[tuple[float, float] | None] = [None] * len(group)
             t = df = p = np.full(len(group), np.nan)
         else:
             mb, ma = b.mean(axis=1), a.mean(axis=1)
@@ -328,7 +328,9 @@ def diff_analyses(before, after, labels: tuple[str, str] = ("BEFORE", "AFTER")) 
     n_steps = [min(len(b.steps), len(a.steps)) for b, a in pairs]
     warnings += _step_warnings(pairs, n_steps, labels)
 
-    items, job_b, job_a = [], {}, {}
+    items: list[tuple[tuple[int | str, str], str, np.ndarray, np.ndarray]] = []
+    job_b: dict[str, list[np.ndarray]] = {}
+    job_a: dict[str, list[np.ndarray]] = {}
     for i, ((b, a), n) in enumerate(zip(pairs, n_steps)):
         sb, sa = _step_samples(b, n, device), _step_samples(a, n, device)
         for metric in sb:
@@ -346,7 +348,7 @@ def diff_analyses(before, after, labels: tuple[str, str] = ("BEFORE", "AFTER")) 
     rename = {b.rank: a.rank for b, a in pairs}
     steps = (sum(len(b.steps) for b, _ in pairs), sum(len(a.steps) for _, a in pairs))
     compared = Compared(
-        labels=tuple(labels), rank_match=rank_match, rank_pairs=[(b.rank, a.rank) for b, a in pairs],
+        labels=(labels[0], labels[1]), rank_match=rank_match, rank_pairs=[(b.rank, a.rank) for b, a in pairs],
         ranks_before=[s.rank for s in before.ranks], ranks_after=[s.rank for s in after.ranks],
         steps_before=steps[0], steps_after=steps[1], samples=sum(n_steps),
         formats_before=sorted({s.meta.format for s in before.ranks}),
@@ -541,5 +543,6 @@ def headline(job: dict[str, Comparison], stragglers: Sequence[StragglerChange] =
 
 def largest_moves(metrics: dict[str, Comparison], k: int, skip: Sequence[str] = ()) -> list[Comparison]:
     """The k step-breakdown categories with the largest significant change, largest first."""
-    moved = [c for m, c in metrics.items() if m.startswith("breakdown_ms.") and c.significant and m not in skip]
-    return sorted(moved, key=lambda c: -abs(c.delta))[:k]
+    moved = [(c.delta, c) for m, c in metrics.items()
+             if m.startswith("breakdown_ms.") and c.significant and m not in skip and c.delta is not None]
+    return [c for _, c in sorted(moved, key=lambda dc: -abs(dc[0]))][:k]

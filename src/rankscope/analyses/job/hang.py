@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -48,7 +48,8 @@ from rankscope.analyses.rank.groups import dim_of_desc
 from rankscope.ingest.flight_recorder import FrEntry
 from rankscope.numbers import ranges
 from rankscope.results.hang import (BlockerWhere, CallFrame, CulpritLast, CulpritTrace, GridRow, GroupState, HangReport,
-                                    LastEntry, MemberWait, Mismatch, P2PChannel, StuckCollective)
+                                    LastEntry, MemberState, MemberWait, Mismatch, MismatchField, P2PChannel,
+                                    StallKind, StuckCollective)
 from rankscope.units import NS_PER_MS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -64,9 +65,9 @@ CULPRIT_ENTRIES = 5
 FOREIGN_SLACK_NS = 10_000 * 1_000_000
 #: Without a timeout in the dumps: the gap beyond which a dump is another job's.
 FOREIGN_DEFAULT_NS = 600_000 * 1_000_000
-_FIELDS = ("op", "input_sizes", "dtype", "output_sizes")
-_STATE_NAMES = {STATE_CODE["completed"]: "completed", STATE_CODE["started"]: "started",
-                STATE_CODE["scheduled"]: "entered"}
+_FIELDS: tuple[MismatchField, ...] = ("op", "input_sizes", "dtype", "output_sizes")
+_STATE_NAMES: dict[int, MemberState] = {STATE_CODE["completed"]: "completed", STATE_CODE["started"]: "started",
+                                        STATE_CODE["scheduled"]: "entered"}
 
 
 # ------------------------------------------------------------------------------------ other jobs
@@ -87,9 +88,9 @@ def foreign_dumps(dumps: list[DumpSummary]) -> list[tuple[DumpSummary, str]]:
     timeouts = [e.timeout_ms for d in dumps for e in d.last if e.timeout_ms]
     tolerance = (max(timeouts) * 1_000_000 + FOREIGN_SLACK_NS) if timeouts else FOREIGN_DEFAULT_NS
     offsets = _time_offsets(dumps)
-    spans = [(d.first_ns, d.last_ns) for d in dumps if d.first_ns is not None]
+    spans = [(d.first_ns, d.last_ns or d.first_ns) for d in dumps if d.first_ns is not None]
     for d in dumps:
-        if d.rank in out or d.first_ns is None:
+        if d.rank in out or d.first_ns is None or d.last_ns is None:
             continue
         off = offsets.get(d.rank)
         if off is not None:
@@ -297,7 +298,7 @@ def _group_stall(g: _Group, by_rank: dict[int, DumpSummary], sig_lut: dict[int, 
         return None, GroupState(**grid_state, state="complete", last_seq_all=last_all)
     c = int(bad[0])
     stall = _stall(g, rows, no_dump, c, cols, present, state, sig, sig_texts, states, by_rank, horizon)
-    kind = {"hang": "stuck"}.get(stall.kind, stall.kind)
+    kind: Literal["stuck", "desync", "unknown"] = "stuck" if stall.kind == "hang" else stall.kind
     return stall, GroupState(**grid_state, state=kind, last_seq_all=last_all)
 
 
@@ -313,6 +314,7 @@ def _stall(g: _Group, rows: list[int], no_dump: list[int], c: int, cols: np.ndar
     majority = next(sigs[r] for r in entered if counts[sigs[r]] == top)
     mismatched = [_mismatch(r, text[sigs[r]], text[majority]) for r in entered if sigs[r] != majority]
     started = [r for i, r in enumerate(rows) if present[i, c] and state[i, c] >= STATE_CODE["started"]]
+    kind: StallKind
     if mismatched:
         kind, culprits = "desync", [m.rank for m in mismatched]
     elif not_entered:
@@ -331,7 +333,7 @@ def _stall(g: _Group, rows: list[int], no_dump: list[int], c: int, cols: np.ndar
     waits = [MemberWait(rank=r, state=_STATE_NAMES[int(state[row_of[r], c])],
                         entered_ms=round((t - t0) / NS_PER_MS, 3),
                         waited_ms_at_least=round(max(horizon - t, 0) / NS_PER_MS, 3),
-                        timeout_ms=float(entries[r].timeout_ms) if entries[r] and entries[r].timeout_ms else None)
+                        timeout_ms=_timeout_ms(entries[r]))
              for r, t in zip(entered, firsts) if r not in held]
     position = min(int(g.streams[r].record_id[np.searchsorted(g.streams[r].seq, seq)]) for r in entered)
     frames = []
@@ -355,6 +357,10 @@ def _op_name(sig: str, e: FrEntry | None) -> str:
     """The op of a signature; a p2p one's from the entry (send / recv)."""
     op = sig.split("|", 1)[0]
     return e.op if op == "p2p" and e is not None else op
+
+
+def _timeout_ms(e: FrEntry | None) -> float | None:
+    return float(e.timeout_ms) if e is not None and e.timeout_ms else None
 
 
 def _entry_at(g: _Group, rank: int, seq: int) -> FrEntry | None:
@@ -383,6 +389,7 @@ def _grid(g: _Group, rows: list[int], rolled: list[int], no_dump: list[int], col
     missing, gone, row_of = set(no_dump), set(rolled), {r: i for i, r in enumerate(rows)}
     grid = []
     for r in g.ranks:
+        cells: list[MemberState]
         if r in missing:
             cells = ["no_dump"] * len(shown)
         elif r in gone:

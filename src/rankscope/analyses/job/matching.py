@@ -19,7 +19,7 @@ Reduce side (docs/concepts.md "Collective"), over RankCollectives only (never ev
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Sequence, cast
 
 import numpy as np
 import polars as pl
@@ -271,7 +271,7 @@ def match_collectives(ranks: Sequence[RankCollectives], offsets_ns: dict[int, in
     )
     # each member's collective, looked up by key with numpy (what a join on `key` gives, without
     # its hash table and a copy of every column)
-    by_key = np.zeros((3, int(g["key"].max()) + 1), dtype=np.int64)
+    by_key = np.zeros((3, int(cast(int, g["key"].max())) + 1), dtype=np.int64)
     by_key[:, g["key"].to_numpy()] = g.select("cid", "start_max_ns", "last_rank").to_numpy().T
     cid, start_max, last_rank = by_key[:, m["key"].to_numpy()]
     del by_key

@@ -164,8 +164,8 @@ def mfu_report(ranks: list[RankFlops], world_size: int | None, model: ModelFlops
     rows = [_rank_mfu(r, world, model, factor, dtype, notes) for r in ranks]
     known = [r for r in rows if r.achieved_tflops is not None]
     steps = [r.step_ms for r in rows if r.step_ms]
-    peaks = [r for r in known if r.peak_tflops]
-    mfu = 100.0 * sum(r.achieved_tflops for r in peaks) / sum(r.peak_tflops for r in peaks) if peaks else None
+    peaks = [(r.achieved_tflops, r.peak_tflops) for r in rows if r.achieved_tflops is not None and r.peak_tflops]
+    mfu = 100.0 * sum(a for a, _ in peaks) / sum(p for _, p in peaks) if peaks else None
     return MfuReport(
         source=source, dtype=dtype, dtype_source=dtype_source, recompute=recompute, recompute_factor=factor,
         world_size=world, model=model, step_ms=float(np.mean(steps)) if steps else None,

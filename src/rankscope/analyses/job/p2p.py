@@ -55,12 +55,12 @@ def pair_p2p(group: list[str], rank: np.ndarray, kind: list[str], start: np.ndar
                 peers = {p - 1, p + 1} if not wrap else {(p - 1) % n, (p + 1) % n}
                 best = None
                 for q in (members[k] for k in peers if 0 <= k < n and k != p):
-                    lst = sends.get(q)
-                    if not lst:
+                    sent = sends.get(q)
+                    if not sent:
                         continue
                     k = bisect.bisect_left(ends[q], e_r)
-                    for j in range(max(0, k - _SCAN), min(len(lst), k + _SCAN)):
-                        e_s, a_s, x = lst[j]
+                    for j in range(max(0, k - _SCAN), min(len(sent), k + _SCAN)):
+                        e_s, a_s, x = sent[j]
                         if x in used or a_s > e_r or e_s < a_r:
                             continue
                         if best is None or abs(e_s - e_r) < abs(best[0] - e_r):

@@ -27,7 +27,7 @@ from rankscope.analyses.rank.collectives import RankCollectives
 _COUNTERPART = {"send": "recv", "recv": "send"}
 
 
-def regroup_unnamed(ranks: Sequence[RankCollectives]) -> dict[str, list[list[int]]]:
+def regroup_unnamed(ranks: Sequence[RankCollectives]) -> dict[str, list[tuple[int, ...]]]:
     """Give the inferred dimensions of unnamed groups the partitions their collectives' ends agree
     with, in place (instances' `pg` / `group_size`, the ranks' `groups`); returns the dimensions
     that changed groups (dimension -> its groups now), {} when none did."""
@@ -77,9 +77,9 @@ def _distance(ends: dict, dim: str, part: dict[int, tuple[int, ...]]) -> float:
             theirs = [x for x in theirs if x is not None]
             if not theirs:
                 return math.inf
-            theirs = np.sort(np.concatenate(theirs))
-            j = np.clip(np.searchsorted(theirs, mine), 1, max(len(theirs) - 1, 1))
-            near = np.minimum(np.abs(mine - theirs[j - 1]), np.abs(mine - theirs[np.minimum(j, len(theirs) - 1)]))
+            other = np.sort(np.concatenate(theirs))
+            j = np.clip(np.searchsorted(other, mine), 1, max(len(other) - 1, 1))
+            near = np.minimum(np.abs(mine - other[j - 1]), np.abs(mine - other[np.minimum(j, len(other) - 1)]))
             gaps.append(near)
         if gaps:
             per_rank.append(float(np.median(np.concatenate(gaps))))

@@ -83,7 +83,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Sequence, cast
 
 import msgspec
 import numpy as np
@@ -201,7 +201,7 @@ def _thresholds(n: int, t: Thresholds, min_cost: float) -> dict:
 
 
 def _step_table(ranks: Sequence[RankCollectives]) -> pl.DataFrame:
-    rows = {"rank": [], "step": [], "duration_ms": [], "idle_ms": [], "exposed_ms": []}
+    rows: dict[str, list] = {"rank": [], "step": [], "duration_ms": [], "idle_ms": [], "exposed_ms": []}
     idle_idx = [CATEGORIES.index(c) for c in IDLE_CATEGORIES]
     exposed = CATEGORIES.index("comm_exposed")
     for rc in ranks:
@@ -230,7 +230,7 @@ def find_stragglers(ranks: Sequence[RankCollectives], table: CollectiveTable | N
         clock = clock or estimate_clock_offsets(ranks, members)
         table = match_collectives(ranks, clock.applied_offsets(), members)
     steps = _step_table(ranks)
-    median_step = float(steps["duration_ms"].median()) if steps.height else None
+    median_step = float(cast(float, steps["duration_ms"].median())) if steps.height else None
 
     # ---- step-time statistics
     per_rank = steps.group_by("rank").agg(pl.len().alias("n"), pl.col("duration_ms").mean().alias("mean"),
@@ -284,7 +284,7 @@ def find_stragglers(ranks: Sequence[RankCollectives], table: CollectiveTable | N
     found.sort(key=lambda s: (by_rank[s.rank].found_in_round, -s.cost_ms_per_step))
     balance = load_balance(ranks, bool(found), t)
     # the bar of the typical collective: 1 / its group's members is the chance of arriving last
-    n_group = int(round(float(table.collectives["n_ranks"].median()))) if table.count else n
+    n_group = int(round(float(cast(float, table.collectives["n_ranks"].median())))) if table.count else n
     share_min = 100.0 * last_share_min(n_group, t)
     verdict = _verdict(found, stats, table.count, n, min_cost, share_min)
     return StragglerReport(stragglers=found, verdict=verdict, ranks=stats, load_balance=balance,
@@ -380,9 +380,9 @@ def _evaluate(ranks: Sequence[RankCollectives], table: CollectiveTable, progress
         for r, g in mem.select("cid", "rank").join(sizes, on="cid").group_by("rank").agg(
                 pl.col("n_ranks").median()).iter_rows():
             group_n[int(r)] = int(round(g))
-        own_wait = _own_wait(mem, ranks, table.offsets_ns)
+        own_waits = _own_wait(mem, ranks, table.offsets_ns)
         for r, n_coll, n_last in mem.group_by("rank").agg(pl.len(), pl.col("is_last").sum()).iter_rows():
-            per[int(r)] = (int(n_coll), int(n_last), float(own_wait.get(int(r), 0)))
+            per[int(r)] = (int(n_coll), int(n_last), float(own_waits.get(int(r), 0)))
         imposed = _imposed_wait(mem, coll)
         total_lead = float(coll["last_lead_ns"].sum())
         if total_lead > 0:
@@ -398,10 +398,10 @@ def _evaluate(ranks: Sequence[RankCollectives], table: CollectiveTable, progress
 
     # ties broken by rank: group_by order is arbitrary, and the result must not depend on it
     always = int(t["straggler_candidates"])
-    candidates = sorted(per, key=lambda r: (-per[r][1], r))[:always] + \
+    picked = sorted(per, key=lambda r: (-per[r][1], r))[:always] + \
         sorted(lead_share, key=lambda r: (-lead_share[r], r))[:always] + \
         [r for r in per if share(r) >= bar(r)]
-    candidates = set(r for r in candidates if per.get(r, (0, 0, 0))[1] > 0)
+    candidates = set(r for r in picked if per.get(r, (0, 0, 0))[1] > 0)
     since_matrices: dict[int, np.ndarray] = {}        # each rank's, decompressed once (`since_step_rows`)
     step_starts = {rc.rank: {s: a - int(table.offsets_ns.get(rc.rank, 0)) for s, a in zip(rc.steps, rc.step_start_ns)}
                    for rc in ranks}
@@ -418,6 +418,7 @@ def _evaluate(ranks: Sequence[RankCollectives], table: CollectiveTable, progress
         L = I = A = B = cost = lag = None
         excess, cause = {}, None
         if r in candidates:
+            assert mf is not None             # made when there are candidates
             last_cids = coll.filter(pl.col("last_rank") == r)["cid"]
             L, I, A, B, cost, excess, cause, lag = _what_if(rc, ranks, coll, mf, last_cids, step_starts,
                                                             t["straggler_cause_min_share"], since_matrices)
@@ -448,14 +449,15 @@ def _straggler(s: RankStats, coll: pl.DataFrame, median_step: float | None, caus
                 f"{s.wait_imposed_ms_per_step:.2f} ms per step for it (median); it did "
                 f"{_top_excess(s.excess_ms_per_step)} more than the median rank before arriving; cost "
                 f"{s.cost_ms_per_step:.2f} ms/step")
+    cost, lag = s.cost_ms_per_step, s.step_start_lag_ms_per_step
+    assert cost is not None and lag is not None     # a straggler was a candidate: its what-if was made
     if median_step:
-        evidence += f" ({100 * s.cost_ms_per_step / median_step:.1f}% of the median step)"
-    if s.cause == "unknown" and s.lateness_ms_per_step and \
-            s.step_start_lag_ms_per_step >= cause_min_share * s.lateness_ms_per_step:
-        evidence += (f"; it started those steps {s.step_start_lag_ms_per_step:.2f} ms/step after the median rank: "
+        evidence += f" ({100 * cost / median_step:.1f}% of the median step)"
+    if s.cause == "unknown" and s.lateness_ms_per_step and lag >= cause_min_share * s.lateness_ms_per_step:
+        evidence += (f"; it started those steps {lag:.2f} ms/step after the median rank: "
                      f"the delay lies before the step's start (previous step, or before the profiled window), so "
                      f"its cause is not in this trace")
-    return Straggler(rank=s.rank, cause=s.cause or "unknown", cost_ms_per_step=s.cost_ms_per_step,
+    return Straggler(rank=s.rank, cause=s.cause or "unknown", cost_ms_per_step=cost,
                      last_arrival_pct=s.last_arrival_pct, step_time_z=s.step_time_z,
                      step_time_pct_over_mean=s.step_time_pct_over_mean,
                      wait_imposed_ms_per_step=s.wait_imposed_ms_per_step, excess_ms_per_step=s.excess_ms_per_step,
@@ -487,7 +489,7 @@ def _imposed_wait(mem: pl.DataFrame, coll: pl.DataFrame) -> dict[int, float]:
     instead of polars' `over` and group_by on (last rank, rank, step): in the straggler search's
     later rounds, where the last arrivals are spread over every rank, those groups number
     ~n^2 x steps, and their hash tables held ~25 MB at 256 ranks)."""
-    last_of = np.zeros(int(coll["cid"].max()) + 1 if coll.height else 0, dtype=np.int64)
+    last_of = np.zeros(int(cast(int, coll["cid"].max())) + 1 if coll.height else 0, dtype=np.int64)
     last_of[coll["cid"].to_numpy()] = coll["last_rank"].to_numpy()
     # rows selected and sorted by polars (its allocator has the pages the matching freed), the
     # unions with numpy on views of them
@@ -554,8 +556,8 @@ def _what_if(rc: RankCollectives, ranks: Sequence[RankCollectives], coll: pl.Dat
         ex = mine_g - np.median(oth_g, axis=0)
         a = float(np.clip(np.delete(ex, comm), 0, None).sum())
         b = float(max(-ex[comm], 0.0))
-        other_starts = [step_starts.get(int(o), {}).get(int(step)) for o in rank[~mine].tolist()]
-        other_starts = [x for x in other_starts if x is not None]
+        other_starts = [x for x in (step_starts.get(int(o), {}).get(int(step)) for o in rank[~mine].tolist())
+                        if x is not None]
         mine_start = step_starts.get(r, {}).get(int(step))
         if other_starts and mine_start is not None:
             lag += max(0.0, mine_start - float(np.median(other_starts)))
@@ -571,7 +573,7 @@ def _what_if(rc: RankCollectives, ranks: Sequence[RankCollectives], coll: pl.Dat
     positive = {g: v for g, v in excess.items() if v > 0}
     cause = "unknown"
     if positive and lag < cause_min_share * L:
-        best = max(positive, key=positive.get)
+        best = max(positive, key=positive.__getitem__)
         if positive[best] >= cause_min_share * sum(positive.values()):
             cause = best
     return L / NS_PER_MS, I / NS_PER_MS, A / NS_PER_MS, B / NS_PER_MS, cost / NS_PER_MS, excess, cause, lag / NS_PER_MS
@@ -628,7 +630,7 @@ def _step_only(stats: list[RankStats], ranks: Sequence[RankCollectives], found: 
         positive = {g: v for g, v in excess.items() if v > 0}
         cause = "unknown"
         if positive:
-            best = max(positive, key=positive.get)
+            best = max(positive, key=positive.__getitem__)
             cause = best if positive[best] >= cause_min_share * sum(positive.values()) else "unknown"
         cost = max(0.0, (s.step_time_mean_ms or 0.0) - float(np.median([x.step_time_mean_ms for x in stats
                                                                          if x.step_time_mean_ms is not None])))
@@ -695,8 +697,8 @@ def load_balance(ranks: Sequence[RankCollectives], has_straggler: bool, t: Thres
         .alias("wait_spread_pct"),
         pl.col("rank").sort_by(["exposed_ms", "rank"]).first().alias("least_waiting_rank"),
     ).sort("step")
-    idle = float(per_step["common_idle_pct"].mean())
-    spread = float(per_step["wait_spread_pct"].mean())
+    idle = float(cast(float, per_step["common_idle_pct"].mean()))
+    spread = float(cast(float, per_step["wait_spread_pct"].mean()))
     figures = (f"every rank idle at once {idle:.1f}% of a step; the median rank sits in exposed communication "
                f"{spread:.1f}% of a step longer than the rank that waits least")
     if has_straggler:
@@ -775,7 +777,7 @@ def _late_by_dim(report: StragglerReport, ranks: Sequence[RankCollectives], tabl
     m = table.members
     for st in report.stragglers:
         mine = m.filter(pl.col("rank") == st.rank)
-        share = {}
+        share: dict[str, tuple[int, int]] = {}
         for idx, last in mine.select("idx", "is_last").iter_rows():
             d = dims_of[st.rank][idx] if idx < len(dims_of[st.rank]) else ""
             n, k = share.get(d or "other", (0, 0))

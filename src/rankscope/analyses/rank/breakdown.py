@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import cast
 
 import numpy as np
 import polars as pl
@@ -78,7 +79,7 @@ class StepBreakdown:
         """Per category, mean over steps (sums to the mean step time)."""
         if self.frame.is_empty():
             return {c: 0.0 for c in CATEGORIES}
-        return {c: float(self.frame[c].mean()) for c in CATEGORIES}
+        return {c: float(cast(float, self.frame[c].mean())) for c in CATEGORIES}
 
     @property
     def overlap_efficiency(self) -> float | None:

@@ -35,6 +35,7 @@ import re
 import sys
 import zlib
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import polars as pl
@@ -248,10 +249,11 @@ class RankCollectives:
         for name in ("seq", "start_ns", "end_ns", "last_work_ns", "in_bytes", "out_bytes", "group_size", "step",
                      "owned_overlapped_ns", "owned_exposed_ns", "window_start_ns"):
             setattr(self, name, np.asarray(getattr(self, name), dtype=np.int64))
-        self.since_step_ns = zlib.compress(self.since_step_matrix().tobytes(), 1)
-        self.pre_ns = zlib.compress(self.pre_matrix().tobytes(), 1)
+        # these three change type here (their annotation is what the map makes and the cache holds)
+        setattr(self, "since_step_ns", zlib.compress(self.since_step_matrix().tobytes(), 1))
+        setattr(self, "pre_ns", zlib.compress(self.pre_matrix().tobytes(), 1))
         self.dtype = []
-        self.orphan = np.asarray(self.orphan, dtype=bool)
+        setattr(self, "orphan", np.asarray(self.orphan, dtype=bool))
         for name in ("pg", "type", "dim"):
             setattr(self, name, [sys.intern(v) for v in getattr(self, name)])
         return self
@@ -267,8 +269,9 @@ class RankCollectives:
     def owned_ns(self) -> tuple[np.ndarray, np.ndarray]:
         """(`owned_overlapped_ns`, `owned_exposed_ns`) as int64 arrays; zeros for a summary without them."""
         n = len(self)
-        return tuple(np.asarray(v if len(v) == n else np.zeros(n), dtype=np.int64)
-                     for v in (self.owned_overlapped_ns, self.owned_exposed_ns))
+        overlapped, exposed = (np.asarray(v if len(v) == n else np.zeros(n), dtype=np.int64)
+                               for v in (self.owned_overlapped_ns, self.owned_exposed_ns))
+        return overlapped, exposed
 
     def pre_matrix(self) -> np.ndarray:
         """`pre_ns` as an (instances, len(CATEGORIES)) int64 array, compacted or not."""
@@ -329,9 +332,9 @@ def _latest_at_or_before(p_keys: list[tuple], p_t: np.ndarray, s_keys: list[tupl
             continue
         sj = np.asarray(spans_of[k], dtype=np.int64)
         sj = sj[np.argsort(s_t[sj], kind="stable")]
-        pi = np.asarray(pi, dtype=np.int64)
-        pos = np.searchsorted(s_t[sj], p_t[pi], side="right") - 1
-        out[pi] = np.where(pos >= 0, sj[np.maximum(pos, 0)], -1)
+        points = np.asarray(pi, dtype=np.int64)
+        pos = np.searchsorted(s_t[sj], p_t[points], side="right") - 1
+        out[points] = np.where(pos >= 0, sj[np.maximum(pos, 0)], -1)
     return out
 
 
@@ -481,7 +484,8 @@ def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows
         inst = dev_comm
     else:
         # one span per (thread, start, name): some traces record it as op and annotation
-        gloo, first = set(classes["gloo"]), {}
+        gloo = set(classes["gloo"])
+        first: dict[tuple, int] = {}
         for j, key in enumerate(zip(host.tid.tolist(), host.ts_ns.tolist(), host.name)):
             if key[2] in gloo:
                 first.setdefault(key, j)
@@ -517,15 +521,15 @@ def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows
         missing = [i for i in range(n) if rpc_row[i] < 0 and ann_row[i] < 0 and op_row[i] < 0]
         if missing:
             ext = inst.external_id
-            by_ext = {}
-            wanted = {ext[i] for i in missing if ext[i] is not None and ext[i] >= 0}
+            by_ext: dict[tuple, int] = {}
+            wanted = {e for e in (ext[i] for i in missing) if e is not None and e >= 0}
             for r, e, nm in zip(host.row.tolist(), host.external_id, host.name):
                 if e not in wanted:
                     continue
-                cls = "rpc" if nm == _RPC_NAME else "ann" if _ANNOTATION_RX.search(nm) else \
+                what = "rpc" if nm == _RPC_NAME else "ann" if _ANNOTATION_RX.search(nm) else \
                     "op" if _OP_RX.search(nm) else None
-                if cls:
-                    by_ext.setdefault((e, cls), r)
+                if what:
+                    by_ext.setdefault((e, what), r)
             for i in missing:
                 rpc_row[i] = by_ext.get((ext[i], "rpc"), -1)
                 ann_row[i] = by_ext.get((ext[i], "ann"), -1)
@@ -610,9 +614,9 @@ def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows
     in_step = (k >= 0) & (start < s_end[np.maximum(k, 0)]) if len(s_start) else np.zeros(n, bool)
     step = np.where(in_step, s_ids[np.maximum(k, 0)] if len(s_ids) else -1, -1)
     ends_sorted = np.sort(end)
-    j = np.searchsorted(ends_sorted, start, side="right") - 1
-    trace_start = int(trace.events["ts_ns"].min())
-    prev_end = np.where(j >= 0, ends_sorted[np.maximum(j, 0)], trace_start)
+    before = np.searchsorted(ends_sorted, start, side="right") - 1
+    trace_start = int(cast(int, trace.events["ts_ns"].min()))
+    prev_end = np.where(before >= 0, ends_sorted[np.maximum(before, 0)], trace_start)
     step_start = np.where(in_step, s_start[np.maximum(k, 0)] if len(s_start) else trace_start, trace_start)
     win_start = np.minimum(np.maximum(prev_end, step_start), start)
     if timeline is None:
@@ -634,13 +638,15 @@ def rank_collectives(trace: RankTrace, timeline: Timeline | None = None, windows
     return out
 
 
-def _launch_points(trace: RankTrace, correlations: list[int | None]) -> tuple[np.ndarray, ...]:
+def _launch_points(trace: RankTrace, correlations: list[int | None]
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Where each kernel (in `correlations` order) was launched (`views.first_launch_rows`), as
     (idx, pid, tid, t_ns) of the kernels that have a launch call in the trace."""
     rows = first_launch_rows(trace, np.array([-1 if c is None else c for c in correlations], dtype=np.int64))
     idx = np.flatnonzero(rows >= 0)
     ev = trace.events
-    return (idx, *(ev[c].to_numpy()[rows[idx]].astype(np.int64) for c in ("pid", "tid", "ts_ns")))
+    pid, tid, ts = (ev[c].to_numpy()[rows[idx]].astype(np.int64) for c in ("pid", "tid", "ts_ns"))
+    return idx, pid, tid, ts
 
 
 def _pipeline_marks(marks: list[str]) -> tuple[int, int]:
@@ -649,6 +655,7 @@ def _pipeline_marks(marks: list[str]) -> tuple[int, int]:
     stages, micro = set(), set()
     for name in marks:
         m = PIPELINE_MARKS.match(name)
+        assert m is not None                  # `marks` match it
         if m.group(3) is not None:
             stages.add(-1)
             micro.add(int(m.group(3)))
@@ -726,7 +733,7 @@ def _assign_dims(out: RankCollectives, meta, rank: int, functional: list[bool],
     # plain all_reduce in two groups (Megatron calls all_reduce for tensor parallel too): the
     # closest-together group is tp, by locality
     stride = {r: (Group(r, None, None, None).stride, len(r)) for r in name_of}
-    dp_groups = sorted((r for r, d in name_of.items() if d == "dp" and len(r) >= 2), key=stride.get)
+    dp_groups = sorted((r for r, d in name_of.items() if d == "dp" and len(r) >= 2), key=stride.__getitem__)
     if len(dp_groups) >= 2 and "tp" not in name_of.values():
         name_of[dp_groups[0]] = "tp"
     # ... and plain all_reduce closer together than the sharded data-parallel group (FSDP beside

@@ -7,7 +7,6 @@ convolutions then go uncounted (reported). An op counts in the step its host cal
 from __future__ import annotations
 
 import json
-from collections import Counter
 from typing import Any
 
 import msgspec
@@ -92,8 +91,10 @@ def _kernel_device(trace: RankTrace) -> int | None:
 
 
 def _gemm_flops(name: str, dims_json: str | None) -> float | None:
+    if not dims_json:
+        return None
     try:
-        dims = json.loads(dims_json) if dims_json else None
+        dims = json.loads(dims_json)
         a, b = (dims[i] for i in GEMM_INPUTS[name])
     except (ValueError, TypeError, IndexError):
         return None
@@ -106,15 +107,16 @@ def _gemm_flops(name: str, dims_json: str | None) -> float | None:
 
 def _dtype_of(input_types: list[str | None], flops: list[float]) -> str | None:
     """The dtype carrying most of the GEMM FLOPs (first input's recorded type)."""
-    weight: Counter = Counter()
+    weight: dict[str, float] = {}
     for types, op_flops in zip(input_types, flops):
         try:
             first = [t for t in json.loads(types) if t not in ("", "Scalar")][0] if types else None
         except (ValueError, TypeError, IndexError):
             first = None
         if first in TORCH_DTYPES:
-            weight[TORCH_DTYPES[first]] += op_flops
-    return weight.most_common(1)[0][0] if weight else None
+            dtype = TORCH_DTYPES[first]
+            weight[dtype] = weight.get(dtype, 0) + op_flops
+    return max(weight, key=weight.__getitem__) if weight else None
 
 
 # ----------------------------------------------------------------------------------------------

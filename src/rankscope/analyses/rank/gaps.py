@@ -131,7 +131,8 @@ def idle_gaps(trace: RankTrace, windows: StepWindows | None = None, timeline: Ti
     return GapSummary(gap_min_us, len(gap_s), float((gap_e - gap_s).sum()) / 1e6, by_activity, top_gaps)
 
 
-_POSITIONS = ("between", "before_first", "after_last")
+_POSITIONS: tuple[Literal["between", "before_first", "after_last"], ...] = ("between", "before_first",
+                                                                             "after_last")
 
 
 def _gaps_of(s: np.ndarray, e: np.ndarray, w_start: np.ndarray, w_end: np.ndarray, min_ns: int

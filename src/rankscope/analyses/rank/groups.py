@@ -133,7 +133,8 @@ def rank_groups(pg_config: list, rank: int, world_size: int | None) -> list[Grou
         if not isinstance(pg, dict):
             continue
         ranks = parse_ranks(pg.get("ranks"))
-        if ranks is None and isinstance(pg.get("pg_size"), int) and pg.get("pg_size") == world_size:
+        if ranks is None and world_size is not None and isinstance(pg.get("pg_size"), int) \
+                and pg.get("pg_size") == world_size:
             ranks = tuple(range(world_size))
         if ranks is None or rank not in ranks:
             continue

@@ -246,7 +246,8 @@ def kernel_breakdown(trace: RankTrace, top_k: int = 10, hta_filter: bool = False
     classes = pl.DataFrame(rows, schema=_CLASS_FRAME).sort("sum_ms", descending=True)
 
     overlap = _overlap_sweep(unions)
-    all_s, all_e = union(*(np.concatenate(parts) for parts in zip(*unions.values())))
+    starts, ends = zip(*unions.values())
+    all_s, all_e = union(np.concatenate(starts), np.concatenate(ends))
     busy = int((all_e - all_s).sum())
     top = _top_kernels(dev, top_k)
     return KernelBreakdown(KernelClasses(**classes.to_dict(as_series=False)),
@@ -327,7 +328,7 @@ def _top_kernels(dev: pl.DataFrame, top_k: int) -> TopKernels:
     order = np.argsort(row_key, kind="stable")
     row_key, us = row_key[order], dur[order].astype(np.float64) / NS_PER_US
     bounds = np.flatnonzero(np.r_[True, row_key[1:] != row_key[:-1]])
-    out = {c: [] for c in TopKernels.__struct_fields__}
+    out: dict[str, list] = {c: [] for c in TopKernels.__struct_fields__}
     class_us: dict[str, float] = {}
     for i, j in zip(bounds, np.r_[bounds[1:], len(us)]):
         c, r = divmod(int(row_key[i]), top_k + 2)
@@ -401,7 +402,8 @@ def kernel_stats(trace: RankTrace, top_n: int = 20) -> KernelStats:
                            None, 0.0, None, None, None, None)
     launch = ("grid_blocks", "block_threads", "registers_per_thread", "shared_memory_bytes")
     args = gpu_args_at(trace, rows, [*launch, "est_occupancy_pct"])
-    theo, achieved = launch_occupancy(trace.events["device"].to_numpy()[rows], *(args[c] for c in launch),
+    theo, achieved = launch_occupancy(trace.events["device"].to_numpy()[rows], args["grid_blocks"],
+                                      args["block_threads"], args["registers_per_thread"], args["shared_memory_bytes"],
                                       trace.meta.devices)
     trace_occ = args["est_occupancy_pct"]
     kineto_failed = (trace_occ == 0) & (args["shared_memory_bytes"] > KINETO_SMEM_OPTIN_BYTES)

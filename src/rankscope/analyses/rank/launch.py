@@ -293,15 +293,15 @@ def kernel_launch_stats(trace: RankTrace, runtime_cutoff_us: float = RUNTIME_CUT
             short_kernels=int(short[on].sum()), runtime_outliers=int(runtime_outlier[on].sum()),
             launch_delay_outliers=int(delay_outlier[on].sum())))
     # per name (unnamed left out): calls and summed times, exact (sums of ns stay below 2**53)
-    names, at = name_codes(trace.events).distinct_at(j.row[short])
-    count = np.bincount(at, minlength=len(names))
-    gpu_ns = np.bincount(at, weights=gpu[short], minlength=len(names))
-    cpu_ns = np.bincount(at, weights=cpu[short], minlength=len(names))
-    named = [k for k, name in enumerate(names) if name is not None]
-    top = sorted(named, key=lambda k: (-count[k], names[k]))[:TOP_N]
-    result.short_kernel_names = [ShortKernel(name=names[k], count=int(count[k]),
+    short_names, at = name_codes(trace.events).distinct_at(j.row[short])
+    count = np.bincount(at, minlength=len(short_names))
+    gpu_ns = np.bincount(at, weights=gpu[short], minlength=len(short_names))
+    cpu_ns = np.bincount(at, weights=cpu[short], minlength=len(short_names))
+    named = [(k, name) for k, name in enumerate(short_names) if name is not None]
+    top = sorted(named, key=lambda kn: (-count[kn[0]], kn[1]))[:TOP_N]
+    result.short_kernel_names = [ShortKernel(name=name, count=int(count[k]),
                                              gpu_us_total=float(gpu_ns[k]) / NS_PER_US,
-                                             cpu_us_total=float(cpu_ns[k]) / NS_PER_US) for k in top]
+                                             cpu_us_total=float(cpu_ns[k]) / NS_PER_US) for k, name in top]
     return result
 
 
@@ -377,6 +377,8 @@ def queue_length(trace: RankTrace, include_last_step: bool = False,
     ch = _queue_changes(trace, include_last_step, launch_names)
     if len(ch.ts_ns) == 0:
         return result
+    origin = result.origin_ns
+    assert origin is not None                 # the trace has events
     bounds = run_bounds(ch.device, ch.stream)
     budget = max(1, SERIES_POINTS // (len(bounds) - 1))
     for a, b in zip(bounds[:-1], bounds[1:]):
@@ -399,7 +401,7 @@ def queue_length(trace: RankTrace, include_last_step: bool = False,
         n = len(ds["start"])
         result.series.device += [device] * n
         result.series.stream += [stream] * n
-        result.series.t_ms += _t_ms(ds["start"], result.origin_ns)
+        result.series.t_ms += _t_ms(ds["start"], origin)
         result.series.max += ds["max"].astype(np.int64).tolist()
         result.series.mean += np.round(ds["mean"], 3).tolist()
     return result
@@ -455,6 +457,8 @@ def memory_bandwidth(trace: RankTrace, include_last_step: bool = False, series: 
               | (col["kclass"][dev] == int(KernelClass.MEM))]
     if len(mem) == 0:
         return result
+    origin = result.origin_ns
+    assert origin is not None                 # the trace has events
     args = gpu_args_at(trace, mem, ["bytes", "bandwidth_gbps"])
     bytes_, bandwidth_gbps = args["bytes"], args["bandwidth_gbps"]
     bandwidth_gbps[np.isnan(bandwidth_gbps)] = 0.0                          # unknown: -1 bytes, 0 GB/s
@@ -487,7 +491,7 @@ def memory_bandwidth(trace: RankTrace, include_last_step: bool = False, series: 
         ds = _downsample(t[last], v[last], budget)
         n = len(ds["start"])
         result.series.kind += [kind] * n
-        result.series.t_ms += _t_ms(ds["start"], result.origin_ns)
+        result.series.t_ms += _t_ms(ds["start"], origin)
         result.series.max += np.round(ds["max"], 3).tolist()
         result.series.mean += np.round(ds["mean"], 3).tolist()
     return result

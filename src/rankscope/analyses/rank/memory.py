@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
+from typing import Any, cast
 
 import msgspec
 import numpy as np
@@ -148,7 +149,7 @@ def memory_timeline(trace: RankTrace, max_points: int = 2000,
         return MemoryTimeline([], MemorySamples([], [], [], [], []), StepMemoryPeaks([], [], [], []), max_points)
     if windows is None:
         windows = step_windows(trace)
-    origin = _trace_origin(trace, int(mem["ts_ns"].min()))
+    origin = _trace_origin(trace, int(cast(int, mem["ts_ns"].min())))
     capacities = _capacities(trace)
     # time order, stable: samples at one timestamp keep the file's order (a state after each event)
     mem = mem.with_row_index("_order").sort(["ts_ns", "_order"])
@@ -172,7 +173,7 @@ def memory_timeline(trace: RankTrace, max_points: int = 2000,
 def _trace_origin(trace: RankTrace, fallback: int) -> int:
     candidates = [fallback]
     if not trace.events.is_empty():
-        candidates.append(int(trace.events["ts_ns"].min()))
+        candidates.append(int(cast(int, trace.events["ts_ns"].min())))
     return min(candidates)
 
 
@@ -181,7 +182,7 @@ def _capacities(trace: RankTrace) -> dict[int, int]:
     for i, d in enumerate(trace.meta.devices or []):
         if not isinstance(d, dict):
             continue
-        cap = d.get("totalGlobalMem")
+        cap: Any = d.get("totalGlobalMem")      # as the trace wrote it
         try:
             dev_id = int(d.get("id", i))
             cap = int(cap)

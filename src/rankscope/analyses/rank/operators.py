@@ -63,7 +63,7 @@ from rankscope.analyses.intervals import sorted_unique
 try:
     from rankscope.analyses import _nesting
 except ImportError:                     # built without a C compiler: the numpy method
-    _nesting = None
+    _nesting = None  # type: ignore[assignment]  # no C module: None (its stub types the built one)
 from rankscope.analyses.rank.views import (column, first_launch_rows, name_mask, of_kinds,
                                           rows_of_kinds)
 from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace, name_codes
@@ -99,7 +99,7 @@ def is_library_frame(frame: str) -> bool:
 
 def is_source_frame(frame: str) -> bool:
     m = _FRAME.match(frame)
-    return bool(m) and not m.group(1).startswith("<")
+    return m is not None and not m.group(1).startswith("<")
 
 
 class OperatorGroups(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -435,7 +435,7 @@ def _locations(trace: RankTrace, t: _OpTimes, stack_frame: str) -> tuple[np.ndar
         distinct = stacks.drop_nulls().unique().to_list()
         picked = {cs: pick([f.strip() for f in cs.split(";") if f.strip()]) for cs in distinct}
         labels = sorted({v for v in picked.values() if v is not None})
-        index = {lab: i for i, lab in enumerate(labels)}
+        index: dict[str | None, int] = {lab: i for i, lab in enumerate(labels)}
         mapping = pl.DataFrame({"call_stack": distinct,
                                 "lid": [index.get(picked[cs], -1) for cs in distinct]},
                                schema={"call_stack": pl.String, "lid": pl.Int64})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import polars as pl
@@ -48,6 +49,12 @@ def step_windows(trace: RankTrace) -> StepWindows:
     return memo(trace, ("step_windows",), lambda: _step_windows(trace))
 
 
+def _step_number(name: str) -> int:
+    m = re.search(PROFILER_STEP_PATTERN, name)
+    assert m is not None                      # a step mark's name
+    return int(m.group(1))
+
+
 def _step_windows(trace: RankTrace) -> StepWindows:
     ev = trace.events
     rows = np.flatnonzero(kind_mask(trace, HOST_OP_KINDS) & name_mask(trace, PROFILER_STEP_PATTERN))
@@ -55,13 +62,12 @@ def _step_windows(trace: RankTrace) -> StepWindows:
         if ev.is_empty():
             frame = _frame(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
             return StepWindows(frame, "whole_trace")
-        start = int(ev["ts_ns"].min())
+        start = int(cast(int, ev["ts_ns"].min()))
         end = int(event_end_ns(trace).max())
         return StepWindows(_frame(np.array([0]), np.array([start]), np.array([end]), np.array([end])), "whole_trace")
 
     # one span per step number (some traces record it as cpu_op and as annotation)
-    number = np.array([int(re.search(PROFILER_STEP_PATTERN, n).group(1))
-                       for n in ev["name"].gather(rows).cast(pl.String).to_list()], dtype=np.int64)
+    number = np.array([_step_number(n) for n in ev["name"].gather(rows).cast(pl.String).to_list()], dtype=np.int64)
     steps, which = np.unique(number, return_inverse=True)
     starts = np.full(len(steps), np.iinfo(np.int64).max, dtype=np.int64)
     cpu_ends = np.full(len(steps), np.iinfo(np.int64).min, dtype=np.int64)

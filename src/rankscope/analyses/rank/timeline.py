@@ -362,9 +362,9 @@ def rank_timeline(trace: RankTrace, offset_ns: int = 0, waits: pl.DataFrame | No
     tracks = tracks.filter(pl.col("track").is_in(list(used)))
 
     devices = trace.events.filter(pl.col("kind").is_in([int(k) for k in DEVICE_KINDS]))["device"].n_unique()
-    counters = (_queue_counters(trace, lambda d: f"gpu {d} " if devices > 1 else "")
-                + _bandwidth_counters(trace) + _memory_counters(trace))
-    counters = pl.concat(counters) if counters else pl.DataFrame(schema=_COUNTER_SCHEMA)
+    parts = (_queue_counters(trace, lambda d: f"gpu {d} " if devices > 1 else "")
+             + _bandwidth_counters(trace) + _memory_counters(trace))
+    counters = pl.concat(parts) if parts else pl.DataFrame(schema=_COUNTER_SCHEMA)
     counters = counters.with_columns(pl.col("ts_ns") - offset_ns)
     notes = []
     if moved:

@@ -247,7 +247,9 @@ class _Test:
         move = ma - mb
         if abs(move) < self.min_log_move or not _holds(before, after, mb, ma, self.min_log_move):
             return None
-        var = (MEDIAN_SE * self.noise.step) ** 2 * (1 / len(before) + 1 / len(after))
+        step_noise = self.noise.step
+        assert step_noise is not None             # changes are tested only where the run has step noise
+        var = (MEDIAN_SE * step_noise) ** 2 * (1 / len(before) + 1 / len(after))
         cycle = self.noise.cycle(cuts + [idx[k]])
         if cycle is not None:
             c = self.cycle_of
@@ -306,7 +308,7 @@ def _attributed(splits: list[_Split], keys: list[tuple[int, int]], ranks: list[i
             if mv > 0 and mv >= 0.5 * abs(lead.after - lead.before):
                 moved[r] = cat
         first_step, first_cycle = keys[lead.k][1], keys[lead.k][0]
-        kind = "slowdown" if up else "speedup"
+        kind: Literal["slowdown", "speedup"] = "slowdown" if up else "speedup"
         waiting = {r for r in ranks if r not in moved and _waited(parts[r], lead, sign)}
         if None in by_series and (len(moved) > len(ranks) / 2 or len(moved) + len(waiting) < 0.75 * len(ranks)):
             causes = Counter(moved.values())
@@ -317,13 +319,13 @@ def _attributed(splits: list[_Split], keys: list[tuple[int, int]], ranks: list[i
             continue
         chosen = moved or {s.series: _top_category(parts[s.series], s, sign) for s in group if s.series is not None}
         for r, cat in sorted(chosen.items()):
-            own = by_series.get(r, lead)
-            step = _window_medians(series[r], own)
+            split = by_series.get(r, lead)
+            step = _window_medians(series[r], split)
             if step is None:
                 continue
             before, after = math.exp(step[0]), math.exp(step[1])
             out.append(RunChange(kind, r, first_step, first_cycle, round(before, 3), round(after, 3), cat,
-                                 ranks=[r], z=round(own.z, 2), noise_ms=round(noise * before, 3)))
+                                 ranks=[r], z=round(split.z, 2), noise_ms=round(noise * before, 3)))
     return out
 
 
@@ -379,7 +381,7 @@ def _straggler_changes(cycles: list[RunCycle], min_pct: float, noise_pct: float)
             i += 1
             continue
         j = i + 1
-        while j < len(cycles) and cycles[j].straggler is not None and cycles[j].straggler.rank == start.rank:
+        while j < len(cycles) and (s := cycles[j].straggler) is not None and s.rank == start.rank:
             j += 1
         if j - i >= 2 or cost_pct(cycles[i]) >= max(min_pct, STRAGGLER_NOISES * noise_pct):
             first = cycles[i]
@@ -388,6 +390,7 @@ def _straggler_changes(cycles: list[RunCycle], min_pct: float, noise_pct: float)
                                      start.cost_ms_per_step, start.cause, ranks=[start.rank]))
             if j < len(cycles):
                 last, after = cycles[j - 1].straggler, cycles[j]
+                assert last is not None           # cycles i .. j - 1 have the straggler
                 out.append(RunChange("straggler_end", last.rank, min(after.steps, default=0), after.cycle,
                                      last.cost_ms_per_step, 0.0, last.cause, ranks=[last.rank]))
         i = j
