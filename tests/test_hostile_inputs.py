@@ -117,3 +117,176 @@ def test_10mb_cutlass_name_is_classified(tmp_path: Path):
     stats = rank["kernels"]["stats"]
     assert (stats["kernel_count"], stats["gemm_ms"], stats["gemm_tensor_core_ms"], stats["gemm_unknown_ms"]) == \
         (2, 0.1, 0.05, 0.05)
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. Crashes: numbers of any length, deep nesting, missing durations, deep folders, FIFOs
+def _small_job(b: TraceBuilder | None = None) -> TraceBuilder:
+    """Two steps, an op and a kernel in each (relative µs times, as a synthetic trace has them)."""
+    b = b or TraceBuilder()
+    for s in (1, 2):
+        t0 = 1000 * s
+        b.step(s, t0, 1000).op("aten::mm", t0 + 10, 100).kernel("gemm_kernel", t0 + 20, t0 + 30, 500)
+    return b
+
+
+def test_an_arg_nested_1000_deep_is_read_as_empty(tmp_path: Path):
+    """One op's arg is a list nested 1,000 deep (deeper than the decoder's stack: 'internal error'
+    and the rank lost before). Every event is kept (9 written: 2 x (step, op, launch, kernel) + the
+    extra op), the deep value is read as empty and said once."""
+    b = _small_job()
+    b.op("aten::add", 2500, 10)
+    b.events[-1]["args"]["deep"] = "DEEP"
+    path = b.write(tmp_path / "rank0.pt.trace.json")
+    path.write_text(path.read_text().replace('"DEEP"', "[" * 1000 + "1" + "]" * 1000))
+    proc = run_cli(["analyze", path, "--json", "--no-cache"], tmp_path)
+    assert_no_traceback(proc)
+    doc = json.loads(proc.stdout)
+    assert doc["ranks"][0]["events"] == 9
+    assert doc["inputs"]["warnings"] == [{"file": str(path), "problem": "1 values nested over 64 levels deep read as empty"}]
+
+
+def test_profiler_step_number_over_int64(tmp_path: Path):
+    """`ProfilerStep#N` with N = 2^64 (OverflowError, the rank lost before): no step number of more
+    than 18 digits is taken, so those marks are no steps (the trace is one step, said so); an
+    18-digit N still is one."""
+    for n, steps in ((2**64, []), (10**18 - 1, [10**18 - 1])):
+        b = TraceBuilder()
+        b.step(n, 0, 100).op("aten::mm", 10, 20)
+        path = b.write(tmp_path / f"rank0-{len(str(n))}.pt.trace.json")
+        proc = run_cli(["analyze", path, "--json", "--no-cache"], tmp_path)
+        assert_no_traceback(proc)
+        assert json.loads(proc.stdout)["job"]["steps"] == steps
+
+
+def test_every_dur_missing_is_refused_in_one_line(tmp_path: Path):
+    """No event has a `dur` (ZeroDivisionError before): the 8 complete events written are dropped
+    as unusable and the file is refused in one line, exit 2."""
+    b = _small_job()
+    for e in b.events:
+        del e["dur"]
+    path = b.write(tmp_path / "rank0.pt.trace.json")
+    proc = run_cli(["analyze", path, "--no-cache"], tmp_path)
+    assert_no_traceback(proc)
+    assert proc.returncode == 2
+    assert f"{path}: no event with a usable start and duration (8 dropped: 8 with no dur)" in proc.stderr
+
+
+def test_kernels_all_of_zero_duration(tmp_path: Path):
+    """Every kernel lasts 0 µs (valid: a dur of 0): the per-class share of each kernel is 0, not a
+    division by zero that lost the rank."""
+    b = _small_job()
+    for e in b.events:
+        if e["cat"] == "kernel":
+            e["dur"] = 0
+    path = b.write(tmp_path / "rank0.pt.trace.json")
+    proc = run_cli(["analyze", path, "--json", "--no-cache"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    top = json.loads(proc.stdout)["ranks"][0]["kernels"]["breakdown"]["top_kernels"]
+    assert top["name"] == ["gemm_kernel"] and top["count"] == [2] and top["share_of_class_pct"] == [0.0]
+
+
+BIG = "9" * 5000
+
+
+@pytest.mark.parametrize("edit", ["driver", "pid", "device", "nranks"])
+def test_nccl_log_with_a_5000_digit_number(tmp_path: Path, corpus: Path, edit: str):
+    """A 5,000-digit number in one line of the real 2 x A100 log (ValueError past Python's 4,300
+    digits: a traceback before). Reference: the same log without that line, read by the same
+    reader: the two parse alike (a line with a number of 19 digits or more is no NCCL line)."""
+    from rankscope.ingest.nccl_log import read_nccl_log
+    lines = (corpus / "nccl-logs-2xA100" / "nccl.log").read_text().splitlines(keepends=True)
+    where = {"driver": "cudaDriverVersion ", "pid": "NCCL INFO NCCL version", "device": "NCCL INFO Channel 00",
+             "nranks": " nranks 2 "}[edit]
+    i = next(i for i, line in enumerate(lines) if where in line)
+    line = {"driver": lines[i].replace("13000", BIG), "pid": lines[i].replace(":64904:", f":{BIG}:", 1),
+            "device": re.sub(r"\[\d+\]", f"[{BIG}]", lines[i], count=1),
+            "nranks": lines[i].replace(" nranks 2 ", f" nranks {BIG} ")}[edit]
+    assert line != lines[i]
+    (tmp_path / "with").mkdir()
+    (tmp_path / "without").mkdir()
+    (tmp_path / "with" / "nccl.log").write_text("".join(lines[:i] + [line] + lines[i + 1:]))
+    (tmp_path / "without" / "nccl.log").write_text("".join(lines[:i] + lines[i + 1:]))
+    got, reference = read_nccl_log(tmp_path / "with" / "nccl.log"), read_nccl_log(tmp_path / "without" / "nccl.log")
+    got.file = reference.file
+    got.lines -= 1
+    assert got == reference
+    proc = run_cli(["nccl", tmp_path / "with" / "nccl.log", "--json"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert_no_traceback(proc)
+
+
+def test_the_only_trace_1200_folders_deep(tmp_path: Path):
+    """The folder walk is a loop, not a recursion (RecursionError before): the one trace, 1,200
+    folders down, is found and analysed. Folders are made relative to an open folder (dir_fd), as
+    the path grows past what one call would take."""
+    import os
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        for _ in range(1200):
+            os.mkdir("d", dir_fd=fd)
+            sub = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = sub
+        text = json.dumps(json.loads(_small_job().write(tmp_path / "src.json").read_text())).encode()
+        out = os.open("rank0.pt.trace.json", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+        os.write(out, text)
+        os.close(out)
+    finally:
+        os.close(fd)
+    (tmp_path / "src.json").unlink()
+    try:
+        proc = run_cli(["analyze", tmp_path, "--json", "--no-cache"], tmp_path)
+    finally:
+        _remove_chain(tmp_path)
+    assert proc.returncode == 0, proc.stderr[-1000:]
+    doc = json.loads(proc.stdout)
+    assert [r["rank"] for r in doc["ranks"]] == [0] and Path(doc["ranks"][0]["file"]).parts.count("d") == 1200
+
+
+def _remove_chain(top: Path) -> None:
+    """Remove top/d/d/.../d and what it holds without recursion (pytest's own clean-up of its
+    temporary folders recurses, and fails on it): the chain is shortened from the top, one level
+    a step."""
+    import os
+    import shutil
+    while (top / "d").exists():
+        if (top / "d" / "d").is_dir():
+            os.rename(top / "d" / "d", top / "x")
+            shutil.rmtree(top / "d")
+            os.rename(top / "x", top / "d")
+        else:
+            shutil.rmtree(top / "d")
+
+
+@pytest.mark.parametrize("command", ["nccl", "memory", "analyze"])
+def test_a_fifo_is_never_opened_blocking(tmp_path: Path, command: str):
+    """A FIFO given where a file is expected (nobody writes to it: opening it for reading would wait
+    for ever). `nccl` and `memory` waited before; `analyze` skipped it already (kept here). One line
+    naming it, exit 2, well within the subprocess timeout."""
+    import os
+    fifo = tmp_path / {"nccl": "nccl.log", "memory": "snapshot.pickle", "analyze": "rank0.pt.trace.json"}[command]
+    os.mkfifo(fifo)
+    proc = run_cli([command, fifo] + (["--no-cache"] if command == "analyze" else []), tmp_path, timeout=60)
+    assert_no_traceback(proc)
+    assert proc.returncode == 2
+    assert f"{fifo.name}: " in proc.stderr and "FIFO" in proc.stderr.splitlines()[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Correct or refused
+def test_events_without_ts_are_dropped_and_counted(tmp_path: Path):
+    """3 of the kernels and ops written lose their `ts` (read as 0 before: a capture called complete,
+    GPU work moved out of its step). They are dropped and counted like other unusable times: the
+    capture is partial, exit 1, and the frames hold the other 5 of the 8 events."""
+    b = _small_job()
+    for e in (b.events[1], b.events[3], b.events[7]):       # op of step 1, its kernel, step 2's kernel
+        del e["ts"]
+    path = b.write(tmp_path / "rank0.pt.trace.json")
+    proc = run_cli(["analyze", path, "--json", "--no-cache"], tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    doc = json.loads(proc.stdout)
+    capture = doc["job"]["capture"]
+    assert not capture["complete"] and capture["partial_ranks"] == [0]
+    assert "3 events dropped (3 with no ts)" in capture["issues"][0]["detail"]
+    assert doc["ranks"][0]["events"] == 8 and doc["ranks"][0]["device_events"] == 0

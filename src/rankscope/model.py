@@ -187,7 +187,10 @@ def _names_series(names: list[str]) -> pl.Series:
     last = _last_series
     if last is not None and last[0] is names:
         return last[1]
-    series = pl.Series(names, dtype=pl.String)
+    try:
+        series = pl.Series(names, dtype=pl.String)
+    except UnicodeEncodeError:             # a lone surrogate (a JSON escape): matched as "?"
+        series = pl.Series([n.encode("utf-8", "replace").decode() for n in names], dtype=pl.String)
     if series.str.len_bytes().max() > MATCHED_NAME_CHARS:
         series = series.str.slice(0, MATCHED_NAME_CHARS)
     _last_series = (names, series)
@@ -269,8 +272,9 @@ def distinct_names(frame: pl.DataFrame) -> list[str]:
     return name_codes(frame).nonempty
 
 
-#: Step annotation, DataLoader span and synchronization names (used by analyses).
-PROFILER_STEP_PATTERN = r"^ProfilerStep#(\d+)$"
+#: Step annotation, DataLoader span and synchronization names (used by analyses). A step number has
+#: at most 18 digits (after leading zeros), so it fits int64: a longer one marks no step.
+PROFILER_STEP_PATTERN = r"^ProfilerStep#0*(\d{1,18})$"
 DATALOADER_PATTERN = r"^enumerate\(DataLoader\)#.*__next__"
 #: Host calls that block until the device catches up (`.item()`, explicit synchronize).
 BLOCKING_SYNC_PATTERN = r"^(cuda|hip)(Device|Stream|Event)Synchronize"

@@ -33,7 +33,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.ingest import reuse
-from rankscope.ingest.columns import DTYPES, T_NOT_A_NUMBER, Col, columnize, scan_json, scan_state
+from rankscope.ingest.columns import DTYPES, T_ABSENT, T_NOT_A_NUMBER, Col, columnize, scan_json, scan_state
 from rankscope.ingest.discover import checked_rank, open_regular, rank_from_filename
 from rankscope.ingest.errors import TraceError
 from rankscope.model import (CATEGORY_KINDS, DEVICE_KINDS, PROFILER_STEP_PATTERN, Kind, RankMeta, RankTrace,
@@ -217,8 +217,8 @@ def _core_specs(t: _Tables) -> list[Col]:
         Col(_E.ph, None, "s", 0, t.ph),
         Col(_E.cat, None, "s", 0, t.cat),
         Col(_E.name, None, "s", 0, t.name),
-        Col(_E.ts, None, "t", 0),
-        Col(_E.dur, None, "t", 0),
+        Col(_E.ts, None, "t", T_ABSENT),
+        Col(_E.dur, None, "t", T_ABSENT),
         Col(_E.pid, None, "k", -1, t.tid),
         Col(_E.tid, None, "k", -1, t.tid),
         Col(_E.args, _A.external_id, "i", -1),
@@ -360,6 +360,7 @@ class _Accumulator:
     use_scanner: bool = True
     bad_events: int = 0         # not objects, or unusable: skipped
     repaired_events: int = 0    # kept without their badly typed fields
+    deep_values: int = 0        # values nested over MAX_NESTING levels, read as []
     invalid_utf8_chunks: int = 0     # chunks whose invalid UTF-8 bytes were replaced by U+FFFD
     repairing: set = field(default_factory=set)   # repairs of the chunk being re-read ("utf8", "surrogates")
     n_events: int = 0           # trace events of every phase
@@ -592,6 +593,34 @@ def _blank_constants(text: bytes) -> bytes:
     return _STRING_OR_CONSTANT.sub(lambda m: m[0] if m[1] is None else b"[]".ljust(len(m[0])), text)
 
 
+#: Levels of arrays and objects read in an event list; a value opened deeper is read as `[]`.
+MAX_NESTING = 64
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+
+
+def _flatten_deep(text: bytes) -> tuple[bytes, int]:
+    """`text` with each array or object that opens deeper than MAX_NESTING levels written as `[]`
+    padded to its length (byte offsets hold: a value of the wrong type, the default), and how many
+    were. One pass of numpy over the bytes, outside strings: no recursion, whatever the depth."""
+    b = np.frombuffer(text, np.uint8)
+    edges = np.zeros(len(b) + 1, np.int32)
+    for m in _JSON_STRING.finditer(text):
+        edges[m.start()] += 1
+        edges[m.end()] -= 1
+    outside = np.cumsum(edges[:-1]) == 0
+    opens = ((b == 0x5B) | (b == 0x7B)) & outside
+    closes = ((b == 0x5D) | (b == 0x7D)) & outside
+    depth = np.cumsum(opens.astype(np.int64) - closes)          # after each byte
+    starts = np.flatnonzero(opens & (depth == MAX_NESTING + 1))
+    ends = np.flatnonzero(closes & (depth == MAX_NESTING))
+    at = np.searchsorted(ends, starts)
+    starts, ends = starts[at < len(ends)], ends[at[at < len(ends)]]
+    out = bytearray(text)
+    for start, end in zip(starts.tolist(), ends.tolist()):
+        out[start:end + 1] = b"[]".ljust(end + 1 - start)
+    return bytes(out), len(starts)
+
+
 def _decode_chunk(body: bytes | memoryview, acc: _Accumulator) -> None:
     """Decode the JSON array `body` (whole events only): C scanner first; msgspec where the
     scanner declines (it is the reference); badly typed events repaired one by one.
@@ -620,6 +649,12 @@ def _decode_chunk(body: bytes | memoryview, acc: _Accumulator) -> None:
             raise _JSONError(None) from None
         acc.invalid_utf8_chunks += 1
         return _decode_repaired(bytes(body).decode("utf-8", "replace").encode("utf-8"), "utf8", acc)
+    except RecursionError:                 # nested deeper than the decoder's stack: the deep values go
+        if "nesting" in acc.repairing:
+            raise _JSONError(None) from None
+        text, n = _flatten_deep(bytes(body))
+        acc.deep_values += n
+        return _decode_repaired(text, "nesting", acc)
     acc.add(events)
 
 
@@ -1002,8 +1037,8 @@ def _parse_header(header_bytes: bytes) -> dict:
         except msgspec.DecodeError:       # NaN / Infinity (not JSON): read as the text "NaN", a wrong type
             h = _decode_header(_STRING_OR_CONSTANT.sub(lambda m: m[0] if m[1] is None else b'"%s"' % m[1], text)
                                + b"}")
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return {}   # an unreadable header loses metadata (rank from the file name), not events
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return {}   # an unreadable header (or one nested too deep) loses metadata, not events
     return {k: getattr(h, k) for k in h.__struct_fields__ if getattr(h, k) is not None}
 
 
@@ -1025,7 +1060,7 @@ def _finish(buf: bytearray, acc: _Accumulator) -> dict | None:
         if trailer_text is not None:
             try:
                 trailer = _decode_any(trailer_text)
-            except msgspec.DecodeError:
+            except (msgspec.DecodeError, RecursionError):
                 pos = p
                 continue
             try:
@@ -1091,6 +1126,10 @@ def _build(path: Path, size: int, parsed: _Parsed, header: dict) -> RankTrace:
     acc, t = parsed.acc, parsed.acc.tables
     _canonical_key_codes(acc)
     dropped = _drop_unusable_times(acc)
+    kept = acc.parts.get("x", {}).get("ts_ns")
+    if dropped and (kept is None or not len(kept.values())):
+        raise TraceError(f"no event with a usable start and duration ({sum(dropped.values())} dropped: "
+                         + ", ".join(f"{k} with {reason}" for reason, k in dropped.items()) + ")")
     ph_names = _inverse(t.ph)
     phase_counts = {ph_names[i]: int(n) for i, n in enumerate(acc.phase_counts) if n}
 
@@ -1143,6 +1182,8 @@ def _build(path: Path, size: int, parsed: _Parsed, header: dict) -> RankTrace:
         problems.append("invalid UTF-8 in event strings, replaced by U+FFFD")
     if acc.repaired_events:
         problems.append(f"{acc.repaired_events} events with badly typed fields kept without those fields")
+    if acc.deep_values:
+        problems.append(f"{acc.deep_values} values nested over {MAX_NESTING} levels deep read as empty")
     if parsed.cut_at_byte is not None:
         problems.append(f"{parsed.cut_reason} at byte {parsed.cut_at_byte}: "
                         f"salvaged {acc.n_events} complete events before the cut")
@@ -1180,9 +1221,9 @@ MAX_DUR_NS = 86_400 * 10**9
 #: |ts| from this on (146 years from the clock's zero) is no profiler time: dropped.
 MAX_TS_NS = 2**62
 #: Why an event's times are unusable (code i + 1 in `_drop_unusable_times`), in the order checked
-#: (the span of the other events is known once their values are).
+#: (the span of the other events is known once their values are), a missing ts or dur first.
 TIME_REASONS = ("ts not a number", "ts out of range", "dur not a number", "dur negative", "dur over 1 day",
-                "ts over 1 day away from the other events")
+                "ts over 1 day away from the other events", "no ts", "no dur")
 
 
 def _drop_unusable_times(acc: _Accumulator) -> dict[str, int]:
@@ -1194,10 +1235,12 @@ def _drop_unusable_times(acc: _Accumulator) -> dict[str, int]:
     for g, cols in groups.items():
         ts = cols["ts_ns"].values()
         r = np.zeros(len(ts), np.uint8)
+        _mark(r, ts == T_ABSENT, 7)
         _mark(r, ts == T_NOT_A_NUMBER, 1)
         _mark(r, (ts >= MAX_TS_NS) | (ts <= -MAX_TS_NS), 2)
         if g == "x":
             dur = cols["dur_ns"].values()
+            _mark(r, dur == T_ABSENT, 8)
             _mark(r, dur == T_NOT_A_NUMBER, 3)
             _mark(r, dur < 0, 4)
             _mark(r, dur > MAX_DUR_NS, 5)

@@ -35,6 +35,7 @@ import pickletools
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rankscope.ingest.discover import open_regular
 from rankscope.ingest.errors import TraceError
 
 #: A frame as (function name, file name, line).
@@ -113,7 +114,8 @@ def load_plain_pickle(data: bytes):
 def read_memory_snapshot(path: str | Path) -> MemorySnapshot:
     """Read one snapshot pickle safely. Raises TraceError (one line, without the file name)."""
     try:
-        data = Path(path).read_bytes()
+        with open_regular(path) as f:          # a FIFO or device is never waited on
+            data = f.read()
     except OSError as exc:
         raise TraceError(f"cannot read: {exc.strerror or exc}") from exc
     if not data:

@@ -55,8 +55,9 @@ NSYS_MARK_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME",
                     "StringIds")
 #: NVTX_EVENTS.eventType of ranges (ENUM_NSYS_EVENT_TYPE): push/pop, start/end, and their Nvtxt twins.
 NVTX_RANGE_TYPES = (59, 60, 70, 71)
-#: NVTX names read as steps when the trace has no ProfilerStep#N: step_12, step 12, iteration 12, train_step 12.
-NVTX_STEP_PATTERN = r"^(?:train[_ ]?)?(?:step|iteration|iter)[ _#:=-]*(\d+)$"
+#: NVTX names read as steps when the trace has no ProfilerStep#N: step_12, step 12, iteration 12, train_step 12
+#: (at most 18 digits after leading zeros, as PROFILER_STEP_PATTERN).
+NVTX_STEP_PATTERN = r"^(?:train[_ ]?)?(?:step|iteration|iter)[ _#:=-]*0*(\d{1,18})$"
 _API_SUFFIX = re.compile(r"_v\d+$")
 #: Time limit of one query: this, plus 1 s per QUERY_BYTES_PER_S of file; env RANKSCOPE_SQLITE_TIME_LIMIT_S sets it.
 QUERY_TIME_LIMIT_S = 30.0
@@ -123,7 +124,7 @@ def read_nsys_sqlite(path: str | Path, time_limit_s: float | None = None) -> tup
     `time_limit_s`: of each query (default `query_time_limit_s`)."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             magic, size = f.read(len(SQLITE_MAGIC)), os.fstat(f.fileno()).st_size
     except OSError as exc:
         raise TraceError(f"cannot read: {exc.strerror or exc}") from exc

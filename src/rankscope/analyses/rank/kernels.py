@@ -375,7 +375,8 @@ def _top_kernels(dev: pl.DataFrame, top_k: int) -> TopKernels:
         out["max_us"].append(float(x.max()))
         out["std_us"].append(float(x.std(ddof=1)) if len(x) > 1 else 0.0)
         class_us[KernelClass(c).name] = class_us.get(KernelClass(c).name, 0.0) + float(x.sum())
-    out["share_of_class_pct"] = [100.0 * s / class_us[c] for s, c in zip(out["sum_us"], out["kernel_class"])]
+    out["share_of_class_pct"] = [100.0 * s / class_us[c] if class_us[c] else 0.0
+                                 for s, c in zip(out["sum_us"], out["kernel_class"])]
     return TopKernels(**out)
 
 
