@@ -290,3 +290,98 @@ def test_events_without_ts_are_dropped_and_counted(tmp_path: Path):
     assert not capture["complete"] and capture["partial_ranks"] == [0]
     assert "3 events dropped (3 with no ts)" in capture["issues"][0]["detail"]
     assert doc["ranks"][0]["events"] == 8 and doc["ranks"][0]["device_events"] == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. File names that are not UTF-8; escape sequences in names
+NOT_UTF8 = b"rank0-\xff\xfe.pt.trace.json.gz"
+
+
+def test_a_file_name_that_is_not_utf8(tmp_path: Path, corpus: Path):
+    """A real rank (cpu-gloo-4rank-healthy rank 0) under a name with the bytes ff fe, which no UTF-8
+    decoder takes ('--json' and the HTML report: UnicodeEncodeError tracebacks; 'export': the rank lost
+    to an 'internal error', as was any 'analyze' with the cache on). Each output names it with those
+    bytes as escapes, `\\xff\\xfe`; twice, the second time from the cache. A file beside it that is no
+    trace, `notes-\\xff.txt`, is named in the warnings (the HTML report shows those)."""
+    import os
+    import shutil
+    job = tmp_path / "job"
+    job.mkdir()
+    shutil.copy(corpus_files(corpus, "cpu-gloo-4rank-healthy")[0], os.path.join(os.fsencode(job), NOT_UTF8))
+    (Path(os.fsdecode(os.path.join(os.fsencode(job), b"notes-\xff.txt")))).write_text("not a trace")
+    shown = str(job / "rank0-\\xff\\xfe.pt.trace.json.gz")
+    for _ in range(2):
+        proc = run_cli(["analyze", job, "--json"], tmp_path)       # (stdout decoded as strict UTF-8)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert [r["file"] for r in json.loads(proc.stdout)["ranks"]] == [shown]
+    html = tmp_path / "report.html"
+    proc = run_cli(["analyze", job, "--html", html, "-q"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "notes-\\xff.txt: not a trace file" in html.read_text(encoding="utf-8")
+    out = tmp_path / "job.json"
+    proc = run_cli(["export", "perfetto", job, "-o", out], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(out.read_text(encoding="utf-8"))["rankscope"]["ranks"][0]["file"] == shown
+    proc = run_cli(["validate", job, "--json"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert shown in [f["file"] for f in json.loads(proc.stdout)["files"]]
+    proc = run_cli(["validate", job], tmp_path)
+    assert proc.returncode == 0 and "rank0-\\xff\\xfe" in proc.stdout, proc.stderr[-2000:]
+
+
+def _run_in_terminal(args: list, cwd: Path, env: dict) -> bytes:
+    """Everything `rankscope ARGS` writes to a real terminal (a pseudo-terminal for stdout and
+    stderr: the progress bar and rich's styles are drawn as for a user)."""
+    import os
+    import select
+    import subprocess
+    from conftest import rankscope_cmd
+    leader, follower = os.openpty()
+    proc = subprocess.Popen(rankscope_cmd() + [str(a) for a in args], stdin=follower, stdout=follower,
+                            stderr=follower, cwd=cwd, env=env)
+    os.close(follower)
+    out = b""
+    try:
+        while select.select([leader], [], [], 120)[0]:
+            try:
+                chunk = os.read(leader, 1 << 16)
+            except OSError:          # the terminal closed with the process
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        proc.wait(timeout=120)
+        os.close(leader)
+    return out
+
+
+#: Escape sequences that drive a terminal: set the title (OSC 0), write the clipboard (OSC 52), a
+#: hyperlink (OSC 8), a colour of a 256-colour palette rich never uses; C1 CSI.
+SEQUENCES = ["\x1b]0;PWNED\x07", "\x1b]52;c;cHduZWQ=\x07", "\x1b]8;;http://evil.example/\x1b\\link\x1b]8;;\x1b\\",
+             "\x1b[38;5;201m", "\x9b31m"]
+
+
+def test_escape_sequences_in_names_never_reach_the_terminal(tmp_path: Path, corpus: Path):
+    """Kernel, op and file names that carry terminal escape sequences, in every command that shows
+    them, on a real (pseudo-)terminal. Before, the progress bar of `diff` (which names its two
+    inputs) and the 'wrote ...' lines of `--html` and `export` wrote them raw. What the terminal
+    gets holds no OSC sequence, no C1 control and none of the injected styles; the names show as
+    text, with the escapes written out ('\\x1b]0;PWNED')."""
+    import os
+    job = tmp_path / "x\x1b]0;PWNED\x07"
+    job.mkdir()
+    b = _small_job()
+    for i, e in enumerate(b.events):
+        e["name"] = SEQUENCES[i % len(SEQUENCES)] + e["name"] if not e["name"].startswith("ProfilerStep") else e["name"]
+    b.write(job / "rank0\x1b]52;c;cHduZWQ=\x07.pt.trace.json")
+    log = tmp_path / "nccl\x1b]0;PWNED\x07.log"
+    log.write_text((corpus / "nccl-logs-2xA100" / "nccl.log").read_text())
+    env = {**os.environ, "COLUMNS": "100", "RANKSCOPE_CACHE_DIR": str(tmp_path / "cache")}
+    runs = [["analyze", job], ["analyze", job, "--html", tmp_path / "r\x1b]0;PWNED\x07.html"], ["validate", job],
+            ["diff", job, job], ["export", "perfetto", job, "-o", tmp_path / "t\x1b]0;PWNED\x07.json"], ["nccl", log]]
+    for args in runs:
+        out = _run_in_terminal(args, tmp_path, env)
+        assert b"Traceback" not in out, out[-2000:]
+        assert b"\x1b]" not in out and b"\xc2\x9b" not in out and b"\x1b[38;5;201m" not in out, (args, out[-3000:])
+        assert b"\\x1b]0;PWNED" in out or b"\\x1b]52;c;cHduZWQ=" in out, (args, out[-3000:])

@@ -22,6 +22,7 @@ from rankscope.cli.common import (
 )
 from rankscope.files import atomic_write_text
 from rankscope.ingest.cache import default_cache_dir
+from rankscope.render.format import printable
 from rankscope.results import Analysis
 
 
@@ -70,4 +71,4 @@ def _write_html(result: Analysis, path: str) -> None:
     except OSError as exc:
         err(f"cannot write the HTML report {path}: {exc.strerror or exc}")
         sys.exit(EXIT_NOTHING)
-    click.echo(f"wrote HTML report to {path}", err=True)
+    click.echo(f"wrote HTML report to {printable(path)}", err=True)

@@ -7,6 +7,7 @@ import click
 
 from rankscope.api import export_perfetto
 from rankscope.cli.common import EXIT_NOTHING, cache_options, err, exit_code, no_trace, quiet_option, with_progress
+from rankscope.render.format import printable
 
 
 @click.group("export")
@@ -33,6 +34,6 @@ def perfetto(paths, out, cache_dir, no_cache, quiet) -> None:
         sys.exit(EXIT_NOTHING)
     code = exit_code(result, no_trace(result))
     if result.usable:
-        click.echo(f"wrote {len(result.ranks)} ranks, {result.events} events to {out} "
+        click.echo(f"wrote {len(result.ranks)} ranks, {result.events} events to {printable(out)} "
                    f"({result.size_bytes / 1e6:.1f} MB); open it in https://ui.perfetto.dev")
     sys.exit(code)

@@ -174,7 +174,9 @@ def _summary(task: _Task) -> RankSummary:
         return summary
     trace, cached = load_rank(task.path, cache, key=key)
     summary = summarize_rank(trace)
+    file, summary.meta.file = summary.meta.file, ""     # set on each read (and a file name need not be UTF-8)
     cache.put_blob(key, blob_name, msgspec.msgpack.encode(summary))
+    summary.meta.file = file
     summary.from_cache = cached
     summary.meta.cache_error = cache.write_error
     return summary
