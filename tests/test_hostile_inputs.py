@@ -385,3 +385,34 @@ def test_escape_sequences_in_names_never_reach_the_terminal(tmp_path: Path, corp
         assert b"Traceback" not in out, out[-2000:]
         assert b"\x1b]" not in out and b"\xc2\x9b" not in out and b"\x1b[38;5;201m" not in out, (args, out[-3000:])
         assert b"\\x1b]0;PWNED" in out or b"\\x1b]52;c;cHduZWQ=" in out, (args, out[-3000:])
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Threshold overrides: finite and within the declared range
+@pytest.mark.parametrize("override", ["dataloader_high_pct=nan", "dataloader_high_pct=inf", "dataloader_high_pct=-1",
+                                      "dataloader_high_pct=101", "straggler_step_z=-inf", "straggler_candidates=2.5",
+                                      "straggler_last_share_min=1.5"])
+def test_a_threshold_override_out_of_its_range_is_refused(tmp_path: Path, corpus: Path, override: str):
+    """Before, any float was taken: `dataloader_high_pct=nan` turned cpu-gloo-4rank-loader0's HIGH
+    dataloader finding off (NaN compares false). Each value here lies outside its threshold's
+    declared range (percent 0-100, sigmas >= 0, ranks a whole number, a share 0-1): refused before
+    any file is read, one Error line naming it, exit 2; the API raises the same."""
+    from rankscope import api
+    from rankscope.pipelines import ArgumentError
+    proc = run_cli(["analyze", corpus / "cpu-gloo-4rank-loader0", "--no-cache", "--threshold", override], tmp_path)
+    assert_no_traceback(proc)
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
+    assert errors == [f"Error: threshold {override.split('=')[0]}={float(override.split('=')[1]):g} refused: "
+                      + errors[0].split(" refused: ", 1)[1]]
+    name, value = override.split("=")
+    with pytest.raises(ArgumentError, match=f"threshold {name}="):
+        api.analyze(corpus / "cpu-gloo-4rank-loader0", use_cache=False, thresholds={name: float(value)})
+
+
+def test_threshold_overrides_at_the_ends_of_their_range(tmp_path: Path, corpus: Path):
+    """The ends of a range are taken: 100 and 0 percent, a share of 1 (the loader0 set, real)."""
+    proc = run_cli(["analyze", corpus / "cpu-gloo-4rank-loader0", "--no-cache", "-q", "--threshold",
+                    "dataloader_high_pct=100", "--threshold", "sync_medium_pct=0", "--threshold",
+                    "straggler_last_share_min=1"], tmp_path)
+    assert proc.returncode in (0, 1), proc.stderr
