@@ -416,3 +416,58 @@ def test_threshold_overrides_at_the_ends_of_their_range(tmp_path: Path, corpus: 
                     "dataloader_high_pct=100", "--threshold", "sync_medium_pct=0", "--threshold",
                     "straggler_last_share_min=1"], tmp_path)
     assert proc.returncode in (0, 1), proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Files of different eras are not one job unless the user says so
+def _mixed_eras(tmp_path: Path, corpus: Path) -> Path:
+    """The 2021-format V100 ResNet50 trace beside ranks 1-3 of the 2026 CPU job (links to the corpus)."""
+    job = tmp_path / "mixed"
+    job.mkdir()
+    for f in corpus_files(corpus, "kineto-resnet50-workers0") + corpus_files(corpus, "cpu-gloo-4rank-healthy")[1:]:
+        (job / f.name).symlink_to(f)
+    return job
+
+
+def test_trace_formats_years_apart_are_different_jobs(tmp_path: Path, corpus: Path):
+    """Before: one job, capture 'complete' with two notes, exit 0. The file names carry the
+    profiler's own epoch stamps (worker0.1623143089861 ms: 2021-06-08; rank1.1795314552414521527 ns:
+    2026-11-22), ~1,993 days apart: the capture is partial with a different_jobs issue that says the
+    formats are years apart and the recording dates over a day apart, exit 1."""
+    proc = run_cli(["analyze", _mixed_eras(tmp_path, corpus), "--json", "--no-cache"], tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    capture = json.loads(proc.stdout)["job"]["capture"]
+    assert capture["partial"]
+    jobs = [i["detail"] for i in capture["issues"] if i["kind"] == "different_jobs"]
+    assert len(jobs) == 2 and jobs[0].startswith("trace formats years apart: ")
+    assert "the 2021 Kineto format (categories Operator, Kernel, Runtime) in worker0.1623143089861" in jobs[0]
+    assert "the current Kineto format in rank1.1795314552414521527" in jobs[0]
+    days = float(re.search(r"recorded over a day apart \(([\d,]+) days\)", jobs[1]).group(1).replace(",", ""))
+    assert abs(days - (1795314552.414 - 1623143089.861) / 86400) <= 1
+
+
+def test_same_job_makes_formats_and_dates_notes(tmp_path: Path, corpus: Path):
+    """The user says the files are one job (`--same-job`): as before this work, notes only (legacy
+    format, clock ranges), exit 0."""
+    proc = run_cli(["analyze", _mixed_eras(tmp_path, corpus), "--json", "--no-cache", "--same-job"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    capture = json.loads(proc.stdout)["job"]["capture"]
+    assert not capture["partial"]
+    assert sorted(i["kind"] for i in capture["issues"]) == ["clock_ranges_disjoint", "legacy_format"]
+
+
+@pytest.mark.parametrize("apart_s,kind", [(3600, "clock_ranges_disjoint"), (2 * 86400, "different_jobs")])
+def test_recordings_a_day_apart(tmp_path: Path, apart_s: int, kind: str):
+    """Two ranks of one format whose epoch clocks (baseTimeNanoseconds) are 1 hour or 2 days apart:
+    an hour is a note (clocks that do not overlap), two days make different jobs."""
+    job = tmp_path / "job"
+    job.mkdir()
+    for rank in (0, 1):
+        path = _small_job(TraceBuilder(rank=rank, world_size=2)).write(job / f"rank{rank}.pt.trace.json")
+        doc = json.loads(path.read_text())
+        doc["baseTimeNanoseconds"] = 1_790_000_000 * 10**9 + rank * apart_s * 10**9
+        path.write_text(json.dumps(doc))
+    proc = run_cli(["analyze", job, "--json", "--no-cache"], tmp_path)
+    assert_no_traceback(proc)
+    issues = json.loads(proc.stdout)["job"]["capture"]["issues"]
+    assert [i["kind"] for i in issues if i["kind"] in ("clock_ranges_disjoint", "different_jobs")] == [kind]

@@ -35,12 +35,15 @@ from rankscope.results import Analysis
               help="Also write a self-contained HTML report (findings and charts, works offline) to PATH.")
 @click.option("--nccl-log", "nccl_logs", multiple=True, type=click.Path(), metavar="LOG",
               help="An NCCL_DEBUG=INFO log of the job (repeatable; several = runs to compare): its findings join.")
+@click.option("--same-job", is_flag=True,
+              help="The files are one job whatever their trace formats and recording dates say (else formats "
+                   "years apart, or recordings over a day apart, make them different jobs).")
 @cache_options()
 @engine_options
 @json_option("rankscope.analysis/1")
 @quiet_option
 def command(paths, demo, thresholds, cache_dir, no_cache, engine, address, workers, as_json, quiet,
-            html_path, nccl_logs) -> None:
+            html_path, nccl_logs, same_job) -> None:
     """Analyse a job: a folder of per-rank traces (or files)."""
     from rankscope.thresholds import parse_override
     if demo:
@@ -55,7 +58,7 @@ def command(paths, demo, thresholds, cache_dir, no_cache, engine, address, worke
     result = with_progress(lambda progress: analyze(list(paths), cache_dir=cache_dir, use_cache=not no_cache,
                                                     engine=engine, workers=workers, on_progress=progress,
                                                     address=address, thresholds=overrides,
-                                                    nccl_logs=list(nccl_logs)),
+                                                    nccl_logs=list(nccl_logs), same_job=same_job),
                            quiet, "analysing ranks")
     code = exit_code(result, no_trace(result))
     if result.usable:

@@ -206,14 +206,14 @@ def ingest(inputs: str | Path | list, cache_dir: str | Path | None = None, use_c
     return Ingest(kept, problems + rank_problems, warnings + _coverage(kept)[2], chosen)
 
 
-def _assign(metas: list[RankMeta]) -> tuple[list[RankMeta], list[str], list[InputProblem]]:
+def _assign(metas: list[RankMeta], same_job: bool = False) -> tuple[list[RankMeta], list[str], list[InputProblem]]:
     """Ranks for the files read: sets rank/rank_source on the kept ones (sorted by rank); returns
     them, warnings, and the problems (duplicates skipped, per-file warnings of the kept, one line
-    when the cache could not be written)."""
+    when the cache could not be written). `same_job`: see `different_jobs`."""
     metas = sorted(metas, key=lambda m: m.file)
     assignments, warnings, duplicates = assign_ranks([m.file for m in metas], [m.dist_rank for m in metas],
                                                      [not m.salvaged for m in metas])
-    warnings += different_jobs(metas)         # all files read: a rank two jobs claim keeps only one
+    warnings += different_jobs(metas, same_job)      # all files read: a rank two jobs claim keeps only one
     by_file = {m.file: m for m in metas}
     kept = []
     for a in assignments:
@@ -262,7 +262,8 @@ def _map_files(inputs, task_fn, cache_dir, use_cache, engine, workers, on_progre
 def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True,
             engine: str = "auto", workers: int | None = None,
             on_progress: Callable[[int, int, str], None] | None = None, address: str | None = None,
-            thresholds: dict[str, float] | None = None, nccl_logs: list | None = None) -> Analysis:
+            thresholds: dict[str, float] | None = None, nccl_logs: list | None = None,
+            same_job: bool = False) -> Analysis:
     """Analyse a job: a folder of per-rank traces, one file, or a list of either.
     `on_progress(done, total, file)` is called as ranks finish. `engine="ray"` maps the ranks on
     Ray: the cluster at `address` (e.g. "auto", "ray://head:10001"), else a local runtime.
@@ -270,7 +271,8 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
     same values decide the cross-rank verdicts and the findings; unknown names raise ArgumentError
     (a ValueError) before any file is read. `nccl_logs`: NCCL_DEBUG=INFO
     logs of the job (several = runs to compare); their findings join the job's, an unusable log is a
-    problem."""
+    problem. `same_job`: the files are one job whatever their trace formats and recording dates say
+    (else formats years apart, or recordings over a day apart, make them different jobs)."""
     from rankscope.thresholds import resolve
     with checking_arguments():
         values = resolve(thresholds)
@@ -284,7 +286,7 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
                                              on_progress, address, arrived, keep_memory=True)
     _trim_heap(chosen)
     from rankscope.findings import evaluate as evaluate_findings, ordered
-    kept_metas, rank_warnings, rank_problems = _assign([s.meta for s in summaries])
+    kept_metas, rank_warnings, rank_problems = _assign([s.meta for s in summaries], same_job)
     by_file = {s.meta.file: s for s in summaries}
     kept = [by_file[m.file] for m in kept_metas]
     problems += rank_problems
