@@ -471,3 +471,70 @@ def test_recordings_a_day_apart(tmp_path: Path, apart_s: int, kind: str):
     assert_no_traceback(proc)
     issues = json.loads(proc.stdout)["job"]["capture"]["issues"]
     assert [i["kind"] for i in issues if i["kind"] in ("clock_ranges_disjoint", "different_jobs")] == [kind]
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. Decompressed-size and single-event caps
+def _gzip_stream(parts) -> bytes:
+    """A gzip file of the concatenated `parts` (bytes, or (bytes, times) repeated), compressed as it goes."""
+    import zlib
+    z = zlib.compressobj(9, zlib.DEFLATED, 31)
+    out = []
+    for part in parts:
+        block, times = part if isinstance(part, tuple) else (part, 1)
+        out += [z.compress(block) for _ in range(times)]
+    return b"".join(out) + z.flush()
+
+
+_EVENTS_OPEN = b'{"traceEvents": ['
+_LONG_NAME_HEAD = _EVENTS_OPEN + b'{"ph": "X", "cat": "kernel", "name": "'
+_LONG_NAME_TAIL = (b'", "pid": 0, "tid": 7, "ts": 1, "dur": 2}, '
+                   b'{"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, "tid": 1, "ts": 0, "dur": 10}]}')
+
+
+@pytest.mark.parametrize("name_mb", [100, 1024])
+def test_gzip_bomb_of_one_long_name_is_refused(tmp_path: Path, name_mb: int):
+    """A ~100 KB / ~1 MB gzip file whose first event has a name of 100 MB / 1 GB (before: a hang past
+    40 min, a crash). The reader stops at the 16 MiB event cap: one line naming the file and where,
+    exit 2 (no event before it)."""
+    path = tmp_path / "rank0.pt.trace.json.gz"
+    path.write_bytes(_gzip_stream([_LONG_NAME_HEAD, (b"a" * MB, name_mb), _LONG_NAME_TAIL]))
+    proc = run_cli(["analyze", path, "--no-cache"], tmp_path, timeout=300)
+    assert_no_traceback(proc)
+    assert proc.returncode == 2
+    assert (f"{path}: an event longer than 16 MiB (no profiler writes one) at byte {len(_EVENTS_OPEN)}; "
+            f"no complete event before it") in proc.stderr
+
+
+def test_events_before_an_over_long_event_are_kept(tmp_path: Path):
+    """A plain file: two events, then one whose name has 20 MB, then another. The two before it are
+    kept (hand count) and the cut is said: partial capture, exit 1."""
+    b = TraceBuilder()
+    b.step(1, 0, 100).op("aten::mm", 10, 20)
+    b.op("LONG", 30, 5).op("after", 40, 5)
+    path = b.write(tmp_path / "rank0.pt.trace.json")
+    path.write_text(path.read_text().replace('"LONG"', '"' + "x" * (20 * MB) + '"'))
+    proc = run_cli(["analyze", path, "--json", "--no-cache"], tmp_path)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    assert doc["ranks"][0]["events"] == 2 and doc["ranks"][0]["salvaged"]
+    assert "an event longer than 16 MiB (no profiler writes one)" in proc.stderr
+
+
+def test_a_gzip_file_is_read_to_100x_its_size(tmp_path: Path, monkeypatch):
+    """The same small event 200,000 times (~17 MB of text in a ~60 KB file, ~290x): with the 1 GiB
+    floor lowered to 1 MiB here, reading stops past 100x the file's size and keeps the complete
+    events before that point (counted by json on the text up to the cut: conftest)."""
+    from conftest import complete_events_in_prefix
+    from rankscope.ingest import kineto
+    event = b'{"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 5, "dur": 1}, '
+    text = b'{"traceEvents": [' + event * 200_000 + event[:-2] + b"]}"
+    path = tmp_path / "rank0.pt.trace.json.gz"
+    path.write_bytes(_gzip_stream([text]))
+    assert len(text) > 200 * path.stat().st_size
+    monkeypatch.setattr(kineto, "MIN_GZIP_LIMIT", MB)
+    trace, _ = kineto.read_kineto(path)
+    meta = trace.meta
+    assert meta.salvaged and meta.cut_reason.startswith(f"decompressed past {100 * path.stat().st_size:,} bytes")
+    assert 100 * path.stat().st_size <= meta.cut_at_byte < 100 * path.stat().st_size + 8 * MB
+    assert trace.events.height == complete_events_in_prefix(text[:meta.cut_at_byte])
