@@ -140,7 +140,8 @@ def test_distributed_info_out_of_range_is_ignored_with_a_line(dlrm_dir: Path, tm
 def test_files_of_two_jobs_are_said(corpus: Path, tmp_path: Path):
     """Two ranks of param-dlrm-8rank (world size 8, Sept 2023) and two of hta-sampled-2rank (world
     size 128, April 2023), read from their distributedInfo and timestamps with json: analysed, with
-    a warning naming the world sizes and one naming the time ranges, each listing all four files."""
+    a warning naming the world sizes and one naming the time ranges (days apart), each listing all
+    four files."""
     dlrm = corpus_files(corpus, DLRM)[:2]
     sampled = corpus_files(corpus, "hta-sampled-2rank")
     job = tmp_path / "mixed"
@@ -154,7 +155,8 @@ def test_files_of_two_jobs_are_said(corpus: Path, tmp_path: Path):
     said = [w for w in result.job.warnings if w.startswith("these files look like different jobs: ")]
     assert said[0] == (f"these files look like different jobs: world size 128 in {sampled[0].name}, "
                        f"{sampled[1].name}; 8 in {dlrm[0].name}, {dlrm[1].name}")
-    assert said[1].startswith(f"these files look like different jobs: time ranges that do not overlap: "
+    # 2023-04-28 to 2023-09-07: 132 days apart (a calendar count), over a day: recorded apart
+    assert said[1].startswith(f"these files look like different jobs: recorded over a day apart (132 days): "
                               f"{_first_day(sampled)} ")
     assert f"UTC in {sampled[0].name}, {sampled[1].name}; {_first_day(dlrm)} " in said[1]
     assert said[1].endswith(f"UTC in {dlrm[0].name}, {dlrm[1].name}") and len(said) == 2
