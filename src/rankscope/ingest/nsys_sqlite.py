@@ -38,13 +38,14 @@ import re
 import sqlite3
 import time
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import polars as pl
 
 from rankscope.ingest.discover import checked_rank, open_regular
 from rankscope.ingest.errors import TraceError
-from rankscope.ingest.kineto import MAX_DUR_NS, MAX_TS_NS, TIME_REASONS, _main_run, _mark
+from rankscope.ingest.kineto import MAX_DUR_NS, MAX_TS_NS, TIME_REASONS, _categories, _main_run, _mark
 from rankscope.model import (DEVICE_KINDS, PROFILER_STEP_PATTERN, KernelClass, Kind, RankMeta, RankTrace,
                              event_kernel_classes)
 
@@ -65,6 +66,14 @@ QUERY_BYTES_PER_S = 10 << 20
 #: A query may return at most one row per this many bytes of the file (a stored row takes more).
 MIN_ROW_BYTES = 8
 _PROGRESS_STEPS = 10_000       # SQLite VM steps between two looks at the clock (and at Ctrl-C)
+_BATCH_ROWS = 1 << 16          # rows fetched at once
+#: A value SQLite may make or return (its length limit): a name, a view's string. Past it, the file
+#: is refused: nsys writes none near it.
+MAX_VALUE_BYTES = 16 << 20
+#: Characters of a name kept (the longest kernel name of the corpus has 5,160); longer ones are cut.
+MAX_NAME_CHARS = 1 << 16
+#: An integer cell that is NULL, or holds another type: absent.
+ABSENT = -2**63
 
 #: ENUM_CUDA_MEMCPY_OPER / ENUM_CUDA_MEM_KIND / ENUM_CUPTI_SYNC_TYPE, spelled as Kineto names them.
 COPY_KINDS = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA", 8: "DtoD", 9: "HtoH",
@@ -84,8 +93,6 @@ GPU_PROPERTIES = {"id": "id", "name": "name", "totalMemory": "totalGlobalMem", "
 RANK_ENV = ("RANK", "OMPI_COMM_WORLD_RANK")
 WORLD_ENV = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE")
 
-_EVENT_COLUMNS = ("kind", "name", "ts_ns", "dur_ns", "pid", "tid", "device", "stream", "correlation")
-_GPU_ARGS = ("grid_blocks", "block_threads", "registers_per_thread", "shared_memory_bytes", "bytes")
 _EMPTY = {
     "comm_args": {"row": pl.Int64, "collective": pl.Categorical, "in_msg_nelems": pl.Int64,
                   "out_msg_nelems": pl.Int64, "in_split_size": pl.Categorical, "out_split_size": pl.Categorical,
@@ -135,6 +142,7 @@ def read_nsys_sqlite(path: str | Path, time_limit_s: float | None = None) -> tup
         con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
     except sqlite3.Error as exc:
         raise TraceError(f"cannot open the SQLite database ({exc})") from None
+    con.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
     try:
         limit = time_limit_s if time_limit_s is not None else query_time_limit_s(size)
         return _read(_Db(con, limit, size // MIN_ROW_BYTES + 1), path, size)
@@ -174,6 +182,13 @@ class _Db:
         have = [f"{alias}.{c}" for c in candidates if c in self.columns(table)]
         return "NULL" if not have else have[0] if len(have) == 1 else f"COALESCE({', '.join(have)})"
 
+    def first_string_id(self, table: str, *id_columns: str) -> str:
+        """SQL for the first of the id columns (integers) that names a StringIds row."""
+        if "StringIds" not in self.tables:
+            return "NULL"
+        have = [f"(SELECT s.id FROM StringIds s WHERE s.id = {self.int_(table, c)})" for c in id_columns]
+        return "NULL" if not have else have[0] if len(have) == 1 else f"COALESCE({', '.join(have)})"
+
     def text(self, table: str, *id_columns: str) -> str:
         """SQL for a name stored as StringIds ids: the first id column that resolves."""
         have = [c for c in id_columns if c in self.columns(table)]
@@ -182,16 +197,47 @@ class _Db:
         parts = [f"(SELECT value FROM StringIds WHERE id = t.{c})" for c in have]
         return parts[0] if len(parts) == 1 else f"COALESCE({', '.join(parts)})"
 
+    def int_(self, table: str, *candidates: str) -> str:
+        """`col`, as an integer only: a cell of another type (text, real, blob) reads as NULL."""
+        have = [_as_int(f't."{c}"') for c in candidates if c in self.columns(table)]
+        return "NULL" if not have else have[0] if len(have) == 1 else f"COALESCE({', '.join(have)})"
+
+    def mistyped(self, table: str, *columns: str) -> str:
+        """SQL counting the cells of `columns` (those the table has) that hold neither an integer nor NULL."""
+        have = [f"(typeof(t.\"{c}\") NOT IN ('integer', 'null'))" for c in columns if c in self.columns(table)]
+        return " + ".join(have) or "0"
+
     def rows(self, sql: str) -> list[tuple]:
+        return [row for batch in self._batches(sql) for row in batch]
+
+    def integers(self, exprs: list[str], source: str, mistyped: str = "0") -> tuple[list[np.ndarray], int]:
+        """The integer expressions `exprs` (NULL as ABSENT) of `SELECT ... FROM source`, as int64
+        arrays, and the sum of `mistyped` (a count per row) over the rows. The rows are read a batch
+        at a time into columns that grow in place: memory holds the columns and one batch, never a
+        Python object per row."""
+        from rankscope.ingest.kineto import _Column
+        n = len(exprs)
+        columns = [_Column(np.int64, ("nsys", str(j))) for j in range(n)]
+        total = 0
+        for batch in self._batches(f"SELECT {', '.join(f'COALESCE({e}, {ABSENT})' for e in exprs)}, {mistyped} "
+                                   f"FROM {source}"):
+            block = np.array(batch, dtype=np.int64).reshape(len(batch), n + 1)
+            for j, column in enumerate(columns):
+                column.append(block[:, j])
+            total += int(block[:, n].sum())
+        return [c.values() for c in columns], total
+
+    def _batches(self, sql: str) -> Iterator[list[tuple]]:
         self.deadline, self.timed_out = time.monotonic() + self.time_limit_s, False
-        out: list[tuple] = []
+        n = 0
         try:
             cursor = self.con.execute(sql)
-            while batch := cursor.fetchmany(4096):
-                out += batch
-                if len(out) > self.max_rows:
+            while batch := cursor.fetchmany(_BATCH_ROWS):
+                n += len(batch)
+                if n > self.max_rows:
                     raise TraceError(f"a query returned more rows than the file can hold ({self.max_rows:,}; "
                                      f"{_table(sql)}: a view that does not end?)")
+                yield batch
         except sqlite3.OperationalError as exc:
             if self.timed_out:
                 raise TraceError(f"a query ran past its time limit of {self.time_limit_s:g} s ({_table(sql)}; a "
@@ -199,7 +245,35 @@ class _Db:
             if str(exc) == "interrupted":       # the progress handler raised: Ctrl-C
                 raise KeyboardInterrupt from None
             raise
+        except sqlite3.DataError as exc:          # SQLITE_TOOBIG: a value past MAX_VALUE_BYTES
+            raise TraceError(f"a value longer than {MAX_VALUE_BYTES >> 20} MiB ({_table(sql)}: {exc}); no Nsight "
+                             f"Systems export holds one") from None
+
+    def strings(self, ids: np.ndarray, cut: list[int]) -> dict[int, str]:
+        """The StringIds texts of these ids (the others are not kept), each cut at MAX_NAME_CHARS
+        characters (how many were: added to `cut[0]`). Read a batch at a time."""
+        wanted = np.unique(ids[ids != ABSENT])
+        if not len(wanted) or not {"id", "value"} <= self.columns("StringIds"):
+            return {}
+        out: dict[int, str] = {}
+        for batch in self._batches(f"SELECT t.id, substr(t.value, 1, {MAX_NAME_CHARS}), "
+                                   f"length(t.value) > {MAX_NAME_CHARS} FROM StringIds t "
+                                   f"WHERE typeof(t.id) = 'integer' AND typeof(t.value) = 'text'"):
+            keys = np.array([r[0] for r in batch], dtype=np.int64)
+            for i in np.flatnonzero(np.isin(keys, wanted)).tolist():
+                out[int(keys[i])] = batch[i][1]
+                cut[0] += bool(batch[i][2])
         return out
+
+
+def _as_int(expr: str) -> str:
+    """`expr` where it is an integer, else NULL (text, a real, a blob; an overflow, which SQLite makes real)."""
+    return f"CASE WHEN typeof({expr}) = 'integer' THEN {expr} END"
+
+
+def _saturated(expr: str) -> str:
+    """Integer arithmetic on integers (or NULL): an overflow, which SQLite makes real, saturates."""
+    return f"CAST({expr} AS INTEGER)"
 
 
 def _table(sql: str) -> str:
@@ -214,68 +288,179 @@ def _read(db: _Db, path: Path, size: int) -> tuple[RankTrace, dict]:
                          "StringIds): not an nsys export")
     epoch = _session_epoch_ns(db)
     problems: list[str] = []
-    parts = [_kernels(db), _memcpy(db), _memset(db), _syncs(db), _runtime(db), _nvtx(db, problems)]
-    parts = [p for p in parts if p is not None and p.height]
+    names = _Names()
+    parts = [_kernels(db, names), _memcpy(db, names), _memset(db, names), _syncs(db, names), _runtime(db, names),
+             _nvtx(db, names, problems)]
+    parts = [p for p in parts if p is not None and len(p["ts_ns"])]
     if not parts:
         raise TraceError("Nsight Systems export without CUDA or NVTX events (was it captured with -t cuda,nvtx?)")
-    frame, dropped = _drop_unusable_times(pl.concat(parts, how="diagonal_relaxed"), epoch)
-    if frame.is_empty():
+    mistyped = sum(p.pop("mistyped") for p in parts)
+    events, dropped = _events(parts, epoch)
+    if not len(events["ts_ns"]):
         raise TraceError(f"no event with a usable start and duration ({sum(dropped.values())} dropped: "
                          + ", ".join(f"{k} with {reason}" for reason, k in dropped.items()) + ")")
     if dropped:
         n = sum(dropped.values())
         problems.append(f"{n} event{'s' if n > 1 else ''} dropped: "
                         + ", ".join(f"{k} with {reason}" for reason, k in dropped.items()))
-    frame = _steps_from_nvtx(frame, problems).sort("ts_ns", maintain_order=True)
+    if mistyped:
+        problems.append(f"{mistyped} cells of a wrong type (not an integer) read as absent")
+    if names.cut:
+        problems.append(f"{names.cut} names longer than {MAX_NAME_CHARS:,} characters cut there")
+    _steps_from_nvtx(events, names, problems)
 
-    kind = frame["kind"].to_numpy().astype(np.uint8)
-    names = frame["name"].fill_null("").to_numpy().astype(object)
-    uniq, codes = np.unique(names, return_inverse=True)
-    events = pl.DataFrame({
+    kind = events.pop("kind")
+    codes = events.pop("name")
+    gpu_args = _gpu_args(events, kind)
+    kclass = event_kernel_classes(kind, codes, names.texts).astype(np.uint8)
+    frame = pl.DataFrame({
         "kind": kind,
-        "name": pl.Series(frame["name"].fill_null(""), dtype=pl.String).cast(pl.Categorical),
-        "ts_ns": frame["ts_ns"].cast(pl.Int64), "dur_ns": frame["dur_ns"].cast(pl.Int64),
-        "pid": frame["pid"].fill_null(-1).cast(pl.Int64), "tid": frame["tid"].fill_null(-1).cast(pl.Int64),
-        "device": frame["device"].fill_null(-1).cast(pl.Int32), "stream": frame["stream"].fill_null(-1).cast(pl.Int64),
-        "correlation": frame["correlation"].fill_null(-1).cast(pl.Int64),
-        "external_id": pl.Series(np.full(frame.height, -1, dtype=np.int64)),
-        "kclass": event_kernel_classes(kind, codes.astype(np.int32), list(uniq)).astype(np.uint8),
-    })
-    gpu_args = _gpu_args(frame)
+        "name": _categories(names.texts).gather(pl.Series(codes, dtype=pl.UInt32)),     # (every event has a name)
+        **{c: events.pop(c) for c in ("ts_ns", "dur_ns", "pid", "tid")},
+        "device": events.pop("device").astype(np.int32),
+        **{c: events.pop(c) for c in ("stream", "correlation")},
+    }).with_columns(pl.lit(-1, pl.Int64).alias("external_id"),           # (one value, not a column of them)
+                    pl.Series("kclass", kclass))
+    del kind, codes, kclass
     header = {"env": _captured_env(db)}
-    meta = _meta(db, path, size, events, header["env"], problems)
+    meta = _meta(db, path, size, frame, header["env"], problems)
     meta.dropped = dropped
     empty = {name: pl.DataFrame(schema=schema) for name, schema in _EMPTY.items()}
-    return RankTrace(meta=meta, events=events, gpu_args=gpu_args, **empty), header
+    return RankTrace(meta=meta, events=frame, gpu_args=gpu_args, **empty), header
 
 
-def _drop_unusable_times(frame: pl.DataFrame, epoch: int) -> tuple[pl.DataFrame, dict[str, int]]:
-    """Times made absolute (+ the session's epoch), and the events whose start or duration is
-    unusable dropped, each under its first reason, as the Kineto reader does (kineto.TIME_REASONS:
-    not a number, i.e. NULL or not an integer; out of range; a negative duration, end before start;
-    over a day; a day away from the other events). Returns the frame and the count per reason."""
-    ts = frame["ts_ns"].cast(pl.Int64, strict=False)
-    dur = frame["dur_ns"].cast(pl.Int64, strict=False)
-    t, d = ts.fill_null(0).to_numpy(), dur.fill_null(0).to_numpy()
-    reasons = np.zeros(frame.height, np.uint8)
-    _mark(reasons, ts.is_null().to_numpy(), 1)
-    _mark(reasons, (t >= MAX_TS_NS) | (t <= -MAX_TS_NS), 2)
-    if abs(epoch) < MAX_TS_NS:
-        t = np.where(reasons == 0, t, 0) + epoch             # both below 2**62: no overflow
-        _mark(reasons, (t >= MAX_TS_NS) | (t <= -MAX_TS_NS), 2)
-    else:                                                    # a session start no clock gives
-        _mark(reasons, np.ones(len(t), dtype=bool), 2)
-    _mark(reasons, dur.is_null().to_numpy(), 3)
-    _mark(reasons, d < 0, 4)
-    _mark(reasons, d > MAX_DUR_NS, 5)
-    usable = t[reasons == 0]
-    if len(usable) and int(usable.max()) - int(usable.min()) > MAX_DUR_NS:
-        lo, hi = _main_run(usable)
-        _mark(reasons, (t < lo) | (t > hi), 6)
+class _Names:
+    """The events' names as codes into one list of texts (each distinct text once)."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+        self.code: dict[str, int] = {}
+        self.cut = 0                   # StringIds texts cut at MAX_NAME_CHARS
+
+    def of(self, text: str) -> int:
+        code = self.code.get(text)
+        if code is None:
+            code = self.code[text] = len(self.texts)
+            self.texts.append(text)
+        return code
+
+    def codes(self, keys: np.ndarray, text_of) -> np.ndarray:
+        """A code per row: `keys` (ints, one per row; or a row of ints per key part) named by
+        `text_of(*key)`, once per distinct key."""
+        distinct, at = _distinct(np.atleast_2d(keys))
+        return np.array([self.of(text_of(*k)) for k in distinct], dtype=np.int64)[at]
+
+    def strings(self, db: _Db, ids: np.ndarray) -> dict[int, str]:
+        cut = [0]
+        out = db.strings(ids, cut)
+        self.cut += cut[0]
+        return out
+
+
+def _distinct(keys: np.ndarray) -> tuple[list[list[int]], np.ndarray]:
+    """The distinct columns of `keys` (one row per key part), and each column's position among them:
+    each part coded on its own, then the combined codes (sorting ints, not records)."""
+    if not keys.shape[1]:
+        return [], np.zeros(0, dtype=np.int64)
+    at = np.zeros(keys.shape[1], dtype=np.int64)
+    for row in keys:                                       # (codes stay below the number of columns)
+        u, part = np.unique(row, return_inverse=True)
+        u, at = np.unique(at * len(u) + part, return_inverse=True)
+    first = np.zeros(len(u), dtype=np.int64)
+    first[at[::-1]] = np.arange(len(at))[::-1]              # a column holding each distinct key
+    return keys[:, first].T.tolist(), at
+
+
+def _part(kind: Kind, columns: list[str], values: list[np.ndarray], names: np.ndarray, mistyped: int) -> dict:
+    """One table's events: its columns, kind, name codes and count of mistyped cells."""
+    out = dict(zip(columns, values))
+    if "device" in out:                    # device activity: pid = device, tid = stream
+        out["pid"], out["tid"] = out["device"], out["stream"]
+    out["kind"] = np.full(len(names), int(kind), dtype=np.uint8)
+    out["name"] = names.astype(np.int32)
+    out["mistyped"] = mistyped
+    return out
+
+
+_EVENT_COLUMNS = ("pid", "tid", "device", "stream", "correlation", "name")
+_LAUNCH_COLUMNS = ("grid_blocks", "block_threads", "registers_per_thread", "shared_memory_bytes", "bytes")
+
+
+def _events(parts: list[dict], epoch: int) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    """The parts' columns joined, times made absolute (+ the session's epoch), the events whose start
+    or duration is unusable dropped (`_unusable`), sorted by start (stable). A column a part lacks, or
+    an ABSENT value, is -1. The launch columns (`_LAUNCH_COLUMNS`) hold the device events only, in
+    their order. Each part's column is written to its place in the joined one and let go: memory
+    holds the columns about once, never a second joined copy."""
+    lengths = [len(p["kind"]) for p in parts]
+    offsets = np.cumsum([0] + lengths)
+    ts = np.concatenate([p.pop("ts_ns") for p in parts])
+    dur = np.concatenate([p.pop("dur_ns") for p in parts])
+    reasons, ts = _unusable(ts, dur, epoch)
     counts = np.bincount(reasons, minlength=len(TIME_REASONS) + 1)
     dropped = {reason: int(n) for reason, n in zip(TIME_REASONS, counts[1:]) if n}
-    frame = frame.with_columns(pl.Series("ts_ns", t), pl.Series("dur_ns", d))
-    return (frame.filter(pl.Series(reasons == 0)) if dropped else frame), dropped
+    keep = np.flatnonzero(reasons == 0)
+    del reasons
+    order = keep[np.argsort(ts[keep], kind="stable")]
+    del keep
+    events = {"ts_ns": ts[order], "dur_ns": dur[order]}
+    del ts, dur
+    position = np.full(int(offsets[-1]), -1, dtype=np.int64)      # where each row goes; -1: dropped
+    position[order] = np.arange(len(order))
+    del order
+    events["kind"] = _joined(parts, "kind", position, offsets, len(events["ts_ns"]), np.uint8)
+    device = np.isin(events["kind"], [int(k) for k in DEVICE_KINDS])
+    rank = np.cumsum(device) - 1                              # a device event's place among them
+    for c in _EVENT_COLUMNS:
+        events[c] = _joined(parts, c, position, offsets, len(device), np.int32 if c == "name" else np.int64)
+    on_device = position >= 0
+    on_device[on_device] = device[position[on_device]]
+    at_device = np.full(len(position), -1, dtype=np.int64)    # where each device row goes among them
+    at_device[on_device] = rank[position[on_device]]
+    del position, rank, on_device
+    for c in _LAUNCH_COLUMNS:
+        events[c] = _joined(parts, c, at_device, offsets, int(device.sum()), np.int64)
+    return events, dropped
+
+
+def _joined(parts: list[dict], column: str, position: np.ndarray, offsets: np.ndarray, n: int, dtype) -> np.ndarray:
+    """`column` of every part (popped: let go), each row written at its `position` (-1: not kept);
+    -1 where a part lacks it or holds ABSENT."""
+    out = np.full(n, 0 if dtype == np.uint8 else -1, dtype=dtype)
+    for part, a, b in zip(parts, offsets, offsets[1:]):
+        values = part.pop(column, None)
+        if values is None:
+            continue
+        at = position[a:b]
+        kept = at >= 0
+        values = values[kept]
+        if values.dtype == np.int64:
+            values[values == ABSENT] = -1
+        out[at[kept]] = values
+    return out
+
+
+def _unusable(ts: np.ndarray, dur: np.ndarray, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+    """Why each event's start or duration is unusable (0: usable), under its first reason as the
+    Kineto reader does (kineto.TIME_REASONS: not a number, i.e. NULL or not an integer; out of range;
+    a negative duration, end before start; over a day; a day away from the other events), and the
+    starts made absolute."""
+    reasons = np.zeros(len(ts), np.uint8)
+    _mark(reasons, ts == ABSENT, 1)
+    _mark(reasons, (ts >= MAX_TS_NS) | (ts <= -MAX_TS_NS), 2)
+    if abs(epoch) < MAX_TS_NS:
+        ts = np.where(reasons == 0, ts, 0) + epoch             # both below 2**62: no overflow
+        _mark(reasons, (ts >= MAX_TS_NS) | (ts <= -MAX_TS_NS), 2)
+    else:                                                      # a session start no clock gives
+        _mark(reasons, np.ones(len(ts), dtype=bool), 2)
+    _mark(reasons, dur == ABSENT, 3)
+    _mark(reasons, dur < 0, 4)
+    _mark(reasons, dur > MAX_DUR_NS, 5)
+    usable = ts[reasons == 0]
+    if len(usable) and int(usable.max()) - int(usable.min()) > MAX_DUR_NS:
+        lo, hi = _main_run(usable)
+        _mark(reasons, (ts < lo) | (ts > hi), 6)
+    return reasons, ts
 
 
 def _session_epoch_ns(db: _Db) -> int:
@@ -286,43 +471,55 @@ def _session_epoch_ns(db: _Db) -> int:
     return 0
 
 
-def _frame(rows: list[tuple], columns: list[str], kind: Kind) -> pl.DataFrame:
-    f = pl.DataFrame(rows, schema=columns, orient="row", infer_schema_length=None)
-    return f.with_columns(pl.lit(int(kind), pl.UInt8).alias("kind"))
+def _timed(db: _Db, table: str, start: str = "start", end: str = "end") -> list[str]:
+    """start, and the duration (end - start; NULL unless both are integers)."""
+    a, b = db.int_(table, start), db.int_(table, end)
+    return [a, _saturated(f"({b}) - ({a})")]
 
 
-def _device_columns(db: _Db, table: str) -> str:
-    """start, dur, pid (= device), tid (= stream), device, stream, correlation."""
-    c = lambda *names: db.col(table, *names)     # noqa: E731
-    return (f"t.start, t.\"end\" - t.start, {c('deviceId')}, {c('streamId')}, {c('deviceId')}, {c('streamId')}, "
-            f"{c('correlationId')}")
+def _device(db: _Db, table: str, *extra: str) -> tuple[list[str], list[str], str]:
+    """The integer expressions of a device activity table: start, dur, device, stream, correlation,
+    then `extra`; their column names; and the count of mistyped cells (the times' aside: those drop
+    their event). `_part` makes pid (= device) and tid (= stream), as in Kineto traces."""
+    i = lambda *names: db.int_(table, *names)     # noqa: E731
+    exprs = _timed(db, table) + [i("deviceId"), i("streamId"), i("correlationId")]
+    return exprs + list(extra), _DEVICE_NAMES, db.mistyped(table, "deviceId", "streamId", "correlationId")
 
 
-_DEVICE_NAMES = ["ts_ns", "dur_ns", "pid", "tid", "device", "stream", "correlation"]
+_DEVICE_NAMES = ["ts_ns", "dur_ns", "device", "stream", "correlation"]
+_KERNEL_NAME_IDS = ("demangledName", "shortName", "mangledName")
 
 
-def _kernels(db: _Db) -> pl.DataFrame | None:
+def _kernels(db: _Db, names: _Names) -> dict | None:
     table = "CUPTI_ACTIVITY_KIND_KERNEL"
     if not {"start", "end"} <= db.columns(table):
         return None
-    c = lambda *names: db.col(table, *names)     # noqa: E731
-    sql = (f"SELECT {_device_columns(db, table)}, {db.text(table, 'demangledName', 'shortName', 'mangledName')}, "
-           f"{c('gridX')} * {c('gridY')} * {c('gridZ')}, {c('blockX')} * {c('blockY')} * {c('blockZ')}, "
-           f"{c('registersPerThread')}, COALESCE({c('staticSharedMemory')}, 0) + COALESCE({c('dynamicSharedMemory')}, 0)"
-           f" FROM {table} t")
-    cols = _DEVICE_NAMES + ["name", "grid_blocks", "block_threads", "registers_per_thread", "shared_memory_bytes"]
-    return _frame(db.rows(sql), cols, Kind.KERNEL)
+    i = lambda *c: db.int_(table, *c)     # noqa: E731
+    ids = [c for c in _KERNEL_NAME_IDS if c in db.columns(table)]
+    launch = [_saturated(f"({i('gridX')}) * ({i('gridY')}) * ({i('gridZ')})"),
+              _saturated(f"({i('blockX')}) * ({i('blockY')}) * ({i('blockZ')})"), i("registersPerThread"),
+              _saturated(f"COALESCE({i('staticSharedMemory')}, 0) + COALESCE({i('dynamicSharedMemory')}, 0)"),
+              db.first_string_id(table, *ids)]
+    exprs, columns, mistyped = _device(db, table, *launch)
+    values, bad = db.integers(exprs, f"{table} t", mistyped + " + " + db.mistyped(
+        table, "gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ", "registersPerThread", "staticSharedMemory",
+        "dynamicSharedMemory", *ids))
+    text = names.strings(db, values[-1])
+    return _part(Kind.KERNEL, columns + ["grid_blocks", "block_threads", "registers_per_thread", "shared_memory_bytes"],
+                 values, names.codes(values[-1], lambda k: text.get(k, "")), bad)
 
 
-def _memcpy(db: _Db) -> pl.DataFrame | None:
+def _memcpy(db: _Db, names: _Names) -> dict | None:
     table = "CUPTI_ACTIVITY_KIND_MEMCPY"
     if not {"start", "end"} <= db.columns(table):
         return None
-    c = lambda *names: db.col(table, *names)     # noqa: E731
-    rows = db.rows(f"SELECT {_device_columns(db, table)}, {c('bytes')}, {c('copyKind')}, {c('srcKind')}, "
-                   f"{c('dstKind')} FROM {table} t")
-    named = [r[:7] + (r[7], _memcpy_name(*r[8:])) for r in rows]
-    return _frame(named, _DEVICE_NAMES + ["bytes", "name"], Kind.MEMCPY)
+    i = lambda *c: db.int_(table, *c)     # noqa: E731
+    exprs, columns, mistyped = _device(db, table, i("bytes"), i("copyKind"), i("srcKind"), i("dstKind"))
+    values, bad = db.integers(exprs, f"{table} t",
+                              mistyped + " + " + db.mistyped(table, "bytes", "copyKind", "srcKind", "dstKind"))
+    return _part(Kind.MEMCPY, columns + ["bytes"], values[:6],
+                 names.codes(np.stack(values[6:9]), lambda *k: _memcpy_name(*(None if v == ABSENT else v for v in k))),
+                 bad)
 
 
 def _memcpy_name(copy_kind, src, dst) -> str:
@@ -331,36 +528,42 @@ def _memcpy_name(copy_kind, src, dst) -> str:
         f"{name} ({MEMORY_KINDS.get(src, 'Unknown')} -> {MEMORY_KINDS.get(dst, 'Unknown')})"
 
 
-def _memset(db: _Db) -> pl.DataFrame | None:
+def _memset(db: _Db, names: _Names) -> dict | None:
     table = "CUPTI_ACTIVITY_KIND_MEMSET"
     if not {"start", "end"} <= db.columns(table):
         return None
-    rows = db.rows(f"SELECT {_device_columns(db, table)}, {db.col(table, 'bytes')}, {db.col(table, 'memKind')} "
-                   f"FROM {table} t")
-    named = [r[:8] + (f"Memset ({MEMORY_KINDS.get(r[8], 'Unknown')})",) for r in rows]
-    return _frame(named, _DEVICE_NAMES + ["bytes", "name"], Kind.MEMSET)
+    exprs, columns, mistyped = _device(db, table, db.int_(table, "bytes"), db.int_(table, "memKind"))
+    values, bad = db.integers(exprs, f"{table} t", mistyped + " + " + db.mistyped(table, "bytes", "memKind"))
+    return _part(Kind.MEMSET, columns + ["bytes"], values[:6],
+                 names.codes(values[6], lambda k: f"Memset ({MEMORY_KINDS.get(k, 'Unknown')})"), bad)
 
 
-def _syncs(db: _Db) -> pl.DataFrame | None:
+def _syncs(db: _Db, names: _Names) -> dict | None:
     table = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
     if not {"start", "end"} <= db.columns(table):
         return None
-    rows = db.rows(f"SELECT {_device_columns(db, table)}, {db.col(table, 'syncType')} FROM {table} t")
-    named = [r[:7] + (SYNC_TYPES.get(r[7], "Unknown Sync"),) for r in rows]
-    return _frame(named, _DEVICE_NAMES + ["name"], Kind.SYNC)
+    exprs, columns, mistyped = _device(db, table, db.int_(table, "syncType"))
+    values, bad = db.integers(exprs, f"{table} t", mistyped + " + " + db.mistyped(table, "syncType"))
+    return _part(Kind.SYNC, columns, values[:5], names.codes(values[5], lambda k: SYNC_TYPES.get(k, "Unknown Sync")),
+                 bad)
 
 
-def _runtime(db: _Db) -> pl.DataFrame | None:
+def _runtime(db: _Db, names: _Names) -> dict | None:
     table = "CUPTI_ACTIVITY_KIND_RUNTIME"
     if not {"start", "end", "globalTid"} <= db.columns(table):
         return None
-    sql = (f"SELECT t.start, t.\"end\" - t.start, (t.globalTid >> 24) & 16777215, t.globalTid & 16777215, "
-           f"{db.col(table, 'correlationId')}, {db.text(table, 'nameId')}, {db.col(table, 'eventClass')} "
-           f"FROM {table} t")
-    fixed = [r[:5] + (_API_SUFFIX.sub("", r[5] or ""), int(_api_kind(r[5] or "", r[6]))) for r in db.rows(sql)]
-    f = pl.DataFrame(fixed, schema=["ts_ns", "dur_ns", "pid", "tid", "correlation", "name", "kind"], orient="row",
-                     infer_schema_length=None)
-    return f.with_columns(pl.col("kind").cast(pl.UInt8))
+    tid = db.int_(table, "globalTid")
+    exprs = _timed(db, table) + [f"({tid} >> 24) & 16777215", f"({tid}) & 16777215", db.int_(table, "correlationId"),
+                                 db.int_(table, "nameId"), db.int_(table, "eventClass")]
+    values, bad = db.integers(exprs, f"{table} t", db.mistyped(table, "globalTid", "correlationId", "nameId",
+                                                               "eventClass"))
+    text = names.strings(db, values[5])
+    pairs, at = _distinct(np.stack(values[5:7]))        # (name id, event class)
+    part = _part(Kind.RUNTIME, ["ts_ns", "dur_ns", "pid", "tid", "correlation"], values[:5],
+                 np.array([names.of(_API_SUFFIX.sub("", text.get(i, ""))) for i, _ in pairs], dtype=np.int64)[at], bad)
+    part["kind"] = np.array([int(_api_kind(text.get(i, ""), None if c == ABSENT else c)) for i, c in pairs],
+                            dtype=np.uint8)[at]
+    return part
 
 
 def _api_kind(name: str, event_class: int | None) -> Kind:
@@ -370,57 +573,71 @@ def _api_kind(name: str, event_class: int | None) -> Kind:
     return Kind.DRIVER if event_class == 1 else Kind.RUNTIME
 
 
-def _nvtx(db: _Db, problems: list[str]) -> pl.DataFrame | None:
+def _nvtx(db: _Db, names: _Names, problems: list[str]) -> dict | None:
+    """NVTX ranges: integers streamed as the device tables; the inline text (or its StringIds id) of
+    each, cut at MAX_NAME_CHARS, coded as it comes."""
     table = "NVTX_EVENTS"
     if not {"start", "end", "eventType"} <= db.columns(table):
         return None
-    text = db.col(table, "text")
-    resolved = db.text(table, "textId")
-    name = text if resolved == "NULL" else f"COALESCE({text}, {resolved})"
-    tid = db.col(table, "globalTid")
+    tid = db.int_(table, "globalTid")
     types = ", ".join(map(str, NVTX_RANGE_TYPES))
-    rows = db.rows(f"SELECT t.start, t.\"end\", ({tid} >> 24) & 16777215, {tid} & 16777215, {name} "
-                   f"FROM {table} t WHERE t.eventType IN ({types})")
-    open_ranges = sum(1 for r in rows if r[1] is None)
-    if open_ranges:
-        problems.append(f"{open_ranges} NVTX ranges never closed (skipped)")
-    kept = [(r[0], r[1] - r[0], r[2], r[3], r[4] or "") for r in rows if r[1] is not None]
-    return _frame(kept, ["ts_ns", "dur_ns", "pid", "tid", "name"], Kind.USER_ANNOTATION)
+    where = f"{table} t WHERE t.eventType IN ({types})"
+    values, bad = db.integers(_timed(db, table) + [f"({tid} >> 24) & 16777215", f"({tid}) & 16777215",
+                                                   db.int_(table, "textId"), 't."end" IS NULL'], where,
+                              db.mistyped(table, "globalTid", "textId"))
+    code = np.full(len(values[0]), -1, dtype=np.int64)
+    if "text" in db.columns(table):
+        at = 0
+        for batch in db._batches(f"SELECT CASE WHEN typeof(t.text) = 'text' THEN substr(t.text, 1, {MAX_NAME_CHARS}) "
+                                 f"END FROM {where}"):
+            batch = batch[:len(code) - at]            # (a view may not give the same rows twice)
+            code[at:at + len(batch)] = [names.of(r[0]) if r[0] is not None else -1 for r in batch]
+            at += len(batch)
+    text = names.strings(db, values[4][code < 0])
+    code = np.where(code >= 0, code, names.codes(values[4], lambda k: text.get(k, "")))
+    open_ranges = values[5] == 1
+    if open_ranges.any():
+        problems.append(f"{int(open_ranges.sum())} NVTX ranges never closed (skipped)")
+    keep = ~open_ranges
+    return _part(Kind.USER_ANNOTATION, ["ts_ns", "dur_ns", "pid", "tid"], [v[keep] for v in values[:4]], code[keep],
+                 bad)
 
 
-def _steps_from_nvtx(frame: pl.DataFrame, problems: list[str]) -> pl.DataFrame:
-    """Where no range is a ProfilerStep#N, step-like NVTX ranges become ProfilerStep#N."""
-    ann = frame.filter(pl.col("kind") == int(Kind.USER_ANNOTATION))
-    if ann.is_empty() or ann["name"].str.contains(PROFILER_STEP_PATTERN).any():
-        return frame
-    step = pl.col("name").str.extract(f"(?i){NVTX_STEP_PATTERN}", 1)
-    is_step = (pl.col("kind") == int(Kind.USER_ANNOTATION)) & step.is_not_null()
-    matched = ann.filter(pl.col("name").str.contains(f"(?i){NVTX_STEP_PATTERN}"))
-    if matched.is_empty():
-        return frame
-    examples = ", ".join(sorted(matched["name"].unique().to_list())[:3])
-    problems.append(f"{matched.height} NVTX step ranges ({examples}...) read as steps ProfilerStep#N")
-    return frame.with_columns(pl.when(is_step).then(pl.lit("ProfilerStep#") + step).otherwise(pl.col("name"))
-                              .alias("name"))
+def _steps_from_nvtx(events: dict[str, np.ndarray], names: _Names, problems: list[str]) -> None:
+    """Where no range is a ProfilerStep#N, step-like NVTX ranges become ProfilerStep#N (new names: a
+    text used by other events keeps its own)."""
+    ann = events["kind"] == int(Kind.USER_ANNOTATION)
+    used = np.unique(events["name"][ann])
+    texts = pl.Series([names.texts[c] for c in used.tolist()], dtype=pl.String)
+    if not len(texts) or texts.str.contains(PROFILER_STEP_PATTERN).any():
+        return
+    step = texts.str.extract(f"(?i){NVTX_STEP_PATTERN}", 1)
+    if step.null_count() == len(step):
+        return
+    renamed = np.arange(len(names.texts) + 1)
+    for c, n in zip(used.tolist(), step.to_list()):
+        if n is not None:
+            renamed[c] = names.of(f"ProfilerStep#{n}")
+    rows = ann & (renamed[events["name"]] != events["name"])
+    examples = ", ".join(sorted({names.texts[c] for c in np.unique(events["name"][rows]).tolist()})[:3])
+    problems.append(f"{int(rows.sum())} NVTX step ranges ({examples}...) read as steps ProfilerStep#N")
+    events["name"] = np.where(rows, renamed[events["name"]], events["name"])
 
 
-def _gpu_args(frame: pl.DataFrame) -> pl.DataFrame:
-    """Launch details of the device activity rows (row = position in `events`)."""
-    have = [c for c in _GPU_ARGS if c in frame.columns]
-    dev = (frame.with_row_index("row").filter(pl.col("kind").is_in([int(k) for k in DEVICE_KINDS]))
-           .select(pl.col("row").cast(pl.Int64), "dur_ns", *have))
-    out = dev.select("row", *[pl.col(c).fill_null(-1).cast(pl.Int64).alias(c) for c in have],
-                     *[pl.lit(-1, pl.Int64).alias(c) for c in _GPU_ARGS if c not in have])
-    if "bytes" in have:         # bytes per ns = GB/s
-        bandwidth = dev.select(pl.when((pl.col("bytes") > 0) & (pl.col("dur_ns") > 0))
-                               .then(pl.col("bytes") / pl.col("dur_ns")).otherwise(np.nan).cast(pl.Float64)).to_series()
-    else:                       # no memcpy / memset table
-        bandwidth = pl.Series(np.full(dev.height, np.nan))
-    return out.with_columns(
-        pl.lit(np.nan).alias("blocks_per_sm"), pl.lit(np.nan).alias("warps_per_sm"),
-        pl.lit(np.nan).alias("est_occupancy_pct"), bandwidth.alias("bandwidth_gbps"),
-    ).select("row", "grid_blocks", "block_threads", "registers_per_thread", "shared_memory_bytes", "blocks_per_sm",
-             "warps_per_sm", "est_occupancy_pct", "bytes", "bandwidth_gbps")
+def _gpu_args(events: dict[str, np.ndarray], kind: np.ndarray) -> pl.DataFrame:
+    """Launch details of the device activity rows (row = position in `events`); bandwidth = bytes
+    per ns = GB/s."""
+    rows = np.flatnonzero(np.isin(kind, [int(k) for k in DEVICE_KINDS]))
+    out = {"row": rows.astype(np.int64)}
+    for c in ("grid_blocks", "block_threads", "registers_per_thread", "shared_memory_bytes"):
+        out[c] = events.pop(c)
+    size = events.pop("bytes")
+    moved = np.flatnonzero(size > 0)                 # memcpy / memset rows: the few with bytes
+    dur = events["dur_ns"][rows[moved]]
+    bandwidth = np.full(len(rows), np.nan)
+    bandwidth[moved[dur > 0]] = size[moved[dur > 0]] / dur[dur > 0]
+    nan = [pl.lit(np.nan).alias(c) for c in ("blocks_per_sm", "warps_per_sm", "est_occupancy_pct")]
+    return pl.DataFrame(out).with_columns(*nan, pl.Series("bytes", size), pl.Series("bandwidth_gbps", bandwidth))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -460,10 +677,18 @@ def _devices(db: _Db) -> list[dict]:
     return out
 
 
+def _distinct_where(values: np.ndarray, where: np.ndarray, step: int = 1 << 20) -> set[int]:
+    """The distinct `values` where `where` holds, a slice at a time (no copy of the whole column)."""
+    out: set[int] = set()
+    for a in range(0, len(values), step):
+        out.update(np.unique(values[a:a + step][where[a:a + step]]).tolist())
+    return out
+
+
 def _meta(db: _Db, path: Path, size: int, events: pl.DataFrame, env: dict, problems: list[str]) -> RankMeta:
-    host_pids = events.filter(~pl.col("kind").is_in([int(k) for k in DEVICE_KINDS] + [int(Kind.SYNC)]))["pid"]
-    pids = sorted(set(host_pids.unique().to_list()) - {-1})
-    gpu_pids = sorted(set(events.filter(pl.col("kind") == int(Kind.RUNTIME))["pid"].unique().to_list()) - {-1})
+    kinds, pid = events["kind"].to_numpy(), events["pid"].to_numpy()      # (columns: no copy of the frame)
+    pids = sorted(_distinct_where(pid, ~np.isin(kinds, [int(k) for k in DEVICE_KINDS] + [int(Kind.SYNC)])) - {-1})
+    gpu_pids = sorted(_distinct_where(pid, kinds == int(Kind.RUNTIME)) - {-1})
     if len(gpu_pids) > 1:
         problems.append(f"{len(gpu_pids)} processes with CUDA activity in one report (pids "
                         f"{', '.join(map(str, gpu_pids[:8]))}): analysed together as one rank")
@@ -482,8 +707,7 @@ def _meta(db: _Db, path: Path, size: int, events: pl.DataFrame, env: dict, probl
         row = db.rows("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname' LIMIT 1")
         hostname = row[0][0] if row and isinstance(row[0][0], str) else None
     ts, dur = events["ts_ns"].to_numpy(), events["dur_ns"].to_numpy()
-    kinds = events["kind"].to_numpy()
-    step_names = events.filter(pl.col("kind") == int(Kind.USER_ANNOTATION))["name"].cast(pl.String)
+    step_names = events["name"].filter(pl.Series(kinds == int(Kind.USER_ANNOTATION))).cast(pl.String)
     dist_rank, world_size, rank_problems = checked_rank(_env_int(env, RANK_ENV), _env_int(env, WORLD_ENV),
                                                         ("RANK", "WORLD_SIZE"))
     return RankMeta(
