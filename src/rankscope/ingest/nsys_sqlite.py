@@ -317,7 +317,7 @@ def _read(db: _Db, path: Path, size: int) -> tuple[RankTrace, dict]:
         "kind": kind,
         "name": _categories(names.texts).gather(pl.Series(codes, dtype=pl.UInt32)),     # (every event has a name)
         **{c: events.pop(c) for c in ("ts_ns", "dur_ns", "pid", "tid")},
-        "device": events.pop("device").astype(np.int32),
+        "device": events.pop("device"),
         **{c: events.pop(c) for c in ("stream", "correlation")},
     }).with_columns(pl.lit(-1, pl.Int64).alias("external_id"),           # (one value, not a column of them)
                     pl.Series("kclass", kclass))
@@ -405,19 +405,18 @@ def _events(parts: list[dict], epoch: int) -> tuple[dict[str, np.ndarray], dict[
     del keep
     events = {"ts_ns": ts[order], "dur_ns": dur[order]}
     del ts, dur
-    position = np.full(int(offsets[-1]), -1, dtype=np.int64)      # where each row goes; -1: dropped
-    position[order] = np.arange(len(order))
+    position = np.full(int(offsets[-1]), -1, dtype=np.int32)      # where each row goes; -1: dropped
+    position[order] = np.arange(len(order), dtype=np.int32)        # (rows: at most one per 8 bytes of file)
     del order
     events["kind"] = _joined(parts, "kind", position, offsets, len(events["ts_ns"]), np.uint8)
     device = np.isin(events["kind"], [int(k) for k in DEVICE_KINDS])
-    rank = np.cumsum(device) - 1                              # a device event's place among them
     for c in _EVENT_COLUMNS:
-        events[c] = _joined(parts, c, position, offsets, len(device), np.int32 if c == "name" else np.int64)
+        events[c] = _joined(parts, c, position, offsets, len(device), np.int32 if c in ("name", "device") else np.int64)
     on_device = position >= 0
     on_device[on_device] = device[position[on_device]]
-    at_device = np.full(len(position), -1, dtype=np.int64)    # where each device row goes among them
-    at_device[on_device] = rank[position[on_device]]
-    del position, rank, on_device
+    at_device = np.full(len(position), -1, dtype=np.int32)    # where each device row goes among them
+    at_device[on_device] = (np.cumsum(device, dtype=np.int32) - 1)[position[on_device]]
+    del position, on_device
     for c in _LAUNCH_COLUMNS:
         events[c] = _joined(parts, c, at_device, offsets, int(device.sum()), np.int64)
     return events, dropped
@@ -449,16 +448,18 @@ def _unusable(ts: np.ndarray, dur: np.ndarray, epoch: int) -> tuple[np.ndarray, 
     _mark(reasons, ts == ABSENT, 1)
     _mark(reasons, (ts >= MAX_TS_NS) | (ts <= -MAX_TS_NS), 2)
     if abs(epoch) < MAX_TS_NS:
-        ts = np.where(reasons == 0, ts, 0) + epoch             # both below 2**62: no overflow
+        ts[reasons != 0] = 0                                   # (in place: the joined starts are ours)
+        ts += epoch                                            # both below 2**62: no overflow
         _mark(reasons, (ts >= MAX_TS_NS) | (ts <= -MAX_TS_NS), 2)
     else:                                                      # a session start no clock gives
         _mark(reasons, np.ones(len(ts), dtype=bool), 2)
     _mark(reasons, dur == ABSENT, 3)
     _mark(reasons, dur < 0, 4)
     _mark(reasons, dur > MAX_DUR_NS, 5)
-    usable = ts[reasons == 0]
-    if len(usable) and int(usable.max()) - int(usable.min()) > MAX_DUR_NS:
-        lo, hi = _main_run(usable)
+    usable = reasons == 0
+    if usable.any() and int(ts.max(where=usable, initial=-MAX_TS_NS)) - int(ts.min(where=usable, initial=MAX_TS_NS)) \
+            > MAX_DUR_NS:
+        lo, hi = _main_run(ts[usable])
         _mark(reasons, (ts < lo) | (ts > hi), 6)
     return reasons, ts
 
