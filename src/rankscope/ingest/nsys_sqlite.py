@@ -66,7 +66,7 @@ QUERY_BYTES_PER_S = 10 << 20
 #: A query may return at most one row per this many bytes of the file (a stored row takes more).
 MIN_ROW_BYTES = 8
 _PROGRESS_STEPS = 10_000       # SQLite VM steps between two looks at the clock (and at Ctrl-C)
-_BATCH_ROWS = 1 << 16          # rows fetched at once
+_BATCH_ROWS = 1 << 14          # rows fetched at once
 #: A value SQLite may make or return (its length limit): a name, a view's string. Past it, the file
 #: is refused: nsys writes none near it.
 MAX_VALUE_BYTES = 16 << 20
@@ -345,10 +345,10 @@ class _Names:
         return code
 
     def codes(self, keys: np.ndarray, text_of) -> np.ndarray:
-        """A code per row: `keys` (ints, one per row; or a row of ints per key part) named by
+        """A code per row: `keys` (ints, one per row; or a list of such, one per key part) named by
         `text_of(*key)`, once per distinct key."""
-        distinct, at = _distinct(np.atleast_2d(keys))
-        return np.array([self.of(text_of(*k)) for k in distinct], dtype=np.int64)[at]
+        distinct, at = _distinct(keys if isinstance(keys, list) else [keys])
+        return np.array([self.of(text_of(*k)) for k in distinct], dtype=np.int32)[at]
 
     def strings(self, db: _Db, ids: np.ndarray) -> dict[int, str]:
         cut = [0]
@@ -357,18 +357,17 @@ class _Names:
         return out
 
 
-def _distinct(keys: np.ndarray) -> tuple[list[list[int]], np.ndarray]:
-    """The distinct columns of `keys` (one row per key part), and each column's position among them:
-    each part coded on its own, then the combined codes (sorting ints, not records)."""
-    if not keys.shape[1]:
-        return [], np.zeros(0, dtype=np.int64)
-    at = np.zeros(keys.shape[1], dtype=np.int64)
-    for row in keys:                                       # (codes stay below the number of columns)
-        u, part = np.unique(row, return_inverse=True)
-        u, at = np.unique(at * len(u) + part, return_inverse=True)
-    first = np.zeros(len(u), dtype=np.int64)
-    first[at[::-1]] = np.arange(len(at))[::-1]              # a column holding each distinct key
-    return keys[:, first].T.tolist(), at
+def _distinct(keys: list[np.ndarray], step: int = 1 << 20) -> tuple[list[list[int]], np.ndarray]:
+    """The distinct keys (a key: the values of `keys` at one position) in order of first sight, and
+    the index of each position's key among them. A slice at a time: memory holds one slice's work."""
+    n = len(keys[0]) if keys else 0
+    seen: dict[tuple, int] = {}
+    at = np.empty(n, dtype=np.int32)
+    for a in range(0, n, step):
+        u, inverse = np.unique(np.stack([k[a:a + step] for k in keys]), axis=1, return_inverse=True)
+        codes = np.array([seen.setdefault(key, len(seen)) for key in map(tuple, u.T.tolist())], dtype=np.int32)
+        at[a:a + step] = codes[inverse.ravel()]
+    return [list(key) for key in seen], at
 
 
 def _part(kind: Kind, columns: list[str], values: list[np.ndarray], names: np.ndarray, mistyped: int) -> dict:
@@ -519,7 +518,7 @@ def _memcpy(db: _Db, names: _Names) -> dict | None:
     values, bad = db.integers(exprs, f"{table} t",
                               mistyped + " + " + db.mistyped(table, "bytes", "copyKind", "srcKind", "dstKind"))
     return _part(Kind.MEMCPY, columns + ["bytes"], values[:6],
-                 names.codes(np.stack(values[6:9]), lambda *k: _memcpy_name(*(None if v == ABSENT else v for v in k))),
+                 names.codes(values[6:9], lambda *k: _memcpy_name(*(None if v == ABSENT else v for v in k))),
                  bad)
 
 
@@ -559,9 +558,9 @@ def _runtime(db: _Db, names: _Names) -> dict | None:
     values, bad = db.integers(exprs, f"{table} t", db.mistyped(table, "globalTid", "correlationId", "nameId",
                                                                "eventClass"))
     text = names.strings(db, values[5])
-    pairs, at = _distinct(np.stack(values[5:7]))        # (name id, event class)
+    pairs, at = _distinct(values[5:7])                  # (name id, event class)
     part = _part(Kind.RUNTIME, ["ts_ns", "dur_ns", "pid", "tid", "correlation"], values[:5],
-                 np.array([names.of(_API_SUFFIX.sub("", text.get(i, ""))) for i, _ in pairs], dtype=np.int64)[at], bad)
+                 np.array([names.of(_API_SUFFIX.sub("", text.get(i, ""))) for i, _ in pairs], dtype=np.int32)[at], bad)
     part["kind"] = np.array([int(_api_kind(text.get(i, ""), None if c == ABSENT else c)) for i, c in pairs],
                             dtype=np.uint8)[at]
     return part
