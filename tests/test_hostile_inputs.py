@@ -538,3 +538,113 @@ def test_a_gzip_file_is_read_to_100x_its_size(tmp_path: Path, monkeypatch):
     assert meta.salvaged and meta.cut_reason.startswith(f"decompressed past {100 * path.stat().st_size:,} bytes")
     assert 100 * path.stat().st_size <= meta.cut_at_byte < 100 * path.stat().st_size + 8 * MB
     assert trace.events.height == complete_events_in_prefix(text[:meta.cut_at_byte])
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. Nsight Systems exports: rows streamed, huge strings, mistyped cells
+def _peak_above_baseline(path: Path) -> tuple[int, int]:
+    """(events read, peak RSS above the interpreter's own once its imports are done) of a fresh
+    interpreter reading the Nsight export `path` (VmHWM: its own high-water mark)."""
+    import subprocess
+    script = ("import re, sys\nfrom rankscope.ingest.nsys_sqlite import read_nsys_sqlite\n"
+              "import rankscope.analyses.rank.summary\n"
+              "hwm = lambda: int(re.search(r'VmHWM:\\s*(\\d+) kB', open('/proc/self/status').read()).group(1)) << 10\n"
+              "base = hwm()\ntrace, _ = read_nsys_sqlite(sys.argv[1])\nprint(trace.events.height, hwm() - base)\n")
+    out = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=600,
+                         check=True).stdout.split()
+    return int(out[0]), int(out[1])
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads the peak RSS in /proc")
+def test_nsight_rows_are_streamed(tmp_path: Path, corpus: Path):
+    """300,000 kernels (and their launches) replicated from the corpus export: 33 MB. Each row was a
+    Python tuple before: 646 MB above the interpreter, 19.5x the file; streamed into columns now
+    (110 MB measured, 3.3x: at this size the frames themselves are 2x; benchmarks/bench_bounded.py
+    measures 5M kernels). Bound: 5x. Events expected: the rows of the tables read, counted by SQLite."""
+    import sqlite3
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from make_nsys_set import make_nsys_set
+    path = make_nsys_set(tmp_path / "rank0.sqlite", 300_000, corpus)
+    con = sqlite3.connect(path)
+    rows = sum(con.execute(f"SELECT count(*) FROM CUPTI_ACTIVITY_KIND_{t}").fetchone()[0]
+               for t in ("KERNEL", "RUNTIME", "MEMCPY", "MEMSET", "SYNCHRONIZATION"))
+    rows += con.execute('SELECT count(*) FROM NVTX_EVENTS WHERE eventType IN (59, 60, 70, 71) AND "end" IS NOT NULL'
+                        ).fetchone()[0]
+    con.close()
+    events, peak = _peak_above_baseline(path)
+    assert events == rows > 600_000
+    assert peak < 5 * path.stat().st_size, (peak >> 20, path.stat().st_size >> 20)
+
+
+def _view_export(path: Path, value_sql: str, kernels: int = 100) -> Path:
+    """An export whose StringIds is a view giving `value_sql` as every text, with `kernels` kernels named by it."""
+    import sqlite3
+    con = sqlite3.connect(path)
+    con.executescript(f"""
+        CREATE VIEW StringIds AS SELECT 0 AS id, {value_sql} AS value;
+        CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, "end" INTEGER, deviceId INTEGER, streamId INTEGER,
+            correlationId INTEGER, demangledName INTEGER);
+    """)
+    con.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, 0, 7, ?, 0)",
+                    [(1000 * i, 1000 * i + 500, i) for i in range(kernels)])
+    con.commit()
+    con.close()
+    return path
+
+
+def test_a_stringids_view_of_huge_strings_is_refused(tmp_path: Path):
+    """StringIds is a view that makes a 50 MB text for the name of each of 100 kernels (a row each:
+    5 GB of strings before; here under a 3 GB address-space limit so that the machine survives it).
+    SQLite refuses any value past 16 MiB: one line, exit 2."""
+    import resource
+    path = _view_export(tmp_path / "rank0.sqlite", "replace(hex(zeroblob(25000000)), '0', 'x')")     # 50 MB of x
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+    import subprocess
+    from conftest import rankscope_cmd
+    proc = subprocess.run(rankscope_cmd() + ["analyze", str(path), "--no-cache"], capture_output=True, text=True,
+                          timeout=300, preexec_fn=limited, env={**__import__("os").environ,
+                                                                "RANKSCOPE_CACHE_DIR": str(tmp_path / "c")})
+    assert_no_traceback(proc)
+    assert proc.returncode == 2
+    assert f"{path}: a value longer than 16 MiB (reading " in proc.stderr and "no Nsight Systems export holds one" in proc.stderr
+
+
+def test_a_long_name_is_cut(tmp_path: Path):
+    """A kernel name of 100,000 characters (a real table's text, not a view): kept, cut at 65,536
+    characters, said once."""
+    path = _view_export(tmp_path / "rank0.sqlite", "printf('%.*c', 100000, 'k')", kernels=3)
+    from rankscope.ingest.nsys_sqlite import read_nsys_sqlite
+    trace, _ = read_nsys_sqlite(path)
+    assert trace.events["name"].cast(str).to_list() == ["k" * 65536] * 3
+    assert "1 names longer than 65,536 characters cut there" in trace.meta.problems
+
+
+def test_mistyped_nsight_cells(tmp_path: Path):
+    """Cells of the wrong type (SQLite keeps what it is given): a kernel start 'abc' (that kernel is
+    dropped, its time unusable), a device id 'gpu0' and a stream 7.5 (read as absent), a launch's
+    correlation id 'x' (absent). Before: an internal error, the rank lost. Hand count: 3 of the 4
+    kernels and both launches kept; 1 event dropped (ts not a number); 3 cells of a wrong type."""
+    import sqlite3
+    from test_nsys import _tiny_export
+    from rankscope.ingest.nsys_sqlite import read_nsys_sqlite
+    path = _tiny_export(tmp_path / "rank0.sqlite",
+                        kernels=[(1000, 3000, 1, "gemm"), (4000, 5000, 2, "gemm"), (6000, 7000, 3, "relu"),
+                                 (8000, 9000, 4, "relu")],
+                        runtime=[(900, 950, 1, "cudaLaunchKernel_v7000"), (5900, 5950, 3, "cudaLaunchKernel_v7000")])
+    con = sqlite3.connect(path)
+    con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = 'abc' WHERE correlationId = 2")
+    con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET deviceId = 'gpu0', streamId = 7.5 WHERE correlationId = 3")
+    con.execute("UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET correlationId = 'x' WHERE start = 5900")
+    con.commit()
+    con.close()
+    trace, _ = read_nsys_sqlite(path)
+    assert trace.meta.dropped == {"ts not a number": 1}
+    assert "3 cells of a wrong type (not an integer) read as absent" in trace.meta.problems
+    kernels = trace.events.filter(pl.col("kind") == int(model.Kind.KERNEL)).sort("ts_ns")
+    assert kernels["device"].to_list() == [0, -1, 0] and kernels["stream"].to_list() == [7, -1, 7]
+    assert trace.events.filter(pl.col("kind") == int(model.Kind.RUNTIME))["correlation"].to_list() == [1, -1]
+    proc = run_cli(["analyze", path, "--no-cache", "-q"], tmp_path)
+    assert_no_traceback(proc)
+    assert proc.returncode == 1, proc.stderr
