@@ -542,6 +542,19 @@ def test_a_gzip_file_is_read_to_100x_its_size(tmp_path: Path, monkeypatch):
 
 # ---------------------------------------------------------------------------------------------
 # 1. Nsight Systems exports: rows streamed, huge strings, mistyped cells
+def _run_limited(args: list[str], tmp_path: Path, limit: int | None):
+    """`rankscope ARGS` under an address-space limit of `limit` bytes (the shell's `ulimit -v`, as a
+    user or a batch script sets it), with its own cache folder."""
+    import os
+    import subprocess
+    from conftest import rankscope_cmd
+    command = rankscope_cmd() + args
+    if limit is not None:
+        command = ["sh", "-c", f'ulimit -v {limit >> 10} && exec "$0" "$@"'] + command
+    return subprocess.run(command, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "RANKSCOPE_CACHE_DIR": str(tmp_path / "cache")})
+
+
 def _peak_above_baseline(path: Path) -> tuple[int, int]:
     """(events read, peak RSS above the interpreter's own once its imports are done) of a fresh
     interpreter reading the Nsight export `path` (VmHWM: its own high-water mark)."""
@@ -596,16 +609,8 @@ def test_a_stringids_view_of_huge_strings_is_refused(tmp_path: Path):
     """StringIds is a view that makes a 50 MB text for the name of each of 100 kernels (a row each:
     5 GB of strings before; here under a 3 GB address-space limit so that the machine survives it).
     SQLite refuses any value past 16 MiB: one line, exit 2."""
-    import resource
     path = _view_export(tmp_path / "rank0.sqlite", "replace(hex(zeroblob(25000000)), '0', 'x')")     # 50 MB of x
-
-    def limited():
-        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
-    import subprocess
-    from conftest import rankscope_cmd
-    proc = subprocess.run(rankscope_cmd() + ["analyze", str(path), "--no-cache"], capture_output=True, text=True,
-                          timeout=300, preexec_fn=limited, env={**__import__("os").environ,
-                                                                "RANKSCOPE_CACHE_DIR": str(tmp_path / "c")})
+    proc = _run_limited(["analyze", str(path), "--no-cache"], tmp_path, 3 << 30)
     assert_no_traceback(proc)
     assert proc.returncode == 2
     assert f"{path}: a value longer than 16 MiB (reading " in proc.stderr and "no Nsight Systems export holds one" in proc.stderr
@@ -648,3 +653,48 @@ def test_mistyped_nsight_cells(tmp_path: Path):
     proc = run_cli(["analyze", path, "--no-cache", "-q"], tmp_path)
     assert_no_traceback(proc)
     assert proc.returncode == 1, proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. An address-space limit
+@pytest.fixture(scope="module")
+def two_50mb_ranks(tmp_path_factory) -> Path:
+    """2 ranks of 51.7 MB, time-replicated from the real A100 rank of hta-negative-queue."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from make_scale_set import build
+    out = tmp_path_factory.mktemp("scale") / "2x50"
+    build(50, 2, out=out)
+    return out
+
+
+def _analyze_json(job: Path, engine: str, tmp_path: Path, limit: int | None):
+    return _run_limited(["analyze", str(job), "--engine", engine, "--no-cache", "--json"], tmp_path, limit)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS as Linux counts it")
+@pytest.mark.parametrize("engine", ["local", "inprocess", "processes"])
+def test_a_1gib_address_space_limit(two_50mb_ranks: Path, tmp_path: Path, engine: str):
+    """RLIMIT_AS of 1 GiB (as `prlimit --as` or a batch scheduler sets it) on two 52 MB ranks: the
+    local and in-process engines aborted in polars' allocator before (one malloc arena per thread
+    reserves 64 MiB of addresses). Now one arena, one thread: the same ranks and figures as
+    without the limit (the reference run)."""
+    reference = json.loads(_analyze_json(two_50mb_ranks, engine, tmp_path, None).stdout)
+    proc = _analyze_json(two_50mb_ranks, engine, tmp_path, 1 << 30)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout)
+    assert [(r["rank"], r["events"], r["step_time_ms"]) for r in got["ranks"]] == \
+        [(r["rank"], r["events"], r["step_time_ms"]) for r in reference["ranks"]] and len(got["ranks"]) == 2
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS as Linux counts it")
+@pytest.mark.parametrize("engine", ["local", "processes"])
+def test_a_limit_too_small_is_named(two_50mb_ranks: Path, tmp_path: Path, engine: str):
+    """300 MiB of addresses cannot hold a 52 MB rank's analysis: one line per file (or for the run,
+    where memory ran out outside a rank's own work) that names the limit, exit 2, no abort and no
+    traceback (before: a MemoryError traceback, or polars' thread pool panicking)."""
+    proc = _analyze_json(two_50mb_ranks, engine, tmp_path, 300 << 20)
+    assert_no_traceback(proc)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert lines and all("out of memory under the address-space limit of 300 MiB" in ln for ln in lines
+                         if ln != "rankscope: no usable trace found"), proc.stderr[-2000:]

@@ -7,6 +7,7 @@ the cross-rank part works on the small summaries only.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import gc
 import threading
@@ -22,6 +23,7 @@ from rankscope.ingest import Cache, TraceError, load_rank, read_trace, reuse
 from rankscope.ingest.cache import content_key
 from rankscope.ingest.consistency import different_jobs
 from rankscope.ingest.discover import assign_ranks, discover
+from rankscope.limits import exhausted
 from rankscope.model import InputProblem, RankMeta, RankTrace
 from rankscope.pipelines import checking_arguments
 from rankscope.results import Analysis, Finding, Ingest, JobInfo
@@ -52,9 +54,11 @@ def one_line_errors(task_fn):
         except TraceError as exc:
             return InputProblem(task.path, str(exc))
         except OSError as exc:
+            if exc.errno == errno.ENOMEM:                 # a memory map refused
+                return InputProblem(task.path, f"{exhausted()} while reading this file")
             return InputProblem(task.path, f"cannot read: {exc.strerror or exc}")
         except MemoryError:
-            return InputProblem(task.path, "out of memory while reading this file")
+            return InputProblem(task.path, f"{exhausted()} while reading this file")
         except Exception as exc:
             return InputProblem(task.path, f"internal error while reading: {type(exc).__name__}: {exc}")
     return run
