@@ -551,7 +551,7 @@ def _run_limited(args: list[str], tmp_path: Path, limit: int | None):
     command = rankscope_cmd() + args
     if limit is not None:
         command = ["sh", "-c", f'ulimit -v {limit >> 10} && exec "$0" "$@"'] + command
-    return subprocess.run(command, capture_output=True, text=True, timeout=600,
+    return subprocess.run(command, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "RANKSCOPE_CACHE_DIR": str(tmp_path / "cache")})
 
 
@@ -673,13 +673,15 @@ def _analyze_json(job: Path, engine: str, tmp_path: Path, limit: int | None):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS as Linux counts it")
 @pytest.mark.parametrize("engine", ["local", "inprocess", "processes"])
-def test_a_1gib_address_space_limit(two_50mb_ranks: Path, tmp_path: Path, engine: str):
-    """RLIMIT_AS of 1 GiB (as `prlimit --as` or a batch scheduler sets it) on two 52 MB ranks: the
-    local and in-process engines aborted in polars' allocator before (one malloc arena per thread
-    reserves 64 MiB of addresses). Now one arena, one thread: the same ranks and figures as
-    without the limit (the reference run)."""
+def test_an_address_space_limit(two_50mb_ranks: Path, tmp_path: Path, engine: str):
+    """An address-space limit of 640 MiB (`ulimit -v`, as a batch script sets it) on two 52 MB ranks
+    (the issue's 1 GiB on 208 MB ranks behaves alike: benchmarks/README.md). Before, every engine
+    failed here, three runs out of three: polars' allocator aborted (in-process, worker processes)
+    or each rank ran out of memory (threads); one malloc arena per thread reserves 64 MiB of
+    addresses. Now one arena, one thread: the same ranks and figures as without the limit (the
+    reference run)."""
     reference = json.loads(_analyze_json(two_50mb_ranks, engine, tmp_path, None).stdout)
-    proc = _analyze_json(two_50mb_ranks, engine, tmp_path, 1 << 30)
+    proc = _analyze_json(two_50mb_ranks, engine, tmp_path, 640 << 20)
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout)
     assert [(r["rank"], r["events"], r["step_time_ms"]) for r in got["ranks"]] == \
