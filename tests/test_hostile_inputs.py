@@ -19,7 +19,7 @@ import pytest
 
 from conftest import assert_no_traceback, corpus_files, raw_text, run_cli
 from rankscope import model
-from rankscope.analyses.rank import breakdown, collectives, flops, grad_sync, kernels
+from rankscope.analyses.rank import breakdown, flops, grad_sync, kernels
 from tracebuilder import TraceBuilder
 
 MB = 1 << 20
