@@ -99,6 +99,18 @@ def x_events(doc: dict) -> list[dict]:
     return [e for e in doc["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"]
 
 
+def moved_copy(source: Path, target: Path, rank: int, days: int) -> Path:
+    """`source` (a Kineto trace timed in epoch µs) written to `target` as rank `rank`, every event's
+    ts moved `days` days later: the same processes (pids) recorded again, so that ingest/jobs.py keeps
+    it and its source one job (a schedule's cycles: apart in time, the same processes)."""
+    doc = fresh_json(source)
+    doc["distributedInfo"]["rank"] = rank
+    for e in doc["traceEvents"]:
+        if isinstance(e, dict) and isinstance(e.get("ts"), (int, float)):
+            e["ts"] += days * 86_400 * 10**6
+    return write_trace(target, doc)
+
+
 def columns_frame(columns):
     """A result's column Struct (one list per column) as a polars frame, to query it."""
     import msgspec

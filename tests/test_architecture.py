@@ -21,6 +21,7 @@ ALLOWED: dict[str, set[str]] = {
     "hardware": set(),
     "thresholds": set(),
     "interrupt": set(),
+    "limits": set(),
     "model": {"units"},
     "synth": {"files"},
     "ingest": {"files", "model", "units", "numbers"},

@@ -18,7 +18,8 @@ import pytest
 from rich.cells import cell_len
 
 from conftest import (DLRM, GLOO_HEALTHY, assert_no_traceback, complete_events, complete_events_in_prefix, copy_files,
-                      corpus_files, fresh_json, raw_text, run_cli, shared_cache_dir, write_trace, x_events)
+                      corpus_files, fresh_json, moved_copy, raw_text, run_cli, shared_cache_dir, write_trace,
+                      x_events)
 from tracebuilder import TraceBuilder
 
 from rankscope import api
@@ -261,6 +262,42 @@ def test_two_jobs_in_one_folder(corpus: Path, tmp_path: Path):
     assert proc.returncode == 0, proc.stderr
     cap = json.loads(proc.stdout)["job"]["capture"]
     assert [i["kind"] for i in cap["issues"]] == ["ranks_missing"] and cap["coverage"] == "2 of 128 ranks present"
+
+
+def test_one_job_recorded_months_apart(corpus: Path, tmp_path: Path):
+    """param-dlrm-8rank's ranks 2 and 3 (world size 8, 2023-09), rank 3 renamed with markup in its
+    name, and rank 2 again as rank 4 with its events moved 150 days later (the same processes: one
+    job to ingest/jobs.py). A different_jobs issue says they were recorded over a day apart, every
+    finding is marked with the three ranks, exit code 1 with nothing skipped; the HTML report
+    escapes the file name. With --same-job the dates are a note (clock_ranges_disjoint), exit 0."""
+    dlrm = {fresh_json(f)["distributedInfo"]["rank"]: f for f in corpus_files(corpus, DLRM)}
+    job = tmp_path / "job"
+    copy_files([dlrm[2], dlrm[3]], job, [dlrm[2].name, "<i>" + dlrm[3].name])
+    moved_copy(dlrm[2], job / "moved_rank4.pt.trace.json", rank=4, days=150)
+    html = tmp_path / "report.html"
+    proc = run_cli(["analyze", job, "--json", "-q", "--html", html, "--cache-dir", shared_cache_dir()], tmp_path)
+    assert_no_traceback(proc)
+    assert proc.returncode == 1, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["inputs"]["skipped"] == [] and [r["rank"] for r in out["ranks"]] == [2, 3, 4]
+    cap = out["job"]["capture"]
+    (apart,) = [i for i in cap["issues"] if i["kind"] == "different_jobs"]
+    assert cap["partial"] and "clock_ranges_disjoint" not in [i["kind"] for i in cap["issues"]]
+    assert apart["ranks"] == [2, 3, 4] and apart["detail"].startswith("recorded over a day apart (")
+    assert "<i>" + dlrm[3].name in apart["detail"]
+    assert out["findings"], "the job has findings to mark"
+    for f in out["findings"]:
+        assert f["evidence"]["partial_input"] == [2, 3, 4]
+        assert f["summary"].endswith(" (from partial data: ranks 2-4)")
+    assert "rankscope: partial input: different jobs (ranks 2-4): " in proc.stderr
+    page = html.read_text(encoding="utf-8")
+    assert "&lt;i&gt;" + dlrm[3].name in page and "<i>worker" not in page
+    assert '<code>different_jobs</code>' in page
+    proc = run_cli(["analyze", job, "--json", "-q", "--same-job", "--cache-dir", shared_cache_dir()], tmp_path)
+    assert_no_traceback(proc)
+    assert proc.returncode == 0, proc.stderr
+    kinds = [i["kind"] for i in json.loads(proc.stdout)["job"]["capture"]["issues"]]
+    assert "clock_ranges_disjoint" in kinds and "different_jobs" not in kinds
 
 
 def test_clean_set_is_complete_and_exits_0(corpus: Path, tmp_path: Path):

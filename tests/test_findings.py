@@ -216,7 +216,8 @@ def test_cli_threshold_option(corpus, tmp_path, analyses):
     listing = json.loads(run_cli(["thresholds", "--json"], tmp_path).stdout)
     assert set(listing) == set(THRESHOLDS)
     assert listing["straggler_min_cost_pct_of_step"] == {
-        k: getattr(THRESHOLDS["straggler_min_cost_pct_of_step"], k) for k in ("value", "unit", "source", "decides")}
+        **{k: getattr(THRESHOLDS["straggler_min_cost_pct_of_step"], k) for k in ("value", "unit", "source", "decides")},
+        "range": [0.0, 100.0]}                 # a percent of the step
 
 
 # ----------------------------------------------------------------------------------------------

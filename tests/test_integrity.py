@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (DLRM, assert_no_traceback, complete_events, complete_events_in_prefix, corpus_files, fresh_json,
-                      raw_text, run_cli, write_trace, x_events)
+                      moved_copy, raw_text, run_cli, write_trace, x_events)
 from rankscope import api
 from rankscope.ingest.consistency import different_jobs
 from rankscope.ingest.kineto import read_kineto
@@ -160,6 +160,39 @@ def test_files_of_two_jobs_are_not_merged(corpus: Path, tmp_path: Path):
     assert [Path(s.meta.file).name for s in picked.ranks] == [f.name for f in dlrm]
     assert not any(w.startswith("these files look like different jobs") for w in picked.job.warnings)
     assert "the inputs hold 2 jobs: job 2 analysed (--job 2), the files of the others are not" in picked.job.warnings
+
+
+def test_one_job_recorded_days_apart_is_said(corpus: Path, tmp_path: Path):
+    """param-dlrm-8rank's rank 0 beside a copy of itself as rank 1 with every event moved 40 days
+    later: the same world size and processes, so one job to ingest/jobs.py (issue 33 splits files of
+    other world sizes, or apart in time by other processes, before). Recorded over a day apart, they
+    still look like different jobs: one warning counts the days from the first file's end to the
+    second's start and lists each file's time range (all read from the file with json). Told they are
+    one job (`same_job`), the same ranges are the note that the time ranges do not overlap."""
+    (first,) = [f for f in corpus_files(corpus, DLRM) if fresh_json(f)["distributedInfo"]["rank"] == 0]
+    job = tmp_path / "job"
+    job.mkdir()
+    a = job / first.name
+    a.write_bytes(first.read_bytes())
+    b = moved_copy(first, job / "moved_rank1.pt.trace.json", rank=1, days=40)
+    events = x_events(fresh_json(first))
+    start, end = min(e["ts"] for e in events), max(e["ts"] + e["dur"] for e in events)     # µs
+    moved = 40 * 86_400 * 10**6
+    clock = lambda us: datetime.fromtimestamp(us / 1e6, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")  # noqa: E731
+    ranges = (f"{clock(start)} to {clock(end)} UTC in {a.name}; "
+              f"{clock(start + moved)} to {clock(end + moved)} UTC in {b.name}")
+    days = f"{(start + moved - end) / 86_400e6:,.0f}"
+    assert days == "40"
+    result = api.analyze(job, use_cache=False, engine="inprocess")
+    assert result.usable and result.jobs == [] and [s.rank for s in result.ranks] == [0, 1]
+    said = [w for w in result.job.warnings if w.startswith("these files look like different jobs: ")]
+    assert said == [f"these files look like different jobs: recorded over a day apart ({days} days): {ranges}"]
+    assert "different_jobs" in [i.kind for i in result.job.capture.issues] and result.job.capture.partial
+    same = api.analyze(job, use_cache=False, engine="inprocess", same_job=True)
+    said = [w for w in same.job.warnings if w.startswith("these files look like different jobs: ")]
+    assert said == [f"these files look like different jobs: time ranges that do not overlap: {ranges}"]
+    kinds = [i.kind for i in same.job.capture.issues]
+    assert "clock_ranges_disjoint" in kinds and "different_jobs" not in kinds
 
 
 def _first_day(files: list[Path]) -> str:

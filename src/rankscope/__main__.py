@@ -7,11 +7,14 @@ from __future__ import annotations
 import os
 import sys
 
-from rankscope import prefork
+from rankscope import limits, prefork
 from rankscope.interrupt import exit_interrupted
 
 
 def run() -> None:
+    # under an address-space limit (ulimit -v), reserve fewer addresses: before polars and numpy
+    # start their allocators and threads (`rankscope.limits`)
+    limits.bound_memory()
     # numpy's OpenBLAS starts a thread per core that spins ~0.1 s of CPU after it starts; the
     # analyses multiply no matrix large enough to need more than one (before numpy is imported;
     # a value the user set is kept)

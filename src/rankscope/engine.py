@@ -40,6 +40,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, Callable, Iterable, TypeVar
 
 from rankscope import prefork
+from rankscope.limits import workers_within_limit
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -60,10 +61,12 @@ STOP_WAIT_S = 5.0
 
 
 def default_workers() -> int:
+    """Usable CPU cores; one under an address-space limit (`rankscope.limits`)."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cores = max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - macOS / Windows
-        return max(1, os.cpu_count() or 1)
+        cores = max(1, os.cpu_count() or 1)
+    return workers_within_limit(cores)
 
 
 class EngineError(RuntimeError):

@@ -126,16 +126,16 @@ def register_kernel_pattern(regex: str, kernel_class: KernelClass) -> None:
 def classify_names(names: list[str], kinds_present_gpu: np.ndarray) -> np.ndarray:
     """Kernel class for each distinct name: `kinds_present_gpu[i]` says whether name i is used
     by a device event (the first pattern of KERNEL_CLASS_PATTERNS that matches, else COMP). Host
-    names get COMM when they are gloo collectives, else NONE. Each (pattern, name) is searched once
-    per process (`name_matches`; the ranks share their names)."""
+    names get COMM when they are gloo collectives, else NONE (`name_matches`: linear in the names'
+    length, each name matched in its first MATCHED_NAME_CHARS characters)."""
     on_device = np.asarray(kinds_present_gpu, dtype=bool)
     out = np.where(on_device, np.uint8(KernelClass.COMP), np.uint8(KernelClass.NONE))
     open_ = on_device.copy()                 # device names no pattern has matched yet
     for pattern, kernel_class in KERNEL_CLASS_PATTERNS:
-        hit = open_ & np.array(name_matches(re.compile(pattern, re.IGNORECASE), names), dtype=bool)
+        hit = open_ & name_matches(re.compile(pattern, re.IGNORECASE), names)
         out[hit] = kernel_class
         open_ &= ~hit
-    host_comm = np.array(name_matches(re.compile(HOST_COMM_PATTERN, re.IGNORECASE), names), dtype=bool)
+    host_comm = name_matches(re.compile(HOST_COMM_PATTERN, re.IGNORECASE), names)
     out[~on_device & host_comm] = KernelClass.COMM
     return out
 
@@ -158,24 +158,77 @@ def names_matching(frame: pl.DataFrame, pattern: str | re.Pattern) -> list[str]:
     return [n for n, hit in zip(names, name_matches(pattern, names)) if hit]
 
 
-def name_matches(pattern: str | re.Pattern, names: list[str]) -> list[bool]:
-    """Whether each name matches `pattern` (regex search), each (pattern, name) searched once per process."""
+def name_matches(pattern: str | re.Pattern, names: list[str]) -> np.ndarray:
+    """Whether each name matches `pattern` (regex search in its first MATCHED_NAME_CHARS characters), as
+    a bool array. The time is linear in the names' length: the pattern runs in polars' regex engine
+    (finite automata, no backtracking) over all the names at once. A pattern that engine cannot run
+    (look-around, backreferences: a user's own) runs in Python's `re`, each (pattern, name) searched
+    once per process."""
     rx = re.compile(pattern) if isinstance(pattern, str) else pattern
+    if not names:
+        return np.zeros(0, dtype=bool)
+    automaton = _automaton_pattern(rx)
+    if automaton is not None:
+        try:
+            return _names_series(names).str.contains(automaton).to_numpy()
+        except pl.exceptions.ComputeError:           # not a pattern polars' regex engine runs
+            _NOT_AUTOMATON.add((rx.pattern, rx.flags))
     known = _matched.setdefault((rx.pattern, rx.flags), {})
     if len(known) > _MATCHED_MAX:
         known.clear()
-    out = []
-    for n in names:
+    out = np.zeros(len(names), dtype=bool)
+    for i, n in enumerate(names):
         hit = known.get(n)
         if hit is None:
-            hit = known[n] = rx.search(n) is not None
-        out.append(hit)
+            hit = known[n] = rx.search(n[:MATCHED_NAME_CHARS]) is not None
+        out[i] = hit
     return out
 
 
-#: Per pattern, whether each name seen so far matches it. The ranks of a job repeat their names,
-#: and the ranks a process analyses share this (long kernel names make the regex search cost
-#: about 20 ms per rank otherwise).
+#: Characters of a name that a pattern is matched against (its start). The longest real kernel name
+#: of the corpus has 5,160 (a CUTLASS template); a name of megabytes costs no more than this.
+MATCHED_NAME_CHARS = 16_384
+
+#: Python `re` flags -> the inline flags of polars' regex engine (str patterns are Unicode in both).
+_INLINE_FLAGS = {re.IGNORECASE: "i", re.MULTILINE: "m", re.DOTALL: "s", re.VERBOSE: "x"}
+_NOT_AUTOMATON: set[tuple[str, int]] = set()
+
+
+def _automaton_pattern(rx: re.Pattern) -> str | None:
+    """`rx` written for polars' regex engine, or None where it cannot run there (bytes, ASCII or
+    locale flags, or polars refused it before)."""
+    if not isinstance(rx.pattern, str) or (rx.pattern, rx.flags) in _NOT_AUTOMATON:
+        return None
+    flags = rx.flags & ~re.UNICODE
+    inline = "".join(c for f, c in _INLINE_FLAGS.items() if flags & f)
+    if flags & ~sum(_INLINE_FLAGS):
+        return None
+    return f"(?{inline}){rx.pattern}" if inline else rx.pattern
+
+
+_last_series: tuple[list[str], pl.Series] | None = None
+
+
+def _names_series(names: list[str]) -> pl.Series:
+    """`names` as a polars Series, cut at MATCHED_NAME_CHARS characters; the last one is kept (the
+    analyses of a rank ask a dozen patterns of the same list of names)."""
+    global _last_series
+    last = _last_series
+    if last is not None and last[0] is names:
+        return last[1]
+    try:
+        series = pl.Series(names, dtype=pl.String)
+    except UnicodeEncodeError:             # a lone surrogate (a JSON escape): matched as "?"
+        series = pl.Series([n.encode("utf-8", "replace").decode() for n in names], dtype=pl.String)
+    longest = series.str.len_bytes().max()
+    if isinstance(longest, int) and longest > MATCHED_NAME_CHARS:
+        series = series.str.slice(0, MATCHED_NAME_CHARS)
+    _last_series = (names, series)
+    return series
+
+
+#: Per pattern that runs in Python's `re`, whether each name seen so far matches it (the ranks a
+#: process analyses repeat their names).
 _matched: dict[tuple[str, int], dict[str, bool]] = {}
 _MATCHED_MAX = 100_000
 
@@ -249,8 +302,9 @@ def distinct_names(frame: pl.DataFrame) -> list[str]:
     return name_codes(frame).nonempty
 
 
-#: Step annotation, DataLoader span and synchronization names (used by analyses).
-PROFILER_STEP_PATTERN = r"^ProfilerStep#(\d+)$"
+#: Step annotation, DataLoader span and synchronization names (used by analyses). A step number has
+#: at most 18 digits (after leading zeros), so it fits int64: a longer one marks no step.
+PROFILER_STEP_PATTERN = r"^ProfilerStep#0*(\d{1,18})$"
 DATALOADER_PATTERN = r"^enumerate\(DataLoader\)#.*__next__"
 #: Host calls that block until the device catches up (`.item()`, explicit synchronize).
 BLOCKING_SYNC_PATTERN = r"^(cuda|hip)(Device|Stream|Event)Synchronize"

@@ -8,8 +8,9 @@ findings receive that object and read values by name.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,50 @@ class Threshold:
     unit: str
     source: str
     decides: str          # the finding id whose verdict it decides, or one of VERDICTS
+    #: The values an override may take, both included (declared where the unit does not say them:
+    #: `allowed`; set for every threshold of THRESHOLDS).
+    limits: tuple[float, float] | None = None
+
+
+#: Ranges by unit: a percent (or percentage points) 0-100, a percent over or above a mean 0-10,000, a
+#: share 0-1, a count of ranks or rounds a whole number up to 2^20; anything else (ratios, sigmas,
+#: sizes, times) from 0, finite.
+_COUNT_UNITS = ("ranks", "rounds")
+_MAX_COUNT = float(1 << 20)
+
+
+def allowed(t: Threshold) -> tuple[float, float]:
+    """The values an override of `t` may take (both included)."""
+    if t.limits is not None:
+        return t.limits
+    if t.unit.startswith(("% over", "% above")):
+        return 0.0, 10_000.0
+    if t.unit.startswith(("%", "percentage points")):
+        return 0.0, 100.0
+    if t.unit.startswith("share"):
+        return 0.0, 1.0
+    if t.unit in _COUNT_UNITS:
+        return 0.0, _MAX_COUNT
+    return 0.0, math.inf
+
+
+def checked(name: str, value: float) -> float:
+    """`value` as an override of threshold `name`; ValueError (one line) where it is not a finite number
+    in the threshold's range (a whole number for a count): NaN, for one, compares false with every
+    value, and would silently turn a verdict off."""
+    t = THRESHOLDS[name]
+    lo, hi = allowed(t)                 # (THRESHOLDS' own `limits`)
+    value = float(value)
+    whole = t.unit not in _COUNT_UNITS or value.is_integer()
+    if not (math.isfinite(value) and lo <= value <= hi and whole):
+        what = "a whole number" if t.unit in _COUNT_UNITS else "a finite number"
+        span = f"from {_shown(lo)} to {_shown(hi)}" if hi < math.inf else f"of at least {_shown(lo)}"
+        raise ValueError(f"threshold {name}={value:g} refused: {what} {span} ({t.unit}) is expected")
+    return value
+
+
+def _shown(x: float) -> str:
+    return f"{x:,.0f}" if x.is_integer() else f"{x:g}"
 
 
 _TB = "TensorBoard profiler plugin (torch-tb-profiler) recommendation"
@@ -135,9 +180,11 @@ THRESHOLDS: dict[str, Threshold] = {
                                          "rankscope default", "load_imbalance"),
     # parallel layouts: pipeline, sharded data parallel, tensor parallel, expert parallel
     "pipeline_stage_imbalance_pct": Threshold(
-        20.0, "% of the stages' mean compute per step", "rankscope default", "pipeline_stage_imbalance"),
+        20.0, "% of the stages' mean compute per step", "rankscope default", "pipeline_stage_imbalance",
+        (0.0, 10_000.0)),
     "pipeline_stage_imbalance_high_pct": Threshold(
-        50.0, "% of the stages' mean compute per step", "rankscope default", "pipeline_stage_imbalance"),
+        50.0, "% of the stages' mean compute per step", "rankscope default", "pipeline_stage_imbalance",
+        (0.0, 10_000.0)),
     "pipeline_bubble_excess_pct": Threshold(
         10.0, "percentage points of step over (p-1)/(m+p-1)",
         "rankscope default over the 1F1B / GPipe bubble of Narayanan et al. 2021", "pipeline_bubble"),
@@ -178,6 +225,8 @@ THRESHOLDS: dict[str, Threshold] = {
                                          "slowdown_onset"),
 }
 
+THRESHOLDS = {name: replace(t, limits=allowed(t)) for name, t in THRESHOLDS.items()}
+
 
 class Thresholds(Mapping[str, float]):
     """The values in force (defaults with the overrides applied), read by name; read-only."""
@@ -215,7 +264,7 @@ def resolve(overrides: Mapping[str, float] | None = None) -> Thresholds:
     for name, value in (overrides or {}).items():
         if name not in values:
             raise ValueError(f"unknown threshold {name!r}; known: {', '.join(sorted(values))}")
-        values[name] = float(value)
+        values[name] = checked(name, value)
     return Thresholds(values)
 
 

@@ -6,9 +6,11 @@ codes: 0 ok, 1 inputs skipped, 2 nothing usable or bad arguments) is in common.p
 from __future__ import annotations
 
 import gc
+import sys
 
 import click
 
+from rankscope import limits
 from rankscope.ingest import reuse
 from rankscope.interrupt import exit_interrupted
 from rankscope.version import __version__
@@ -31,8 +33,20 @@ class _Main(click.Group):
             return super().invoke(ctx)
         except KeyboardInterrupt:
             pass
+        except MemoryError:
+            _out_of_memory()
+        except BaseException as exc:       # polars (Rust) panics when it cannot start a thread or allocate
+            if type(exc).__name__ == "PanicException" and limits.address_space_limit() is not None:
+                _out_of_memory()
+            raise
         gc.collect()       # what the interrupted command held, now out of the traceback (process pools' semaphores)
         exit_interrupted()
+
+
+def _out_of_memory() -> None:
+    """Memory ran out outside a rank's own work (a rank's is its one line): one line, exit 2."""
+    click.echo(f"rankscope: {limits.exhausted()}", err=True)
+    sys.exit(2)
 
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})

@@ -25,6 +25,7 @@ from rankscope.cli.common import (
 )
 from rankscope.files import atomic_write_text, check_target
 from rankscope.ingest.cache import NotACache, claim_root, default_cache_dir
+from rankscope.render.format import printable
 from rankscope.results import Analysis
 
 
@@ -39,12 +40,15 @@ from rankscope.results import Analysis
               help="An NCCL_DEBUG=INFO log of the job (repeatable; several = runs to compare): its findings join.")
 @click.option("--job", "job", type=click.IntRange(min=1), default=None, metavar="N",
               help="When the inputs hold several jobs (listed without it), analyse job N (1 = the earliest).")
+@click.option("--same-job", is_flag=True,
+              help="The files are one job whatever their trace formats and recording dates say (else formats "
+                   "years apart, or recordings over a day apart, make them different jobs).")
 @cache_options()
 @engine_options
 @json_option("rankscope.analysis/1")
 @quiet_option
 def command(paths, demo, thresholds, cache_dir, no_cache, engine, address, workers, as_json, quiet,
-            html_path, nccl_logs, job) -> None:
+            html_path, nccl_logs, job, same_job) -> None:
     """Analyse a job: a folder of per-rank traces (or files), and Flight Recorder dumps (hangs)."""
     from rankscope.thresholds import parse_override
     if demo:
@@ -67,7 +71,7 @@ def command(paths, demo, thresholds, cache_dir, no_cache, engine, address, worke
     result = with_progress(lambda progress: analyze(list(paths), cache_dir=cache_dir, use_cache=not no_cache,
                                                     engine=engine, workers=workers, on_progress=progress,
                                                     address=address, thresholds=overrides,
-                                                    nccl_logs=list(nccl_logs), job=job),
+                                                    nccl_logs=list(nccl_logs), job=job, same_job=same_job),
                            quiet, "analysing ranks")
     if result.jobs and not result.usable:
         say_jobs(result.jobs, job)
@@ -88,7 +92,7 @@ def _write_html(result: Analysis, path: str) -> None:
         atomic_write_text(path, html_page(result))
     except OSError as exc:
         _cannot_write(path, exc)
-    click.echo(f"wrote HTML report to {path}", err=True)
+    click.echo(f"wrote HTML report to {printable(path)}", err=True)
 
 
 def _check_html(path: str) -> None:

@@ -23,7 +23,7 @@ from rankscope.files import write_all
 from rankscope.ingest.cache import NotACache, default_cache_dir
 from rankscope.pipelines import ArgumentError
 from rankscope.render.base import TextRenderer, render, renderer
-from rankscope.render.format import printable
+from rankscope.render.format import json_bytes, printable, utf8_text
 from rankscope.results import Analysis
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -77,7 +77,7 @@ def err(message: str) -> None:
 
 def print_json(obj) -> None:
     """A plain JSON object on stdout (UTF-8), indented by one space."""
-    emit(msgspec.json.format(msgspec.json.encode(obj), indent=1) + b"\n")
+    emit(msgspec.json.format(json_bytes(obj), indent=1) + b"\n")
 
 
 def emit(data: bytes) -> None:
@@ -125,8 +125,8 @@ def show(result: Result | ThresholdList, as_json: bool, **terminal_options) -> N
 
 
 def html_page(result: Result) -> str:
-    """The result's self-contained HTML page."""
-    return _text(result, "html")
+    """The result's self-contained HTML page (a file name's bytes that are not UTF-8 as escapes)."""
+    return utf8_text(_text(result, "html"))
 
 
 def _text(result: Result | ThresholdList, fmt: str) -> str:
@@ -162,9 +162,9 @@ def _progress_bar(label: str, quiet: bool) -> Iterator[Callable[[int, int, str],
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     stderr = Console(stderr=True)
-    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=stderr, transient=True, disable=not stderr.is_terminal) as bar:
-        task = bar.add_task(label, total=None)
+    with Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=stderr, transient=True, disable=not stderr.is_terminal) as bar:
+        task = bar.add_task(printable(label), total=None)       # (the label names the inputs: plain text)
         yield lambda done, total, file: bar.update(task, completed=done, total=total)
 
 

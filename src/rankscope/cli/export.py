@@ -9,6 +9,7 @@ from rankscope.api import export_perfetto
 from rankscope.cli.common import (EXIT_NOTHING, cache_options, err, exit_code, no_trace, quiet_option, say,
                                   with_progress)
 from rankscope.pipelines.export import parse_selection
+from rankscope.render.format import printable
 
 
 #: From this size on, the export says how large it will be and how to write less.
@@ -58,6 +59,6 @@ def perfetto(paths, out, rank_spec, step_spec, cache_dir, no_cache, quiet) -> No
         sys.exit(EXIT_NOTHING)
     code = exit_code(result, no_trace(result))
     if result.usable:
-        say(f"wrote {len(result.ranks)} ranks, {result.events} events to {out} "
+        say(f"wrote {len(result.ranks)} ranks, {result.events} events to {printable(out)} "
             f"({result.size_bytes / 1e6:.1f} MB); open it in https://ui.perfetto.dev")
     sys.exit(code)

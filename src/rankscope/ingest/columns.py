@@ -26,6 +26,8 @@ except ImportError:  # pragma: no cover - fallback when no C compiler was availa
 #: 't' columns: a value that is not a number; magnitudes beyond int64 nanoseconds saturate at +-T_MAX
 T_NOT_A_NUMBER = -2**63
 T_MAX = 2**63 - 1
+#: The default of a 't' column whose value must be there (an event's ts and dur): absent or null
+T_ABSENT = -2**63 + 2
 
 #: numpy dtype of the column each kind produces
 DTYPES = {"t": np.int64, "f": np.float64, "i": np.int64, "s": np.int32, "k": np.int64,

@@ -103,10 +103,13 @@ def _not_regular(mode: int | None, why: str | None) -> str:
     its file type makes it."""
     if mode is None:
         return why or _MISSING
-    what = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
+    return f"not a trace file but {_what(mode)}: skipped"
+
+
+def _what(mode: int) -> str:
+    return ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
             "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
             else "not a regular file")
-    return f"not a trace file but {what}: skipped"
 
 
 def _listing(folder: Path, skipped: list[tuple[Path, str]]) -> tuple[list[Path], list[tuple[Path, str]]]:
@@ -130,16 +133,26 @@ def _listing(folder: Path, skipped: list[tuple[Path, str]]) -> tuple[list[Path],
 
 def _walk(folder: Path, skipped: list[tuple[Path, str]], seen: set) -> list[Path]:
     """Regular files under `folder`, depth first in name order. Subfolders are searched (also
-    through symlinks, each once); what is named like a trace and is neither goes to `skipped`."""
-    files, others = _listing(folder, skipped)
-    for e, why in others:
-        mode = _mode(e)[0]
-        if mode is not None and stat.S_ISDIR(mode):
-            if _identity(e) not in seen:
-                seen.add(_identity(e))
-                files += _walk(e, skipped, seen)
-        elif is_trace_name(e):
-            skipped.append((e, why))
+    through symlinks, each once); what is named like a trace and is neither goes to `skipped`.
+    The folders to search are a stack, not a recursion: any depth."""
+    files: list[Path] = []
+    stack = [folder]
+    while stack:
+        current = stack.pop()
+        if current is not folder:
+            if _identity(current) in seen:
+                continue
+            seen.add(_identity(current))
+        found, others = _listing(current, skipped)
+        files += found
+        subfolders = []
+        for e, why in others:
+            mode = _mode(e)[0]
+            if mode is not None and stat.S_ISDIR(mode):
+                subfolders.append(e)
+            elif is_trace_name(e):
+                skipped.append((e, why))
+        stack.extend(reversed(subfolders))
     return files
 
 
@@ -153,8 +166,9 @@ def open_regular(path: str | Path) -> BufferedReader:
     block, so a FIFO is never waited on."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, f"not a regular file but {_what(mode)}", str(path))
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:

@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rankscope.ingest.discover import open_regular
 from rankscope.ingest.errors import TraceError
 from rankscope.ingest.safe_pickle import read_plain_pickle
 
@@ -76,7 +77,8 @@ class MemorySnapshot:
 def read_memory_snapshot(path: str | Path) -> MemorySnapshot:
     """Read one snapshot pickle safely. Raises TraceError (one line, without the file name)."""
     try:
-        data = Path(path).read_bytes()
+        with open_regular(path) as f:          # a FIFO or device is never waited on
+            data = f.read()
     except OSError as exc:
         raise TraceError(f"cannot read: {exc.strerror or exc}") from exc
     if not data:

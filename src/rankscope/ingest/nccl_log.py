@@ -27,12 +27,14 @@ Not a log (empty, binary, no NCCL line and no nccl-tests output) -> TraceError, 
 from __future__ import annotations
 
 import gzip
+import io
 import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rankscope.ingest.discover import open_regular
 from rankscope.ingest.errors import TraceError
 
 #: ncclDataType_t (nccl.h): name and size in bytes, by enum value.
@@ -89,6 +91,8 @@ _TEST_START = re.compile(r"^# Collective test starting: (\S+)")
 _TEST_DEVICE = re.compile(r"^#\s+Rank\s+(?P<rank>\d+) Group\s+\d+ Pid\s+(?P<pid>\d+) on\s+(?P<host>\S+) "
                           r"device\s+(?P<dev>\d+) \[(?P<bus>[0-9a-fA-Fx:.]+)\] (?P<name>.*\S)\s*$")
 _AVG_BUSBW = re.compile(r"^# Avg bus bandwidth\s*:\s*([\d.]+)")
+#: A number of more digits than any NCCL log line holds (int64 has 19): the line is no NCCL line.
+_LONG_NUMBER = re.compile(r"\d{19}")
 _LEADING_NUMBER = re.compile(r"^-?\d+(?:\.\d+)?(?=[A-Za-z])")
 
 
@@ -222,21 +226,23 @@ def read_nccl_log(path: str | Path) -> NcclLog:
     """Parse one NCCL debug log (plain text or .gz). Raises TraceError (one line, no file name)."""
     path = Path(path)
     try:
-        with path.open("rb") as raw:
-            head = raw.read(SNIFF_BYTES)
+        raw = open_regular(path)             # a FIFO or device is never waited on
+        head = raw.read(SNIFF_BYTES)
+        raw.seek(0)
     except OSError as exc:
         raise TraceError(f"cannot read: {exc.strerror or exc}") from exc
-    if not head:
-        raise TraceError("empty file")
-    gz = head[:2] == b"\x1f\x8b"
-    if not gz and b"\x00" in head:
-        raise TraceError("binary file, not a text log (NCCL_DEBUG=INFO writes text)")
-    opener = gzip.open if gz else open
-    try:
-        with opener(path, "rt", encoding="utf-8", errors="replace") as text:
-            log = _Parser(str(path)).parse(text)
-    except (OSError, EOFError) as exc:
-        raise TraceError(f"cannot decompress: {exc}") from exc
+    with raw:
+        if not head:
+            raise TraceError("empty file")
+        gz = head[:2] == b"\x1f\x8b"
+        if not gz and b"\x00" in head:
+            raise TraceError("binary file, not a text log (NCCL_DEBUG=INFO writes text)")
+        try:
+            with io.TextIOWrapper(gzip.GzipFile(fileobj=raw) if gz else raw, encoding="utf-8",
+                                  errors="replace") as text:
+                log = _Parser(str(path)).parse(text)
+        except (OSError, EOFError) as exc:
+            raise TraceError(f"cannot decompress: {exc}") from exc
     if not log.nccl_lines and not log.perf:
         raise TraceError(f"no NCCL_DEBUG line and no nccl-tests output in {log.lines} lines: not an NCCL log")
     return log
@@ -258,6 +264,8 @@ class _Parser:
     def parse(self, lines: Iterable[str]) -> NcclLog:
         for line in lines:
             self.log.lines += 1
+            if _LONG_NUMBER.search(line):           # no NCCL or nccl-tests line has one
+                continue
             line = line.rstrip("\r\n")
             label = _LABEL.match(line)
             self.label = None

@@ -2,9 +2,12 @@
 Nsight Systems reader): each event gets the first reason that applies (TIME_REASONS, code i + 1;
 0 = usable), the reader drops the events with one and reports how many per reason.
 
-The order is the order of the checks: the start (not a number, out of range), then the duration
-(not a number, negative, over a day), then, once the other events' values are known, a start over
-a day away from the largest run of the others."""
+The order is the order of the checks: the start (absent, not a number, out of range), then the
+duration (absent, not a number, negative, over a day), then, once the other events' values are
+known, a start over a day away from the largest run of the others. "Absent" (no ts / no dur, codes
+7 and 8: added last, checked first) is for a format whose events may lack the field (Kineto's
+JSON); a reader without that distinction (the Nsight reader's NULL cells) passes none and its
+missing values are "not a number"."""
 from __future__ import annotations
 
 from typing import Iterable
@@ -16,15 +19,18 @@ MAX_DUR_NS = 86_400 * 10**9
 #: |ts| from this on (146 years from the clock's zero) is no profiler time: dropped.
 MAX_TS_NS = 2**62
 #: Why an event's times are unusable (code i + 1), in the order checked (the span of the other
-#: events is known once their values are).
+#: events is known once their values are), a missing ts or dur (codes 7, 8) first.
 TIME_REASONS = ("ts not a number", "ts out of range", "dur not a number", "dur negative", "dur over 1 day",
-                "ts over 1 day away from the other events")
+                "ts over 1 day away from the other events", "no ts", "no dur")
+NO_TS, NO_DUR = TIME_REASONS.index("no ts") + 1, TIME_REASONS.index("no dur") + 1
 
 
-def start_reasons(ts: np.ndarray, not_a_number: np.ndarray) -> np.ndarray:
-    """The reason codes of events whose start `ts` (ns) is not a number (`not_a_number`) or out of
-    range; 0 for the others."""
+def start_reasons(ts: np.ndarray, not_a_number: np.ndarray, absent: np.ndarray | None = None) -> np.ndarray:
+    """The reason codes of events whose start `ts` (ns) is absent (`absent`, when the format tells),
+    not a number (`not_a_number`) or out of range; 0 for the others."""
     reasons = np.zeros(len(ts), np.uint8)
+    if absent is not None:
+        mark(reasons, absent, NO_TS)
     mark(reasons, not_a_number, 1)
     mark(reasons, out_of_range(ts), 2)
     return reasons
@@ -35,8 +41,12 @@ def out_of_range(ts: np.ndarray) -> np.ndarray:
     return (ts >= MAX_TS_NS) | (ts <= -MAX_TS_NS)
 
 
-def mark_durations(reasons: np.ndarray, dur: np.ndarray, not_a_number: np.ndarray) -> None:
-    """Give the events without a reason yet the reason of their duration `dur` (ns), if any."""
+def mark_durations(reasons: np.ndarray, dur: np.ndarray, not_a_number: np.ndarray,
+                   absent: np.ndarray | None = None) -> None:
+    """Give the events without a reason yet the reason of their duration `dur` (ns), if any: absent
+    (`absent`, when the format tells), not a number (`not_a_number`), negative, over a day."""
+    if absent is not None:
+        mark(reasons, absent, NO_DUR)
     mark(reasons, not_a_number, 3)
     mark(reasons, dur < 0, 4)
     mark(reasons, dur > MAX_DUR_NS, 5)
@@ -45,10 +55,12 @@ def mark_durations(reasons: np.ndarray, dur: np.ndarray, not_a_number: np.ndarra
 def mark_far_from_the_others(starts: list[np.ndarray], reasons: list[np.ndarray]) -> None:
     """Over groups of events (`starts[i]` and their `reasons[i]`, judged together): when the usable
     starts span over a day, those outside the largest run without a day's gap get the last reason."""
-    usable = [ts if not r.any() else ts[r == 0] for ts, r in zip(starts, reasons)]
-    ends = [(int(u.min()), int(u.max())) for u in usable if len(u)]
+    usable = [r == 0 for r in reasons]
+    far, near = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+    ends = [(int(ts.min(where=u, initial=far)), int(ts.max(where=u, initial=near)))   # (no copy of the starts)
+            for ts, u in zip(starts, usable) if u.any()]
     if ends and max(b for _, b in ends) - min(a for a, _ in ends) > MAX_DUR_NS:
-        lo, hi = main_run(np.concatenate(usable))
+        lo, hi = main_run(np.concatenate([ts[u] for ts, u in zip(starts, usable)]))
         for ts, r in zip(starts, reasons):
             mark(r, (ts < lo) | (ts > hi), 6)
 

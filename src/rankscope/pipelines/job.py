@@ -6,6 +6,7 @@ the cross-rank part works on the small summaries only.
 """
 from __future__ import annotations
 
+import errno
 import functools
 import threading
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from rankscope.ingest.cache import claim_root, content_key
 from rankscope.ingest.consistency import different_jobs
 from rankscope.ingest.devices import NOT_A_CAPTURE, device_name
 from rankscope.ingest.discover import Discovered, assign_ranks, discover
+from rankscope.limits import exhausted
 from rankscope.model import InputProblem, RankMeta, RankTrace
 from rankscope.pipelines import checking_arguments
 from rankscope.pipelines.driver_memory import _arrived as _arrived, _trim_heap as _trim_heap  # the driver's memory
@@ -54,9 +56,11 @@ def one_line_errors(task_fn):
         except TraceError as exc:
             return InputProblem(task.path, str(exc))
         except OSError as exc:
+            if exc.errno == errno.ENOMEM:                 # a memory map refused
+                return InputProblem(task.path, f"{exhausted()} while reading this file")
             return InputProblem(task.path, f"cannot read: {exc.strerror or exc}")
         except MemoryError:
-            return InputProblem(task.path, "out of memory while reading this file")
+            return InputProblem(task.path, f"{exhausted()} while reading this file")
         except Exception as exc:
             return InputProblem(task.path, f"internal error while reading: {type(exc).__name__}: {exc}")
     return run
@@ -119,7 +123,9 @@ def _summary(task: _Task) -> RankSummary | list[RankSummary]:
         return summary
     trace, cached = load_rank(task.path, cache, key=key)
     summary = summarize_rank(trace)
+    file, summary.meta.file = summary.meta.file, ""     # set on each read (and a file name need not be UTF-8)
     cache.put_blob(key, blob_name, msgspec.msgpack.encode(summary))
+    summary.meta.file = file
     summary.from_cache = cached
     summary.meta.cache_error = cache.problem()
     return summary
@@ -151,14 +157,14 @@ def ingest(inputs: str | Path | list, cache_dir: str | Path | None = None, use_c
     return Ingest(kept, problems + rank_problems, warnings + _coverage(kept)[2], chosen)
 
 
-def _assign(metas: list[RankMeta]) -> tuple[list[RankMeta], list[str], list[InputProblem]]:
+def _assign(metas: list[RankMeta], same_job: bool = False) -> tuple[list[RankMeta], list[str], list[InputProblem]]:
     """Ranks for the files read: sets rank/rank_source on the kept ones (sorted by rank); returns
     them, warnings, and the problems (duplicates skipped, per-file warnings of the kept, one line
-    when the cache could not be written)."""
+    when the cache could not be written). `same_job`: see `different_jobs`."""
     metas = sorted(metas, key=rank_input)
     assignments, warnings, duplicates = assign_ranks([rank_input(m) for m in metas], [m.dist_rank for m in metas],
                                                      [not m.salvaged for m in metas])
-    warnings += different_jobs(metas)         # all files read: a rank two jobs claim keeps only one
+    warnings += different_jobs(metas, same_job)      # all files read: a rank two jobs claim keeps only one
     by_file = {rank_input(m): m for m in metas}
     kept = []
     for a in assignments:
@@ -212,7 +218,7 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
             engine: str = "auto", workers: int | None = None,
             on_progress: Callable[[int, int, str], None] | None = None, address: str | None = None,
             thresholds: dict[str, float] | None = None, nccl_logs: list | None = None,
-            job: int | None = None) -> Analysis:
+            job: int | None = None, same_job: bool = False) -> Analysis:
     """Analyse a job: a folder of per-rank traces, one file, or a list of either.
     `on_progress(done, total, file)` is called as ranks finish. `engine="ray"` maps the ranks on
     Ray: the cluster at `address` (e.g. "auto", "ray://head:10001"), else a local runtime.
@@ -221,7 +227,9 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
     (a ValueError) before any file is read. `nccl_logs`: NCCL_DEBUG=INFO
     logs of the job (several = runs to compare); their findings join the job's, an unusable log is a
     problem. Inputs that hold several jobs (ingest/jobs.py) are not merged: without `job` (1 = the
-    earliest) the result lists them (`jobs`) and analyses none."""
+    earliest) the result lists them (`jobs`) and analyses none. `same_job`: the files are one job
+    whatever their trace formats and recording dates say (else formats years apart, or recordings
+    over a day apart, make them different jobs)."""
     from rankscope.thresholds import resolve
     with checking_arguments():
         values = resolve(thresholds)
@@ -231,7 +239,7 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
     summaries, problems, chosen = map_summaries(inputs, cache_dir, use_cache, engine, workers, on_progress, address,
                                                 fr_dumps=dumps)
     return with_nccl_logs(job_analysis(summaries, problems, chosen, values, job=job, fr_dumps=dumps,
-                                       workers=workers), nccl_logs, values)
+                                       workers=workers, same_job=same_job), nccl_logs, values)
 
 
 def map_summaries(inputs, cache_dir, use_cache: bool, engine: str, workers: int | None, on_progress,
@@ -252,14 +260,16 @@ def map_summaries(inputs, cache_dir, use_cache: bool, engine: str, workers: int 
 
 
 def job_analysis(summaries: list[RankSummary], problems: list[InputProblem], chosen: str, values: Thresholds,
-                 job: int | None = None, fr_dumps: list | None = None, workers: int | None = None) -> Analysis:
+                 job: int | None = None, fr_dumps: list | None = None, workers: int | None = None,
+                 same_job: bool = False) -> Analysis:
     """The job of these per-rank summaries: the job picked (`job`, when the files hold several), ranks
-    assigned, the cross-rank reduce, the Flight Recorder dumps' verdict, the findings."""
+    assigned, the cross-rank reduce, the Flight Recorder dumps' verdict, the findings. `same_job`:
+    see `different_jobs`."""
     from rankscope.findings import evaluate as evaluate_findings
     summaries, found, picked = _one_job(summaries, job)
     if picked is None:
         return Analysis(job=_job_info([], []), ranks=[], problems=problems, engine=chosen, jobs=found)
-    kept_metas, rank_warnings, rank_problems = _assign([s.meta for s in summaries])
+    kept_metas, rank_warnings, rank_problems = _assign([s.meta for s in summaries], same_job)
     rank_warnings += picked
     by_file = {rank_input(s.meta): s for s in summaries}
     kept = [by_file[rank_input(m)] for m in kept_metas]

@@ -43,11 +43,11 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
             engine: str = "auto", workers: int | None = None,
             on_progress: Callable[[int, int, str], None] | None = None, address: str | None = None,
             thresholds: dict[str, float] | None = None, nccl_logs: list | None = None,
-            job: int | None = None) -> Analysis:
+            job: int | None = None, same_job: bool = False) -> Analysis:
     """`pipelines.job.analyze` (same arguments), over every profiler cycle: when the files hold several
     cycles per rank, each cycle is analysed as a job and the result is the run report (`Analysis.run`,
     the last cycle detailed, with the verdict of Flight Recorder dumps beside it); one cycle gives the
-    job's analysis as it is."""
+    job's analysis as it is. `same_job` holds for each cycle's files."""
     from rankscope.thresholds import resolve
     with checking_arguments():
         values = resolve(thresholds)
@@ -55,14 +55,16 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
             raise ValueError(f"job {job}: jobs are numbered from 1")
     found = discover(inputs if isinstance(inputs, list) else [inputs])
     if cycles_in_names(found.traces):
-        result = analyze_run(found, cache_dir, use_cache, engine, workers, on_progress, address, values, job)
+        result = analyze_run(found, cache_dir, use_cache, engine, workers, on_progress, address, values, job,
+                             same_job)
     else:
         dumps: list = []
         summaries, problems, chosen = map_summaries(found, cache_dir, use_cache, engine, workers, on_progress,
                                                     address, fr_dumps=dumps)
-        result = (run_of_summaries(summaries, problems, chosen, values, dumps, workers, job)
+        result = (run_of_summaries(summaries, problems, chosen, values, dumps, workers, job, same_job)
                   if several_cycles(summaries)
-                  else job_analysis(summaries, problems, chosen, values, job=job, fr_dumps=dumps, workers=workers))
+                  else job_analysis(summaries, problems, chosen, values, job=job, fr_dumps=dumps, workers=workers,
+                                    same_job=same_job))
     return with_nccl_logs(result, nccl_logs, values)
 
 
@@ -124,14 +126,14 @@ class RunAnalysis:
     """Analyses a run's cycles one by one (`add`), keeping each one's facts and the latest analysis;
     `result()` is the report: the last cycle's analysis with the run view and the run's findings."""
 
-    def __init__(self, values: Thresholds, engine: str, job: int | None = None):
-        self.values, self.engine, self.job = values, engine, job
+    def __init__(self, values: Thresholds, engine: str, job: int | None = None, same_job: bool = False):
+        self.values, self.engine, self.job, self.same_job = values, engine, job, same_job
         self.facts: list[CycleFacts] = []
         self.problems: list[InputProblem] = []
         self.last: Analysis | None = None
 
     def add(self, summaries: list[RankSummary], problems: list[InputProblem]) -> Analysis:
-        analysis = job_analysis(summaries, problems, self.engine, self.values, job=self.job)
+        analysis = job_analysis(summaries, problems, self.engine, self.values, job=self.job, same_job=self.same_job)
         self.problems += analysis.problems
         if analysis.usable:
             self.facts.append(cycle_facts(analysis))
@@ -171,9 +173,9 @@ def _unique(problems: list[InputProblem]) -> list[InputProblem]:
 
 def analyze_run(found: Discovered, cache_dir, use_cache: bool, engine: str, workers: int | None,
                 on_progress: Callable[[int, int, str], None] | None, address: str | None,
-                values: Thresholds, job: int | None = None) -> Analysis:
+                values: Thresholds, job: int | None = None, same_job: bool = False) -> Analysis:
     """Every cycle of the run in `found`: the map over all files, then the cycles one by one (`job`: the
-    job picked in each, when its files hold several)."""
+    job picked in each, when its files hold several; `same_job`: see `different_jobs`)."""
     spill = None if use_cache else tempfile.mkdtemp(prefix="rankscope-run-")
     try:
         keys, problems, chosen = _map_files(found, key_task, cache_dir, use_cache, engine, workers, on_progress,
@@ -187,7 +189,7 @@ def analyze_run(found: Discovered, cache_dir, use_cache: bool, engine: str, work
             _arrived(summary, strings)
             return summary
 
-        return _by_cycle(keys, problems, chosen, values, summary_of, found.fr_dumps, workers, job)
+        return _by_cycle(keys, problems, chosen, values, summary_of, found.fr_dumps, workers, job, same_job)
     finally:
         if spill is not None:
             shutil.rmtree(spill, ignore_errors=True)
@@ -195,27 +197,27 @@ def analyze_run(found: Discovered, cache_dir, use_cache: bool, engine: str, work
 
 def run_of_summaries(summaries: list[RankSummary], problems: list[InputProblem], chosen: str,
                      values: Thresholds, fr_dumps: Sequence[str | Path] = (), workers: int | None = None,
-                     job: int | None = None) -> Analysis:
+                     job: int | None = None, same_job: bool = False) -> Analysis:
     """A run whose summaries are all in memory already (its names did not look like cycles)."""
     by_file = {s.meta.file: s for s in summaries}
     return _by_cycle([cycle_file(s) for s in summaries], problems, chosen, values, by_file.pop, fr_dumps, workers,
-                     job)
+                     job, same_job)
 
 
 def _by_cycle(keys: list[CycleFile], problems: list[InputProblem], chosen: str, values: Thresholds,
               summary_of: Callable[[str], RankSummary | InputProblem], fr_dumps: Sequence[str | Path] = (),
-              workers: int | None = None, job: int | None = None) -> Analysis:
+              workers: int | None = None, job: int | None = None, same_job: bool = False) -> Analysis:
     cycles = run_cycles(keys)
     if len(cycles) == 1:                # names that looked like cycles, but one job: its analysis as it is
         got = [summary_of(f) for f in cycles[0]]
         return job_analysis([s for s in got if not isinstance(s, InputProblem)],
                             problems + [s for s in got if isinstance(s, InputProblem)], chosen, values,
-                            job=job, fr_dumps=list(fr_dumps), workers=workers)
-    run = RunAnalysis(values, chosen, job)
+                            job=job, fr_dumps=list(fr_dumps), workers=workers, same_job=same_job)
+    run = RunAnalysis(values, chosen, job, same_job)
     run.problems += problems
     for files in cycles:
         got = [summary_of(f) for f in files]
         run.add([s for s in got if not isinstance(s, InputProblem)], [s for s in got if isinstance(s, InputProblem)])
     return (run.result(fr_dumps, workers)
             or job_analysis([], _unique(run.problems), chosen, values, job=job, fr_dumps=list(fr_dumps),
-                            workers=workers))
+                            workers=workers, same_job=same_job))

@@ -76,7 +76,8 @@ class JsonRenderer(TextRenderer):
         """The schema's object: plain JSON data."""
 
     def text(self, result: Any) -> str:
-        return msgspec.json.format(msgspec.json.encode(self.to_dict(result)), indent=1).decode() + "\n"
+        from rankscope.render.format import json_bytes
+        return msgspec.json.format(json_bytes(self.to_dict(result)), indent=1).decode() + "\n"
 
 
 class HtmlRenderer(TextRenderer):

@@ -21,7 +21,9 @@ if TYPE_CHECKING:         # rich is imported where a terminal table is drawn (JS
     from rich.table import Column, Table
 
 __all__ = ["distinct_shortened", "escaped", "literal", "natural_width", "number", "p_value_text", "percent",
-           "print_table", "printable", "problem_list", "ranges", "rounded", "shortened", "value_text"]
+           "print_table", "printable", "problem_list", "json_bytes", "ranges", "rounded", "shortened", "utf8_data",
+           "utf8_text",
+           "value_text"]
 
 
 def problem_list(problems: list[InputProblem]) -> list[dict]:
@@ -46,13 +48,49 @@ def p_value_text(p: float | None) -> str:
 
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def _escape(m: re.Match) -> str:
+    """A control character as '\\xNN'; a byte of a file name that is not UTF-8 (Python holds it as the
+    surrogate U+DC80-U+DCFF) as that byte, '\\xNN'; any other lone surrogate as '\\uNNNN'."""
+    c = ord(m.group())
+    return f"\\x{c - 0xDC00 if 0xDC80 <= c <= 0xDCFF else c:02x}" if c < 0xD800 or 0xDC80 <= c <= 0xDCFF \
+        else f"\\u{c:04x}"
 
 
 def printable(text: object) -> str:
     """`text` with every control character written as its escape (ESC as '\\x1b'): a name read from an
-    input cannot move the cursor, clear the screen or retitle the terminal."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+    input cannot move the cursor, clear the screen or retitle the terminal. A file name's bytes that
+    are not UTF-8 are written as escapes too ('\\xff')."""
+    return _CONTROL.sub(_escape, str(text))
+
+
+def utf8_text(text: str) -> str:
+    """`text` that can be written as UTF-8: a file name's bytes that are not UTF-8 as escapes ('\\xff')."""
+    return _SURROGATE.sub(_escape, text)
+
+
+def json_bytes(data) -> bytes:
+    """Plain data (or msgspec Structs) as compact JSON; a file name's bytes that are not UTF-8 as
+    escapes ('\\xff', `utf8_data`: only where encoding as is fails)."""
+    import msgspec
+    try:
+        return msgspec.json.encode(data)
+    except UnicodeEncodeError:
+        return msgspec.json.encode(utf8_data(msgspec.to_builtins(data)))
+
+
+def utf8_data(value):
+    """Plain data (dicts, lists, strings, numbers) with every string `utf8_text`."""
+    if isinstance(value, str):
+        return utf8_text(value)
+    if isinstance(value, dict):
+        return {utf8_data(k): utf8_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [utf8_data(v) for v in value]
+    return value
 
 
 def literal(text: object) -> str:

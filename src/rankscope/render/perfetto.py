@@ -23,6 +23,7 @@ import polars as pl
 
 from rankscope.analyses.rank.timeline import RankTimeline
 from rankscope.files import AtomicFile
+from rankscope.render.format import json_bytes
 
 SCHEMA = "rankscope.perfetto/1"
 #: Rows converted to JSON text at once (bounds the text held in memory: ~40 MB).
@@ -150,7 +151,7 @@ class TraceWriter:
 
     def close(self, metadata: dict) -> int:
         """Finish the file with the metadata; returns its size in bytes."""
-        self._file.write(b'\n],"rankscope":' + msgspec.json.encode(metadata) + b"}\n")
+        self._file.write(b'\n],"rankscope":' + json_bytes(metadata) + b"}\n")
         self._file.close()
         self._atomic.commit()
         return self.out.stat().st_size

@@ -24,15 +24,20 @@ class ThresholdsTerminal(TerminalRenderer):
                       header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
         table.add_column("name", no_wrap=True)
         table.add_column("value", justify="right", no_wrap=True)
+        table.add_column("range", justify="right", no_wrap=True)
         table.add_column("decides (unit): source", overflow="fold")
         for name, t in result.by_name.items():
-            table.add_row(name, _value(t.value), literal(f"{t.decides} ({t.unit}): {t.source}"))
+            lo, hi = t.limits
+            table.add_row(name, _value(t.value), f"{_value(lo)}-{_value(hi) if hi < float('inf') else '∞'}",
+                          literal(f"{t.decides} ({t.unit}): {t.source}"))
         out.print(table)
+        out.print("range: the values an override may take (a finite number; a whole one for ranks and rounds)")
 
 
 class ThresholdsJson(JsonRenderer):
-    """{name: {value, unit, source, decides}}."""
+    """{name: {value, unit, source, decides, range: [lowest, highest or null: unbounded]}}."""
 
     def to_dict(self, result: ThresholdList) -> dict:
-        return {name: {"value": t.value, "unit": t.unit, "source": t.source, "decides": t.decides}
+        return {name: {"value": t.value, "unit": t.unit, "source": t.source, "decides": t.decides,
+                       "range": [t.limits[0], t.limits[1] if t.limits[1] < float("inf") else None]}
                 for name, t in result.by_name.items()}

@@ -11,7 +11,8 @@ its numbers, what it means. Kinds:
   kernels_not_captured  kernel-launch calls recorded, no device activity (CUPTI activity missing)
   legacy_format         an old trace format (2021 Kineto names, a bare event array)
   no_steps              no ProfilerStep#N marks: one step = the whole trace
-  different_jobs        the files disagree on world size, devices or a process group
+  different_jobs        the files disagree on world size, devices or a process group, or their trace
+                        formats are years apart, or they were recorded over a day apart
   clock_ranges_disjoint their wall-clock time ranges do not overlap (5 s allowed)
   device_not_analysed   device activity of a kind no analysis reads (an accelerator's own event kinds)
   events_not_recognised complete events in categories no profiler writes
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from rankscope.ingest.consistency import CLOCK_SKEW_NS
+from rankscope.ingest.consistency import CLOCK_SKEW_NS, RECORDED_APART
 from rankscope.model import RankMeta
 from rankscope.numbers import ranges
 from rankscope.units import NS_PER_MS
@@ -52,6 +53,7 @@ MAX_RANK_ISSUES = 4
 
 _JOBS_PREFIX = "these files look like different jobs: "
 _TIME_RANGES = "time ranges that do not overlap"
+_ERAS_APART = ("trace formats years apart", RECORDED_APART)
 _NO_STEPS_WARNING = "have no ProfilerStep marks"
 _LEGACY_PROBLEM = "no distributedInfo nor deviceProperties"
 
@@ -187,6 +189,10 @@ def job_capture(ranks: Sequence[RankSummary], warnings: Sequence[str] = (), refu
             issues.append(CaptureIssue("clock_ranges_disjoint", everyone,
                                        f"{what}: recorded at different times (over {CLOCK_SKEW_NS // 10**9} s "
                                        f"apart), so they cannot be one profiling window"))
+        elif what.startswith(_ERAS_APART):
+            issues.append(CaptureIssue("different_jobs", everyone,
+                                       f"{what}: they look like different jobs, and every figure across ranks "
+                                       f"mixes them (`analyze --same-job` if they are one)"))
         else:
             issues.append(CaptureIssue("different_jobs", everyone,
                                        f"the files disagree on the {what}: they look like different jobs, and "

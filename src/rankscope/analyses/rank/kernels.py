@@ -91,7 +91,6 @@ Pure functions: no printing, no file I/O. Results are small (top-N) tables.
 """
 from __future__ import annotations
 
-import functools
 import re
 
 import msgspec
@@ -101,7 +100,8 @@ import polars as pl
 from rankscope.analyses.intervals import union
 from rankscope.analyses.rank.steps import device_class_union
 from rankscope.analyses.rank.views import device_events, gpu_args_at, names_matching, rows_of_kinds
-from rankscope.model import HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, KernelClass, RankTrace, name_codes, name_matches
+from rankscope.model import (HOST_OP_KINDS, MATCHED_NAME_CHARS, PROFILER_STEP_PATTERN, Kind, KernelClass, RankTrace,
+                             name_codes, name_matches)
 from rankscope.units import NS_PER_US, NS_PER_MS
 
 _HOST = [int(k) for k in HOST_OP_KINDS]
@@ -109,13 +109,18 @@ _LAUNCH = [int(Kind.RUNTIME), int(Kind.DRIVER)]
 _CLASSES = (KernelClass.COMP, KernelClass.COMM, KernelClass.MEM)
 
 # ----------------------------------------------------------------------------------------------
-# Tensor Core inference (data: extend by inserting rows at the front)
-_LOW_PRECISION = (r"(bf16|bfloat16|(?<![a-z])f16|fp16|half|tf32|tfloat32|fp8|e4m3|e5m2|e2m1|fp4|int8"
-                  r"|(?<![a-z])i8(?![0-9]))")
-_GEMM_FAMILY = r"((?<!fb)gemm|bmm|xmma|cutlass_|cutlass3x|fmha|flash_?(fwd|bwd|attn))"
+# Tensor Core inference (data: extend by inserting rows at the front). Every pattern runs in polars'
+# regex engine (no look-around: linear time on any name, `model.name_matches`).
+_LOW_PRECISION = (r"(bf16|bfloat16|(?:^|[^a-z])f16|fp16|half|tf32|tfloat32|fp8|e4m3|e5m2|e2m1|fp4|int8"
+                  r"|(?:^|[^a-z])i8(?:$|[^0-9]))")
+#: `gemm` not after `fb` (fbgemm): at the start, after one character that is not `b`, after a `b`
+#: that is the first character or follows no `f`.
+_GEMM = r"(?:^|^b|[^b]|[^f]b)gemm"
+_GEMM_FAMILY = rf"({_GEMM}|bmm|xmma|cutlass_|cutlass3x|fmha|flash_?(fwd|bwd|attn))"
 
-#: (regex, uses Tensor Cores, rule name). First match wins; case-insensitive.
-TENSOR_CORE_RULES: list[tuple[str, bool, str]] = [
+#: (regex, or a tuple of regexes that must all match; uses Tensor Cores; rule name). First match
+#: wins; case-insensitive.
+TENSOR_CORE_RULES: list[tuple[str | tuple[str, ...], bool, str]] = [
     # CUDA-core FFMA / SIMT variants of otherwise Tensor Core kernel families
     (r"ffma|simt", False, "simt_ffma"),
     # MMA instruction shapes and Tensor Core op classes: CUTLASS `tensorop`/`MmaTensorOp`,
@@ -129,20 +134,24 @@ TENSOR_CORE_RULES: list[tuple[str, bool, str]] = [
     (r"_MI\d+x\d+x\d+|mfma|xdlops|_xdl_|gtcx", True, "amd_matrix_core"),
     (r"^cijk_", False, "amd_tensile_simd"),
     # GEMM/attention family with a reduced-precision or TF32 data type in the name
-    (rf"^(?=.*{_GEMM_FAMILY})(?=.*{_LOW_PRECISION})", True, "gemm_low_precision"),
+    ((_GEMM_FAMILY, _LOW_PRECISION), True, "gemm_low_precision"),
     # FP32/FP64 CUDA-core GEMM, GEMV and convolution kernels (cuBLAS sgemm/gemv/dot, cuDNN
     # scudnn/winograd/implicit_convolve_sgemm/wgrad_alg/dgrad_engine, MAGMA sgemm)
     (r"sgemm|dgemm|cgemm|zgemm|gcgemm|scudnn|gemv|gemmsn|gemmk1|dot_kernel|winograd|wgrad_alg\d"
      r"|dgrad_engine|convolve_sgemm", False, "fp32_cuda_core"),
     # GEMM family whose only data type is FP32/FP64
-    (rf"^(?=.*{_GEMM_FAMILY})(?=.*(f32|float|f64|double))", False, "gemm_fp32_only"),
+    ((_GEMM_FAMILY, r"f32|float|f64|double"), False, "gemm_fp32_only"),
 ]
 
-#: GEMM-like kernels: matrix multiply, matrix-vector, convolution and attention GEMM kernels.
+#: GEMM-like kernels: matrix multiply, matrix-vector, convolution and attention GEMM kernels, and
+#: CUTLASS kernels (`cutlass_`, `cutlass3x`) where no `reduction` / `reducesplitk` follows the
+#: name's last mention of CUTLASS (`_cutlass_gemm`).
 GEMM_LIKE_PATTERN = (
-    r"(?<!fb)gemm|gemv|bmm_|xmma|nvjet|_tensorop_|mmatensorop|hmma|wgmma|cijk_|scudnn|winograd|wgrad_alg"
+    rf"{_GEMM}|gemv|bmm_|xmma|nvjet|_tensorop_|mmatensorop|hmma|wgmma|cijk_|scudnn|winograd|wgrad_alg"
     r"|dgrad_engine|dot_kernel|implicitgemm|implicit_gemm|conv_(fwd|bwd)|igemm_|fmha|flash_?(fwd|bwd|attn)"
-    r"|triton_tem_|(cutlass_|cutlass3x)(?!.*(reduction|reducesplitk))")
+    r"|triton_tem_")
+_CUTLASS = ("cutlass_", "cutlass3x")
+_CUTLASS_NOT_GEMM_AFTER = ("reduction", "reducesplitk")
 #: Names never GEMM-like even if they match the pattern above.
 GEMM_LIKE_EXCLUDE = r"^triton_(poi|red|per)_|fbgemm_gpu::"
 
@@ -158,14 +167,39 @@ SMEM_RESERVED_SM80 = 1024     # bytes per block, compute capability >= 8.0
 KINETO_SMEM_OPTIN_BYTES = 48 * 1024
 
 
-@functools.lru_cache(maxsize=1 << 16)      # the same kernel names recur on every rank
+def tensor_core_rules(names: list[str]) -> tuple[list[bool | None], list[str | None], np.ndarray]:
+    """For each kernel name: uses Tensor Cores (None: unknown), the rule that decided it, and
+    whether it is GEMM-like (see module docstring). Each pattern is matched once over all the names
+    (`name_matches`), so the cost is linear in the names' length."""
+    def matches(pattern: str) -> np.ndarray:
+        return name_matches(re.compile(pattern, re.IGNORECASE), names)
+
+    cutlass = matches("|".join(_CUTLASS))
+    cutlass[cutlass] = [_cutlass_gemm(n) for n, hit in zip(names, cutlass) if hit]
+    gemm = (matches(GEMM_LIKE_PATTERN) | cutlass) & ~matches(GEMM_LIKE_EXCLUDE)
+    decided = np.full(len(names), -1)
+    for i, (rx, _, _) in enumerate(TENSOR_CORE_RULES):
+        hit = np.ones(len(names), dtype=bool)
+        for part in (rx,) if isinstance(rx, str) else rx:
+            hit &= matches(part)
+        decided[(decided < 0) & hit] = i
+    tc = [TENSOR_CORE_RULES[i][1] if i >= 0 else (None if g else False) for i, g in zip(decided.tolist(), gemm)]
+    rule = [TENSOR_CORE_RULES[i][2] if i >= 0 else None for i in decided.tolist()]
+    return tc, rule, gemm
+
+
+def _cutlass_gemm(name: str) -> bool:
+    """Whether no `reduction` / `reducesplitk` follows the last mention of CUTLASS in the name (its
+    first MATCHED_NAME_CHARS characters)."""
+    low = name[:MATCHED_NAME_CHARS].lower()
+    last = max((low.rfind(c), len(c)) for c in _CUTLASS)
+    return last[0] >= 0 and not any(r in low[sum(last):] for r in _CUTLASS_NOT_GEMM_AFTER)
+
+
 def tensor_core_rule(name: str) -> tuple[bool | None, str | None, bool]:
-    """(uses Tensor Cores, rule name, GEMM-like) for one kernel name (see module docstring)."""
-    gemm = bool(re.search(GEMM_LIKE_PATTERN, name, re.I)) and not re.search(GEMM_LIKE_EXCLUDE, name, re.I)
-    for rx, tc, rule in TENSOR_CORE_RULES:
-        if re.search(rx, name, re.I):
-            return tc, rule, gemm
-    return (None if gemm else False), None, gemm
+    """(uses Tensor Cores, rule name, GEMM-like) for one kernel name (`tensor_core_rules`)."""
+    tc, rule, gemm = tensor_core_rules([name])
+    return tc[0], rule[0], bool(gemm[0])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -342,7 +376,8 @@ def _top_kernels(dev: pl.DataFrame, top_k: int) -> TopKernels:
         out["max_us"].append(float(x.max()))
         out["std_us"].append(float(x.std(ddof=1)) if len(x) > 1 else 0.0)
         class_us[KernelClass(c).name] = class_us.get(KernelClass(c).name, 0.0) + float(x.sum())
-    out["share_of_class_pct"] = [100.0 * s / class_us[c] for s, c in zip(out["sum_us"], out["kernel_class"])]
+    out["share_of_class_pct"] = [100.0 * s / class_us[c] if class_us[c] else 0.0
+                                 for s, c in zip(out["sum_us"], out["kernel_class"])]
     return TopKernels(**out)
 
 
@@ -440,12 +475,10 @@ def kernel_stats(trace: RankTrace, top_n: int = 20) -> KernelStats:
     longest = np.full(n, len(rows))                          # each name's first launch of its longest duration
     is_longest = dur == longest_ns[g]
     np.minimum.at(longest, g[is_longest], np.flatnonzero(is_longest))
-    inferred = [tensor_core_rule(name) for name in names]
-    tensor_core = [t for t, _, _ in inferred]
-    gemm = np.array([gm for _, _, gm in inferred], dtype=bool)
+    tensor_core, tc_rule, gemm = tensor_core_rules(names)
     tc_yes = np.array([t is True for t in tensor_core])
     tc_no = np.array([t is False for t in tensor_core])
-    generated = np.array(name_matches(GENERATED_KERNEL_PATTERN, names), dtype=bool)
+    generated = name_matches(GENERATED_KERNEL_PATTERN, names)
     kernel_ns = float(sum_ns.sum())
 
     def _ms(sel: np.ndarray) -> float:
@@ -473,7 +506,7 @@ def kernel_stats(trace: RankTrace, top_n: int = 20) -> KernelStats:
         theoretical_occupancy_pct=[_known(theoretical[i]) for i in top],
         **{c: [int(args[c][longest[i]]) if args[c][longest[i]] != -1 else None for i in top] for c in launch},
         gemm_like=[bool(gemm[i]) for i in top], tensor_core=[tensor_core[i] for i in top],
-        tc_rule=[inferred[i][1] for i in top])
+        tc_rule=[tc_rule[i] for i in top])
     return KernelStats(
         generated_kernel_pct=100.0 * _ms(generated) * NS_PER_MS / kernel_ns if kernel_ns else None,
         generated_kernel_count_pct=100.0 * int(count[generated].sum()) / len(rows),

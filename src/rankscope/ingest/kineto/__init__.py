@@ -12,9 +12,12 @@ Robustness, in order of cost:
   3. a file cut mid-write (or with garbage inside) keeps every complete event before the cut and
      says how many were salvaged;
   4. no trace inside (empty, not JSON, JSON without events, corrupt gzip) -> TraceError, one line.
-An event whose ts or dur cannot be a time (not a number, out of range, negative or over a day, a
-day away from the others) is dropped alone and counted per reason (`frames._drop_unusable_times`, by
-the rules the Nsight reader shares: rankscope.ingest.times).
+An event whose ts or dur cannot be a time (absent, not a number, out of range, negative or over a
+day, a day away from the others) is dropped alone and counted per reason (`frames._drop_unusable_times`,
+by the rules the Nsight reader shares: rankscope.ingest.times); a file with no event left is refused.
+Bounded: an event longer than MAX_EVENT_BYTES, or a gzip text past MAX_GZIP_RATIO times the file,
+cuts the file there (the events before kept); a value nested deeper than MAX_NESTING is read as
+empty (`decode._flatten_deep`), never a recursion past the stack.
 A run of whitespace between tokens is not kept in memory (`_Gaps`). A bare top-level array of
 events ("chrome-array") says so in the problems; torch 1.x wrote one with no categories, its
 kinds are taken from its process names (`LEGACY_PROCESS_KINDS`).
@@ -38,6 +41,8 @@ from rankscope.ingest.kineto.events import Args as Args, Event as Event, Header 
 from rankscope.ingest.kineto.frames import LAUNCH_FLOW_CATEGORIES as LAUNCH_FLOW_CATEGORIES
 from rankscope.ingest.kineto.frames import LEGACY_PROCESS_KINDS as LEGACY_PROCESS_KINDS
 from rankscope.ingest.kineto.frames import _build
+from rankscope.ingest.kineto.decode import MAX_NESTING as MAX_NESTING
+from rankscope.ingest.kineto.reading import MAX_EVENT_BYTES as MAX_EVENT_BYTES, MAX_GZIP_RATIO as MAX_GZIP_RATIO
 from rankscope.ingest.kineto.reading import _parse_stream
 from rankscope.ingest.times import MAX_DUR_NS as MAX_DUR_NS, MAX_TS_NS as MAX_TS_NS, TIME_REASONS as TIME_REASONS
 from rankscope.model import RankTrace

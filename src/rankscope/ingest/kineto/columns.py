@@ -11,7 +11,7 @@ import msgspec
 import numpy as np
 
 from rankscope.ingest import reuse
-from rankscope.ingest.columns import DTYPES, Col, columnize, scan_json, scan_state
+from rankscope.ingest.columns import DTYPES, T_ABSENT, Col, columnize, scan_json, scan_state
 from rankscope.ingest.kineto.events import Args, Event
 from rankscope.model import DEVICE_KINDS, Kind, category_kind
 
@@ -32,8 +32,8 @@ def _core_specs(t: _Tables) -> list[Col]:
         Col(_E.ph, None, "s", 0, t.ph),
         Col(_E.cat, None, "s", 0, t.cat),
         Col(_E.name, None, "s", 0, t.name),
-        Col(_E.ts, None, "t", 0),
-        Col(_E.dur, None, "t", 0),
+        Col(_E.ts, None, "t", T_ABSENT),
+        Col(_E.dur, None, "t", T_ABSENT),
         Col(_E.pid, None, "k", -1, t.tid),
         Col(_E.tid, None, "k", -1, t.tid),
         Col(_E.args, _A.external_id, "i", -1),
@@ -176,6 +176,7 @@ class _Accumulator:
     use_scanner: bool = True
     bad_events: int = 0         # not objects, or unusable: skipped
     repaired_events: int = 0    # kept without their badly typed fields
+    deep_values: int = 0        # values nested over MAX_NESTING levels, read as []
     invalid_utf8_chunks: int = 0     # chunks whose invalid UTF-8 bytes were replaced by U+FFFD
     repairing: set = field(default_factory=set)   # repairs of the chunk being re-read ("utf8", "surrogates")
     n_events: int = 0           # trace events of every phase

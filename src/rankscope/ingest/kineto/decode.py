@@ -7,6 +7,7 @@ import re
 from decimal import Decimal
 
 import msgspec
+import numpy as np
 
 from rankscope.ingest.kineto.columns import _Accumulator
 from rankscope.ingest.kineto.events import (_NOT_A_NUMBER, Event, _decode_any, _decode_events, _decode_raw_list,
@@ -40,6 +41,34 @@ def _blank_constants(text: bytes) -> bytes:
     return _STRING_OR_CONSTANT.sub(lambda m: m[0] if m[1] is None else b"[]".ljust(len(m[0])), text)
 
 
+#: Levels of arrays and objects read in an event list; a value opened deeper is read as `[]`.
+MAX_NESTING = 64
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+
+
+def _flatten_deep(text: bytes) -> tuple[bytes, int]:
+    """`text` with each array or object that opens deeper than MAX_NESTING levels written as `[]`
+    padded to its length (byte offsets hold: a value of the wrong type, the default), and how many
+    were. One pass of numpy over the bytes, outside strings: no recursion, whatever the depth."""
+    b = np.frombuffer(text, np.uint8)
+    edges = np.zeros(len(b) + 1, np.int32)
+    for m in _JSON_STRING.finditer(text):
+        edges[m.start()] += 1
+        edges[m.end()] -= 1
+    outside = np.cumsum(edges[:-1]) == 0
+    opens = ((b == 0x5B) | (b == 0x7B)) & outside
+    closes = ((b == 0x5D) | (b == 0x7D)) & outside
+    depth = np.cumsum(opens.astype(np.int64) - closes)          # after each byte
+    starts = np.flatnonzero(opens & (depth == MAX_NESTING + 1))
+    ends = np.flatnonzero(closes & (depth == MAX_NESTING))
+    at = np.searchsorted(ends, starts)
+    starts, ends = starts[at < len(ends)], ends[at[at < len(ends)]]
+    out = bytearray(text)
+    for start, end in zip(starts.tolist(), ends.tolist()):
+        out[start:end + 1] = b"[]".ljust(end + 1 - start)
+    return bytes(out), len(starts)
+
+
 def _decode_chunk(body: bytes | memoryview, acc: _Accumulator) -> None:
     """Decode the JSON array `body` (whole events only): C scanner first; msgspec where the
     scanner declines (it is the reference); badly typed events repaired one by one.
@@ -68,6 +97,12 @@ def _decode_chunk(body: bytes | memoryview, acc: _Accumulator) -> None:
             raise _JSONError(None) from None
         acc.invalid_utf8_chunks += 1
         return _decode_repaired(bytes(body).decode("utf-8", "replace").encode("utf-8"), "utf8", acc)
+    except RecursionError:                 # nested deeper than the decoder's stack: the deep values go
+        if "nesting" in acc.repairing:
+            raise _JSONError(None) from None
+        text, n = _flatten_deep(bytes(body))
+        acc.deep_values += n
+        return _decode_repaired(text, "nesting", acc)
     acc.add(events)
 
 

@@ -10,11 +10,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import polars as pl
 
-from rankscope.ingest.columns import DTYPES, T_NOT_A_NUMBER, Col
+from rankscope.ingest.columns import DTYPES, T_ABSENT, T_NOT_A_NUMBER, Col
 from rankscope.ingest.devices import device_kind, refusal
 from rankscope.ingest.discover import checked_rank, rank_from_filename
 from rankscope.ingest.errors import TraceError
 from rankscope.ingest.kineto.columns import _SIDE_KINDS, _Accumulator, _Tables
+from rankscope.ingest.kineto.decode import MAX_NESTING
 from rankscope.ingest.times import mark_durations, mark_far_from_the_others, reason_counts, start_reasons
 from rankscope.model import (DEVICE_KINDS, PROFILER_STEP_PATTERN, Kind, RankMeta, RankTrace, category_kind,
                              event_kernel_classes)
@@ -31,6 +32,10 @@ def _build(path: Path, size: int, parsed: _Parsed, header: dict) -> RankTrace:
     acc, t = parsed.acc, parsed.acc.tables
     _canonical_key_codes(acc)
     dropped = _drop_unusable_times(acc)
+    kept = acc.parts.get("x", {}).get("ts_ns")
+    if dropped and (kept is None or not len(kept.values())):
+        raise TraceError(f"no event with a usable start and duration ({sum(dropped.values())} dropped: "
+                         + ", ".join(f"{k} with {reason}" for reason, k in dropped.items()) + ")")
     ph_names = _inverse(t.ph)
     phase_counts = {ph_names[i]: int(n) for i, n in enumerate(acc.phase_counts) if n}
 
@@ -90,6 +95,8 @@ def _build(path: Path, size: int, parsed: _Parsed, header: dict) -> RankTrace:
         problems.append("invalid UTF-8 in event strings, replaced by U+FFFD")
     if acc.repaired_events:
         problems.append(f"{acc.repaired_events} events with badly typed fields kept without those fields")
+    if acc.deep_values:
+        problems.append(f"{acc.deep_values} values nested over {MAX_NESTING} levels deep read as empty")
     if parsed.cut_at_byte is not None:
         problems.append(f"{parsed.cut_reason} at byte {parsed.cut_at_byte}: "
                         f"salvaged {acc.n_events} complete events before the cut")
@@ -140,10 +147,10 @@ def _drop_unusable_times(acc: _Accumulator) -> dict[str, int]:
     reasons: dict[str, np.ndarray] = {}
     for g, cols in groups.items():
         ts = cols["ts_ns"].values()
-        reasons[g] = start_reasons(ts, ts == T_NOT_A_NUMBER)
+        reasons[g] = start_reasons(ts, ts == T_NOT_A_NUMBER, ts == T_ABSENT)
         if g == "x":
             dur = cols["dur_ns"].values()
-            mark_durations(reasons[g], dur, dur == T_NOT_A_NUMBER)
+            mark_durations(reasons[g], dur, dur == T_NOT_A_NUMBER, dur == T_ABSENT)
     mark_far_from_the_others([cols["ts_ns"].values() for cols in groups.values()], list(reasons.values()))
     for g, cols in groups.items():
         keep = reasons[g] == 0

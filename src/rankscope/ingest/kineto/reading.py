@@ -3,6 +3,7 @@
 at the end of the file the trailer, or the salvage of what came before a cut."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from io import BufferedReader
 from pathlib import Path
@@ -20,6 +21,14 @@ from rankscope.ingest.kineto.salvage import _decode_whole_events, _finish, _salv
 
 CHUNK_BYTES = 2 << 20          # decompressed bytes decoded at once (transient memory ~6x this)
 HEADER_LIMIT = 64 << 20        # give up looking for "traceEvents" after this many bytes
+#: The longest event read (its text, whitespace runs aside): no profiler writes one near it (the
+#: corpus' longest string, a kernel name, has 5,160 characters); a longer one, e.g. a name of
+#: 100 MB, cuts the file there.
+MAX_EVENT_BYTES = 16 << 20
+#: A gzip file stops being read once its text passes this many times its size (and 1 GiB): real
+#: traces compress 10-30x (the corpus at most 30x), a gzip bomb up to ~1,000x.
+MAX_GZIP_RATIO = 100
+MIN_GZIP_LIMIT = 1 << 30
 
 
 def _chunks(path: Path) -> Iterator[bytes | memoryview]:
@@ -51,7 +60,12 @@ def _gunzip(f: BufferedReader) -> Iterator[bytes]:
     """Inflate in small steps, so that a corrupt stream loses at most one step's output."""
     from isal import isal_zlib
     inflater = isal_zlib.decompressobj(wbits=31)
+    limit = max(MIN_GZIP_LIMIT, MAX_GZIP_RATIO * os.fstat(f.fileno()).st_size)
+    total = 0
     while True:
+        if total > limit:
+            raise _ReadError(f"decompressed past {limit:,} bytes, {MAX_GZIP_RATIO}x the file's size (real traces "
+                             f"compress at most ~30x): read no further")
         data = f.read(_GZIP_STEP)
         if not data:
             if not inflater.eof:
@@ -63,6 +77,7 @@ def _gunzip(f: BufferedReader) -> Iterator[bytes]:
             except isal_zlib.error as exc:  # type: ignore[misc]  # isal's stub: an Exception, not the class
                 raise _ReadError(f"corrupt gzip data ({exc})") from exc
             if out:
+                total += len(out)
                 yield out
             data = inflater.unused_data if inflater.eof else b""
             if inflater.eof and data.strip(b"\x00"):     # another gzip member follows
@@ -177,6 +192,10 @@ def _parse_stream(path: Path, use_scanner: bool) -> _Parsed:
         if end is None:
             gaps.collapse(buf)            # a run of whitespace at its end: kept as one space
             searched = len(buf)
+            if len(buf) > MAX_EVENT_BYTES:        # one event that long: no profiler wrote it
+                cut_at = consumed + gaps.offset(1)
+                cut_reason = f"an event longer than {MAX_EVENT_BYTES >> 20} MiB (no profiler writes one)"
+                break
             continue                      # no safe cut in what was read yet: read more
         if isinstance(end, _JSONError):
             cut_at = consumed + gaps.offset(_salvage(buf, acc, end.offset))
@@ -201,6 +220,6 @@ def _parse_header(header_bytes: bytes) -> dict:
         except msgspec.DecodeError:       # NaN / Infinity (not JSON): read as the text "NaN", a wrong type
             h = _decode_header(_STRING_OR_CONSTANT.sub(lambda m: m[0] if m[1] is None else b'"%s"' % m[1], text)
                                + b"}")
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return {}   # an unreadable header loses metadata (rank from the file name), not events
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return {}   # an unreadable header (or one nested too deep) loses metadata, not events
     return {k: getattr(h, k) for k in h.__struct_fields__ if getattr(h, k) is not None}

@@ -51,7 +51,7 @@ def _finish(buf: bytearray, acc: _Accumulator) -> dict | None:
         if trailer_text is not None:
             try:
                 trailer = _decode_any(trailer_text)
-            except msgspec.DecodeError:
+            except (msgspec.DecodeError, RecursionError):
                 pos = p
                 continue
             try:
