@@ -181,3 +181,24 @@ def test_missing_rank_analysed_after_settle_vanished_and_truncated_files(corpus,
         assert "rank1.999.pt.trace.json.gz" not in problems        # vanished before it was complete: never read
     finally:
         w.close()
+
+
+def test_file_names_that_are_not_utf8(corpus, tmp_path):
+    """The run's files under names that start with the byte ff, which no UTF-8 decoder takes (a
+    UnicodeEncodeError traceback at the first cycle's JSON line before): every cycle line and the run
+    report name them with that byte as an escape, `\\xff` (render/format.py json_bytes); the HTML
+    report is written and the 'wrote' line names its path."""
+    from conftest import run_cli
+    folder = tmp_path / "profiler"
+    folder.mkdir()
+    for f in [f for cycle in cycle_files(corpus) for f in cycle]:
+        shutil.copy(f, os.path.join(os.fsencode(folder), b"\xff" + os.fsencode(f.name)))
+    html = tmp_path / "live.html"
+    proc = run_cli(["watch", folder, "--json", "--interval", "0.2", "--settle", "1", "--stable", "0.2",
+                    "--stop-after-idle", "3", "--html", html], tmp_path, timeout=300)   # (stdout read as UTF-8)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    *cycles, final = [json.loads(line) for line in proc.stdout.splitlines()]
+    shown = [[str(folder / ("\\xff" + f.name)) for f in cycle] for cycle in cycle_files(corpus)]
+    assert [sorted(row["cycle"]["files"]) for row in cycles] == shown
+    assert [r["file"] for r in final["ranks"]] == shown[-1]          # the last cycle, detailed
+    assert f"wrote HTML report to {html}" in proc.stderr and html.is_file()

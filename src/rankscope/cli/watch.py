@@ -9,13 +9,13 @@ import sys
 import time
 
 import click
-import msgspec
 
 from rankscope.cli.common import (EXIT_NOTHING, cache_options, err, exit_code, html_page, json_option, show)
 from rankscope.engine import ENGINES
 from rankscope.files import atomic_write_text
 from rankscope.pipelines.watch import CycleDone, RunWatch
 from rankscope.render.base import JsonRenderer, renderer
+from rankscope.render.format import json_bytes, printable
 from rankscope.render.run_json import change_to_dict
 from rankscope.results import to_plain
 
@@ -90,7 +90,7 @@ def _cycle_done(done: CycleDone, as_json: bool, live, html_path: str | None) -> 
     row = next(c for c in run.cycles if set(c.files) == set(done.files))
     if as_json:
         line = {"cycle": to_plain(row), "changes": [change_to_dict(c) for c in run.changes]}
-        sys.stdout.buffer.write(msgspec.json.encode(line) + b"\n")
+        sys.stdout.buffer.write(json_bytes(line) + b"\n")          # (a file name need not be UTF-8)
         sys.stdout.flush()
     elif live is None:
         from rankscope.render.watch_terminal import cycle_line
@@ -124,11 +124,11 @@ def _final(watch: RunWatch, as_json: bool, html_path: str | None) -> None:
             sys.stdout.reconfigure(encoding="utf-8")
         json_out = renderer(type(result), "json")
         assert isinstance(json_out, JsonRenderer)
-        sys.stdout.buffer.write(msgspec.json.encode(json_out.to_dict(result)) + b"\n")
+        sys.stdout.buffer.write(json_bytes(json_out.to_dict(result)) + b"\n")
         sys.stdout.flush()
     else:
         show(result, False)
     if html_path:
         _write_html(result, html_path)
-        click.echo(f"wrote HTML report to {html_path}", err=True)
+        click.echo(f"wrote HTML report to {printable(html_path)}", err=True)
     sys.exit(exit_code(result))
