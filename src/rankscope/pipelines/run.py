@@ -146,6 +146,7 @@ class RunAnalysis:
         from rankscope.analyses.run.changes import find_changes
         from rankscope.analyses.run.cycles import run_rows
         from rankscope.findings import ordered
+        from rankscope.findings.hang import hang_findings
         from rankscope.findings.run import run_findings
         a = self.last
         rows, trend = run_rows(self.facts)
@@ -155,7 +156,6 @@ class RunAnalysis:
                   cycle_noise_pct=found.cycle_noise_pct, z_critical=round(found.z_critical, 2))
         hang, problems = None, _unique(self.problems)
         if fr_dumps:
-            from rankscope.findings.hang import hang_findings
             from rankscope.pipelines.hang import analyze_hang
             hang, hang_problems = analyze_hang(fr_dumps, a.ranks, a.cross, self.engine, workers)
             problems += hang_problems
