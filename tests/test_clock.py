@@ -7,9 +7,9 @@ the tests from the plain JSON.
 """
 from __future__ import annotations
 
-import dataclasses
 from functools import lru_cache
 
+import msgspec
 import numpy as np
 
 from conftest import DLRM, GLOO_HEALTHY, corpus_files, corpus_root, fresh_json, load_json, write_trace, x_events
@@ -117,10 +117,10 @@ def test_too_few_collectives_fall_back_to_raw_timestamps(corpus):
     keep = MIN_MATCHED_COLLECTIVES - 2
 
     def cut(rc: RankCollectives) -> RankCollectives:
-        per_instance = {f.name for f in dataclasses.fields(rc)} & {
+        per_instance = set(rc.__struct_fields__) & {
             "pg", "seq", "type", "start_ns", "end_ns", "in_bytes", "out_bytes", "group_size", "dtype", "step",
             "window_start_ns", "pre_ns", "since_step_ns"}
-        return dataclasses.replace(rc, **{k: getattr(rc, k)[:keep] for k in per_instance})
+        return msgspec.structs.replace(rc, **{k: getattr(rc, k)[:keep] for k in per_instance})
 
     ranks = [cut(rc) for rc in _collectives(DLRM)]
     clock = estimate_clock_offsets(ranks)

@@ -68,7 +68,6 @@ def test_python_gap_names_the_python_function(tmp_path):
     assert g.busy_host_op == "model.py(12): prepare_batch"
 
 
-
 def test_python_time_straggler_cause_is_cpu_ops(tmp_path):
     from rankscope.api import analyze
     # hand-made 4-rank job, 6 steps of 100 ms. Every rank: a 10 ms kernel, then an all-reduce. Rank 1

@@ -8,7 +8,7 @@ from statistics import median
 from typing import Iterable
 
 from rankscope.analyses.job.matching import collectives_summary
-from rankscope.analyses.rank.summary import RankSummary
+from rankscope.results.rank import RankSummary
 from rankscope.findings.registry import NOT_RETIMED, JobView, rule, saving, tier
 from rankscope.hardware import devices_link_peak_gbps
 from rankscope.numbers import rounded

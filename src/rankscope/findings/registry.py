@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from statistics import median
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from rankscope.analyses.rank.summary import RankSummary
+from rankscope.results.rank import RankSummary
 from rankscope.numbers import rounded
 from rankscope.results import Finding
 from rankscope.thresholds import THRESHOLDS, Thresholds

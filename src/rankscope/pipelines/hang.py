@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from rankscope.analyses.inputs.flight_recorder import DumpSummary
     from rankscope.analyses.job.stragglers import CrossRank
-    from rankscope.analyses.rank.summary import RankSummary
+    from rankscope.results.rank import RankSummary
     from rankscope.ingest.flight_recorder import FrDump
     from rankscope.results import Analysis
     from rankscope.results.hang import HangReport

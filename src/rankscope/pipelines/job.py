@@ -29,7 +29,7 @@ from rankscope.results import Analysis, Finding, Ingest, JobInfo
 from rankscope.results.jobs import FoundJob
 
 if TYPE_CHECKING:
-    from rankscope.analyses.rank.summary import RankSummary
+    from rankscope.results.rank import RankSummary
     from rankscope.analyses.job.stragglers import CrossRank
     from rankscope.thresholds import Thresholds
 
@@ -67,10 +67,11 @@ def one_line_errors(task_fn):
 def _rank_task(task: _Task) -> RankSummary | InputProblem:
     """The per-rank map step (runs in a worker). With a cache, the summary itself is cached too
     (keyed by file content and analysis code). What travels to the driver is compacted."""
+    from rankscope.analyses.rank.collectives import pack_collectives
     summary = _summary(task)
     for one in summary if isinstance(summary, list) else [summary]:
         if one.collectives is not None:
-            one.collectives.compact()
+            one.collectives = pack_collectives(one.collectives)
     return summary
 
 
@@ -82,7 +83,7 @@ def share_strings(obj: Any, pool: dict[str, str]) -> Any:
     ranks of a job repeat the same kernel, op, category and column names, and each rank's summary
     arrives (unpickled from a worker, or decoded from the cache) with its own copies: at 10 MB
     synth ranks, 49 KB of a summary's 127 KB of Python objects outside its collectives are strings,
-    35 KB of them the same on every rank. Dicts and tuples are rebuilt, lists, msgspec Structs and
+    35 KB of them the same on every rank. Dicts and tuples are rebuilt, lists, (non-frozen) msgspec Structs and
     (non-frozen) dataclasses changed in place; everything else is left as it is."""
     if type(obj) in _NUMBERS:
         return obj
@@ -97,7 +98,7 @@ def share_strings(obj: Any, pool: dict[str, str]) -> Any:
         return obj
     if isinstance(obj, tuple):
         return tuple(share_strings(v, pool) for v in obj)
-    if isinstance(obj, msgspec.Struct):
+    if isinstance(obj, msgspec.Struct) and not obj.__struct_config__.frozen:
         for name in obj.__struct_fields__:
             setattr(obj, name, share_strings(getattr(obj, name), pool))
         return obj
@@ -121,7 +122,8 @@ def _arrived(result: RankSummary | list[RankSummary] | InputProblem, strings: di
         return
     rc = result.collectives
     if rc is not None:
-        for name, value in vars(rc).items():
+        for name in rc.__struct_fields__:
+            value = getattr(rc, name)
             if isinstance(value, np.ndarray) and value.base is not None:
                 setattr(rc, name, value.copy())
     share_strings(result, strings)
@@ -158,7 +160,7 @@ def decode_summary(blob: bytes) -> RankSummary | None:
     global _summary_decoder
     with _summary_decoder_lock:
         if _summary_decoder is None:
-            from rankscope.analyses.rank.summary import RankSummary
+            from rankscope.results.rank import RankSummary
             _summary_decoder = msgspec.msgpack.Decoder(RankSummary)
     try:
         return _summary_decoder.decode(blob)

@@ -32,7 +32,7 @@ from rankscope.results import Analysis
 from rankscope.results.run import Run
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rankscope.analyses.rank.summary import RankSummary
+    from rankscope.results.rank import RankSummary
     from rankscope.ingest.discover import Discovered
     from rankscope.thresholds import Thresholds
 

@@ -44,8 +44,6 @@ def p_value_text(p: float | None) -> str:
     return "n/a" if p is None else ("<0.001" if p < 0.001 else f"{p:.3f}")
 
 
-
-
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 

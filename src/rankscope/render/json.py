@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from rankscope.analyses.rank.breakdown import CATEGORIES as BREAKDOWN_CATEGORIES
-from rankscope.analyses.rank.dataloader import DataLoaderShare
-from rankscope.analyses.rank.memory import MemcpyReport
-from rankscope.analyses.rank.summary import HtaParity
+from rankscope.results.rank import DataLoaderShare
+from rankscope.results.rank import MemcpyReport
+from rankscope.results.rank import HtaParity
 from rankscope.render.base import JsonRenderer
 from rankscope.render.format import rounded
 from rankscope.render.run_json import run_to_dict

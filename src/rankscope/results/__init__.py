@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rankscope.analyses.job.diff import Diff
     from rankscope.analyses.job.mfu import MfuReport
     from rankscope.analyses.job.stragglers import CrossRank
-    from rankscope.analyses.rank.summary import RankSummary
+    from rankscope.results.rank import RankSummary
     from rankscope.results.hang import HangReport
     from rankscope.results.run import Run
 

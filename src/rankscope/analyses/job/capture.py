@@ -35,7 +35,7 @@ from rankscope.numbers import ranges
 from rankscope.units import NS_PER_MS
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rankscope.analyses.rank.summary import RankSummary
+    from rankscope.results.rank import RankSummary
 
 KINDS = ("truncated", "dropped_values", "kernels_not_captured", "legacy_format", "no_steps", "different_jobs",
          "clock_ranges_disjoint", "device_not_analysed", "events_not_recognised", "not_a_capture", "ranks_missing")

@@ -48,7 +48,7 @@ from rankscope.analyses.job.matching import CollectiveTable
 from rankscope.analyses.job.parallel import ParallelReport
 from rankscope.analyses.job.pipeline_schedule import PipelineModel, makespan, theory_saving_ms
 from rankscope.analyses.rank.breakdown import CATEGORIES
-from rankscope.analyses.rank.collectives import RankCollectives
+from rankscope.analyses.rank.collectives import RankCollectives, breakdown_matrix, instances, owned_ns, pre_matrix
 from rankscope.thresholds import Thresholds, resolve
 from rankscope.units import NS_PER_MS
 
@@ -140,17 +140,17 @@ class _Rank:
     """One rank's instances on the aligned clock, and its steps."""
 
     def __init__(self, rc: RankCollectives, offset_ns: int):
-        n = len(rc)
+        n = instances(rc)
         self.rank = rc.rank
         self.a = np.asarray(rc.start_ns, dtype=np.int64)[:n] - offset_ns
         self.e = np.asarray(rc.end_ns, dtype=np.int64)[:n] - offset_ns
         self.w = (np.asarray(rc.window_start_ns, dtype=np.int64) - offset_ns) if len(rc.window_start_ns) == n \
             else self.a.copy()
         self.step = np.asarray(rc.step, dtype=np.int64)
-        self.pre = rc.pre_matrix() if n else np.zeros((0, _N), np.int64)
+        self.pre = pre_matrix(rc) if n else np.zeros((0, _N), np.int64)
         self.type = list(rc.type)
         self.dim = list(rc.dim) if len(rc.dim) == n else [""] * n
-        ovl, exp = rc.owned_ns()
+        ovl, exp = owned_ns(rc)
         self.comm_cat = np.where(ovl > exp, CATEGORIES.index("comm_overlapped"), CATEGORIES.index("comm_exposed"))
         self.steps = {int(s): (int(a) - offset_ns, int(b) - offset_ns)
                       for s, a, b in zip(rc.steps, rc.step_start_ns, rc.step_end_ns)}
@@ -160,11 +160,11 @@ class _Rank:
         self.by_step: dict[int, list[int]] = {}
         for i in np.argsort(self.a, kind="stable"):
             self.by_step.setdefault(int(self.step[i]), []).append(int(i))
-        bd = rc.breakdown_matrix()
+        bd = breakdown_matrix(rc)
         self.mean_ns = bd.mean(axis=0) if len(bd) else np.zeros(_N)      # per category, mean per step
         self.compute_ns = float(self.mean_ns[list(_COMPUTE)].sum())
         self.cpu_only = rc.source == "host"
-        self.ovl = np.asarray(rc.owned_ns()[0], dtype=np.int64)
+        self.ovl = np.asarray(owned_ns(rc)[0], dtype=np.int64)
         # per instance, the instance with the latest end <= its window start (ties: the last in end
         # order), -1 where none: what its window waited for
         order = np.argsort(self.e, kind="stable")

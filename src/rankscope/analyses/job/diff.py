@@ -61,7 +61,7 @@ from rankscope.analyses.rank.breakdown import CATEGORIES
 from rankscope.units import NS_PER_US, NS_PER_MS
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rankscope.analyses.rank.summary import NameTotals
+    from rankscope.results.rank import NameTotals
 
 #: Significance level: the conventional 5% (R. A. Fisher, Statistical Methods for Research
 #: Workers, 1925): what "beyond noise" means in an A/B reading.

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from rankscope.analyses.rank.breakdown import CATEGORIES
-from rankscope.analyses.rank.collectives import RankCollectives
+from rankscope.analyses.rank.collectives import RankCollectives, breakdown_matrix, instances, owned_ns
 from rankscope.analyses.rank.groups import LOCALITY_ORDER
 from rankscope.units import NS_PER_MS
 
@@ -89,14 +89,14 @@ def comm_by_dim(ranks: Sequence[RankCollectives]) -> list[RankDimComm]:
         n_steps = max(len(rc.steps), 1)
         per: dict[str, list[int]] = defaultdict(lambda: [0, 0])          # overlapped, exposed ns
         per_type: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
-        dims = list(rc.dim) if len(rc.dim) == len(rc) else [""] * len(rc)
-        ovl, exp = rc.owned_ns()
+        dims = list(rc.dim) if len(rc.dim) == instances(rc) else [""] * instances(rc)
+        ovl, exp = owned_ns(rc)
         for d, t, o, e in zip(dims, rc.type, ovl.tolist(), exp.tolist()):
             key = d or "other"
             for v in (per[key], per_type[(key, t)]):
                 v[0] += o
                 v[1] += e
-        bd = rc.breakdown_matrix()
+        bd = breakdown_matrix(rc)
         rest = [int(bd[:, _OVL].sum()) - sum(v[0] for v in per.values()),
                 int(bd[:, _EXP].sum()) - sum(v[1] for v in per.values())]
         if rest[0] > 0 or rest[1] > 0:

@@ -28,11 +28,12 @@ from typing import TYPE_CHECKING
 import msgspec
 import numpy as np
 
-from rankscope.analyses.rank.flops import RankFlops, rank_steps
+from rankscope.analyses.rank.flops import rank_steps
+from rankscope.results.rank import RankFlops
 from rankscope.hardware import device_model, link_peak_gbps, peak_tflops
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rankscope.analyses.rank.summary import RankSummary
+    from rankscope.results.rank import RankSummary
 
 RECOMPUTE = ("none", "selective", "full")
 #: Hardware / model FLOPs of full activation recomputation when only a FLOPs count is known.

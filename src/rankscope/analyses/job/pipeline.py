@@ -32,7 +32,7 @@ import numpy as np
 
 from rankscope.analyses.job.layout import Layout, RankDimComm
 from rankscope.analyses.rank.breakdown import CATEGORIES
-from rankscope.analyses.rank.collectives import RankCollectives
+from rankscope.analyses.rank.collectives import RankCollectives, breakdown_matrix
 from rankscope.units import NS_PER_MS
 
 _COMP = (CATEGORIES.index("compute"), CATEGORIES.index("comm_overlapped"))
@@ -78,7 +78,7 @@ def pipeline_analysis(ranks: Sequence[RankCollectives], layout: Layout, comm: Se
         compute, bubble, step = [], [], []
         for r in members:
             rc = by_rank[r]
-            bd = rc.breakdown_matrix()
+            bd = breakdown_matrix(rc)
             n = max(len(bd), 1)
             compute.append(float(bd[:, list(_COMP)].sum()) / NS_PER_MS / n)
             step.append(float(bd.sum()) / NS_PER_MS / n)

@@ -95,7 +95,7 @@ from rankscope.analyses.job.matching import CollectiveTable, match_collectives, 
 from rankscope.analyses.job.critical_path import CriticalPath, critical_path
 from rankscope.analyses.job.parallel import ParallelReport, parallel_report
 from rankscope.analyses.job.pipeline import Pipeline
-from rankscope.analyses.rank.collectives import RankCollectives
+from rankscope.analyses.rank.collectives import RankCollectives, breakdown_matrix
 from rankscope.analyses.intervals import union, union_length_per_group
 from rankscope.numbers import rank_list
 from rankscope.thresholds import Thresholds, resolve
@@ -205,7 +205,7 @@ def _step_table(ranks: Sequence[RankCollectives]) -> pl.DataFrame:
     idle_idx = [CATEGORIES.index(c) for c in IDLE_CATEGORIES]
     exposed = CATEGORIES.index("comm_exposed")
     for rc in ranks:
-        bd = rc.breakdown_matrix() if rc.step_breakdown_ns else np.zeros((len(rc.steps), len(CATEGORIES)), np.int64)
+        bd = breakdown_matrix(rc) if rc.step_breakdown_ns else np.zeros((len(rc.steps), len(CATEGORIES)), np.int64)
         for i, (s, a, b) in enumerate(zip(rc.steps, rc.step_start_ns, rc.step_end_ns)):
             rows["rank"].append(rc.rank)
             rows["step"].append(s)
