@@ -22,7 +22,7 @@ from rankscope.analyses.rank.collectives import (busbw_factor, dtype_bytes, inst
                                                 since_step_matrix)
 from rankscope.results.collectives import PackedCollectives, RankCollectives
 from rankscope.analyses.job.matching import collectives_summary, match_collectives, member_frame, summarize_collectives
-from rankscope.analyses.job.stragglers import cross_rank
+from rankscope.analyses.job.reduce import reduce_job
 from rankscope.ingest.kineto import read_kineto
 from rankscope.synth import BUS_BANDWIDTH_GBPS, generate_job
 
@@ -191,7 +191,7 @@ def test_compacted_collectives_reduce_the_same(corpus, folder):
                               np.asarray(rc.since_step_ns).reshape(instances(rc), len(CATEGORIES)))
         assert np.array_equal(pre_matrix(pc), np.asarray(rc.pre_ns).reshape(instances(rc), len(CATEGORIES)))
         assert len(pc.since_step_ns.zlib_int64) < np.asarray(rc.since_step_ns, dtype=np.int64).nbytes
-    assert cross_rank(packed).as_dict() == cross_rank(fresh).as_dict()
+    assert reduce_job(packed).result == reduce_job(fresh).result
 
 
 # ----------------------------------------------------------------------------------------------
@@ -241,9 +241,9 @@ def test_dlrm_matched_across_all_8_ranks_and_skew_by_hand(corpus):
     mem = table.members.filter(table.members["cid"] == row["cid"])
     for r, w in zip(mem["rank"], mem["wait_ns"]):
         assert w == round((max(starts.values()) - starts[r]) * 1000)
-    summary = collectives_summary(table)
-    assert summary["count"] == 8 and {r["type"] for r in summary["by_type"]} == {"all_reduce", "all_to_all"}
-    assert summary["by_pg"][0]["pg"] == "default" and summary["by_pg"][0]["count"] == 8
+    summary = collectives_summary(table, [])
+    assert summary.count == 8 and {r.type for r in summary.by_type} == {"all_reduce", "all_to_all"}
+    assert summary.by_pg[0].pg == "default" and summary.by_pg[0].count == 8
 
 
 def test_gloo_straggler_is_last_everywhere(corpus):

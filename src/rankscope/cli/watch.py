@@ -15,8 +15,6 @@ from rankscope.engine import ENGINES
 from rankscope.files import atomic_write_text
 from rankscope.pipelines.watch import CycleDone, RunWatch
 from rankscope.render.base import renderer
-from rankscope.render.run_json import change_to_dict
-from rankscope.results import to_plain
 
 
 @click.command("watch")
@@ -87,7 +85,7 @@ def _cycle_done(done: CycleDone, as_json: bool, live, html_path: str | None) -> 
     run = done.report.run
     row = next(c for c in run.cycles if set(c.files) == set(done.files))
     if as_json:
-        line = {"cycle": to_plain(row), "changes": [change_to_dict(c) for c in run.changes]}
+        line = {"cycle": row, "changes": run.changes}
         sys.stdout.buffer.write(msgspec.json.encode(line) + b"\n")
         sys.stdout.flush()
     elif live is None:

@@ -10,11 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import msgspec
 import polars as pl
 
 from rankscope.ingest import Cache, load_rank
 from rankscope.model import InputProblem
-from rankscope.pipelines.job import analyze, one_line_errors
+from rankscope.pipelines.job import analyze_job, one_line_errors
 from rankscope.results import ExportResult, to_plain
 
 
@@ -47,8 +48,7 @@ def parse_selection(text: str) -> list[int]:
 
 def _within(tl, lo: int, hi: int):
     """The timeline with only the slices overlapping [lo, hi) and the counters in it (aligned clock)."""
-    from dataclasses import replace
-    return replace(tl, slices=[f.filter((pl.col("ts_ns") < hi) & (pl.col("ts_ns") + pl.col("dur_ns") > lo))
+    return msgspec.structs.replace(tl, slices=[f.filter((pl.col("ts_ns") < hi) & (pl.col("ts_ns") + pl.col("dur_ns") > lo))
                                for f in tl.slices],
                    counters=tl.counters.filter((pl.col("ts_ns") >= lo) & (pl.col("ts_ns") < hi)))
 
@@ -101,6 +101,7 @@ def export_perfetto(inputs, out: str | Path, cache_dir: str | Path | None = None
 
 def _export(writer, inputs, cache_dir, on_progress, pipeline_ranks: int, ranks=None, steps=None,
             on_estimate=None) -> ExportResult:
+    from rankscope.analyses.job.clock import applied_offsets
     from rankscope.analyses.job.critical_path import path_slices
     from rankscope.analyses.job.matching import collective_waits
     from rankscope.analyses.rank.timeline import job_origin_ns
@@ -114,23 +115,23 @@ def _export(writer, inputs, cache_dir, on_progress, pipeline_ranks: int, ranks=N
         if on_progress:
             on_progress(done, 2 * total, file)
 
-    analysis = analyze(inputs, cache_dir=cache_dir, on_progress=analysing)
+    analysis = analyze_job(inputs, cache_dir=cache_dir, on_progress=analysing)
     problems = list(analysis.problems)
     cross = analysis.cross
-    offsets = cross.clock.applied_offsets() if cross is not None else {}
-    offset_of = [offsets.get(s.rank, 0) for s in analysis.ranks]
-    origin = job_origin_ns([s.meta.span_ns for s in analysis.ranks], offset_of)
+    offsets = applied_offsets(cross.clock) if cross is not None else {}
+    offset_of = [offsets.get(s.rank, 0) for s in analysis.summaries]
+    origin = job_origin_ns([s.meta.span_ns for s in analysis.summaries], offset_of)
     fr_tracks = flight_recorder_slices(analysis, offsets)           # Flight Recorder dumps: a track per rank
     fr_start = [int(f["ts_ns"].min()) for _, f in fr_tracks if f.height]
     if fr_start:
-        origin = min(fr_start + ([origin] if analysis.ranks else []))
+        origin = min(fr_start + ([origin] if analysis.summaries else []))
     cache_root = str(cache_dir) if cache_dir is not None else None
     wanted = set(ranks) if ranks is not None else None
     tasks = [_ExportTask(s.meta.file, s.rank, cache_root, offset, origin,
-                         collective_waits(cross.collectives, s.rank) if cross is not None else None,
+                         collective_waits(analysis.table, s.rank) if analysis.table is not None else None,
                          path_slices(cross.critical_path if cross is not None else None, s.rank),
                          _window(s, steps, offset))
-             for s, offset in zip(analysis.ranks, offset_of) if wanted is None or s.rank in wanted]
+             for s, offset in zip(analysis.summaries, offset_of) if wanted is None or s.rank in wanted]
     if steps is not None and all(t.window_ns == (0, 0) for t in tasks):
         problems.append(InputProblem(str(writer.out), f"none of steps {steps} is in the ranks chosen", fatal=True))
         tasks = []
@@ -158,7 +159,7 @@ def _export(writer, inputs, cache_dir, on_progress, pipeline_ranks: int, ranks=N
         "schema": SCHEMA, "origin_ns": origin,
         "time": ("ts/dur in µs since origin_ns on the aligned clock: "
                  "(own timestamp - clock_offset_ns - origin_ns) / 1000"),
-        "clock": to_plain(cross.clock.as_dict()) if cross is not None else None,
+        "clock": to_plain(cross.clock) if cross is not None else None,
         "ranks": written, "skipped": [str(p) for p in problems if p.fatal], "warnings": analysis.job.warnings,
         "flight_recorder": dumps,
     })

@@ -24,13 +24,16 @@ from rankscope.ingest.consistency import different_jobs
 from rankscope.ingest.devices import NOT_A_CAPTURE, device_name
 from rankscope.ingest.discover import Discovered, assign_ranks, discover
 from rankscope.model import InputProblem, RankMeta, RankTrace
+from rankscope.numbers import rounded
 from rankscope.pipelines import checking_arguments
+from rankscope.pipelines.report import JobAnalysis, to_report
 from rankscope.results import Analysis, Finding, Ingest, JobInfo
 from rankscope.results.jobs import FoundJob
 
 if TYPE_CHECKING:
+    from rankscope.analyses.job.matching import CollectiveTable
     from rankscope.results.rank import RankSummary
-    from rankscope.analyses.job.stragglers import CrossRank
+    from rankscope.results.job import JobResult
     from rankscope.thresholds import Thresholds
 
 # The analyses are imported where they are used: `validate` and `load` only parse, and the
@@ -133,7 +136,7 @@ def _arrived(result: RankSummary | list[RankSummary] | InputProblem, strings: di
 def _import_reduce() -> None:
     """The code of the cross-rank reduce and of the findings, imported in the driver as the first
     rank arrives: while the others are still read (the parse runs without the GIL), not after."""
-    import rankscope.analyses.job.stragglers  # noqa: F401
+    import rankscope.analyses.job.reduce  # noqa: F401
     import rankscope.findings  # noqa: F401
 
 
@@ -275,11 +278,11 @@ def _map_files(inputs, task_fn, cache_dir, use_cache, engine, workers, on_progre
     return found, problems, chosen
 
 
-def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True,
+def analyze_job(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True,
             engine: str = "auto", workers: int | None = None,
             on_progress: Callable[[int, int, str], None] | None = None, address: str | None = None,
             thresholds: dict[str, float] | None = None, nccl_logs: list | None = None,
-            job: int | None = None) -> Analysis:
+            job: int | None = None) -> JobAnalysis:
     """Analyse a job: a folder of per-rank traces, one file, or a list of either.
     `on_progress(done, total, file)` is called as ranks finish. `engine="ray"` maps the ranks on
     Ray: the cluster at `address` (e.g. "auto", "ray://head:10001"), else a local runtime.
@@ -288,7 +291,8 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
     (a ValueError) before any file is read. `nccl_logs`: NCCL_DEBUG=INFO
     logs of the job (several = runs to compare); their findings join the job's, an unusable log is a
     problem. Inputs that hold several jobs (ingest/jobs.py) are not merged: without `job` (1 = the
-    earliest) the result lists them (`jobs`) and analyses none."""
+    earliest) the result lists them (`jobs`) and analyses none. Returns the analysis before its report
+    (`analyze` gives the report): what the other pipelines read."""
     from rankscope.thresholds import resolve
     with checking_arguments():
         values = resolve(thresholds)
@@ -299,6 +303,16 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
                                                 fr_dumps=dumps)
     return with_nccl_logs(job_analysis(summaries, problems, chosen, values, job=job, fr_dumps=dumps,
                                        workers=workers), nccl_logs, values)
+
+
+def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True,
+            engine: str = "auto", workers: int | None = None,
+            on_progress: Callable[[int, int, str], None] | None = None, address: str | None = None,
+            thresholds: dict[str, float] | None = None, nccl_logs: list | None = None,
+            job: int | None = None) -> Analysis:
+    """The report of `analyze_job` (same arguments)."""
+    return to_report(analyze_job(inputs, cache_dir, use_cache, engine, workers, on_progress, address, thresholds,
+                                 nccl_logs, job))
 
 
 def map_summaries(inputs, cache_dir, use_cache: bool, engine: str, workers: int | None, on_progress,
@@ -319,40 +333,40 @@ def map_summaries(inputs, cache_dir, use_cache: bool, engine: str, workers: int 
 
 
 def job_analysis(summaries: list[RankSummary], problems: list[InputProblem], chosen: str, values: Thresholds,
-                 job: int | None = None, fr_dumps: list | None = None, workers: int | None = None) -> Analysis:
+                 job: int | None = None, fr_dumps: list | None = None, workers: int | None = None) -> JobAnalysis:
     """The job of these per-rank summaries: the job picked (`job`, when the files hold several), ranks
     assigned, the cross-rank reduce, the Flight Recorder dumps' verdict, the findings."""
     from rankscope.findings import evaluate as evaluate_findings
     summaries, found, picked = _one_job(summaries, job)
     if picked is None:
-        return Analysis(job=_job_info([], []), ranks=[], problems=problems, engine=chosen, jobs=found)
+        return JobAnalysis(job=_job_info([], []), summaries=[], problems=problems, engine=chosen, jobs=found)
     kept_metas, rank_warnings, rank_problems = _assign([s.meta for s in summaries])
     rank_warnings += picked
     by_file = {rank_input(s.meta): s for s in summaries}
     kept = [by_file[rank_input(m)] for m in kept_metas]
     problems = problems + rank_problems
-    cross = _cross_rank(kept, values)
+    cross, table = _cross_rank(kept, values)
     refused = [str(p) for p in problems if p.fatal and p.problem.startswith(NOT_A_CAPTURE)]
     hang = None
     if fr_dumps:                     # Flight Recorder dumps, beside the traces or alone: the hang verdict
         from rankscope.pipelines.hang import analyze_hang
         hang, hang_problems = analyze_hang(fr_dumps, kept, cross, chosen, workers)
         problems += hang_problems
-    result = Analysis(job=_job_info(kept, rank_warnings, refused), ranks=kept, problems=problems, engine=chosen,
-                      cross=cross, jobs=found, hang=hang)
-    result.findings = _noted_partial(evaluate_findings(result, values), result.job)
-    return result
+    info = _job_info(kept, rank_warnings, refused)
+    return JobAnalysis(job=info, summaries=kept, cross=cross, table=table, problems=problems, engine=chosen,
+                       findings=_noted_partial(evaluate_findings(kept, cross, info, hang, values), info),
+                       hang=hang, jobs=found)
 
 
-def with_nccl_logs(result: Analysis, nccl_logs: list | None, values: Thresholds) -> Analysis:
+def with_nccl_logs(result: JobAnalysis, nccl_logs: list | None, values: Thresholds) -> JobAnalysis:
     """`result` with the findings and problems of the job's NCCL logs (none: as it is)."""
-    if nccl_logs:
-        from rankscope.findings import ordered
-        from rankscope.pipelines.inputs import analyze_nccl_logs
-        logs = analyze_nccl_logs(nccl_logs, values)
-        result.findings = ordered(result.findings + logs.findings)
-        result.problems += logs.problems
-    return result
+    if not nccl_logs:
+        return result
+    from rankscope.findings import ordered
+    from rankscope.pipelines.inputs import analyze_nccl_logs
+    logs = analyze_nccl_logs(nccl_logs, values)
+    return dataclasses.replace(result, findings=ordered(result.findings + logs.findings),
+                               problems=result.problems + logs.problems)
 
 
 def _one_job(summaries: list[RankSummary], job: int | None
@@ -388,36 +402,38 @@ def _noted_partial(findings: list[Finding], job: JobInfo) -> list[Finding]:
     every finding (`evidence["ranks_present"]`, "2 of 128 ranks present" after its summary); those whose
     ranks include a partial rank (a finding of no rank is the whole job's), or every finding when the
     files look like different jobs, get `evidence["partial_input"]` (those ranks) and a note after their
-    summary."""
-    coverage = job.capture.coverage if job.capture is not None else None
-    for f in findings if coverage else []:          # ranks missing: every verdict is of the ranks present
-        f.evidence["ranks_present"] = coverage
-        f.summary += f" ({coverage}: drawn from those)"
-    if job.capture is None or not job.capture.partial:
+    summary. Each finding is made again with its note, before anything reads it."""
+    capture = job.capture
+    if capture is None or not (capture.coverage or capture.partial):
         return findings
-    from rankscope.analyses.job.capture import ranks_text
+    from rankscope.analyses.job.capture import partial_input_ranks, ranks_text
+    out = []
     for f in findings:
-        partial = job.capture.partial_input_ranks(f.ranks)
+        evidence, summary = dict(f.evidence), f.summary
+        if capture.coverage:                       # ranks missing: every verdict is of the ranks present
+            evidence["ranks_present"] = capture.coverage
+            summary += f" ({capture.coverage}: drawn from those)"
+        partial = partial_input_ranks(capture, f.ranks) if capture.partial else []
         if partial:
-            f.evidence["partial_input"] = partial
-            f.summary += f" (from partial data: {ranks_text(partial)})"
-    return findings
+            evidence["partial_input"] = partial
+            summary += f" (from partial data: {ranks_text(partial)})"
+        out.append(msgspec.structs.replace(f, evidence=evidence, summary=summary))
+    return out
 
 
-def _cross_rank(summaries: list[RankSummary], thresholds: Thresholds) -> CrossRank | None:
+def _cross_rank(summaries: list[RankSummary], thresholds: Thresholds
+                ) -> tuple[JobResult | None, CollectiveTable | None]:
     """The cross-rank reduce over the ranks' collectives, which it uses up: each summary's
     `collectives` (per-instance data, the bulk of what the driver holds per rank) is released, and
     `Analysis.cross` keeps what the reduce made of them; `thresholds` decide its verdicts."""
-    from rankscope.analyses.job.regroup import regroup_unnamed
-    from rankscope.analyses.job.stragglers import cross_rank
+    from rankscope.analyses.job.reduce import reduce_job
     ranks = []
     for s in summaries:
         if s.collectives is not None:
             s.collectives.rank = s.rank
             ranks.append(s.collectives)
             s.collectives = None
-    regroup_unnamed(ranks)            # unnamed groups to the dimensions their collectives show, any mesh order
-    return cross_rank(ranks, thresholds=thresholds) if ranks else None
+    return reduce_job(ranks, thresholds) if ranks else (None, None)
 
 
 def _size(p: Path) -> int:
@@ -492,7 +508,7 @@ def _job_info(ranks: list[RankSummary], warnings: list[str], refused: list[str] 
         world_size=world, ranks=rank_ids, backend=backends[0] if len(backends) == 1 else (", ".join(backends) or None),
         steps=steps, devices=devices, warnings=warnings, missing_ranks=missing,
         steps_source=sources.pop() if len(sources) == 1 else ("mixed" if sources else "none"),
-        span_ms=span_ms, hosts=sorted({r.meta.hostname for r in ranks if r.meta.hostname}),
+        span_ms=rounded(span_ms, 3), hosts=sorted({r.meta.hostname for r in ranks if r.meta.hostname}),
         capture=job_capture(ranks, warnings, refused, (len(ranks), world) if missing and world else None),
     )
 

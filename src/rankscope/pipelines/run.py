@@ -21,22 +21,24 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import msgspec
 
 from rankscope.analyses.rank.breakdown import CATEGORIES
-from rankscope.analyses.run.cycles import CycleFacts, CycleStraggler, RankStep
+from rankscope.analyses.run.cycles import CycleFacts, RankStep
+from rankscope.results.run import CycleStraggler
 from rankscope.ingest.cycles import CycleFile, cycles_in_names, run_cycles
 from rankscope.ingest.discover import discover, rank_from_filename
 from rankscope.model import InputProblem
 from rankscope.pipelines import checking_arguments
 from rankscope.pipelines.job import (_arrived, _import_reduce, _map_files, _summary, _Task, _trim_heap,
                                      decode_summary, job_analysis, map_summaries, one_line_errors, with_nccl_logs)
+from rankscope.pipelines.report import JobAnalysis, to_report
 from rankscope.results import Analysis
-from rankscope.results.run import Run
+from rankscope.results.run import Run, TrendStep
 
 if TYPE_CHECKING:  # pragma: no cover
     from rankscope.results.rank import RankSummary
     from rankscope.ingest.discover import Discovered
     from rankscope.thresholds import Thresholds
 
-__all__ = ["analyze"]
+__all__ = ["analyze", "analyze_cycles"]
 
 
 def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True,
@@ -48,6 +50,17 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
     cycles per rank, each cycle is analysed as a job and the result is the run report (`Analysis.run`,
     the last cycle detailed, with the verdict of Flight Recorder dumps beside it); one cycle gives the
     job's analysis as it is."""
+    return to_report(analyze_cycles(inputs, cache_dir, use_cache, engine, workers, on_progress, address, thresholds,
+                                    nccl_logs, job))
+
+
+def analyze_cycles(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True,
+                engine: str = "auto", workers: int | None = None,
+                on_progress: Callable[[int, int, str], None] | None = None, address: str | None = None,
+                thresholds: dict[str, float] | None = None, nccl_logs: list | None = None,
+                job: int | None = None) -> JobAnalysis:
+    """`analyze`, before its report: what the other pipelines read (the per-rank summaries, the
+    cross-rank result, the matched collectives)."""
     from rankscope.thresholds import resolve
     with checking_arguments():
         values = resolve(thresholds)
@@ -55,7 +68,7 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
             raise ValueError(f"job {job}: jobs are numbered from 1")
     found = discover(inputs if isinstance(inputs, list) else [inputs])
     if cycles_in_names(found.traces):
-        result = analyze_run(found, cache_dir, use_cache, engine, workers, on_progress, address, values)
+        result = analyze_run(found, cache_dir, use_cache, engine, workers, on_progress, address, values, job)
     else:
         dumps: list = []
         summaries, problems, chosen = map_summaries(found, cache_dir, use_cache, engine, workers, on_progress,
@@ -102,17 +115,17 @@ def _spilled(task: _Task) -> str:
     return str(Path(task.spill_dir) / (hashlib.sha256(task.path.encode()).hexdigest()[:32] + ".msgpack"))
 
 
-def cycle_facts(a: Analysis) -> CycleFacts:
+def cycle_facts(a: JobAnalysis) -> CycleFacts:
     """The facts a run keeps of one cycle's analysis."""
     rank_steps = tuple(RankStep(s.rank, st.step, st.duration_ms, tuple(st.breakdown_ms[c] for c in CATEGORIES))
-                       for s in a.ranks for st in s.steps)
-    starts = [st.start_ns for s in a.ranks for st in s.steps] or [s.meta.span_ns[0] for s in a.ranks
-                                                                     if s.meta.span_ns] or [0]
-    found = a.cross.stragglers.stragglers if a.cross is not None else []
+                       for s in a.summaries for st in s.steps)
+    starts = [st.start_ns for s in a.summaries for st in s.steps] or [s.meta.span_ns[0] for s in a.summaries
+                                                                         if s.meta.span_ns] or [0]
+    found = a.cross.stragglers if a.cross is not None else []
     worst = max(found, key=lambda st: st.cost_ms_per_step, default=None)
     return CycleFacts(
         order=(min(a.job.steps, default=0), min(starts)),
-        files=tuple(s.meta.file for s in a.ranks), ranks=tuple(a.job.ranks),
+        files=tuple(s.meta.file for s in a.summaries), ranks=tuple(a.job.ranks),
         missing_ranks=tuple(a.job.missing_ranks), steps=tuple(a.job.steps), rank_steps=rank_steps,
         straggler=CycleStraggler(worst.rank, worst.cause, round(worst.cost_ms_per_step, 3)) if worst else None,
         findings=tuple(dict.fromkeys(f.id for f in a.findings)),
@@ -127,9 +140,9 @@ class RunAnalysis:
         self.values, self.engine = values, engine
         self.facts: list[CycleFacts] = []
         self.problems: list[InputProblem] = []
-        self.last: Analysis | None = None
+        self.last: JobAnalysis | None = None
 
-    def add(self, summaries: list[RankSummary], problems: list[InputProblem]) -> Analysis:
+    def add(self, summaries: list[RankSummary], problems: list[InputProblem]) -> JobAnalysis:
         analysis = job_analysis(summaries, problems, self.engine, self.values)
         self.problems += analysis.problems
         if analysis.usable:
@@ -138,7 +151,7 @@ class RunAnalysis:
                 self.last = analysis
         return analysis
 
-    def result(self, fr_dumps: Sequence[str | Path] = (), workers: int | None = None) -> Analysis | None:
+    def result(self, fr_dumps: Sequence[str | Path] = (), workers: int | None = None) -> JobAnalysis | None:
         """The report (None before a usable cycle): the latest cycle's analysis, the run, its findings, and
         the verdict of the Flight Recorder dumps `fr_dumps` (taken as the job stopped: beside its last cycle)."""
         if self.last is None:
@@ -152,16 +165,18 @@ class RunAnalysis:
         rows, trend = run_rows(self.facts)
         costs = [dict(c.finding_costs) for c in sorted(self.facts, key=lambda c: c.order)]
         found = find_changes(trend, rows, costs, self.values)
-        run = Run(cycles=rows, trend=trend, changes=found.changes, detailed_cycle=len(rows), noise_pct=found.noise_pct,
+        run = Run(cycles=rows, trend=[TrendStep(p.rank, p.step, p.cycle, p.step_ms) for p in trend],
+                  changes=found.changes, detailed_cycle=len(rows), noise_pct=found.noise_pct,
                   cycle_noise_pct=found.cycle_noise_pct, z_critical=round(found.z_critical, 2))
         hang, problems = None, _unique(self.problems)
         if fr_dumps:
             from rankscope.pipelines.hang import analyze_hang
-            hang, hang_problems = analyze_hang(fr_dumps, a.ranks, a.cross, self.engine, workers)
+            hang, hang_problems = analyze_hang(fr_dumps, a.summaries, a.cross, self.engine, workers)
             problems += hang_problems
-        return Analysis(job=a.job, ranks=a.ranks, problems=problems, engine=a.engine, cross=a.cross,
-                        findings=ordered(run_findings(run, self.values) + hang_findings(hang, self.values)
-                                         + a.findings), run=run, hang=hang)
+        return JobAnalysis(job=a.job, summaries=a.summaries, cross=a.cross, table=a.table, problems=problems,
+                           engine=a.engine, findings=ordered(run_findings(run, self.values)
+                                                             + hang_findings(hang, self.values) + a.findings),
+                           hang=hang, run=run)
 
 
 def _unique(problems: list[InputProblem]) -> list[InputProblem]:
@@ -170,8 +185,9 @@ def _unique(problems: list[InputProblem]) -> list[InputProblem]:
 
 def analyze_run(found: Discovered, cache_dir, use_cache: bool, engine: str, workers: int | None,
                 on_progress: Callable[[int, int, str], None] | None, address: str | None,
-                values: Thresholds) -> Analysis:
-    """Every cycle of the run in `found`: the map over all files, then the cycles one by one."""
+                values: Thresholds, job: int | None = None) -> JobAnalysis:
+    """Every cycle of the run in `found`: the map over all files, then the cycles one by one (`job`: the
+    job picked when the files are one cycle of several jobs)."""
     spill = None if use_cache else tempfile.mkdtemp(prefix="rankscope-run-")
     try:
         keys, problems, chosen = _map_files(found, key_task, cache_dir, use_cache, engine, workers, on_progress,
@@ -185,14 +201,15 @@ def analyze_run(found: Discovered, cache_dir, use_cache: bool, engine: str, work
             _arrived(summary, strings)
             return summary
 
-        return _by_cycle(keys, problems, chosen, values, summary_of, found.fr_dumps, workers)
+        return _by_cycle(keys, problems, chosen, values, summary_of, found.fr_dumps, workers, job)
     finally:
         if spill is not None:
             shutil.rmtree(spill, ignore_errors=True)
 
 
 def run_of_summaries(summaries: list[RankSummary], problems: list[InputProblem], chosen: str,
-                     values: Thresholds, fr_dumps: Sequence[str | Path] = (), workers: int | None = None) -> Analysis:
+                     values: Thresholds, fr_dumps: Sequence[str | Path] = (), workers: int | None = None
+                     ) -> JobAnalysis:
     """A run whose summaries are all in memory already (its names did not look like cycles)."""
     by_file = {s.meta.file: s for s in summaries}
     return _by_cycle([cycle_file(s) for s in summaries], problems, chosen, values, by_file.pop, fr_dumps, workers)
@@ -200,13 +217,13 @@ def run_of_summaries(summaries: list[RankSummary], problems: list[InputProblem],
 
 def _by_cycle(keys: list[CycleFile], problems: list[InputProblem], chosen: str, values: Thresholds,
               summary_of: Callable[[str], RankSummary | InputProblem], fr_dumps: Sequence[str | Path] = (),
-              workers: int | None = None) -> Analysis:
+              workers: int | None = None, job: int | None = None) -> JobAnalysis:
     cycles = run_cycles(keys)
     if len(cycles) == 1:                # names that looked like cycles, but one job: its analysis as it is
         got = [summary_of(f) for f in cycles[0]]
         return job_analysis([s for s in got if not isinstance(s, InputProblem)],
                             problems + [s for s in got if isinstance(s, InputProblem)], chosen, values,
-                            fr_dumps=list(fr_dumps), workers=workers)
+                            job=job, fr_dumps=list(fr_dumps), workers=workers)
     run = RunAnalysis(values, chosen)
     run.problems += problems
     for files in cycles:

@@ -117,3 +117,59 @@ class PackedCollectives(msgspec.Struct):
 
 #: What the cross-rank reduce reads: a rank's collectives, packed (from a worker) or not.
 Collectives = Union[RankCollectives, PackedCollectives]
+
+
+class CollectiveGroupRow(msgspec.Struct, kw_only=True):
+    """The matched collectives of one type and group size (`by_type`), or of one process group
+    (`by_pg`): how many, their bytes, transfer and arrival skew, bandwidths, and the rank most often
+    last. transfer = the shortest duration on any member (summed); skew = last start - first start;
+    algbw = bytes / transfer over the collectives with known bytes; busbw: nccl-tests' factors.
+    Non-finite values are None."""
+    type: str | msgspec.UnsetType = msgspec.UNSET
+    group_size: int | msgspec.UnsetType = msgspec.UNSET
+    pg: str | msgspec.UnsetType = msgspec.UNSET
+    count: int
+    max_ranks: int
+    total_bytes: int
+    transfer_ms: float | None
+    skew_mean_ms: float | None
+    skew_max_ms: float | None
+    algbw_gbps: float | None
+    busbw_mean_gbps: float | None
+    most_often_last: int | None
+
+
+class AlphaBetaPoint(msgspec.Struct):
+    """One distinct message size of a fit: the median measured time and the fit's prediction."""
+    bytes: int
+    actual_us: float
+    predicted_us: float
+    samples: int
+
+
+class AlphaBetaFit(msgspec.Struct):
+    """t = alpha + bytes / beta over the matched collectives of one type and group size."""
+    type: str
+    group_size: int
+    samples: int
+    distinct_sizes: int
+    alpha_us: float                     # intercept (µs); may be < 0 when the fit is poor
+    beta_gbps: float | None             # 1 / slope (GB/s = bytes/ns); None when the slope is <= 0
+    busbw_gbps: float | None            # beta x nccl-tests factor
+    r2: float | None
+    points: list[AlphaBetaPoint] = []   # per distinct size
+
+
+class CollectivesSummary(msgspec.Struct, kw_only=True):
+    """The job's collectives matched across ranks (docs/concepts.md "Collective"): how many, how
+    many on every member of their group, the instances no other rank has, the matching's warnings,
+    the clock offsets applied (ms, by rank), per type and group size, per process group, and the
+    alpha-beta fits. Without a cross-rank result: count 0 and empty lists only."""
+    count: int = 0
+    complete: int | msgspec.UnsetType = msgspec.UNSET
+    unmatched_instances: int | msgspec.UnsetType = msgspec.UNSET
+    warnings: list[str] | msgspec.UnsetType = msgspec.UNSET
+    clock_offsets_ms: dict[str, float] | msgspec.UnsetType = msgspec.UNSET
+    by_type: list[CollectiveGroupRow] = []
+    by_pg: list[CollectiveGroupRow] | msgspec.UnsetType = msgspec.UNSET
+    alpha_beta: list[AlphaBetaFit] = []

@@ -11,40 +11,17 @@ collective's dimension and group (analyses/rank/groups.py) and the step-breakdow
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
 from typing import Sequence
 
 from rankscope.analyses.rank.breakdown import CATEGORIES
 from rankscope.analyses.rank.collectives import RankCollectives, breakdown_matrix, instances, owned_ns
 from rankscope.analyses.rank.groups import LOCALITY_ORDER
 from rankscope.units import NS_PER_MS
+from rankscope.results.layout import Dim, Layout, DimComm, RankDimComm
 
 #: Outer to inner: the order dimensions are listed in (`pp 2 x dp 2 x tp 2`).
 DIM_ORDER = tuple(reversed(LOCALITY_ORDER))
 _OVL, _EXP = CATEGORIES.index("comm_overlapped"), CATEGORIES.index("comm_exposed")
-
-
-@dataclass
-class Dim:
-    """One parallel dimension: its name (pp, dp, dp_shard, dp_replicate, tp, cp, ep), the size of its
-    groups, the groups (global ranks), and where it comes from ("pg_desc" | "inferred")."""
-    name: str
-    size: int
-    groups: list[list[int]]
-    source: str
-
-
-@dataclass
-class Layout:
-    dims: list[Dim] = field(default_factory=list)
-
-    @property
-    def text(self) -> str:
-        """`pp 2 x dp 2 x tp 2`; "" when the job has no dimension of two or more ranks."""
-        return " x ".join(f"{d.name} {d.size}" for d in self.dims)
-
-    def dim(self, name: str) -> Dim | None:
-        return next((d for d in self.dims if d.name == name), None)
 
 
 def parallel_layout(ranks: Sequence[RankCollectives]) -> Layout:
@@ -64,22 +41,12 @@ def parallel_layout(ranks: Sequence[RankCollectives]) -> Layout:
         sizes = sorted({len(g) for g in gs})
         source = "pg_desc" if "pg_desc" in sources[name] else "inferred"
         dims.append(Dim(name, sizes[-1], [list(g) for g in gs], source))
-    return Layout(dims)
+    return Layout(layout=" x ".join(f"{d.name} {d.size}" for d in dims), dims=dims)
 
 
-@dataclass
-class DimComm:
-    """One rank's communication in one dimension, ms per step (mean over its steps)."""
-    overlapped: float
-    exposed: float
-
-
-@dataclass
-class RankDimComm:
-    rank: int
-    by_dim: dict[str, DimComm]                       # dimension (or "other") -> ms per step
-    by_dim_type: dict[str, dict[str, DimComm]]       # dimension -> collective type -> ms per step
-    step_ms: float                                   # mean step duration, ms
+def dim_named(layout: Layout, name: str) -> Dim | None:
+    """The layout's dimension `name`, None when the job has none."""
+    return next((d for d in layout.dims if d.name == name), None)
 
 
 def comm_by_dim(ranks: Sequence[RankCollectives]) -> list[RankDimComm]:

@@ -28,6 +28,7 @@ from rankscope.analyses.job.p2p import pair_p2p
 from rankscope.analyses.rank.breakdown import CATEGORIES
 from rankscope.analyses.rank.collectives import (P2P_PG, P2P_TYPES, SAME_SIZE_TYPES, RankCollectives, busbw_factor,
                                           instances, nccl_tests_bytes, since_step_matrix)
+from rankscope.results.collectives import AlphaBetaFit, CollectiveGroupRow, CollectivesSummary
 from rankscope.units import NS_PER_MS
 
 
@@ -347,29 +348,22 @@ def summarize_collectives(table: CollectiveTable, by: Sequence[str] = ("type", "
     return out
 
 
-def collectives_summary(table: CollectiveTable) -> dict:
-    """Plain data for the JSON output: count, by_type, by_pg rows (lists of dicts)."""
-    by_type = summarize_collectives(table, ("type", "group_size"))
-    by_pg = summarize_collectives(table, ("pg",))
+def collectives_summary(table: CollectiveTable, alpha_beta: list[AlphaBetaFit]) -> CollectivesSummary:
+    """The job's matched collectives: count, by type and group size, by process group, with the
+    alpha-beta fits made of them."""
     c = table.collectives
-    return {
-        "count": c.height,
-        "complete": int(c["complete"].sum()) if c.height else 0,
-        "unmatched_instances": table.unmatched,
-        "warnings": list(table.warnings),
-        "clock_offsets_ms": {str(r): v / NS_PER_MS for r, v in sorted(table.offsets_ns.items())},
-        "by_type": _rows(by_type),
-        "by_pg": _rows(by_pg),
-    }
+    return CollectivesSummary(
+        count=c.height, complete=int(c["complete"].sum()) if c.height else 0, unmatched_instances=table.unmatched,
+        warnings=list(table.warnings),
+        clock_offsets_ms={str(r): v / NS_PER_MS for r, v in sorted(table.offsets_ns.items())},
+        by_type=_rows(summarize_collectives(table, ("type", "group_size"))),
+        by_pg=_rows(summarize_collectives(table, ("pg",))), alpha_beta=alpha_beta)
 
 
-def _rows(df: pl.DataFrame) -> list[dict]:
-    rows = df.to_dicts()
-    for r in rows:
-        for k, v in list(r.items()):
-            if isinstance(v, float) and not np.isfinite(v):
-                r[k] = None
-    return rows
+def _rows(df: pl.DataFrame) -> list[CollectiveGroupRow]:
+    """The rows of `summarize_collectives`, non-finite numbers as None."""
+    return [CollectiveGroupRow(**{k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in r.items()})
+            for r in df.to_dicts()]
 
 
 def collective_waits(table: CollectiveTable, rank: int) -> pl.DataFrame:

@@ -61,11 +61,10 @@ from rankscope.analyses.intervals import covered_between, sorted_unique, union
 from rankscope.analyses.rank.steps import StepWindows, step_windows
 from rankscope.analyses.rank.views import gpu_args_at, rows_of_kinds
 from rankscope.model import Kind, RankTrace, name_codes
-from rankscope.units import NS_PER_MS
+from rankscope.units import BYTES_PER_MB, NS_PER_MS
 from rankscope.results.rank import (DeviceMemory, MemorySamples, StepMemoryPeaks, MemoryTimeline, CopySummary,
                                     CopyKinds, PageableSteps, MemcpyReport)
 
-BYTES_PER_MB = float(1 << 20)
 MIN_POINTS = 8
 
 #: c10::DeviceType numbers seen in `[memory]` events -> short label.
