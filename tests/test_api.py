@@ -102,6 +102,6 @@ def test_arriving_summaries_share_strings_and_keep_their_content(corpus):
         assert np.array_equal(s.collectives.start_ns, b.collectives.start_ns) and s.collectives.start_ns.base is None
         s.collectives = b.collectives = None
         assert msgspec.msgpack.encode(s) == msgspec.msgpack.encode(b)
-    names = [s.kernels.stats.kernels.name for s in summaries]
+    names = [s.summary.kernels.stats.kernels.name for s in summaries]
     same = set(names[0]) & set(names[1])
     assert same and all(any(x is y for y in names[1]) for x in names[0] if x in same)

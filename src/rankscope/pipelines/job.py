@@ -29,10 +29,11 @@ from rankscope.pipelines import checking_arguments
 from rankscope.pipelines.report import JobAnalysis, to_report
 from rankscope.results import Analysis, Finding, Ingest, JobInfo
 from rankscope.results.jobs import FoundJob
+from rankscope.results.rank import MappedRank, RankSummary
 
 if TYPE_CHECKING:
     from rankscope.analyses.job.matching import CollectiveTable
-    from rankscope.results.rank import RankSummary
+    from rankscope.results.collectives import Collectives, RankCollectives
     from rankscope.results.job import JobResult
     from rankscope.thresholds import Thresholds
 
@@ -67,15 +68,21 @@ def one_line_errors(task_fn):
 
 
 @one_line_errors
-def _rank_task(task: _Task) -> RankSummary | InputProblem:
+def _rank_task(task: _Task) -> MappedRank | list[MappedRank] | InputProblem:
     """The per-rank map step (runs in a worker). With a cache, the summary itself is cached too
-    (keyed by file content and analysis code). What travels to the driver is compacted."""
+    (keyed by file content and analysis code). What travels to the driver: the summary, its
+    collectives packed beside it."""
     from rankscope.analyses.rank.collectives import pack_collectives
     summary = _summary(task)
-    for one in summary if isinstance(summary, list) else [summary]:
-        if one.collectives is not None:
-            one.collectives = pack_collectives(one.collectives)
-    return summary
+    return [mapped(one, pack_collectives) for one in summary] if isinstance(summary, list) else \
+        mapped(summary, pack_collectives)
+
+
+def mapped(summary: RankSummary, pack: Callable[[RankCollectives], Collectives] | None = None) -> MappedRank:
+    """The summary with its collectives taken out beside it (`pack`ed, when given)."""
+    rc = summary.collectives
+    return MappedRank(msgspec.structs.replace(summary, collectives=None),
+                      None if rc is None else pack(rc) if pack is not None else rc)
 
 
 _NUMBERS = {int, float, bool, type(None)}
@@ -111,7 +118,7 @@ def share_strings(obj: Any, pool: dict[str, str]) -> Any:
     return obj
 
 
-def _arrived(result: RankSummary | list[RankSummary] | InputProblem, strings: dict[str, str]) -> None:
+def _arrived(result: MappedRank | list[MappedRank] | InputProblem, strings: dict[str, str]) -> None:
     """Runs in the driver on each rank's summary as it arrives, so that what the driver holds per
     rank stays small while the others are mapped: the strings every rank repeats are shared
     (`share_strings`), and the collectives' arrays are copied out of the buffer the engine
@@ -184,15 +191,19 @@ def _summary(task: _Task) -> RankSummary | list[RankSummary]:
     blob = cache.get_blob(key, blob_name)
     summary = decode_summary(blob) if blob is not None else None
     if summary is not None:           # else: none, damaged or from an older layout: recompute and rewrite
-        summary.meta.file = task.path
-        summary.from_cache = True
-        return summary
+        return read_at(summary, task.path, from_cache=True)
     trace, cached = load_rank(task.path, cache, key=key)
     summary = summarize_rank(trace)
     cache.put_blob(key, blob_name, msgspec.msgpack.encode(summary))
-    summary.from_cache = cached
-    summary.meta.cache_error = cache.problem()
-    return summary
+    return msgspec.structs.replace(summary, from_cache=cached,
+                                   meta=dataclasses.replace(summary.meta, cache_error=cache.problem()))
+
+
+def read_at(summary: RankSummary, path: str, from_cache: bool = False) -> RankSummary:
+    """A stored summary (cache, spill folder) as this run read it: from `path` (the same content may
+    have been summarised at another path)."""
+    return msgspec.structs.replace(summary, meta=dataclasses.replace(summary.meta, file=path),
+                                   from_cache=from_cache or summary.from_cache)
 
 
 @one_line_errors
@@ -299,9 +310,9 @@ def analyze_job(inputs: str | Path | list, cache_dir: str | Path | None = None, 
         if job is not None and job < 1:
             raise ValueError(f"job {job}: jobs are numbered from 1")
     dumps: list[Path] = []
-    summaries, problems, chosen = map_summaries(inputs, cache_dir, use_cache, engine, workers, on_progress, address,
-                                                fr_dumps=dumps)
-    return with_nccl_logs(job_analysis(summaries, problems, chosen, values, job=job, fr_dumps=dumps,
+    ranks, problems, chosen = map_summaries(inputs, cache_dir, use_cache, engine, workers, on_progress, address,
+                                            fr_dumps=dumps)
+    return with_nccl_logs(job_analysis(ranks, problems, chosen, values, job=job, fr_dumps=dumps,
                                        workers=workers), nccl_logs, values)
 
 
@@ -317,12 +328,12 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
 
 def map_summaries(inputs, cache_dir, use_cache: bool, engine: str, workers: int | None, on_progress,
                   address: str | None, fr_dumps: list | None = None
-                  ) -> tuple[list[RankSummary], list[InputProblem], str]:
-    """The per-rank map of `analyze`: every file's summary, the input problems, the engine used
-    (`fr_dumps`: receives the Flight Recorder dumps found)."""
+                  ) -> tuple[list[MappedRank], list[InputProblem], str]:
+    """The per-rank map of `analyze`: every file's summary (and collectives), the input problems, the
+    engine used (`fr_dumps`: receives the Flight Recorder dumps found)."""
     strings: dict[str, str] = {}
 
-    def arrived(result: RankSummary | InputProblem) -> None:
+    def arrived(result: MappedRank | InputProblem) -> None:
         _import_reduce()
         _arrived(result, strings)
 
@@ -332,20 +343,23 @@ def map_summaries(inputs, cache_dir, use_cache: bool, engine: str, workers: int 
     return summaries, problems, chosen
 
 
-def job_analysis(summaries: list[RankSummary], problems: list[InputProblem], chosen: str, values: Thresholds,
+def job_analysis(ranks: list[MappedRank], problems: list[InputProblem], chosen: str, values: Thresholds,
                  job: int | None = None, fr_dumps: list | None = None, workers: int | None = None) -> JobAnalysis:
-    """The job of these per-rank summaries: the job picked (`job`, when the files hold several), ranks
-    assigned, the cross-rank reduce, the Flight Recorder dumps' verdict, the findings."""
+    """The job of these mapped ranks: the job picked (`job`, when the files hold several), ranks
+    assigned, the cross-rank reduce (which uses up their collectives), the Flight Recorder dumps'
+    verdict, the findings."""
     from rankscope.findings import evaluate as evaluate_findings
-    summaries, found, picked = _one_job(summaries, job)
+    ranks, found, picked = _one_job(ranks, job)
     if picked is None:
         return JobAnalysis(job=_job_info([], []), summaries=[], problems=problems, engine=chosen, jobs=found)
-    kept_metas, rank_warnings, rank_problems = _assign([s.meta for s in summaries])
+    kept_metas, rank_warnings, rank_problems = _assign([m.summary.meta for m in ranks])
     rank_warnings += picked
-    by_file = {rank_input(s.meta): s for s in summaries}
-    kept = [by_file[rank_input(m)] for m in kept_metas]
+    by_file = {rank_input(m.summary.meta): m for m in ranks}
+    kept_ranks = [by_file[rank_input(meta)] for meta in kept_metas]
+    kept = [m.summary for m in kept_ranks]
     problems = problems + rank_problems
-    cross, table = _cross_rank(kept, values)
+    cross, table = _cross_rank(kept_ranks, values)
+    del kept_ranks, ranks, by_file              # their collectives: what the reduce made of them is `cross`
     refused = [str(p) for p in problems if p.fatal and p.problem.startswith(NOT_A_CAPTURE)]
     hang = None
     if fr_dumps:                     # Flight Recorder dumps, beside the traces or alone: the hang verdict
@@ -369,15 +383,15 @@ def with_nccl_logs(result: JobAnalysis, nccl_logs: list | None, values: Threshol
                                problems=result.problems + logs.problems)
 
 
-def _one_job(summaries: list[RankSummary], job: int | None
-             ) -> tuple[list[RankSummary], list[FoundJob], list[str] | None]:
-    """The summaries of the job to analyse, the jobs found (none when the inputs are one job), and
-    the warning saying which was picked; None instead of it when the inputs hold several jobs and
-    `job` picks none of them."""
+def _one_job(ranks: list[MappedRank], job: int | None
+             ) -> tuple[list[MappedRank], list[FoundJob], list[str] | None]:
+    """The ranks of the job to analyse, the jobs found (none when the inputs are one job), and the
+    warning saying which was picked; None instead of it when the inputs hold several jobs and `job`
+    picks none of them."""
     from rankscope.ingest.jobs import layout_sizes, span_utc, split_jobs
-    jobs = split_jobs([s.meta for s in summaries])
+    jobs = split_jobs([m.summary.meta for m in ranks])
     if len(jobs) == 1 and job in (None, 1):
-        return summaries, [], []
+        return ranks, [], []
     found = []
     for i, ms in enumerate(jobs, start=1):
         start, end = span_utc(ms) or (None, None)
@@ -388,7 +402,7 @@ def _one_job(summaries: list[RankSummary], job: int | None
     if job is None or job > len(jobs):
         return [], found, None
     keep = {rank_input(m) for m in jobs[job - 1]}
-    return ([s for s in summaries if rank_input(s.meta) in keep], found,
+    return ([m for m in ranks if rank_input(m.summary.meta) in keep], found,
             [f"the inputs hold {len(jobs)} jobs: job {job} analysed (--job {job}), the files of the others are not"])
 
 
@@ -421,19 +435,14 @@ def _noted_partial(findings: list[Finding], job: JobInfo) -> list[Finding]:
     return out
 
 
-def _cross_rank(summaries: list[RankSummary], thresholds: Thresholds
+def _cross_rank(ranks: list[MappedRank], thresholds: Thresholds
                 ) -> tuple[JobResult | None, CollectiveTable | None]:
-    """The cross-rank reduce over the ranks' collectives, which it uses up: each summary's
-    `collectives` (per-instance data, the bulk of what the driver holds per rank) is released, and
-    `Analysis.cross` keeps what the reduce made of them; `thresholds` decide its verdicts."""
+    """The cross-rank reduce over the ranks' collectives (each under the rank its summary was
+    assigned); `thresholds` decide its verdicts."""
     from rankscope.analyses.job.reduce import reduce_job
-    ranks = []
-    for s in summaries:
-        if s.collectives is not None:
-            s.collectives.rank = s.rank
-            ranks.append(s.collectives)
-            s.collectives = None
-    return reduce_job(ranks, thresholds) if ranks else (None, None)
+    collectives = [msgspec.structs.replace(m.collectives, rank=m.summary.rank) for m in ranks
+                   if m.collectives is not None]
+    return reduce_job(collectives, thresholds) if collectives else (None, None)
 
 
 def _size(p: Path) -> int:

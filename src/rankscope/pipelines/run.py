@@ -27,14 +27,15 @@ from rankscope.ingest.cycles import CycleFile, cycles_in_names, run_cycles
 from rankscope.ingest.discover import discover, rank_from_filename
 from rankscope.model import InputProblem
 from rankscope.pipelines import checking_arguments
-from rankscope.pipelines.job import (_arrived, _import_reduce, _map_files, _summary, _Task, _trim_heap,
-                                     decode_summary, job_analysis, map_summaries, one_line_errors, with_nccl_logs)
+from rankscope.pipelines.job import (_import_reduce, _map_files, _summary, _Task, _trim_heap, decode_summary,
+                                     job_analysis, map_summaries, mapped, one_line_errors, read_at, share_strings,
+                                     with_nccl_logs)
 from rankscope.pipelines.report import JobAnalysis, to_report
 from rankscope.results import Analysis
 from rankscope.results.run import Run, TrendStep
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rankscope.results.rank import RankSummary
+    from rankscope.results.rank import MappedRank, RankSummary
     from rankscope.ingest.discover import Discovered
     from rankscope.thresholds import Thresholds
 
@@ -71,10 +72,10 @@ def analyze_cycles(inputs: str | Path | list, cache_dir: str | Path | None = Non
         result = analyze_run(found, cache_dir, use_cache, engine, workers, on_progress, address, values, job)
     else:
         dumps: list = []
-        summaries, problems, chosen = map_summaries(found, cache_dir, use_cache, engine, workers, on_progress,
-                                                    address, fr_dumps=dumps)
-        result = (run_of_summaries(summaries, problems, chosen, values, dumps, workers) if several_cycles(summaries)
-                  else job_analysis(summaries, problems, chosen, values, job=job, fr_dumps=dumps, workers=workers))
+        ranks, problems, chosen = map_summaries(found, cache_dir, use_cache, engine, workers, on_progress,
+                                                address, fr_dumps=dumps)
+        result = (run_of_summaries(ranks, problems, chosen, values, dumps, workers) if several_cycles(ranks)
+                  else job_analysis(ranks, problems, chosen, values, job=job, fr_dumps=dumps, workers=workers))
     return with_nccl_logs(result, nccl_logs, values)
 
 
@@ -84,8 +85,8 @@ def cycle_file(s: RankSummary) -> CycleFile:
     return CycleFile(s.meta.file, steps, s.meta.span_ns, rank, s.meta.world_size)
 
 
-def several_cycles(summaries: list[RankSummary]) -> bool:
-    return len(run_cycles([cycle_file(s) for s in summaries])) > 1
+def several_cycles(ranks: list[MappedRank]) -> bool:
+    return len(run_cycles([cycle_file(m.summary) for m in ranks])) > 1
 
 
 @one_line_errors
@@ -106,8 +107,7 @@ def summary_again(task: _Task) -> RankSummary:
         except OSError:
             summary = None
         if summary is not None:
-            summary.meta.file = task.path
-            return summary
+            return read_at(summary, task.path)
     return _summary(task)
 
 
@@ -143,7 +143,7 @@ class RunAnalysis:
         self.last: JobAnalysis | None = None
 
     def add(self, summaries: list[RankSummary], problems: list[InputProblem]) -> JobAnalysis:
-        analysis = job_analysis(summaries, problems, self.engine, self.values)
+        analysis = job_analysis([mapped(s) for s in summaries], problems, self.engine, self.values)
         self.problems += analysis.problems
         if analysis.usable:
             self.facts.append(cycle_facts(analysis))
@@ -198,7 +198,7 @@ def analyze_run(found: Discovered, cache_dir, use_cache: bool, engine: str, work
 
         def summary_of(file: str) -> RankSummary | InputProblem:
             summary = summary_again(_Task(file, cache_root, use_cache, spill))
-            _arrived(summary, strings)
+            share_strings(summary, strings)
             return summary
 
         return _by_cycle(keys, problems, chosen, values, summary_of, found.fr_dumps, workers, job)
@@ -207,12 +207,17 @@ def analyze_run(found: Discovered, cache_dir, use_cache: bool, engine: str, work
             shutil.rmtree(spill, ignore_errors=True)
 
 
-def run_of_summaries(summaries: list[RankSummary], problems: list[InputProblem], chosen: str,
+def run_of_summaries(ranks: list[MappedRank], problems: list[InputProblem], chosen: str,
                      values: Thresholds, fr_dumps: Sequence[str | Path] = (), workers: int | None = None
                      ) -> JobAnalysis:
     """A run whose summaries are all in memory already (its names did not look like cycles)."""
-    by_file = {s.meta.file: s for s in summaries}
-    return _by_cycle([cycle_file(s) for s in summaries], problems, chosen, values, by_file.pop, fr_dumps, workers)
+    by_file = {m.summary.meta.file: m for m in ranks}
+
+    def summary_of(file: str) -> RankSummary:
+        m = by_file.pop(file)
+        return msgspec.structs.replace(m.summary, collectives=m.collectives)   # as the cycles take it
+
+    return _by_cycle([cycle_file(m.summary) for m in ranks], problems, chosen, values, summary_of, fr_dumps, workers)
 
 
 def _by_cycle(keys: list[CycleFile], problems: list[InputProblem], chosen: str, values: Thresholds,
@@ -221,7 +226,7 @@ def _by_cycle(keys: list[CycleFile], problems: list[InputProblem], chosen: str, 
     cycles = run_cycles(keys)
     if len(cycles) == 1:                # names that looked like cycles, but one job: its analysis as it is
         got = [summary_of(f) for f in cycles[0]]
-        return job_analysis([s for s in got if not isinstance(s, InputProblem)],
+        return job_analysis([mapped(s) for s in got if not isinstance(s, InputProblem)],
                             problems + [s for s in got if isinstance(s, InputProblem)], chosen, values,
                             job=job, fr_dumps=list(fr_dumps), workers=workers)
     run = RunAnalysis(values, chosen)

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import msgspec
 
 from rankscope.model import RankMeta
-from rankscope.results.collectives import RankCollectives
+from rankscope.results.collectives import Collectives, RankCollectives
 
 #: The step breakdown's categories (docs/concepts.md "Step breakdown"), in priority order: each
 #: instant of a step goes to exactly one.
@@ -555,3 +555,11 @@ class RankSummary(msgspec.Struct):
     @property
     def has_device(self) -> bool:
         return self.device_events > 0
+
+
+class MappedRank(msgspec.Struct):
+    """What the per-rank map hands the driver: the rank's summary, and its collectives taken out of it
+    for the cross-rank reduce (packed when a worker sends them: `PackedCollectives`); the reduce uses
+    them up, the summary stays."""
+    summary: RankSummary                  # its `collectives`: None
+    collectives: Collectives | None
