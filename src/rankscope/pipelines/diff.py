@@ -25,4 +25,4 @@ def diff_runs(before: str | Path, after: str | Path, cache_dir: str | Path | Non
         if not analysis.summaries:
             return DiffResult(None, problems, empty_run=str(run))
         runs.append(analysis)
-    return DiffResult(diff_analyses(*runs, labels=(str(before), str(after))), problems)
+    return DiffResult(diff_analyses(runs[0], runs[1], labels=(str(before), str(after))), problems)

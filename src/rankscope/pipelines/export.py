@@ -5,10 +5,10 @@ from __future__ import annotations
 import contextlib
 import tempfile
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 import msgspec
 import polars as pl
@@ -17,6 +17,11 @@ from rankscope.ingest import Cache, load_rank
 from rankscope.model import InputProblem
 from rankscope.pipelines.job import analyze_job, one_line_errors
 from rankscope.results import ExportResult, to_plain
+from rankscope.results.timeline import RankTimeline
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rankscope.render.perfetto import TraceWriter
+    from rankscope.results.rank import RankSummary
 
 
 @dataclass
@@ -27,7 +32,7 @@ class _ExportTask:
     offset_ns: int
     origin_ns: int
     waits: pl.DataFrame | None
-    critical_path: list                  # the critical path's segments on this rank
+    critical_path: list[tuple[int, int, str, str, int]]   # the critical path's segments on this rank
     window_ns: tuple[int, int] | None = None   # only what overlaps [start, end) on the aligned clock
 
 
@@ -46,7 +51,7 @@ def parse_selection(text: str) -> list[int]:
     return sorted(out)
 
 
-def _within(tl, lo: int, hi: int):
+def _within(tl: RankTimeline, lo: int, hi: int) -> RankTimeline:
     """The timeline with only the slices overlapping [lo, hi) and the counters in it (aligned clock)."""
     return msgspec.structs.replace(tl, slices=[f.filter((pl.col("ts_ns") < hi) & (pl.col("ts_ns") + pl.col("dur_ns") > lo))
                                for f in tl.slices],
@@ -54,7 +59,7 @@ def _within(tl, lo: int, hi: int):
 
 
 @one_line_errors
-def _export_task(task: _ExportTask) -> tuple[dict, list[bytes], int]:
+def _export_task(task: _ExportTask) -> tuple[dict[str, Any], list[bytes], int]:
     """Load one rank (from the cache when on), build its timeline and its JSON text: (what the
     file's metadata says about the rank, chunks, events). Bad input -> InputProblem."""
     from rankscope.analyses.rank.timeline import rank_timeline
@@ -71,7 +76,7 @@ def _export_task(task: _ExportTask) -> tuple[dict, list[bytes], int]:
              "clipped": tl.clipped, "notes": tl.notes}, chunks, events)
 
 
-def export_perfetto(inputs, out: str | Path, cache_dir: str | Path | None = None, use_cache: bool = True,
+def export_perfetto(inputs: str | Path | list[str | Path], out: str | Path, cache_dir: str | Path | None = None, use_cache: bool = True,
                     on_progress: Callable[[int, int, str], None] | None = None,
                     pipeline_ranks: int = 2, ranks: list[int] | None = None, steps: list[int] | None = None,
                     on_estimate: Callable[[int, int], None] | None = None) -> ExportResult:
@@ -99,8 +104,9 @@ def export_perfetto(inputs, out: str | Path, cache_dir: str | Path | None = None
     return result
 
 
-def _export(writer, inputs, cache_dir, on_progress, pipeline_ranks: int, ranks=None, steps=None,
-            on_estimate=None) -> ExportResult:
+def _export(writer: TraceWriter, inputs: str | Path | list[str | Path], cache_dir: str | Path | None,
+            on_progress: Callable[[int, int, str], None] | None, pipeline_ranks: int, ranks: list[int] | None = None,
+            steps: list[int] | None = None, on_estimate: Callable[[int, int], None] | None = None) -> ExportResult:
     from rankscope.analyses.job.clock import applied_offsets
     from rankscope.analyses.job.critical_path import path_slices
     from rankscope.analyses.job.matching import collective_waits
@@ -122,7 +128,7 @@ def _export(writer, inputs, cache_dir, on_progress, pipeline_ranks: int, ranks=N
     offset_of = [offsets.get(s.rank, 0) for s in analysis.summaries]
     origin = job_origin_ns([s.meta.span_ns for s in analysis.summaries], offset_of)
     fr_tracks = flight_recorder_slices(analysis, offsets)           # Flight Recorder dumps: a track per rank
-    fr_start = [int(f["ts_ns"].min()) for _, f in fr_tracks if f.height]
+    fr_start = [int(cast(int, f["ts_ns"].min())) for _, f in fr_tracks if f.height]
     if fr_start:
         origin = min(fr_start + ([origin] if analysis.summaries else []))
     cache_root = str(cache_dir) if cache_dir is not None else None
@@ -135,9 +141,9 @@ def _export(writer, inputs, cache_dir, on_progress, pipeline_ranks: int, ranks=N
     if steps is not None and all(t.window_ns == (0, 0) for t in tasks):
         problems.append(InputProblem(str(writer.out), f"none of steps {steps} is in the ranks chosen", fatal=True))
         tasks = []
-    written = []
+    written: list[dict[str, Any]] = []
     with ThreadPoolExecutor(pipeline_ranks) as pool:
-        pending: deque = deque()
+        pending: deque[Future[tuple[dict[str, Any], list[bytes], int] | InputProblem]] = deque()
         for i in range(len(tasks)):
             while len(pending) < pipeline_ranks and i + len(pending) < len(tasks):
                 pending.append(pool.submit(_export_task, tasks[i + len(pending)]))
@@ -166,7 +172,7 @@ def _export(writer, inputs, cache_dir, on_progress, pipeline_ranks: int, ranks=N
     return ExportResult(str(writer.out), sorted({w["rank"] for w in written + dumps}), writer.events, size, problems)
 
 
-def _window(summary, steps: list[int] | None, offset_ns: int) -> tuple[int, int] | None:
+def _window(summary: RankSummary, steps: list[int] | None, offset_ns: int) -> tuple[int, int] | None:
     """The aligned time from the first to the end of the last of `steps` on this rank; None: all;
     (0, 0): the rank has none of them."""
     if steps is None:

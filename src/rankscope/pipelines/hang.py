@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from rankscope import engine as engines
 from rankscope.ingest import TraceError
@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rankscope.results.rank import RankSummary
     from rankscope.ingest.flight_recorder import FrDump
     from rankscope.pipelines.report import JobAnalysis
+    from rankscope.render.perfetto import TraceWriter
     from rankscope.results.hang import HangReport
 
 
@@ -111,8 +112,8 @@ def flight_recorder_slices(analysis: JobAnalysis, offsets: dict[int, int]) -> li
     return [(d, entry_slices(d, horizon, bases.get(d.rank, common) + offsets.get(d.rank, 0))) for d in dumps]
 
 
-def write_flight_recorder(writer, tracks: list[tuple[FrDump, pl.DataFrame]], origin_ns: int,
-                          written: set[int]) -> list[dict]:
+def write_flight_recorder(writer: TraceWriter, tracks: list[tuple[FrDump, pl.DataFrame]], origin_ns: int,
+                          written: set[int]) -> list[dict[str, Any]]:
     """Write each rank's Flight Recorder track (`written`: the ranks whose process is in the file
     already); returns what the file's metadata says about each."""
     from rankscope.render.perfetto_hang import flight_recorder_json

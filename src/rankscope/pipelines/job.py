@@ -12,7 +12,7 @@ import gc
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Protocol, Sequence, TypeVar
 
 import msgspec
 import numpy as np
@@ -49,11 +49,20 @@ class _Task:
     spill_dir: str | None = None      # a run's summaries without a cache (pipelines/run.py)
 
 
-def one_line_errors(task_fn):
+class _OfAFile(Protocol):
+    @property
+    def path(self) -> str: ...
+
+
+T = TypeVar("T")
+TaskT = TypeVar("TaskT", bound=_OfAFile)
+
+
+def one_line_errors(task_fn: Callable[[TaskT], T]) -> Callable[[TaskT], T | InputProblem]:
     """A per-rank task never raises: bad input, and even a bug, becomes one InputProblem line, so
     one rank never takes the others down."""
     @functools.wraps(task_fn)
-    def run(task: _Task):
+    def run(task: TaskT) -> T | InputProblem:
         try:
             return task_fn(task)
         except TraceError as exc:
@@ -68,7 +77,7 @@ def one_line_errors(task_fn):
 
 
 @one_line_errors
-def _rank_task(task: _Task) -> MappedRank | list[MappedRank] | InputProblem:
+def _rank_task(task: _Task) -> MappedRank | list[MappedRank]:
     """The per-rank map step (runs in a worker). With a cache, the summary itself is cached too
     (keyed by file content and analysis code). What travels to the driver: the summary, its
     collectives packed beside it."""
@@ -112,7 +121,7 @@ def share_strings(obj: Any, pool: dict[str, str]) -> Any:
         for name in obj.__struct_fields__:
             setattr(obj, name, share_strings(getattr(obj, name), pool))
         return obj
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type) and not obj.__dataclass_params__.frozen:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type) and not obj.__dataclass_params__.frozen:  # type: ignore[attr-defined]
         for f in dataclasses.fields(obj):
             setattr(obj, f.name, share_strings(getattr(obj, f.name), pool))
     return obj
@@ -158,7 +167,7 @@ def _trim_heap(engine: str) -> None:
     reuse.trim_heap()
 
 
-_summary_decoder: msgspec.msgpack.Decoder | None = None
+_summary_decoder: msgspec.msgpack.Decoder[RankSummary] | None = None
 _summary_decoder_lock = threading.Lock()
 
 
@@ -207,7 +216,7 @@ def read_at(summary: RankSummary, path: str, from_cache: bool = False) -> RankSu
 
 
 @one_line_errors
-def _load_task(task: _Task) -> RankMeta | list[RankMeta] | InputProblem:
+def _load_task(task: _Task) -> RankMeta | list[RankMeta]:
     """Ingest only (parse, or find in the cache): the rank's metadata (of each rank the file holds)."""
     if several_ranks(task.path):
         return [t.meta for t in read_traces(task.path)]
@@ -222,7 +231,7 @@ def _load_task(task: _Task) -> RankMeta | list[RankMeta] | InputProblem:
     return meta
 
 
-def ingest(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True,
+def ingest(inputs: str | Path | list[str | Path], cache_dir: str | Path | None = None, use_cache: bool = True,
            engine: str = "auto", workers: int | None = None,
            on_progress: Callable[[int, int, str], None] | None = None, address: str | None = None) -> Ingest:
     """Read (or find in the cache) every rank of a job without analysing it."""
@@ -253,10 +262,11 @@ def _assign(metas: list[RankMeta]) -> tuple[list[RankMeta], list[str], list[Inpu
     return kept, warnings, problems
 
 
-def _map_files(inputs, task_fn, cache_dir, use_cache, engine, workers, on_progress,
-               address=None, on_arrival: Callable[[object], None] | None = None,
-               keep_memory: bool = False, fr_dumps: list | None = None,
-               spill_dir: str | None = None) -> tuple[list, list, str]:
+def _map_files(inputs: str | Path | list[str | Path] | Discovered, task_fn: Callable[[_Task], Any],
+               cache_dir: str | Path | None, use_cache: bool, engine: str, workers: int | None,
+               on_progress: Callable[[int, int, str], None] | None, address: str | None = None,
+               on_arrival: Callable[[Any], None] | None = None, keep_memory: bool = False,
+               fr_dumps: list[Path] | None = None, spill_dir: str | None = None) -> tuple[list[Any], list[InputProblem], str]:
     """Discover the files (or take those `inputs` found) and map `task_fn` over them: (results, problems,
     engine used). `on_arrival(result)` runs in the driver on each result as it comes in. `keep_memory`: see
     `engines.map_ranks`. `fr_dumps`: receives the Flight Recorder dumps found (else they are ignored)."""
@@ -274,7 +284,7 @@ def _map_files(inputs, task_fn, cache_dir, use_cache, engine, workers, on_progre
     tasks = [_Task(str(p), cache_root, use_cache, spill_dir) for p in files]
     done = 0
 
-    def progress(i: int, result) -> None:
+    def progress(i: int, result: Any) -> None:
         nonlocal done
         if on_arrival:
             on_arrival(result)
@@ -285,15 +295,15 @@ def _map_files(inputs, task_fn, cache_dir, use_cache, engine, workers, on_progre
     results = engines.map_ranks(task_fn, tasks, engine=chosen, workers=workers, on_done=progress, address=address,
                                 on_lost=lambda task, why: InputProblem(task.path, why), keep_memory=keep_memory)
     problems += [r for r in results if isinstance(r, InputProblem)]
-    found = [one for r in results if not isinstance(r, InputProblem) for one in (r if isinstance(r, list) else [r])]
-    return found, problems, chosen
+    return ([one for r in results if not isinstance(r, InputProblem) for one in (r if isinstance(r, list) else [r])],
+            problems, chosen)
 
 
-def analyze_job(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True,
-            engine: str = "auto", workers: int | None = None,
-            on_progress: Callable[[int, int, str], None] | None = None, address: str | None = None,
-            thresholds: dict[str, float] | None = None, nccl_logs: list | None = None,
-            job: int | None = None) -> JobAnalysis:
+def analyze_job(inputs: str | Path | list[str | Path], cache_dir: str | Path | None = None, use_cache: bool = True,
+                engine: str = "auto", workers: int | None = None,
+                on_progress: Callable[[int, int, str], None] | None = None, address: str | None = None,
+                thresholds: dict[str, float] | None = None, nccl_logs: list[str | Path] | None = None,
+                job: int | None = None) -> JobAnalysis:
     """Analyse a job: a folder of per-rank traces, one file, or a list of either.
     `on_progress(done, total, file)` is called as ranks finish. `engine="ray"` maps the ranks on
     Ray: the cluster at `address` (e.g. "auto", "ray://head:10001"), else a local runtime.
@@ -316,18 +326,19 @@ def analyze_job(inputs: str | Path | list, cache_dir: str | Path | None = None, 
                                        workers=workers), nccl_logs, values)
 
 
-def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True,
+def analyze(inputs: str | Path | list[str | Path], cache_dir: str | Path | None = None, use_cache: bool = True,
             engine: str = "auto", workers: int | None = None,
             on_progress: Callable[[int, int, str], None] | None = None, address: str | None = None,
-            thresholds: dict[str, float] | None = None, nccl_logs: list | None = None,
+            thresholds: dict[str, float] | None = None, nccl_logs: list[str | Path] | None = None,
             job: int | None = None) -> Analysis:
     """The report of `analyze_job` (same arguments)."""
     return to_report(analyze_job(inputs, cache_dir, use_cache, engine, workers, on_progress, address, thresholds,
                                  nccl_logs, job))
 
 
-def map_summaries(inputs, cache_dir, use_cache: bool, engine: str, workers: int | None, on_progress,
-                  address: str | None, fr_dumps: list | None = None
+def map_summaries(inputs: str | Path | list[str | Path] | Discovered, cache_dir: str | Path | None, use_cache: bool,
+                  engine: str, workers: int | None, on_progress: Callable[[int, int, str], None] | None,
+                  address: str | None, fr_dumps: list[Path] | None = None
                   ) -> tuple[list[MappedRank], list[InputProblem], str]:
     """The per-rank map of `analyze`: every file's summary (and collectives), the input problems, the
     engine used (`fr_dumps`: receives the Flight Recorder dumps found)."""
@@ -344,7 +355,8 @@ def map_summaries(inputs, cache_dir, use_cache: bool, engine: str, workers: int 
 
 
 def job_analysis(ranks: list[MappedRank], problems: list[InputProblem], chosen: str, values: Thresholds,
-                 job: int | None = None, fr_dumps: list | None = None, workers: int | None = None) -> JobAnalysis:
+                 job: int | None = None, fr_dumps: list[Path] | None = None, workers: int | None = None
+                 ) -> JobAnalysis:
     """The job of these mapped ranks: the job picked (`job`, when the files hold several), ranks
     assigned, the cross-rank reduce (which uses up their collectives), the Flight Recorder dumps'
     verdict, the findings."""
@@ -372,7 +384,7 @@ def job_analysis(ranks: list[MappedRank], problems: list[InputProblem], chosen: 
                        hang=hang, jobs=found)
 
 
-def with_nccl_logs(result: JobAnalysis, nccl_logs: list | None, values: Thresholds) -> JobAnalysis:
+def with_nccl_logs(result: JobAnalysis, nccl_logs: list[str | Path] | None, values: Thresholds) -> JobAnalysis:
     """`result` with the findings and problems of the job's NCCL logs (none: as it is)."""
     if not nccl_logs:
         return result
@@ -489,7 +501,7 @@ def _devices(ranks: list[RankSummary]) -> list[str]:
     return out
 
 
-def _job_info(ranks: list[RankSummary], warnings: list[str], refused: list[str] = ()) -> JobInfo:
+def _job_info(ranks: list[RankSummary], warnings: list[str], refused: Sequence[str] = ()) -> JobInfo:
     world, missing, coverage = _coverage([r.meta for r in ranks])
     warnings = list(warnings) + coverage
     rank_ids = [r.rank for r in ranks]
@@ -516,10 +528,19 @@ def _job_info(ranks: list[RankSummary], warnings: list[str], refused: list[str] 
     return JobInfo(
         world_size=world, ranks=rank_ids, backend=backends[0] if len(backends) == 1 else (", ".join(backends) or None),
         steps=steps, devices=devices, warnings=warnings, missing_ranks=missing,
-        steps_source=sources.pop() if len(sources) == 1 else ("mixed" if sources else "none"),
+        steps_source=_steps_source(sources),
         span_ms=rounded(span_ms, 3), hosts=sorted({r.meta.hostname for r in ranks if r.meta.hostname}),
         capture=job_capture(ranks, warnings, refused, (len(ranks), world) if missing and world else None),
     )
+
+
+def _steps_source(sources: set[str]) -> Literal["profiler_step", "whole_trace", "mixed", "none"]:
+    """Where the ranks' steps come from: all from ProfilerStep marks, all one step per trace, mixed, none."""
+    if not sources:
+        return "none"
+    if len(sources) > 1:
+        return "mixed"
+    return "whole_trace" if sources == {"whole_trace"} else "profiler_step"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -543,7 +564,7 @@ class Job:
         return len(self.files)
 
 
-def load(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True,
+def load(inputs: str | Path | list[str | Path], cache_dir: str | Path | None = None, use_cache: bool = True,
          engine: str = "auto") -> Job:
     """Read a job's trace files (in parallel, into the cache) and assign ranks, without analysing
     them; `job.rank(r)` then returns a rank's frames (from the cache when it is on)."""

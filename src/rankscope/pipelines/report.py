@@ -96,7 +96,7 @@ def _rank(s: RankSummary, comm: dict[str, DimComm] | None) -> RankReport:
         events=s.meta.events_total, device_events=s.device_events,
         step_time_ms=StepTime(rounded(st.mean_ms, 3), rounded(st.median_ms, 3), rounded(st.max_ms, 3)),
         gpu_busy_pct=rounded(st.device_busy_pct, 2), breakdown_ms=_rounded(s.breakdown_mean_ms) if s.steps else None,
-        breakdown_mode=s.breakdown_mode, comm_by_dim_ms=comm, overlap_efficiency=rounded(s.overlap_efficiency, 4),
+        breakdown_mode="cpu_only" if s.breakdown_mode == "cpu_only" else "device", comm_by_dim_ms=comm, overlap_efficiency=rounded(s.overlap_efficiency, 4),
         temporal_pct=(TemporalPct(hta.temporal.compute_pct, hta.temporal.non_compute_pct, hta.temporal.idle_pct)
                       if hta else None),
         overlap_pct=hta.overlap.overlap_pct if hta else None,

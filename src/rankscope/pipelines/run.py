@@ -25,6 +25,7 @@ from rankscope.analyses.run.cycles import CycleFacts, RankStep
 from rankscope.results.run import CycleStraggler
 from rankscope.ingest.cycles import CycleFile, cycles_in_names, run_cycles
 from rankscope.ingest.discover import discover, rank_from_filename
+from rankscope.ingest import TraceError
 from rankscope.model import InputProblem
 from rankscope.pipelines import checking_arguments
 from rankscope.pipelines.job import (_import_reduce, _map_files, _summary, _Task, _trim_heap, decode_summary,
@@ -42,10 +43,10 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["analyze", "analyze_cycles"]
 
 
-def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True,
+def analyze(inputs: str | Path | list[str | Path], cache_dir: str | Path | None = None, use_cache: bool = True,
             engine: str = "auto", workers: int | None = None,
             on_progress: Callable[[int, int, str], None] | None = None, address: str | None = None,
-            thresholds: dict[str, float] | None = None, nccl_logs: list | None = None,
+            thresholds: dict[str, float] | None = None, nccl_logs: list[str | Path] | None = None,
             job: int | None = None) -> Analysis:
     """`pipelines.job.analyze` (same arguments), over every profiler cycle: when the files hold several
     cycles per rank, each cycle is analysed as a job and the result is the run report (`Analysis.run`,
@@ -55,10 +56,10 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
                                     nccl_logs, job))
 
 
-def analyze_cycles(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True,
+def analyze_cycles(inputs: str | Path | list[str | Path], cache_dir: str | Path | None = None, use_cache: bool = True,
                 engine: str = "auto", workers: int | None = None,
                 on_progress: Callable[[int, int, str], None] | None = None, address: str | None = None,
-                thresholds: dict[str, float] | None = None, nccl_logs: list | None = None,
+                thresholds: dict[str, float] | None = None, nccl_logs: list[str | Path] | None = None,
                 job: int | None = None) -> JobAnalysis:
     """`analyze`, before its report: what the other pipelines read (the per-rank summaries, the
     cross-rank result, the matched collectives)."""
@@ -71,7 +72,7 @@ def analyze_cycles(inputs: str | Path | list, cache_dir: str | Path | None = Non
     if cycles_in_names(found.traces):
         result = analyze_run(found, cache_dir, use_cache, engine, workers, on_progress, address, values, job)
     else:
-        dumps: list = []
+        dumps: list[Path] = []
         ranks, problems, chosen = map_summaries(found, cache_dir, use_cache, engine, workers, on_progress,
                                                 address, fr_dumps=dumps)
         result = (run_of_summaries(ranks, problems, chosen, values, dumps, workers) if several_cycles(ranks)
@@ -92,10 +93,18 @@ def several_cycles(ranks: list[MappedRank]) -> bool:
 @one_line_errors
 def key_task(task: _Task) -> CycleFile:
     """The per-rank map of a run: the summary made and kept (cache or spill folder); back comes its key."""
-    summary = _summary(task)
+    summary = one_summary(task)
     if task.spill_dir is not None:
-        Path(_spilled(task)).write_bytes(msgspec.msgpack.encode(summary))
+        Path(_spilled(task.spill_dir, task.path)).write_bytes(msgspec.msgpack.encode(summary))
     return cycle_file(summary)
+
+
+def one_summary(task: _Task) -> RankSummary:
+    """The summary of a file of one rank (a run's cycles are kineto files, one rank each)."""
+    summary = _summary(task)
+    if isinstance(summary, list):
+        raise TraceError(f"{task.path}: a file of several ranks cannot be one cycle of a run")
+    return summary
 
 
 @one_line_errors
@@ -103,16 +112,16 @@ def summary_again(task: _Task) -> RankSummary:
     """A file's summary read back (from the cache, the spill folder, or made again when neither has it)."""
     if task.spill_dir is not None:
         try:
-            summary = decode_summary(Path(_spilled(task)).read_bytes())
+            summary = decode_summary(Path(_spilled(task.spill_dir, task.path)).read_bytes())
         except OSError:
             summary = None
         if summary is not None:
             return read_at(summary, task.path)
-    return _summary(task)
+    return one_summary(task)
 
 
-def _spilled(task: _Task) -> str:
-    return str(Path(task.spill_dir) / (hashlib.sha256(task.path.encode()).hexdigest()[:32] + ".msgpack"))
+def _spilled(spill_dir: str, path: str) -> str:
+    return str(Path(spill_dir) / (hashlib.sha256(path.encode()).hexdigest()[:32] + ".msgpack"))
 
 
 def cycle_facts(a: JobAnalysis) -> CycleFacts:
@@ -183,7 +192,7 @@ def _unique(problems: list[InputProblem]) -> list[InputProblem]:
     return list({(p.file, p.problem, p.fatal): p for p in problems}.values())
 
 
-def analyze_run(found: Discovered, cache_dir, use_cache: bool, engine: str, workers: int | None,
+def analyze_run(found: Discovered, cache_dir: str | Path | None, use_cache: bool, engine: str, workers: int | None,
                 on_progress: Callable[[int, int, str], None] | None, address: str | None,
                 values: Thresholds, job: int | None = None) -> JobAnalysis:
     """Every cycle of the run in `found`: the map over all files, then the cycles one by one (`job`: the
@@ -228,11 +237,12 @@ def _by_cycle(keys: list[CycleFile], problems: list[InputProblem], chosen: str, 
         got = [summary_of(f) for f in cycles[0]]
         return job_analysis([mapped(s) for s in got if not isinstance(s, InputProblem)],
                             problems + [s for s in got if isinstance(s, InputProblem)], chosen, values,
-                            job=job, fr_dumps=list(fr_dumps), workers=workers)
+                            job=job, fr_dumps=[Path(f) for f in fr_dumps], workers=workers)
     run = RunAnalysis(values, chosen)
     run.problems += problems
     for files in cycles:
         got = [summary_of(f) for f in files]
         run.add([s for s in got if not isinstance(s, InputProblem)], [s for s in got if isinstance(s, InputProblem)])
     return (run.result(fr_dumps, workers)
-            or job_analysis([], _unique(run.problems), chosen, values, fr_dumps=list(fr_dumps), workers=workers))
+            or job_analysis([], _unique(run.problems), chosen, values, fr_dumps=[Path(f) for f in fr_dumps],
+                            workers=workers))

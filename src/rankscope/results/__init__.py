@@ -25,7 +25,7 @@ import numpy as np
 import polars as pl
 
 from rankscope.model import InputProblem, RankMeta
-from rankscope.results.analysis import Analysis, JobInfo  # noqa: F401  (the report and its job: from here)
+from rankscope.results.analysis import Analysis, JobInfo
 from rankscope.results.findings import Finding
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -33,6 +33,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from rankscope.results.nccl import NcclReport
     from rankscope.results.diff import Diff
     from rankscope.results.mfu import MfuReport
+
+
+__all__ = ["Analysis", "DiffResult", "ExportResult", "Finding", "Ingest", "JobInfo", "MemoryResult", "MfuResult",
+           "NcclResult", "Result", "ThresholdList", "to_plain"]
 
 
 def to_plain(obj: Any) -> Any:

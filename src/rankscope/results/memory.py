@@ -42,7 +42,7 @@ class Oom(msgspec.Struct):
     requested: int
     device_free: int | None
     allocated_at_oom: int
-    events_before: list[dict]           # oldest first: action, size, addr, time_us, category, frame
+    events_before: list[dict[str, Any]]   # oldest first: action, size, addr, time_us, category, frame
 
 
 class JudgedFragmentation(msgspec.Struct):
