@@ -79,7 +79,7 @@ def to_report(a: JobAnalysis) -> Analysis:
         straggler_thresholds=c.straggler_thresholds if c else msgspec.UNSET,
         parallelism=c.layout if c else Layout(), pipeline=c.pipeline if c else None,
         experts=c.experts if c else None, critical_path=c.critical_path if c else None,
-        median_step_ms=c.median_step_ms if c else None, hang=a.hang, findings=a.findings, run=a.run,
+        median_step_ms=c.median_step_ms if c else None, step_spread=c.step_spread if c else None, hang=a.hang, findings=a.findings, run=a.run,
         engine=a.engine, jobs=a.jobs if a.jobs else msgspec.UNSET)
 
 

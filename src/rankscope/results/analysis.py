@@ -32,6 +32,7 @@ from rankscope.results.pipeline import Pipeline
 from rankscope.results.rank import (CopySummary, DeviceMemory, GapSummary, HtaParity, MemorySamples, OperatorStats,
                                     RankKernels)
 from rankscope.results.run import Run
+from rankscope.results.step_spread import StepSpread
 from rankscope.results.stragglers import LoadBalance, RankStats, Straggler, StragglerThresholds
 
 SCHEMA: Literal["rankscope.analysis/1"] = "rankscope.analysis/1"
@@ -190,6 +191,7 @@ class Analysis(msgspec.Struct, kw_only=True):
     findings: list[Finding] = []                   # ordered: severity, then cost per step
     run: Run | None = None                         # every profiler cycle, when the files hold several
     engine: str = "inprocess"                      # addition: where the per-rank work ran
+    step_spread: StepSpread | None = None          # addition: the step-time spread across ranks
     jobs: list[FoundJob] | msgspec.UnsetType = msgspec.UNSET   # addition: the jobs the inputs hold, when several
 
     @property

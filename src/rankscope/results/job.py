@@ -14,6 +14,7 @@ from rankscope.results.critical_path import CriticalPath
 from rankscope.results.experts import ExpertLoad
 from rankscope.results.layout import Layout, RankDimComm
 from rankscope.results.pipeline import Pipeline
+from rankscope.results.step_spread import StepSpread
 from rankscope.results.stragglers import LoadBalance, RankStats, Straggler, StragglerThresholds
 
 
@@ -27,6 +28,7 @@ class JobResult(msgspec.Struct, kw_only=True):
     rank_stats: list[RankStats]
     straggler_thresholds: StragglerThresholds
     median_step_ms: float | None
+    step_spread: StepSpread | None
     layout: Layout
     comm_by_dim: list[RankDimComm]
     pipeline: Pipeline | None

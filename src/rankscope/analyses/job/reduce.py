@@ -9,7 +9,8 @@ others:
   4. the parallel layout, each rank's communication per dimension, the pipeline, the expert load
      (layout.py, pipeline.py, experts.py)
   5. stragglers, step-time statistics and load balance (stragglers.py; a straggler on an unbalanced
-     pipeline's bottleneck stage gets cause `pipeline_stage` as it is made)
+     pipeline's bottleneck stage gets cause `pipeline_stage` as it is made); the step-time spread
+     across ranks (step_spread.py)
   6. the critical path and its what-ifs (critical_path.py; the stragglers' causes re-timed)
   7. alpha-beta fits and the collectives' summary by type and process group (alphabeta.py, matching.py)
 
@@ -29,6 +30,7 @@ from rankscope.analyses.job.layout import comm_by_dim, parallel_layout
 from rankscope.analyses.job.matching import CollectiveTable, collectives_summary, match_collectives, member_frame
 from rankscope.analyses.job.pipeline import pipeline_analysis
 from rankscope.analyses.job.regroup import regroup_unnamed
+from rankscope.analyses.job.step_spread import step_spread
 from rankscope.analyses.job.stragglers import CAUSE_GROUPS, find_stragglers
 from rankscope.results.collectives import Collectives
 from rankscope.results.job import JobResult
@@ -63,5 +65,6 @@ def reduce_job(ranks: Sequence[Collectives], thresholds: Thresholds | None = Non
         stragglers=stragglers.stragglers, straggler_verdict=stragglers.verdict,
         load_balance=stragglers.load_balance, rank_stats=stragglers.ranks,
         straggler_thresholds=stragglers.thresholds, median_step_ms=stragglers.median_step_ms,
+        step_spread=step_spread(ranks, stragglers.median_step_ms),
         layout=layout, comm_by_dim=comm, pipeline=pipeline, experts=expert_load(ranks, layout),
         critical_path=path), table)
