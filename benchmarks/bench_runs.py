@@ -51,7 +51,8 @@ DATA = HERE / "data"
 # ------------------------------------------------------------------------------------- false alarms
 def _trend(rng: random.Random, ranks: int, cycles: int, steps: int, step_sd: float, cycle_sd: float,
            slow_rank: int | None = None, slow_from: int = 0, factor: float = 1.0):
-    from rankscope.analyses.run.cycles import RunCycle, TrendPoint
+    from rankscope.analyses.run.cycles import TrendPoint
+    from rankscope.results.run import RunCycle
     speed = [rng.gauss(0, 0.02) for _ in range(ranks)]
     t_scale = step_sd / math.sqrt(3.0)                     # a t(3) variable has variance 3
     points, rows, step = [], [], 5

@@ -207,7 +207,8 @@ def profile_rank(folder: Path, stamp: dict) -> dict:
     """One rank, in this process, one core: read, gunzip, parse (incl. gunzip), summarize; summary sizes."""
     import msgspec
     from isal import igzip
-    from rankscope.analyses.rank.summary import RankSummary, summarize_rank
+    from rankscope.analyses.rank.summary import summarize_rank
+    from rankscope.results.rank import RankSummary
     from rankscope.ingest.kineto import read_kineto
     path = folder / stamp["files"][0]
     t0 = time.perf_counter()

@@ -26,7 +26,6 @@ from rich.table import Table
 from rankscope.api import analyze
 from rankscope.render.base import render
 from rankscope.render.html import render_html
-from rankscope.render.json import analysis_to_dict
 from rankscope.synth import generate_job, parse_injection
 
 STRAGGLER = 77
@@ -92,7 +91,7 @@ def main() -> int:
         named = sum(str(STRAGGLER) in t.columns[0].cells for t in tables)
         widest = max(len(line) for line in text.splitlines())
         lists_ok = not re.search(r"(\d+, ){8}", text)
-        page = render_html(analysis_to_dict(a))
+        page = render_html(a)
         load_s, ticks = browser_load_s(page, args.repeats)
         lane = next((t for t in ticks if t.startswith(f"rank {STRAGGLER}")), "-")
         print(f"{n:>6} {t_analyze:>10.1f} {f'{named}/{len(tables)}':>20} {widest:>7} {str(lists_ok):>9} "

@@ -33,7 +33,7 @@ WHAT_IF = {"sleep": "rank:1:host_idle", "dataloader": "every:dataloader", "slow-
 
 
 def _path(folder: Path):
-    return analyze(folder, use_cache=False, engine="inprocess").cross.critical_path
+    return analyze(folder, use_cache=False, engine="inprocess").critical_path
 
 
 def real_pairs(root: Path) -> list[dict]:

@@ -95,6 +95,21 @@ def fresh_json(path: str | Path):
     return json.loads(raw_text(path))
 
 
+def report_json(report) -> dict:
+    """A typed report (`rankscope.analyze`'s `Analysis`) as `--json` prints it, read back by the
+    standard library's JSON reader: the plain data a consumer of the JSON sees."""
+    import msgspec
+    return json.loads(msgspec.json.encode(report))
+
+
+def as_report(doc: dict):
+    """The typed report of a `rankscope.analysis/1` document (plain JSON data, as `--json` printed it
+    and a test may have changed it), read back as `Analysis.load` reads a saved report."""
+    import msgspec
+    from rankscope.results import Analysis
+    return msgspec.json.decode(json.dumps(doc), type=Analysis)
+
+
 def x_events(doc: dict) -> list[dict]:
     return [e for e in doc["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"]
 

@@ -46,7 +46,7 @@ from rankscope.analyses.rank.breakdown import CATEGORIES as BREAKDOWN_CATEGORIES
 from rankscope.render.base import render
 from rankscope.render.figures import BREAKDOWN, TABLES, Figure
 from rankscope.render.html import render_html
-from rankscope.render.json import analysis_to_dict
+from conftest import as_report, report_json
 
 #: The JSON rounds ms to 3 decimals.
 MS_ROUNDING = 0.0005
@@ -77,10 +77,10 @@ class _Recorder(Console):
 
 
 def outputs(analysis) -> Outputs:
-    report = json.loads(json.dumps(analysis_to_dict(analysis)))
+    report = report_json(analysis)
     console = _Recorder()
     render(analysis, "terminal", console)
-    page = render_html(report)
+    page = render_html(as_report(report))
     block = re.search(r'id="rankscope-figures">(.*?)</script>', page, re.DOTALL).group(1)
     charts = {k: v["variants"].get("all", v["variants"].get(v["initial"])) for k, v in json.loads(block).items()}
     return Outputs(report, console.tables, console.export_text(), page, charts)

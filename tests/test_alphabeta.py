@@ -10,7 +10,8 @@ import math
 
 import pytest
 
-from rankscope.analyses.job.alphabeta import (AlphaBetaFit, LinkModel, alpha_beta_rows, fit_alpha_beta, predict_us)
+from rankscope.analyses.job.alphabeta import LinkModel, fit_alpha_beta, fit_predict_us, predict_us
+from rankscope.results.collectives import AlphaBetaFit
 from rankscope.analyses.rank.collectives import RankCollectives, rank_collectives
 from rankscope.analyses.job.matching import match_collectives
 from rankscope.ingest.kineto import read_kineto
@@ -41,9 +42,8 @@ def test_exact_line_is_recovered():
     assert fit.busbw_gbps == pytest.approx(beta_gbps * 2 * 3 / 4, rel=1e-4)    # nccl-tests all_reduce factor
     assert fit.r2 == pytest.approx(1.0)
     for p in fit.points:
-        assert p["predicted_us"] == pytest.approx(p["actual_us"], abs=0.01)
-    assert fit.predict_us(8 << 20) == pytest.approx(alpha_us + (8 << 20) / 50e3, rel=1e-4)
-    assert alpha_beta_rows([fit])[0]["beta_gbps"] == pytest.approx(beta_gbps, rel=1e-4)
+        assert p.predicted_us == pytest.approx(p.actual_us, abs=0.01)
+    assert fit_predict_us(fit, 8 << 20) == pytest.approx(alpha_us + (8 << 20) / 50e3, rel=1e-4)
 
 
 def test_not_enough_samples_or_sizes_no_fit():
@@ -69,7 +69,7 @@ def test_fit_recovers_the_generator_network(tmp_path):
     assert fit.r2 > 0.95
     link = LinkModel.from_fit(fit)                              # ring all-reduce: 2(n-1) hops
     assert link.bus_bandwidth_gbps == pytest.approx(fit.busbw_gbps)
-    assert link.predict_us("all_reduce", 32 << 20, n) == pytest.approx(fit.predict_us(32 << 20), rel=1e-6)
+    assert link.predict_us("all_reduce", 32 << 20, n) == pytest.approx(fit_predict_us(fit, 32 << 20), rel=1e-6)
 
 
 def test_predictor_formulas_by_hand():

@@ -26,11 +26,11 @@ ALLOWED: dict[str, set[str]] = {
     "synth": {"files"},
     "ingest": {"files", "model", "units", "numbers"},
     "analyses": {"model", "units", "numbers", "hardware", "thresholds", "ingest",
-                 "results"},    # the typed parts of the report that analyses fill (results/hang.py)
-    "results": {"model", "units", "numbers", "ingest", "analyses"},
-    "findings": {"model", "units", "numbers", "hardware", "thresholds", "ingest", "analyses", "results"},
-    "render": {"version", "files", "model", "units", "numbers", "hardware", "thresholds", "ingest", "analyses",
-               "results"},
+                 "results"},    # the typed report's parts, which analyses fill (results/)
+    # the typed report, and what reads it: nothing from analyses/ (issue 29)
+    "results": {"model", "units", "numbers", "ingest"},
+    "findings": {"model", "units", "numbers", "hardware", "thresholds", "ingest", "results"},
+    "render": {"version", "files", "model", "units", "numbers", "hardware", "thresholds", "ingest", "results"},
 }
 
 
@@ -143,3 +143,11 @@ def test_every_room_is_known(graph):
     """A new top-level module or package must be placed in the layering above (or be a top layer)."""
     top_layers = {"rankscope", "api", "pipelines", "cli", "engine", "prefork", "capture", "__main__"}
     assert {_room(m) for m in graph} - set(ALLOWED) - top_layers == set()
+
+
+def test_planted_analyses_import_in_render_is_caught(graph):
+    """The rule above on a graph with one render module importing analyses/: reported."""
+    planted = dict(graph, **{"rankscope.render.planted": {"rankscope.analyses.rank.breakdown"}})
+    wrong = [f"{m} -> {t}" for m, targets in planted.items() if _room(m) == "render"
+             for t in targets if _room(t) not in ALLOWED["render"] | {"render"}]
+    assert wrong == ["rankscope.render.planted -> rankscope.analyses.rank.breakdown"]

@@ -20,6 +20,7 @@ from conftest import (DLRM, assert_no_traceback, complete_events_in_prefix, corp
 from rankscope import api
 from rankscope.ingest.errors import TraceError
 from rankscope.ingest.kineto import read_kineto
+from rankscope.pipelines.run import analyze_cycles
 
 RANK7 = "worker7_step_12.1694128201553.pt.trace.json.gz"
 
@@ -29,7 +30,7 @@ def analyze_dir(d: Path, **kw) -> api.Analysis:
     once per session; a damaged or new file has new content/mtime, so it is always parsed)."""
     kw.setdefault("cache_dir", shared_cache_dir())
     kw.setdefault("engine", "inprocess")
-    return api.analyze(d, **kw)
+    return analyze_cycles(d, **kw)
 
 
 def one_line(text: str) -> bool:
@@ -41,7 +42,7 @@ def problems_for(result: api.Analysis, path: Path) -> list:
 
 
 def assert_other_ranks_loaded(result: api.Analysis, expected_ranks: list[int]) -> None:
-    got = sorted(s.rank for s in result.ranks)
+    got = sorted(s.rank for s in result.summaries)
     assert got == expected_ranks, f"ranks loaded {got}, expected {expected_ranks}; problems: {[str(p) for p in result.problems]}"
 
 
@@ -125,7 +126,7 @@ def test_truncated_json_salvages_complete_events(dlrm_dir: Path, cut):
     assert_other_ranks_loaded(result, list(range(8)))
     mine = problems_for(result, bad)
     assert mine and all(not p.fatal and one_line(p.problem) for p in mine)
-    assert next(s for s in result.ranks if s.rank == 7).meta.salvaged
+    assert next(s for s in result.summaries if s.rank == 7).meta.salvaged
 
 
 def test_truncated_json_mid_header_is_a_one_line_error(dlrm_dir: Path):
@@ -189,7 +190,7 @@ def test_corrupt_gzip_is_one_line_and_others_load(dlrm_dir: Path):
     else:
         assert trace.meta.salvaged and trace.meta.problems
     result = analyze_dir(dlrm_dir)
-    assert {0, 1, 2, 3, 4, 5, 6} <= {s.rank for s in result.ranks}
+    assert {0, 1, 2, 3, 4, 5, 6} <= {s.rank for s in result.summaries}
     mine = problems_for(result, bad)
     assert mine and all(one_line(p.problem) for p in mine)
 
@@ -431,7 +432,7 @@ def test_lone_surrogate_in_a_name(tmp_path: Path):
 def test_no_gpu_events(corpus: Path):
     """hta-rank-non-gpu (MANIFEST: no GPU events): analysed as a CPU-only job, with a warning."""
     result = analyze_dir(corpus / "hta-rank-non-gpu")
-    assert len(result.ranks) == 1 and not result.skipped
+    assert len(result.summaries) == 1 and not result.skipped
     assert any("no GPU events" in w for w in result.job.warnings), result.job.warnings
 
 
@@ -516,7 +517,7 @@ def test_local_process_pool_engine_survives_bad_files(dlrm_dir: Path):
     _bad_folder(dlrm_dir)
     a = analyze_dir(dlrm_dir, engine="inprocess", use_cache=False)
     b = analyze_dir(dlrm_dir, engine="local", workers=2, use_cache=False)
-    assert [s.rank for s in b.ranks] == [s.rank for s in a.ranks] == list(range(8))
+    assert [s.rank for s in b.summaries] == [s.rank for s in a.summaries] == list(range(8))
     key = lambda p: (Path(p.file).name, p.problem, p.fatal)  # noqa: E731
     assert sorted(map(key, b.problems)) == sorted(map(key, a.problems))
 
@@ -545,7 +546,7 @@ def test_invalid_utf8_does_not_stop_the_other_ranks(dlrm_dir: Path):
     bad = dlrm_dir / "extra.pt.trace.json"
     bad.write_bytes(b'{"traceEvents": [{"ph": "X", "name": "b\x80d", "ts": 2, "dur": 1, "pid": 1, "tid": 1}]}')
     result = analyze_dir(dlrm_dir)
-    assert {s.rank for s in result.ranks} >= set(range(8))
+    assert {s.rank for s in result.summaries} >= set(range(8))
     assert all(one_line(p.problem) for p in result.problems)
 
 

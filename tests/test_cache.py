@@ -19,6 +19,7 @@ from conftest import DLRM, corpus_files, fresh_json, run_cli, write_trace
 from rankscope import api
 from rankscope.ingest import Cache, load_rank
 from rankscope.ingest.cache import content_key
+from rankscope.pipelines.run import analyze_cycles
 
 MIB = 1 << 20
 
@@ -69,11 +70,12 @@ def test_analyze_twice_second_run_from_cache(corpus: Path, tmp_path: Path):
     for f in corpus_files(corpus, DLRM):
         job.mkdir(exist_ok=True)
         shutil.copyfile(f, job / f.name)         # fresh mtimes: not in any earlier cache
-    a = api.analyze(job, cache_dir=tmp_path / "cache", engine="inprocess")
-    b = api.analyze(job, cache_dir=tmp_path / "cache", engine="inprocess")
-    assert [s.from_cache for s in a.ranks] == [False] * 8
-    assert [s.from_cache for s in b.ranks] == [True] * 8
-    assert [(s.rank, s.meta.events_total, s.steps) for s in a.ranks] == [(s.rank, s.meta.events_total, s.steps) for s in b.ranks]
+    a = analyze_cycles(job, cache_dir=tmp_path / "cache", engine="inprocess")
+    b = analyze_cycles(job, cache_dir=tmp_path / "cache", engine="inprocess")
+    assert [s.from_cache for s in a.summaries] == [False] * 8
+    assert [s.from_cache for s in b.summaries] == [True] * 8
+    assert [(s.rank, s.meta.events_total, s.steps) for s in a.summaries] == \
+        [(s.rank, s.meta.events_total, s.steps) for s in b.summaries]
 
 
 def test_analyze_after_validate_reads_the_cached_traces(corpus: Path, tmp_path: Path):
@@ -84,11 +86,11 @@ def test_analyze_after_validate_reads_the_cached_traces(corpus: Path, tmp_path: 
     for f in corpus_files(corpus, DLRM):
         shutil.copyfile(f, job / f.name)
     api.ingest(job, cache_dir=tmp_path / "cache", engine="inprocess")
-    after = api.analyze(job, cache_dir=tmp_path / "cache", engine="inprocess")
-    fresh = api.analyze(job, use_cache=False, engine="inprocess")
-    assert [s.from_cache for s in after.ranks] == [True] * 8
-    assert [(s.rank, s.meta.events_total, s.steps, s.breakdown_mean_ms) for s in after.ranks] == \
-        [(s.rank, s.meta.events_total, s.steps, s.breakdown_mean_ms) for s in fresh.ranks]
+    after = analyze_cycles(job, cache_dir=tmp_path / "cache", engine="inprocess")
+    fresh = analyze_cycles(job, use_cache=False, engine="inprocess")
+    assert [s.from_cache for s in after.summaries] == [True] * 8
+    assert [(s.rank, s.meta.events_total, s.steps, s.breakdown_mean_ms) for s in after.summaries] == \
+        [(s.rank, s.meta.events_total, s.steps, s.breakdown_mean_ms) for s in fresh.summaries]
 
 
 def test_appended_whitespace_is_a_miss(rank0: Path, tmp_path: Path):

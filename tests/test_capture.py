@@ -34,6 +34,7 @@ except ImportError:
 from conftest import assert_no_traceback, rankscope_cmd, x_events
 
 from rankscope.capture._torch import finish_process_group
+from rankscope.pipelines.job import analyze_job
 
 HIDDEN = 512
 PARAMS_PER_STEP = 3 * (HIDDEN * HIDDEN + HIDDEN)      # hand count, module docstring
@@ -88,12 +89,12 @@ def test_rank_profiler_traces_load_back_with_their_ranks(tmp_path):
         assert steps == PROFILED_STEPS                      # the same steps on every rank
         assert sum(_allreduce_elements(doc)) == PARAMS_PER_STEP * len(PROFILED_STEPS)
 
-    analysis = rankscope.analyze(traces, use_cache=False)
+    analysis = analyze_job(traces, use_cache=False)
     assert analysis.job.ranks == [0, 1] and analysis.job.world_size == 2 and analysis.job.backend == "gloo"
-    assert [s.meta.rank_source for s in analysis.ranks] == ["distributedInfo"] * 2
+    assert [s.meta.rank_source for s in analysis.summaries] == ["distributedInfo"] * 2
     assert analysis.job.steps == PROFILED_STEPS
-    assert [[s.step for s in r.steps] for r in analysis.ranks] == [PROFILED_STEPS] * 2
-    coll = analysis.cross.collectives.collectives
+    assert [[s.step for s in r.steps] for r in analysis.summaries] == [PROFILED_STEPS] * 2
+    coll = analysis.table.collectives
     assert coll.height == len(_allreduce_elements(docs[0])) == len(_allreduce_elements(docs[1]))
     assert coll["complete"].all() and (coll["n_ranks"] == 2).all() and set(coll["type"]) == {"all_reduce"}
     assert coll["bytes"].sum() == 4 * PARAMS_PER_STEP * len(PROFILED_STEPS)

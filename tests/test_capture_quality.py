@@ -26,6 +26,7 @@ from rankscope import api
 from rankscope.analyses.job.capture import MAX_RANK_ISSUES, job_capture
 from rankscope.cli.common import EXIT_OK, EXIT_SKIPPED, exit_code
 from rankscope.model import RankMeta
+from rankscope.pipelines.run import analyze_cycles
 
 CUT_NUMBER = re.compile(r"\d…|…\d")
 #: Where rank 3's JSON text is cut: this share of its bytes (mid-file, inside an event).
@@ -211,8 +212,8 @@ def test_launches_with_their_kernels_and_a_job_without_launches(corpus: Path, tm
     job.mkdir()
     b = TraceBuilder().step(1, 0, 1000).kernel("sgemm", 10, 20, 100)
     b.write(job / "rank0.pt.trace.json")
-    result = api.analyze(job, use_cache=False, engine="inprocess")
-    assert result.ranks[0].kernel_launches == 1
+    result = analyze_cycles(job, use_cache=False, engine="inprocess")
+    assert result.summaries[0].kernel_launches == 1
     assert result.job.capture.complete and result.job.capture.issues == []
     cpu = api.analyze(corpus / "hta-rank-non-gpu", use_cache=False, engine="inprocess")
     assert cpu.job.capture.complete

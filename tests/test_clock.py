@@ -7,16 +7,16 @@ the tests from the plain JSON.
 """
 from __future__ import annotations
 
-import dataclasses
 from functools import lru_cache
 
+import msgspec
 import numpy as np
 
 from conftest import DLRM, GLOO_HEALTHY, corpus_files, corpus_root, fresh_json, load_json, write_trace, x_events
-from rankscope.analyses.job.clock import MIN_MATCHED_COLLECTIVES, estimate_clock_offsets
+from rankscope.analyses.job.clock import MIN_MATCHED_COLLECTIVES, applied_offsets, estimate_clock_offsets
 from rankscope.analyses.rank.collectives import RankCollectives, rank_collectives
 from rankscope.analyses.job.matching import match_collectives
-from rankscope.analyses.job.stragglers import cross_rank
+from rankscope.analyses.job.reduce import reduce_job
 from rankscope.ingest.kineto import read_kineto
 from rankscope.synth import generate_job, parse_injection
 
@@ -38,7 +38,7 @@ def _shifted(path, tmp_path, shift_us: float) -> RankCollectives:
 
 def _relative_offset(clock, rank: int) -> float:
     """The rank's offset against the median of the other ranks' offsets (ns)."""
-    off = dict(zip(clock.ranks, clock.offset_ns))
+    off = {r.rank: r.offset_ms * 1e6 for r in clock.ranks}
     return off[rank] - float(np.median([v for r, v in off.items() if r != rank]))
 
 
@@ -61,11 +61,11 @@ def test_dlrm_shifted_rank_is_recovered_within_microseconds(corpus, tmp_path):
     clock = estimate_clock_offsets(ranks)
     assert clock.method == "collective_end"
     assert abs(_relative_offset(clock, 5) - SHIFT_MS * 1e6) <= 5_000
-    assert clock.applied == [r == 5 for r in clock.ranks]
-    assert clock.uncertainty_ns[5] < 5_000
+    assert [r.applied for r in clock.ranks] == [r.rank == 5 for r in clock.ranks]
+    assert clock.ranks[5].uncertainty_ms < 0.005
     # aligned, the skews are those of the unshifted job (to the µs the estimate carries)
     raw = match_collectives(_collectives(DLRM)).collectives.sort("cid")["skew_ns"].to_numpy()
-    aligned = match_collectives(ranks, clock.applied_offsets()).collectives.sort("cid")["skew_ns"].to_numpy()
+    aligned = match_collectives(ranks, applied_offsets(clock)).collectives.sort("cid")["skew_ns"].to_numpy()
     unaligned = match_collectives(ranks).collectives.sort("cid")["skew_ns"].to_numpy()
     assert np.abs(aligned - raw).max() <= 10_000
     assert np.abs(unaligned - raw).max() > 3_000_000          # what a 3.7 ms shift does without alignment
@@ -82,8 +82,9 @@ def test_gloo_shifted_rank_is_recovered_within_gloo_end_jitter(corpus, tmp_path)
     clock = estimate_clock_offsets(ranks)
     err = abs(_relative_offset(clock, 1) - SHIFT_MS * 1e6)
     assert err <= 1_000_000
-    assert err <= 4 * clock.uncertainty_ns[1] + 4 * float(np.median(clock.uncertainty_ns))
-    assert clock.applied[1]
+    uncertainty_ns = [r.uncertainty_ms * 1e6 for r in clock.ranks]
+    assert err <= 4 * uncertainty_ns[1] + 4 * float(np.median(uncertainty_ns))
+    assert clock.ranks[1].applied
 
 
 def test_unshifted_jobs_keep_raw_timestamps(corpus):
@@ -91,7 +92,7 @@ def test_unshifted_jobs_keep_raw_timestamps(corpus):
     for folder in (DLRM, GLOO_HEALTHY, "cpu-gloo-4rank-straggler"):
         clock = estimate_clock_offsets(_collectives(folder))
         assert clock.method == "collective_end"
-        assert not any(clock.applied), (folder, clock.as_dict())
+        assert not any(r.applied for r in clock.ranks), (folder, clock)
 
 
 def test_synthetic_clock_offset_recovered_and_straggler_still_found(tmp_path):
@@ -106,26 +107,26 @@ def test_synthetic_clock_offset_recovered_and_straggler_still_found(tmp_path):
     ranks = [rank_collectives(read_kineto(p)[0]) for p in sorted(job.glob("rank*.json"))]
     clock = estimate_clock_offsets(ranks)
     assert abs(_relative_offset(clock, 3) - 7.5e6) <= 10_000
-    assert clock.applied == [r == 3 for r in clock.ranks]
-    aligned = cross_rank(ranks)
-    assert [s.rank for s in aligned.stragglers.stragglers] == [5]
-    raw = cross_rank(ranks, align_clocks=False)
-    assert 5 not in [s.rank for s in raw.stragglers.stragglers]
+    assert [r.applied for r in clock.ranks] == [r.rank == 3 for r in clock.ranks]
+    aligned = reduce_job(ranks).result
+    assert [s.rank for s in aligned.stragglers] == [5]
+    raw = reduce_job(ranks, align_clocks=False).result
+    assert 5 not in [s.rank for s in raw.stragglers]
 
 
 def test_too_few_collectives_fall_back_to_raw_timestamps(corpus):
     keep = MIN_MATCHED_COLLECTIVES - 2
 
     def cut(rc: RankCollectives) -> RankCollectives:
-        per_instance = {f.name for f in dataclasses.fields(rc)} & {
+        per_instance = set(rc.__struct_fields__) & {
             "pg", "seq", "type", "start_ns", "end_ns", "in_bytes", "out_bytes", "group_size", "dtype", "step",
             "window_start_ns", "pre_ns", "since_step_ns"}
-        return dataclasses.replace(rc, **{k: getattr(rc, k)[:keep] for k in per_instance})
+        return msgspec.structs.replace(rc, **{k: getattr(rc, k)[:keep] for k in per_instance})
 
     ranks = [cut(rc) for rc in _collectives(DLRM)]
     clock = estimate_clock_offsets(ranks)
     assert clock.method == "raw" and "fewer than" in clock.note
-    assert clock.offset_ns == [0] * 8 and not any(clock.applied)
-    assert clock.applied_offsets() == {r: 0 for r in range(8)}
+    assert [r.offset_ms for r in clock.ranks] == [0] * 8 and not any(r.applied for r in clock.ranks)
+    assert applied_offsets(clock) == {r: 0 for r in range(8)}
     single = estimate_clock_offsets(ranks[:1])
     assert single.method == "raw"

@@ -6,7 +6,6 @@ from the synthetic generator's constants and ground truth, or from nccl-tests do
 """
 from __future__ import annotations
 
-import copy
 import math
 from functools import lru_cache
 from pathlib import Path
@@ -18,9 +17,12 @@ import pytest
 
 from conftest import DLRM, GLOO_HEALTHY, corpus_files, corpus_root, load_json, x_events
 from rankscope.analyses.rank.breakdown import CATEGORIES
-from rankscope.analyses.rank.collectives import RankCollectives, busbw_factor, dtype_bytes, nccl_tests_bytes, normalize_collective, rank_collectives
+from rankscope.analyses.rank.collectives import (busbw_factor, dtype_bytes, instances, nccl_tests_bytes,
+                                                normalize_collective, pack_collectives, pre_matrix, rank_collectives,
+                                                since_step_matrix)
+from rankscope.results.collectives import PackedCollectives, RankCollectives
 from rankscope.analyses.job.matching import collectives_summary, match_collectives, member_frame, summarize_collectives
-from rankscope.analyses.job.stragglers import cross_rank
+from rankscope.analyses.job.reduce import reduce_job
 from rankscope.ingest.kineto import read_kineto
 from rankscope.synth import BUS_BANDWIDTH_GBPS, generate_job
 
@@ -102,7 +104,7 @@ def test_dlrm_rank_collectives_match_the_annotations(corpus):
     files = corpus_files(corpus, DLRM)
     for path, rc in zip(files, corpus_collectives(DLRM)):
         types, nbytes, kernel_ts = _dlrm_expected(path)
-        assert len(rc) == len(types) == 8, path.name            # 5 all_to_all (SendRecv kernels) + 3 all_reduce
+        assert instances(rc) == len(types) == 8, path.name            # 5 all_to_all (SendRecv kernels) + 3 all_reduce
         assert rc.source == "device"
         assert rc.type == types, path.name                      # SendRecv kernels are all_to_all by their op
         assert rc.in_bytes == nbytes, path.name
@@ -115,8 +117,8 @@ def test_dlrm_rank_collectives_match_the_annotations(corpus):
 def test_windows_add_up(corpus):
     """Every pre-arrival window's categories sum to its length, exactly (integer ns)."""
     for rc in corpus_collectives(DLRM) + corpus_collectives(GLOO_HEALTHY):
-        pre = np.asarray(rc.pre_ns).reshape(len(rc), len(CATEGORIES))
-        since = np.asarray(rc.since_step_ns).reshape(len(rc), len(CATEGORIES))
+        pre = np.asarray(rc.pre_ns).reshape(instances(rc), len(CATEGORIES))
+        since = np.asarray(rc.since_step_ns).reshape(instances(rc), len(CATEGORIES))
         start, win = np.asarray(rc.start_ns), np.asarray(rc.window_start_ns)
         assert (pre.sum(axis=1) == start - win).all()
         step_start = dict(zip(rc.steps, rc.step_start_ns))
@@ -134,7 +136,7 @@ def test_gloo_spans_are_the_collectives(corpus):
     for path, rc in zip(files, corpus_collectives(GLOO_HEALTHY)):
         ev = sorted((e for e in x_events(load_json(path)) if e["name"] == "gloo:all_reduce"), key=lambda e: e["ts"])
         assert rc.source == "host"
-        assert len(rc) == len(ev) == 8                          # 4 steps x 2 DDP buckets
+        assert instances(rc) == len(ev) == 8                          # 4 steps x 2 DDP buckets
         assert rc.type == ["all_reduce"] * 8
         assert rc.in_bytes == [math.prod(e["args"]["Input Dims"][0]) * 4 for e in ev]   # float
         assert set(rc.group_size) == {4}
@@ -163,7 +165,7 @@ def test_metadata_from_comm_args_and_vendor_kernels(corpus):
 
 def test_no_collectives_still_has_steps(corpus):
     (rc,) = corpus_collectives("hta-ns-resolution")
-    assert len(rc) == 0 and rc.source == "none"
+    assert instances(rc) == 0 and rc.source == "none"
     assert len(rc.steps) == 5 and len(rc.step_breakdown_ns) == 5
     table = match_collectives([rc])
     assert table.count == 0 and table.unmatched == 0
@@ -178,17 +180,18 @@ def test_rank_collectives_is_small_and_msgpack_serializable():
 
 @pytest.mark.parametrize("folder", [DLRM, GLOO_STRAGGLER, "hta-sampled-2rank"])
 def test_compacted_collectives_reduce_the_same(corpus, folder):
-    """What a worker sends the driver (`compact`: arrays, since_step_ns and pre_ns compressed, fields
-    the reduce does not read dropped) gives the same cross-rank result as the full lists, and is
-    smaller."""
+    """What a worker sends the driver (`PackedCollectives`: arrays, since_step_ns and pre_ns compressed,
+    fields the reduce does not read dropped) gives the same cross-rank result as the full lists, and
+    is smaller."""
     fresh = corpus_collectives(folder)
-    packed = [copy.deepcopy(rc).compact() for rc in fresh]
+    packed = [pack_collectives(rc) for rc in fresh]
     for rc, pc in zip(fresh, packed):
-        assert isinstance(pc.since_step_ns, bytes) and isinstance(pc.pre_ns, bytes) and pc.dtype == []
-        assert np.array_equal(pc.since_step_matrix(), np.asarray(rc.since_step_ns).reshape(len(rc), len(CATEGORIES)))
-        assert np.array_equal(pc.pre_matrix(), np.asarray(rc.pre_ns).reshape(len(rc), len(CATEGORIES)))
-        assert len(pc.since_step_ns) < np.asarray(rc.since_step_ns, dtype=np.int64).nbytes
-    assert cross_rank(packed).as_dict() == cross_rank(fresh).as_dict()
+        assert isinstance(pc, PackedCollectives) and not hasattr(pc, "dtype")
+        assert np.array_equal(since_step_matrix(pc),
+                              np.asarray(rc.since_step_ns).reshape(instances(rc), len(CATEGORIES)))
+        assert np.array_equal(pre_matrix(pc), np.asarray(rc.pre_ns).reshape(instances(rc), len(CATEGORIES)))
+        assert len(pc.since_step_ns.zlib_int64) < np.asarray(rc.since_step_ns, dtype=np.int64).nbytes
+    assert reduce_job(packed).result == reduce_job(fresh).result
 
 
 # ----------------------------------------------------------------------------------------------
@@ -238,9 +241,9 @@ def test_dlrm_matched_across_all_8_ranks_and_skew_by_hand(corpus):
     mem = table.members.filter(table.members["cid"] == row["cid"])
     for r, w in zip(mem["rank"], mem["wait_ns"]):
         assert w == round((max(starts.values()) - starts[r]) * 1000)
-    summary = collectives_summary(table)
-    assert summary["count"] == 8 and {r["type"] for r in summary["by_type"]} == {"all_reduce", "all_to_all"}
-    assert summary["by_pg"][0]["pg"] == "default" and summary["by_pg"][0]["count"] == 8
+    summary = collectives_summary(table, [])
+    assert summary.count == 8 and {r.type for r in summary.by_type} == {"all_reduce", "all_to_all"}
+    assert summary.by_pg[0].pg == "default" and summary.by_pg[0].count == 8
 
 
 def test_gloo_straggler_is_last_everywhere(corpus):
@@ -260,8 +263,8 @@ def test_synthetic_job_matches_by_seq_and_recovers_bus_bandwidth(tmp_path):
     ranks = [rank_collectives(read_kineto(p)[0]) for p in sorted((tmp_path / "job").glob("rank*.json"))]
     per_step = truth["expected"]["collectives_per_step"]
     for rc in ranks:
-        assert len(rc) == per_step * 2
-        assert all(s >= 0 for s in rc.seq) and len(set(rc.seq)) == len(rc)
+        assert instances(rc) == per_step * 2
+        assert all(s >= 0 for s in rc.seq) and len(set(rc.seq)) == instances(rc)
         assert set(rc.pg) == {"0"} and set(rc.type) == {"all_reduce"}
         assert rc.in_bytes == [n * 2 for n in truth["model"]["allreduce_nelems"]] * 2    # bf16
     table = match_collectives(ranks)

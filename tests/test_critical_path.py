@@ -28,7 +28,7 @@ def _analysis(folder: str):
 
 
 def test_straggler_path_is_its_host_idle_and_the_what_if_recovers_it(corpus):
-    cp = _analysis(STRAGGLER).cross.critical_path
+    cp = _analysis(STRAGGLER).critical_path
     top = cp.by_rank_category[0]
     assert (top.rank, top.category) == (2, "host_idle")
     assert top.ms_per_step >= 0.9 * INJECTED_SLEEP_MS
@@ -38,11 +38,11 @@ def test_straggler_path_is_its_host_idle_and_the_what_if_recovers_it(corpus):
 
 
 def test_healthy_job_has_no_single_rank_owner(corpus):
-    assert _analysis(HEALTHY).cross.critical_path.owner is None
+    assert _analysis(HEALTHY).critical_path.owner is None
 
 
 def test_slow_pipeline_stage_dominates_the_path(corpus):
-    cp = _analysis(SLOW_STAGE).cross.critical_path
+    cp = _analysis(SLOW_STAGE).critical_path
     per_rank = {}
     for x in cp.by_rank_category:
         per_rank[x.rank] = per_rank.get(x.rank, 0.0) + x.ms_per_step
@@ -58,7 +58,7 @@ MULTI_RANK = ["cpu-gloo-4rank-straggler", "cpu-gloo-4rank-healthy", "cpu-gloo-4r
 
 @pytest.mark.parametrize("folder", MULTI_RANK)
 def test_segments_cover_every_step(corpus, folder):
-    cp = _analysis(folder).cross.critical_path
+    cp = _analysis(folder).critical_path
     assert cp is not None and cp.steps
     for p in cp.steps:
         covered = sum(s.dur_ms for s in p.segments)
@@ -73,11 +73,11 @@ def test_retiming_without_change_gives_the_measured_steps(corpus, folder):
     step, end - start) within 1%: the model of dependencies holds the data."""
     from rankscope.analyses.rank.collectives import rank_collectives
     from rankscope.ingest.kineto import read_kineto
-    from rankscope.analyses.job.stragglers import cross_rank
+    from rankscope.analyses.job.reduce import reduce_job
     ranks = [rank_collectives(read_kineto(f)[0]) for f in sorted((corpus_root() / folder).glob("*.json.gz"))]
-    cross = cross_rank(ranks)
-    rk = {rc.rank: _Rank(rc, int(cross.collectives.offsets_ns.get(rc.rank, 0))) for rc in ranks}
-    links = _links(cross.collectives, rk)
+    table = reduce_job(ranks).table
+    rk = {rc.rank: _Rank(rc, int(table.offsets_ns.get(rc.rank, 0))) for rc in ranks}
+    links = _links(table, rk)
     steps = sorted(set.intersection(*(set(r.steps) for r in rk.values())))
     for s in steps:
         measured = max(r.steps[s][1] - r.steps[s][0] for r in rk.values())
@@ -94,14 +94,14 @@ def test_c_retiming_is_the_python_retiming(corpus, folder):
     from rankscope.analyses.job import critical_path
     from rankscope.analyses.job.critical_path import _StepPlan
     from rankscope.analyses.rank.collectives import rank_collectives
-    from rankscope.analyses.job.stragglers import cross_rank
+    from rankscope.analyses.job.reduce import reduce_job
     from rankscope.ingest.kineto import read_kineto
     if critical_path._c_retime is None:
         pytest.skip("built without a C compiler: only the Python re-timing exists")
     ranks = [rank_collectives(read_kineto(f)[0]) for f in sorted((corpus_root() / folder).glob("*.json.gz"))]
-    cross = cross_rank(ranks)
-    rk = {rc.rank: _Rank(rc, int(cross.collectives.offsets_ns.get(rc.rank, 0))) for rc in ranks}
-    links = _links(cross.collectives, rk)
+    table = reduce_job(ranks).table
+    rk = {rc.rank: _Rank(rc, int(table.offsets_ns.get(rc.rank, 0))) for rc in ranks}
+    links = _links(table, rk)
     dims = [frozenset()] + [frozenset({d}) for r in rk.values() for d in set(r.dim) if d]
     rng = np.random.default_rng(0)
     checked = 0
@@ -121,15 +121,15 @@ def test_what_if_predicts_the_fault_free_twin(tmp_path, cause):
     generate_job(tmp_path / "f", ranks=8, steps=4, seed=3,
                  injections=[parse_injection(f"straggler:rank=3,cause={cause},delay_ms=30")])
     generate_job(tmp_path / "t", ranks=8, steps=4, seed=3, injections=[])
-    faulty = analyze(tmp_path / "f", use_cache=False, engine="inprocess").cross.critical_path
-    twin = analyze(tmp_path / "t", use_cache=False, engine="inprocess").cross.critical_path
+    faulty = analyze(tmp_path / "f", use_cache=False, engine="inprocess").critical_path
+    twin = analyze(tmp_path / "t", use_cache=False, engine="inprocess").critical_path
     w = next(w for w in faulty.what_if if w.key == f"rank:3:{cause}")
     assert faulty.measured_step_ms - w.step_ms_saved == pytest.approx(twin.measured_step_ms, rel=0.10)
 
 
 def test_json_and_terminal_carry_the_path(corpus):
-    from rankscope.render.json import analysis_to_dict
-    d = analysis_to_dict(_analysis(STRAGGLER))["critical_path"]
+    from conftest import report_json
+    d = report_json(_analysis(STRAGGLER))["critical_path"]
     assert {"steps", "by_rank_category", "what_if", "swimlanes"} <= set(d)
     seg = d["steps"][0]["segments"][0]
     assert set(seg) == {"rank", "category", "name", "start_ms", "dur_ms"}
@@ -146,7 +146,7 @@ def test_perfetto_export_has_a_critical_path_track(corpus, tmp_path):
     doc = json.loads(out.read_text())
     tracks = {(e["pid"], e["tid"]) for e in doc["traceEvents"]
               if e.get("name") == "thread_name" and "critical path" in e["args"]["name"]}
-    cp = _analysis(STRAGGLER).cross.critical_path
+    cp = _analysis(STRAGGLER).critical_path
     for rank in (0, 2):
         got = sorted(round(e["dur"]) for e in doc["traceEvents"] if e.get("ph") == "X" and (e["pid"], e["tid"]) in tracks
                      and e["pid"] == rank)
@@ -164,8 +164,8 @@ def test_what_if_predicts_the_measured_job_without_the_fault(pair, key):
     without): the what-if that undoes the fault, computed on `before`, is the step `after` measured
     (the longest rank's step, mean) within 15% of the saving; a finding names that what-if with its number."""
     before = analyze(WHATIF / pair / "before", use_cache=False, engine="inprocess")
-    after = analyze(WHATIF / pair / "after", use_cache=False, engine="inprocess").cross.critical_path
-    cp = before.cross.critical_path
+    after = analyze(WHATIF / pair / "after", use_cache=False, engine="inprocess").critical_path
+    cp = before.critical_path
     w = next(w for w in cp.what_if if w.key == key)
     measured = cp.measured_step_ms - after.measured_step_ms
     assert w.step_ms_saved == pytest.approx(measured, rel=0.15)
@@ -176,8 +176,8 @@ def test_what_if_predicts_the_measured_job_without_the_fault(pair, key):
 def test_more_microbatches_saves_between_nothing_and_the_theory():
     """GPipe, 2 stages, 4 microbatches (tests/data/whatif/microbatches): doubling them saves at most what
     (p-1)/(m+p-1) says, never a loss, and the job run with 8 did get faster."""
-    before = analyze(WHATIF / "microbatches" / "before", use_cache=False, engine="inprocess").cross.critical_path
-    after = analyze(WHATIF / "microbatches" / "after", use_cache=False, engine="inprocess").cross.critical_path
+    before = analyze(WHATIF / "microbatches" / "before", use_cache=False, engine="inprocess").critical_path
+    after = analyze(WHATIF / "microbatches" / "after", use_cache=False, engine="inprocess").critical_path
     w = next(w for w in before.what_if if w.key == "pp:microbatches:8")
     assert 0.0 < w.step_ms_saved <= w.theory_step_ms_saved
     assert after.measured_step_ms < before.measured_step_ms

@@ -180,7 +180,7 @@ def test_no_steps_whole_trace(tmp_path):
 
 def test_no_dataloader():
     res = _share(_files("hta-negative-queue")[0])
-    assert res.spans == 0 and not res.present
+    assert res.spans == 0
     assert res.dataloader_ms == 0.0 and res.share_pct == 0.0
     assert res.multiprocessing is None and res.num_workers is None and res.num_workers_source == "none"
 

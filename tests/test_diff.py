@@ -25,6 +25,7 @@ import polars as pl
 import pytest
 
 import rankscope
+from rankscope.pipelines.job import analyze_job
 from conftest import (GLOO_HEALTHY, assert_no_traceback, corpus_files, load_json, run_cli, shared_cache_dir,
                       x_events)
 from rankscope.analyses.job.diff import (ALPHA, COLLECTIVE_METRICS, STEP_METRICS, compare_samples, diff_analyses,
@@ -41,8 +42,8 @@ HOST_CATS = {"cpu_op", "user_annotation", "Operator"}
 STEP = re.compile(r"^ProfilerStep#\d+$")
 
 
-def _analyze(path) -> rankscope.api.Analysis:
-    return rankscope.analyze(str(path), cache_dir=shared_cache_dir())
+def _analyze(path):
+    return analyze_job(str(path), cache_dir=shared_cache_dir())
 
 
 def _diff(before, after):

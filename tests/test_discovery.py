@@ -17,10 +17,11 @@ from conftest import (GLOO_HEALTHY, assert_no_traceback, copy_files, corpus_file
                       shared_cache_dir, write_trace)
 from rankscope import api
 from rankscope.ingest.discover import assign_ranks, discover, rank_from_filename
+from rankscope.pipelines.run import analyze_cycles
 
 
 def analyze_dir(d: Path) -> api.Analysis:
-    return api.analyze(d, cache_dir=shared_cache_dir(), engine="inprocess")
+    return analyze_cycles(d, cache_dir=shared_cache_dir(), engine="inprocess")
 
 
 @pytest.mark.parametrize("name, rank", [
@@ -78,9 +79,9 @@ def test_renamed_files_keep_ranks_from_distributed_info(corpus: Path, tmp_path: 
         expected[name] = _dist_rank(src)
     assert sorted(expected.values()) == [0, 1, 2, 3]
     result = analyze_dir(job)
-    got = {Path(s.meta.file).name: s.rank for s in result.ranks}
+    got = {Path(s.meta.file).name: s.rank for s in result.summaries}
     assert got == expected
-    assert {s.meta.rank_source for s in result.ranks} == {"distributedInfo"}
+    assert {s.meta.rank_source for s in result.summaries} == {"distributedInfo"}
     assert not [w for w in result.job.warnings if "order" in w]
     assert result.job.world_size == 4 and result.job.missing_ranks == []
 
@@ -103,7 +104,7 @@ def test_ranks_from_file_names_without_distributed_info(corpus: Path, tmp_path: 
     for src, name in zip(_gloo(corpus), names):
         events[name] = _stripped(src, job / name)
     result = analyze_dir(job)
-    got = {Path(s.meta.file).name: (s.rank, s.meta.rank_source, s.meta.events_total) for s in result.ranks}
+    got = {Path(s.meta.file).name: (s.rank, s.meta.rank_source, s.meta.events_total) for s in result.summaries}
     assert got == {n: (r, "filename", events[n]) for n, r in names.items()}
     assert not [w for w in result.job.warnings if "order" in w]
 
@@ -115,7 +116,7 @@ def test_names_without_rank_are_numbered_by_order_with_a_warning(corpus: Path, t
     for src, name in zip(reversed(_gloo(corpus)), names):
         _stripped(src, job / name)
     result = analyze_dir(job)
-    got = {Path(s.meta.file).name: (s.rank, s.meta.rank_source) for s in result.ranks}
+    got = {Path(s.meta.file).name: (s.rank, s.meta.rank_source) for s in result.summaries}
     assert got == {n: (i, "order") for i, n in enumerate(names)}
     (warning,) = [w for w in result.job.warnings if "order" in w]
     assert "\n" not in warning and all(n in warning for n in names)
@@ -134,7 +135,7 @@ def test_mixed_sources_fill_free_ranks(corpus: Path, tmp_path: Path):
     _stripped(files[2], job / "yyy.json")
     _stripped(files[3], job / "zzz.json")
     result = analyze_dir(job)
-    got = {Path(s.meta.file).name: (s.rank, s.meta.rank_source) for s in result.ranks}
+    got = {Path(s.meta.file).name: (s.rank, s.meta.rank_source) for s in result.summaries}
     assert got == {"x.json.gz": (0, "distributedInfo"), "rank-2.json": (2, "filename"),
                    "yyy.json": (1, "order"), "zzz.json": (3, "order")}
     assert [w for w in result.job.warnings if "order" in w]
@@ -146,7 +147,7 @@ def test_distributed_info_wins_over_the_file_name(corpus: Path, tmp_path: Path):
     job = tmp_path / "job"
     job.mkdir()
     shutil.copy2(src, job / f"rank{r + 2}.pt.trace.json.gz")
-    (s,) = analyze_dir(job).ranks
+    (s,) = analyze_dir(job).summaries
     assert (s.rank, s.meta.rank_source) == (r, "distributedInfo")
 
 
@@ -249,8 +250,8 @@ def test_unreadable_subfolder_is_named(corpus: Path, tmp_path: Path):
         d = discover([top])
         assert [p.parent.name for p in d.traces] == ["a", "a"]
         assert d.skipped == [(locked, "cannot read this folder: Permission denied; traces in it are not analysed")]
-        result = api.analyze(top, use_cache=False, engine="inprocess")
-        assert [s.rank for s in result.ranks] == [0, 1] and [p.file for p in result.skipped] == [str(locked)]
+        result = analyze_cycles(top, use_cache=False, engine="inprocess")
+        assert [s.rank for s in result.summaries] == [0, 1] and [p.file for p in result.skipped] == [str(locked)]
     finally:
         locked.chmod(0o755)
 

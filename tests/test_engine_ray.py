@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 import ray          # in the test extra: a missing ray fails this module, it is never skipped
 
-from conftest import assert_no_traceback, copy_files, corpus_files, run_cli
+from conftest import assert_no_traceback, copy_files, corpus_files, report_json, run_cli
 from rankscope.api import analyze
 from rankscope.engine import RAY_MISSING, EngineError, map_ranks
-from rankscope.render.json import analysis_to_dict
 from rankscope.synth import generate_job, parse_injection
 
 STRAGGLER_SET = "cpu-gloo-4rank-straggler"
@@ -43,7 +42,8 @@ def synth_32(tmp_path_factory) -> tuple[Path, dict]:
 def _comparable(a) -> dict:
     """The JSON dict without what depends on how the ranks were mapped; floats to 9 significant
     digits (polars' parallel sums may differ in the last bits)."""
-    d = analysis_to_dict(a)
+    d = report_json(a)
+    d.pop("engine")
     for r in d["ranks"]:
         r.pop("from_cache")
     return json.loads(json.dumps(d), parse_float=lambda s: float(f"{float(s):.9g}"))

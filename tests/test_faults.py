@@ -78,6 +78,7 @@ def _analysis(proc: subprocess.CompletedProcess) -> dict:
     assert proc.returncode == 0, proc.stderr
     assert_no_traceback(proc)
     doc = json.loads(proc.stdout)
+    doc.pop("engine")                 # which engine ran: what the runs differ in
     for r in doc["ranks"]:
         r.pop("from_cache")
     return doc

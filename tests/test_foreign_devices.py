@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_no_traceback, copy_files, corpus_files, run_cli
-from rankscope import analyze
+from rankscope.pipelines.run import analyze_cycles
 from rankscope.ingest import TraceError, read_trace
 
 
@@ -45,7 +45,7 @@ def _host_and_device(runtime_cat: str, device_cat: str, kernels: list[tuple[str,
 
 
 def _rank(result, rank: int = 0):
-    return next(s for s in result.ranks if s.rank == rank)
+    return next(s for s in result.summaries if s.rank == rank)
 
 
 def test_mtia_device_activity_is_analysed_and_never_cpu_only(tmp_path: Path):
@@ -58,7 +58,7 @@ def test_mtia_device_activity_is_analysed_and_never_cpu_only(tmp_path: Path):
                            ("Memcpy HtoD", 850, 50)])
     ev.append({"ph": "X", "cat": "mtia_insight", "name": "insight_sample", "pid": 0, "tid": 6, "ts": 100,
                "dur": 10})
-    result = analyze(_trace(tmp_path / "rank0.json", ev, [{"id": 0, "name": "MTIA T2"}]), use_cache=False)
+    result = analyze_cycles(_trace(tmp_path / "rank0.json", ev, [{"id": 0, "name": "MTIA T2"}]), use_cache=False)
     s = _rank(result)
     assert s.meta.device_kind == "mtia" and s.device_events == 4
     assert s.step_time.device_busy_pct == pytest.approx(55.0)
@@ -78,7 +78,7 @@ def test_xpu_runtime_launches_and_model_name(tmp_path: Path):
     (300 µs), memcpy 600-700 (100 µs) in 1000 µs: busy 40%; 3 launches."""
     ev = _host_and_device("xpu_runtime", "kernel", [("gemm_xe", 100, 200), ("softmax_xe", 400, 100),
                                                      ("Memcpy DtoH", 600, 100)], memcpy_cat="gpu_memcpy")
-    result = analyze(_trace(tmp_path / "rank0.json", ev), use_cache=False)
+    result = analyze_cycles(_trace(tmp_path / "rank0.json", ev), use_cache=False)
     s = _rank(result)
     assert s.meta.device_kind == "xpu"
     assert s.step_time.device_busy_pct == pytest.approx(40.0)
@@ -107,7 +107,7 @@ def test_unknown_device_kind_is_named_not_cpu_only(tmp_path: Path):
     ev += [{"ph": "X", "cat": "npu_kernel", "name": f"MatMul_{i}", "pid": 0, "tid": 3, "ts": 200 + 200 * i, "dur": 150}
            for i in range(3)]
     path = _trace(tmp_path / "rank0.json", ev)
-    result = analyze(path, use_cache=False)
+    result = analyze_cycles(path, use_cache=False)
     s = _rank(result)
     assert s.meta.device_kind == "npu" and s.meta.device_other_events == 3 and s.device_events == 0
     assert not any("CPU-only" in w for w in result.job.warnings)
@@ -164,7 +164,7 @@ def test_a_few_profiler_events_among_many_foreign_ones_are_refused(tmp_path: Pat
         {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 100 * i, "dur": 1}
         for i in range(2, 11)])
     (tmp_path / "a.json").write_text(json.dumps(many))
-    result = analyze(tmp_path / "a.json", use_cache=False)
+    result = analyze_cycles(tmp_path / "a.json", use_cache=False)
     issue = next(i for i in result.job.capture.issues if i.kind == "events_not_recognised")
     assert result.job.capture.partial
     assert issue.detail.startswith("rank 0: 600 complete events in categories no profiler writes")

@@ -36,6 +36,7 @@ from rankscope.ingest import kineto
 from rankscope.ingest.errors import TraceError
 from rankscope.ingest.kineto import read_kineto, reading
 from rankscope.model import DEVICE_KINDS
+from rankscope.pipelines.run import analyze_cycles
 
 BASES = ["hta-cpu-only", "hta-triton", "hta-amd-mi250", "param-dlrm-8rank"]
 _SCALE = max(1, int(os.environ.get("RANKSCOPE_FUZZ_EXAMPLES", "1")))
@@ -101,11 +102,11 @@ def check_read(path: Path):
 
 
 def check_analyze(path: Path, cache_dir: Path | None = None):
-    result = api.analyze(path.parent, cache_dir=cache_dir, use_cache=cache_dir is not None, engine="inprocess")
+    result = analyze_cycles(path.parent, cache_dir=cache_dir, use_cache=cache_dir is not None, engine="inprocess")
     internal = [str(p) for p in result.problems if "internal error" in p.problem]
     assert not internal, internal
     assert all("\n" not in p.problem for p in result.problems)
-    mine_ok = [s for s in result.ranks if Path(s.meta.file).name == path.name]
+    mine_ok = [s for s in result.summaries if Path(s.meta.file).name == path.name]
     mine_bad = [p for p in result.problems if Path(p.file).name == path.name and p.fatal]
     assert len(mine_ok) + len(mine_bad) == 1, (mine_ok, [str(p) for p in mine_bad])
     return result
@@ -124,9 +125,9 @@ def write_and_check(data: bytes, gz: bool, analyze: bool = True, cache: bool = F
             first = check_analyze(path, Path(d) / "cache" if cache else None)
             if cache:
                 second = check_analyze(path, Path(d) / "cache")
-                assert [s.rank for s in second.ranks] == [s.rank for s in first.ranks]
+                assert [s.rank for s in second.summaries] == [s.rank for s in first.summaries]
                 if trace is not None:
-                    assert all(s.from_cache for s in second.ranks)
+                    assert all(s.from_cache for s in second.summaries)
         return trace
 
 

@@ -20,13 +20,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from conftest import assert_no_traceback, run_cli
+from conftest import assert_no_traceback, report_json, run_cli
 from rankscope.api import analyze
 from rankscope.ingest import TraceError
 from rankscope.ingest.discover import discover, is_fr_dump
 from rankscope.ingest.flight_recorder import read_fr_dump
 from rankscope.render.base import render
-from rankscope.render.json import analysis_to_dict
 
 DATA = Path(__file__).resolve().parent / "data" / "hangs"
 CASES = sorted(p.name for p in DATA.iterdir() if (p / "ground_truth.json").exists())
@@ -463,12 +462,12 @@ def test_json_validates_against_the_schema(analyses):
     validator = jsonschema.Draft202012Validator(
         json.loads(files("rankscope").joinpath("schemas/analysis.schema.json").read_text()))
     for case, a in analyses.items():
-        d = json.loads(json.dumps(analysis_to_dict(a)))
+        d = report_json(a)
         assert list(validator.iter_errors(d)) == [], case
         assert d["hang"]["status"] == truth(case)["status"]
     for path, bad in ((("status",), "stuck"), (("first", "mismatched", 0, "field"), "color"),
                       (("groups", 0, "seq"), "7")):             # the schema is not vacuous: each is refused
-        d = json.loads(json.dumps(analysis_to_dict(analyses["desync-op"])))
+        d = report_json(analyses["desync-op"])
         at = d["hang"]
         for key in path[:-1]:
             at = at[key]
@@ -492,7 +491,7 @@ def test_html_grid_escapes_names(tmp_path):
     pg = ("0", "<script>alert(1)</script>")
     job = nccl_job(tmp_path / "j", {r: [entry(0, 1, pg=pg), entry(1, 2, "started", pg=pg)] + ([] if r == 1 else [
         entry(2, 3, "started", pg=pg)]) for r in range(2)}, config={})
-    page = render_html(analysis_to_dict(hang_of(job, tmp_path)))
+    page = render_html(hang_of(job, tmp_path))
     assert "<script>alert(1)" not in page and "&lt;script&gt;alert(1)" in page
     assert 'title="rank 1 #3: not entered"' in page and 'title="rank 0 #3: started, not completed"' in page
 

@@ -20,12 +20,15 @@ import shutil
 from pathlib import Path
 
 import plotly.offline
+import msgspec
 import pytest
 
 import rankscope
-from conftest import DLRM, GLOO_HEALTHY, assert_no_traceback, corpus_files, load_json, run_cli
+from conftest import DLRM, GLOO_HEALTHY, as_report, assert_no_traceback, corpus_files, load_json, report_json, run_cli
 from rankscope.render.html import MAX_BAR_RANKS, MAX_HEATMAP_RANKS, render_html
-from rankscope.render.json import analysis_to_dict
+from rankscope.results import Analysis, Finding
+from rankscope.results.analysis import InputNote, Inputs, StepTime
+from rankscope.results.collectives import CollectiveGroupRow
 from tracebuilder import TraceBuilder
 
 GLOO_STRAGGLER = "cpu-gloo-4rank-straggler"
@@ -64,7 +67,7 @@ FINDING = {"id": "straggler_rank", "severity": "medium", "ranks": [2], "steps": 
 
 @pytest.fixture(scope="module")
 def reports(corpus: Path) -> dict[str, dict]:
-    return {name: analysis_to_dict(rankscope.analyze(str(corpus / name), use_cache=False))
+    return {name: report_json(rankscope.analyze(str(corpus / name), use_cache=False))
             for name in (GLOO_STRAGGLER, RESNET, DLRM)}
 
 
@@ -84,13 +87,15 @@ def hostile_report(tmp_path_factory) -> dict:
         doc = json.loads(path.read_text())
         doc["deviceProperties"][0]["name"] = HOSTILE_DEVICE
         path.write_text(json.dumps(doc))
-    report = analysis_to_dict(rankscope.analyze(str(folder), use_cache=False))
-    report["findings"] = [dict(FINDING, summary=HOSTILE_EVIDENCE, fix=HOSTILE_KERNEL,
-                               evidence={"detail": HOSTILE_EVIDENCE, HOSTILE_OP: 1.5})]
-    report["collectives"]["by_type"] = [{"type": HOSTILE_TYPE, "group_size": 2, "count": 1, "total_bytes": 8,
-                                         "transfer_ms": 0.1, "skew_mean_ms": 0.2, "skew_max_ms": 0.3}]
-    report["inputs"]["warnings"] = [{"file": HOSTILE_OP, "problem": HOSTILE_TYPE}]
-    return report
+    report = rankscope.analyze(str(folder), use_cache=False)
+    row = CollectiveGroupRow(type=HOSTILE_TYPE, group_size=2, count=1, max_ranks=2, total_bytes=8, transfer_ms=0.1,
+                             skew_mean_ms=0.2, skew_max_ms=0.3, algbw_gbps=None, busbw_mean_gbps=None,
+                             most_often_last=None)
+    return msgspec.structs.replace(
+        report, findings=[Finding(**dict(FINDING, summary=HOSTILE_EVIDENCE, fix=HOSTILE_KERNEL,
+                                         evidence={"detail": HOSTILE_EVIDENCE, HOSTILE_OP: 1.5}))],
+        collectives=msgspec.structs.replace(report.collectives, by_type=[row]),
+        inputs=Inputs(skipped=report.inputs.skipped, warnings=[InputNote(HOSTILE_OP, HOSTILE_TYPE)]))
 
 
 def _figures(page: str) -> dict:
@@ -103,7 +108,7 @@ def _figures(page: str) -> dict:
 # ------------------------------------------------------------------------------------------ the string
 
 def test_self_contained_plotly_embedded(reports):
-    page = render_html(reports[DLRM])
+    page = render_html(as_report(reports[DLRM]))
     plotly_js = plotly.offline.get_plotlyjs()
     assert plotly_js in page                                  # the package's bundle, inline, byte for byte
     ours = page.replace(plotly_js, "")                        # (plotly.js's own strings name URLs it never loads)
@@ -113,17 +118,17 @@ def test_self_contained_plotly_embedded(reports):
 
 
 def test_all_sections_present_and_findings_line(reports):
-    page = render_html(reports[GLOO_STRAGGLER])
+    page = render_html(as_report(reports[GLOO_STRAGGLER]))
     for section in SECTIONS:
         assert f'id="{section}"' in page, section
-    empty = render_html(dict(reports[GLOO_STRAGGLER], findings=[]))
+    empty = render_html(as_report(dict(reports[GLOO_STRAGGLER], findings=[])))
     assert "No findings" in empty
 
 
 def test_job_header_from_the_files(reports, corpus):
     """Ranks, world size and backend in the header equal the files' own distributedInfo (json)."""
     infos = [load_json(f)["distributedInfo"] for f in corpus_files(corpus, DLRM)]
-    page = render_html(reports[DLRM])
+    page = render_html(as_report(reports[DLRM]))
     header = page[page.index('<header id="job">'):page.index("</header>")]
     ranks = sorted(i["rank"] for i in infos)
     assert f"<td>{len(ranks)} ({ranks[0]}-{ranks[-1]})</td>" in header
@@ -132,12 +137,11 @@ def test_job_header_from_the_files(reports, corpus):
 
 
 def test_findings_sorted_by_severity_with_all_fields(reports):
-    findings = [dict(FINDING, id="low_overlap", severity="low", summary="third"),
-                dict(FINDING, id="dataloader_stall", severity="info", summary="fourth"),
-                dict(FINDING, id="comm_bound", severity="high", summary="first"),
-                dict(FINDING, summary="second")]
-    page = render_html(dict(reports[GLOO_STRAGGLER], findings=findings))
-    order = [page.index(f'<article class="finding sev-{s}">') for s in ("high", "medium", "low", "info")]
+    findings = [Finding(**dict(FINDING, id="low_overlap", severity="low", summary="third")),
+                Finding(**dict(FINDING, id="comm_bound", severity="high", summary="first")),
+                Finding(**dict(FINDING, summary="second"))]
+    page = render_html(msgspec.structs.replace(as_report(reports[GLOO_STRAGGLER]), findings=findings))
+    order = [page.index(f'<article class="finding sev-{s}">') for s in ("high", "medium", "low")]
     assert order == sorted(order)
     medium = page[order[1]:order[2]]
     for text in ("second", "straggler_rank", "ranks 2", "steps 3-5", "cost_ms_per_step", "42.70", "host_idle",
@@ -159,29 +163,29 @@ def test_hostile_names_escaped(hostile_report):
     assert labels == [html.escape(f"{HOSTILE_TYPE} (2 ranks)", quote=False)]   # plotly shows it as text
 
 
-def _many_ranks(report: dict, n: int, straggler: int, slow: set[int]) -> dict:
+def _many_ranks(report: Analysis, n: int, straggler: int, slow: set[int]) -> Analysis:
     """`report` blown up to n ranks by hand: rank `straggler` is flagged, ranks in `slow` take 10x the
     step time, all others 1 ms."""
-    big = copy.deepcopy(report)
-    template = big["ranks"][0]
-    big["ranks"] = [dict(template, rank=r, step_time_ms={"mean": 10.0 if r in slow else 1.0}) for r in range(n)]
-    big["steps"] = [{"rank": r, "step": s, "duration_ms": 1.0} for r in range(n) for s in (1, 2)]
-    big["rank_stats"] = [{"rank": r, "own_wait_ms_per_step": 1.0, "wait_imposed_ms_per_step": 0.0} for r in range(n)]
-    big["stragglers"] = [{"rank": straggler, "cause": "host_idle"}]
-    big["job"] = dict(big["job"], ranks=list(range(n)), world_size=n)
-    return big
+    replace = msgspec.structs.replace
+    rank, stats, step = report.ranks[0], report.rank_stats[0], report.steps[0]
+    return replace(
+        report, job=replace(report.job, ranks=list(range(n)), world_size=n),
+        ranks=[replace(rank, rank=r, step_time_ms=StepTime(10.0 if r in slow else 1.0, None, None)) for r in range(n)],
+        steps=[replace(step, rank=r, step=s, duration_ms=1.0) for r in range(n) for s in (1, 2)],
+        rank_stats=[replace(stats, rank=r, own_wait_ms_per_step=1.0, wait_imposed_ms_per_step=0.0) for r in range(n)],
+        stragglers=[replace(report.stragglers[0], rank=straggler, cause="host_idle")])
 
 
 def test_many_ranks_capped_and_said(reports):
     slow = set(range(1000, 1000 + 300))
-    big = _many_ranks(reports[GLOO_STRAGGLER], 4096, straggler=7, slow=slow)
+    big = _many_ranks(as_report(reports[GLOO_STRAGGLER]), 4096, straggler=7, slow=slow)
     page = render_html(big)
     figures = _figures(page)
     bars = figures["chart-breakdown"]["variants"]["all"]["data"][0]["x"]
     # the ranks the report names (the straggler, findings about a few ranks, the critical path's), then the slow
-    cp = big["critical_path"]
-    named = {7} | {r for f in big["findings"] if len(f["ranks"]) <= 8 for r in f["ranks"]} | \
-        {x["rank"] for x in cp["by_rank_category"][:4]} | ({cp["owner"]} if cp.get("owner") is not None else set())
+    cp = big.critical_path
+    named = {7} | {r for f in big.findings if len(f.ranks) <= 8 for r in f.ranks} | \
+        {x.rank for x in cp.by_rank_category[:4]} | ({cp.owner} if cp.owner is not None else set())
     assert len(bars) == MAX_BAR_RANKS and "7" in bars
     assert {int(x) for x in bars} - named <= slow and bars == sorted(bars, key=int)
     rows = figures["chart-step-heatmap"]["variants"]["all"]["data"][0]["y"]
@@ -255,11 +259,12 @@ _CHART_STATE = """() => Array.from(document.querySelectorAll('.chart')).map(d =>
     xticks: d.querySelectorAll('.xaxislayer-above .xtick').length}))"""
 
 
-def _open(browser, report: dict, tmp_path: Path, name: str, artifacts: Path):
-    """Load the report from file:// with every other request aborted; return the page, its chart
-    state, the problems the browser reported and the requests it tried to send out."""
+def _open(browser, report: dict | Analysis, tmp_path: Path, name: str, artifacts: Path):
+    """Load the report (typed, or its --json data) from file:// with every other request aborted;
+    return the page, its chart state, the problems the browser reported and the requests it tried to
+    send out."""
     path = tmp_path / f"{name}.html"
-    path.write_text(render_html(report), encoding="utf-8")
+    path.write_text(render_html(report if isinstance(report, Analysis) else as_report(report)), encoding="utf-8")
     page = browser.new_page(viewport={"width": 1200, "height": 900})
     problems, outside = [], []
     page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)

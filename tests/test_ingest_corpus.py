@@ -25,7 +25,6 @@ RESNET_2021 = ["kineto-resnet50-workers0", "kineto-resnet50-workers4"]
 LAUNCH_FLOWS = ("ac2g", "async", "async_cpu_to_gpu")
 
 
-
 def _ns(us) -> int:
     """JSON microseconds (int, or Decimal holding the exact text) -> int nanoseconds."""
     if isinstance(us, int):

@@ -21,6 +21,7 @@ from rankscope import api
 from rankscope.ingest.consistency import different_jobs
 from rankscope.ingest.kineto import read_kineto
 from rankscope.model import RankMeta
+from rankscope.pipelines.run import analyze_cycles
 
 RANK7 = "worker7_step_12.1694128201553.pt.trace.json.gz"
 K = 1000            # the X event (in file order) given a bad value
@@ -156,8 +157,8 @@ def test_files_of_two_jobs_are_not_merged(corpus: Path, tmp_path: Path):
         [(1, 128, [f.name for f in sampled]), (2, 8, [f.name for f in dlrm])]
     assert result.jobs[0].start_utc.startswith(_first_day(sampled))
     assert result.jobs[1].start_utc.startswith(_first_day(dlrm))
-    picked = api.analyze(job, use_cache=False, engine="inprocess", job=2)
-    assert [Path(s.meta.file).name for s in picked.ranks] == [f.name for f in dlrm]
+    picked = analyze_cycles(job, use_cache=False, engine="inprocess", job=2)
+    assert [Path(s.meta.file).name for s in picked.summaries] == [f.name for f in dlrm]
     assert not any(w.startswith("these files look like different jobs") for w in picked.job.warnings)
     assert "the inputs hold 2 jobs: job 2 analysed (--job 2), the files of the others are not" in picked.job.warnings
 
@@ -245,8 +246,8 @@ def test_truncated_file_is_marked_in_its_metadata(dlrm_dir: Path, tmp_path: Path
     (dlrm_dir / RANK7).unlink()
     (dlrm_dir / RANK7.removesuffix(".gz")).write_bytes(text)
     for use_cache, from_cache in ((False, False), (True, False), (True, True)):
-        result = api.analyze(dlrm_dir, cache_dir=tmp_path / "cache", use_cache=use_cache, engine="inprocess")
-        (rank7,) = [s for s in result.ranks if s.rank == 7]
+        result = analyze_cycles(dlrm_dir, cache_dir=tmp_path / "cache", use_cache=use_cache, engine="inprocess")
+        (rank7,) = [s for s in result.summaries if s.rank == 7]
         assert rank7.from_cache == from_cache
         meta = rank7.meta
         assert meta.salvaged and meta.cut_reason == "file ends mid-event (truncated)"

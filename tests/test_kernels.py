@@ -21,8 +21,8 @@ import polars as pl
 import pytest
 
 from conftest import MEMORY_TIMELINE, columns_frame, corpus_trace_params, load_json, raw_text, x_events
-from rankscope.analyses.rank.kernels import (KernelBreakdown, KernelStats, kernel_breakdown, kernel_stats,
-                                        launch_occupancy, tensor_core_rule)
+from rankscope.analyses.rank.kernels import kernel_breakdown, kernel_stats, launch_occupancy, tensor_core_rule
+from rankscope.results.rank import KernelBreakdown, KernelStats
 from rankscope.ingest.kineto import read_kineto
 
 FIXTURE = Path(__file__).parent / "fixtures" / "kernels" / "hta_kernel_breakdown.json"

@@ -222,7 +222,7 @@ def test_running_sum_floor_hand_made(tmp_path):
 def test_no_memory_events_is_empty():
     trace, _ = read_kineto(_one("hta-nccl-metadata"))
     mt = memory_timeline(trace)
-    assert mt.empty and not mt.timeline.device and not mt.per_step.device
+    assert not mt.devices and not mt.timeline.device and not mt.per_step.device
 
 
 # ----------------------------------------------------------------------------------------------
@@ -320,7 +320,7 @@ def test_every_corpus_file(path):
     assert path is not None, f"trace corpus not found at {CORPUS}"
     trace, _ = read_kineto(path)
     mt = memory_timeline(trace, max_points=500)
-    assert mt.empty == trace.memory.is_empty()
+    assert (not mt.devices) == trace.memory.is_empty()
     for d in mt.devices:
         n = mt.timeline.device.count(d.device)
         assert 0 < n <= 500

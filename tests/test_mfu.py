@@ -16,10 +16,9 @@ from pathlib import Path
 import pytest
 
 from conftest import DLRM, assert_no_traceback, corpus_files, fresh_json, load_json, run_cli, write_trace
-import rankscope
-from rankscope.analyses.job.mfu import from_summary, given_flops, mfu_report, transformer_flops
+from rankscope.analyses.job.mfu import from_summary, given_flops, mfu_report, recompute_factor, transformer_flops
 from rankscope.analyses.rank.flops import rank_flops
-from rankscope.api import analyze
+from rankscope.pipelines.job import analyze_job
 from rankscope.hardware import device_model, peak_tflops
 from rankscope.ingest import read_trace
 
@@ -50,8 +49,8 @@ def test_transformer_flops_gpt3_175b_against_megatron_closed_form():
 
 
 def test_given_flops_and_bad_dims():
-    assert given_flops(3e15, "full").recompute_factor == pytest.approx(8 / 6)
-    assert given_flops(3e15).recompute_factor == 1.0
+    assert recompute_factor(given_flops(3e15, "full")) == pytest.approx(8 / 6)
+    assert recompute_factor(given_flops(3e15)) == 1.0
     with pytest.raises(ValueError, match="selective"):
         given_flops(3e15, "selective")
     with pytest.raises(ValueError, match="multiple of heads"):
@@ -134,7 +133,7 @@ def test_gemm_flops_per_step_from_shapes(corpus: Path):
     assert got.ops == sum(1 for e in doc["traceEvents"] if e.get("cat") == "cpu_op" and e.get("name") in GEMMS)
     assert got.device == "NVIDIA A100-SXM4-80GB"
     # the per-rank map keeps the same figures in the summary (what `rankscope mfu` reads)
-    (summary,) = rankscope.analyze(path, use_cache=False).ranks
+    (summary,) = analyze_job(path, use_cache=False).summaries
     kept = from_summary(summary, traced=True)
     assert (kept.source, dict(zip(kept.steps, kept.flops)), kept.ops) == ("gemm_shapes", expected, got.ops)
 
@@ -170,24 +169,19 @@ def doc_step_ms(doc: dict) -> float:
 
 
 def test_model_mfu_and_comm_efficiency_dlrm(corpus: Path, dlrm_dir: Path):
-    result = analyze(dlrm_dir, use_cache=False, engine="inprocess")
+    result = analyze_job(dlrm_dir, use_cache=False, engine="inprocess")
     flops = 8 * 1e12                         # 1 TFLOP per GPU per step
-    ranks = [from_summary(s) for s in result.ranks]
-    by_type = _by_type(result)
+    ranks = [from_summary(s) for s in result.summaries]
+    by_type = result.cross.collectives.by_type
     report = mfu_report(ranks, result.job.world_size, given_flops(flops), dtype="fp32", collectives_by_type=by_type)
-    for row, s in zip(report.ranks, result.ranks):
+    for row, s in zip(report.ranks, result.summaries):
         step_s = s.steps[0].duration_ms / 1e3
         assert row.mfu_pct == pytest.approx(100 * 1e12 / (15.7e12 * step_s), rel=1e-9)
     assert report.mfu_pct == pytest.approx(sum(r.achieved_tflops for r in report.ranks) / (8 * 15.7) * 100, rel=1e-9)
-    assert {c.type for c in report.comm} == {r["type"] for r in by_type if r["group_size"] >= 2}
+    assert {c.type for c in report.comm} == {r.type for r in by_type if r.group_size >= 2}
     for c in report.comm:                    # V100 NVLink 2.0: 150 GB/s per direction per GPU
         assert c.link_peak_gbps == 150.0
         assert c.efficiency_pct == pytest.approx(100 * c.busbw_gbps / 150.0)
-
-
-def _by_type(result) -> list[dict]:
-    from rankscope.results import to_plain
-    return to_plain(result.cross.as_dict())["collectives"]["by_type"]
 
 
 # ---- command line ---------------------------------------------------------------------------
@@ -217,8 +211,8 @@ def test_cli_mfu_transformer_dims_on_nsys(corpus: Path, tmp_path: Path):
     model = transformer_flops(32, 4096, 32, 32000, 4096, 1)       # checked against eq. 3 above
     assert rank["device_model"] == "H100" and out["dtype_source"] == "default" and out["dtype"] == "bf16"
     assert out["mfu_pct"] == pytest.approx(100 * model.model_flops_per_step / (989.5e12 * rank["step_ms"] / 1e3))
-    assert out["hfu_pct"] == pytest.approx(out["mfu_pct"] * transformer_flops(32, 4096, 32, 32000, 4096, 1, "full")
-                                           .recompute_factor)
+    assert out["hfu_pct"] == pytest.approx(out["mfu_pct"] * recompute_factor(
+        transformer_flops(32, 4096, 32, 32000, 4096, 1, "full")))
 
 
 @pytest.mark.parametrize("args, words", [

@@ -17,7 +17,7 @@ import polars as pl
 import pytest
 
 from conftest import assert_no_traceback, run_cli
-from rankscope.api import analyze
+from rankscope.pipelines.run import analyze_cycles
 from rankscope.ingest import TraceError, load_rank, read_trace
 from rankscope.ingest.cache import Cache
 from rankscope.model import Kind, KernelClass
@@ -166,8 +166,8 @@ def test_folder_of_exports_one_rank_each(report: Path, tmp_path: Path):
         os.chmod(target, 0o644)
         _set_env(target, "RANK", str(r))
         _set_env(target, "WORLD_SIZE", "2")
-    result = analyze(job, use_cache=False, engine="inprocess")
-    assert [s.rank for s in result.ranks] == [0, 1]
+    result = analyze_cycles(job, use_cache=False, engine="inprocess")
+    assert [s.rank for s in result.summaries] == [0, 1]
     assert result.job.world_size == 2 and not result.problems
 
 
@@ -187,8 +187,8 @@ def test_nvtx_step_ranges_become_steps(report: Path, tmp_path: Path):
     trace = read_trace(path)[0]
     assert trace.meta.profiler_steps == 2
     assert any("step ranges" in p for p in trace.meta.problems)
-    result = analyze(path, use_cache=False, engine="inprocess")
-    (summary,) = result.ranks
+    result = analyze_cycles(path, use_cache=False, engine="inprocess")
+    (summary,) = result.summaries
     assert summary.steps_source == "profiler_step"
     assert [(s.step, s.start_ns - epoch) for s in summary.steps] == [(7, 1_200_000_000), (8, 1_500_000_000)]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_no_traceback, run_cli
-from rankscope import analyze
+from rankscope.pipelines.run import analyze_cycles
 from rankscope.ingest import TraceError, read_trace, read_traces
 
 TABLES = ("StringIds", "TARGET_INFO_SESSION_START_TIME", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME",
@@ -85,14 +85,14 @@ def test_one_rank_per_process_with_its_own_figures(corpus: Path, tmp_path: Path)
     assert [(t.meta.process, t.meta.dist_rank, t.meta.device_events) for t in traces] == [(4242, 0, 3), (4343, 1, 2)]
     with pytest.raises(TraceError, match="report of 2 processes"):
         read_trace(path)
-    result = analyze(path, use_cache=False)
+    result = analyze_cycles(path, use_cache=False)
     expected = {0: (60.0, 0.4, 0.0, 0.2), 1: (50.0, 0.35, 0.0, 0.15)}
     got = {s.rank: (s.step_time.device_busy_pct, s.breakdown_mean_ms["compute"], s.breakdown_mean_ms["comm_overlapped"],
-                    s.breakdown_mean_ms["comm_exposed"]) for s in result.ranks}
+                    s.breakdown_mean_ms["comm_exposed"]) for s in result.summaries}
     assert got.keys() == expected.keys()
     for rank, values in expected.items():
         assert got[rank] == pytest.approx(values)
-        s = next(x for x in result.ranks if x.rank == rank)
+        s = next(x for x in result.summaries if x.rank == rank)
         assert s.hta.overlap.overlapped_ms == pytest.approx(0.0)    # HTA's |COMM ∩ COMP|, per device: none
         assert [d["id"] for d in s.meta.devices] == [rank]
     notes = [p.problem for p in result.problems if "with device activity in this report" in p.problem]

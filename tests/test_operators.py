@@ -20,7 +20,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from conftest import columns_frame, corpus_trace_params, load_json, write_trace, x_events
-from rankscope.analyses.rank.operators import OperatorStats, operator_stats
+from rankscope.analyses.rank.operators import operator_stats
+from rankscope.results.rank import OperatorStats
 from rankscope.ingest.kineto import read_kineto
 
 RESNET = "kineto-resnet50-workers0/worker0.1623143089861.pt.trace.json.gz"

@@ -15,12 +15,12 @@ import pytest
 
 from conftest import corpus_root, load_json
 from rankscope.analyses.job.layout import comm_by_dim, parallel_layout
-from rankscope.analyses.job.parallel import parallel_report
-from rankscope.analyses.job.stragglers import cross_rank
+from rankscope.analyses.job.reduce import reduce_job
 from rankscope.analyses.rank.breakdown import CATEGORIES
 from rankscope.analyses.rank.collectives import rank_collectives
 from rankscope.analyses.rank.groups import Group, assign_unnamed, dim_of_desc, rank_groups, role_dim
 from rankscope.api import analyze
+from rankscope.pipelines.job import analyze_job
 from rankscope.ingest.kineto import read_kineto
 
 FSDP4, TP2DP2, PP4, PP4_SLOW, THREE_D = ("cpu-gloo-fsdp4", "cpu-gloo-tp2dp2", "cpu-gloo-pp4-1f1b",
@@ -66,14 +66,14 @@ def test_unnamed_layout_is_inferred_from_the_collectives(corpus, folder, text):
     """MANIFEST: fully_shard over all 4 ranks (all_gather / reduce_scatter), and a 4-stage pipeline
     (send/recv between neighbours); their traces name only the default group."""
     layout = parallel_layout(_collectives(folder))
-    assert layout.text == text
+    assert layout.layout == text
     assert [d.groups for d in layout.dims] == [[[0, 1, 2, 3]]]
     assert [d.source for d in layout.dims] == ["inferred"]
 
 
 def test_healthy_ddp_job_is_one_data_parallel_dimension(corpus):
     layout = parallel_layout(_collectives("cpu-gloo-4rank-healthy"))
-    assert layout.text == "dp 4"
+    assert layout.layout == "dp 4"
 
 
 @pytest.mark.parametrize("folder", [TP2DP2, THREE_D])
@@ -81,16 +81,16 @@ def test_collectives_match_only_inside_their_group(corpus, folder):
     """Every matched collective's members are all members of one group of its dimension, and
     complete (every member of that group present)."""
     ranks = _collectives(folder)
-    cross = cross_rank(ranks)
-    groups = {d.name: [set(g) for g in d.groups] for d in cross.parallel.layout.dims}
+    cross, table = reduce_job(ranks)
+    groups = {d.name: [set(g) for g in d.groups] for d in cross.layout.dims}
     dim_of = {(rc.rank, i): d for rc in ranks for i, d in enumerate(rc.dim)}
-    members = cross.collectives.members.group_by("cid").agg("rank", "idx")
+    members = table.members.group_by("cid").agg("rank", "idx")
     assert members.height > 0
     for cid, rs, idx in members.iter_rows():
         dims = {dim_of[(r, i)] for r, i in zip(rs, idx)}
         assert len(dims) == 1, (cid, dims)
         assert set(rs) in groups[dims.pop()], (cid, rs)
-    assert cross.collectives.collectives["complete"].all()
+    assert table.collectives["complete"].all()
 
 
 def test_gloo_reduce_scatter_is_typed_by_its_issuing_op(corpus):
@@ -116,8 +116,8 @@ def test_comm_by_dim_sums_to_the_breakdown(corpus, folder):
 
 
 def test_json_comm_by_dim_sums_to_the_json_breakdown(corpus):
-    from rankscope.render.json import analysis_to_dict
-    d = analysis_to_dict(_analysis(THREE_D))
+    from conftest import report_json
+    d = report_json(_analysis(THREE_D))
     assert d["parallelism"]["layout"] == "pp 2 x dp 2 x tp 2"
     for r in d["ranks"]:
         total = sum(v["overlapped"] + v["exposed"] for v in r["comm_by_dim_ms"].values())
@@ -130,28 +130,28 @@ def test_json_comm_by_dim_sums_to_the_json_breakdown(corpus):
     (PP4, "1f1b", 8, 4), (PP4_SLOW, "1f1b", 8, 4), (THREE_D, "gpipe", 4, 2)])
 def test_pipeline_schedule_and_microbatches(corpus, folder, schedule, microbatches, stages):
     """MANIFEST: Schedule1F1B with 8 microbatches over 4 stages; ScheduleGPipe with 4 over mesh_pp (2)."""
-    p = parallel_report(_collectives(folder)).pipeline
+    p = reduce_job(_collectives(folder)).result.pipeline
     assert (p.schedule, p.microbatches, len(p.stages)) == (schedule, microbatches, stages)
     assert p.bubble_pct_theory == pytest.approx(100.0 * (stages - 1) / (microbatches + stages - 1), abs=0.01)
 
 
 def test_pipeline_stages_of_the_3d_job_are_the_pp_group_positions(corpus):
     truth = _mesh_groups(THREE_D)["pp"]
-    p = parallel_report(_collectives(THREE_D)).pipeline
+    p = reduce_job(_collectives(THREE_D)).result.pipeline
     assert [st.ranks for st in p.stages] == [sorted(g[s] for g in truth) for s in range(2)]
 
 
 def test_slow_stage_is_named_pipeline_stage_imbalance(corpus):
     """MANIFEST: stage 2 (rank 2) holds 6 blocks instead of 2."""
     a = _analysis(PP4_SLOW)
-    assert a.cross.parallel.pipeline.bottleneck_stage == 2
+    assert a.pipeline.bottleneck_stage == 2
     # the most urgent finding, with what balancing saves (severity by that cost)
     top = a.findings[0]
     assert top.id == "pipeline_stage_imbalance" and top.severity != "low" and top.evidence["step_ms_saved"] > 0
     assert top.ranks == [2]
     assert "stage 2" in top.summary and "to stage" in top.fix
     # never an unknown straggler, and the bubble is not called exposed communication
-    assert not any(s.cause == "unknown" for s in a.cross.stragglers.stragglers)
+    assert not any(s.cause == "unknown" for s in a.stragglers)
     assert "exposed_communication" not in {f.id for f in a.findings}
 
 
@@ -164,9 +164,9 @@ def test_balanced_pipeline_gets_no_high_stage_finding(corpus):
 def test_sharded_job_reports_exposed_gathers(corpus):
     """fsdp4: every rank's all_gathers are in the dp_shard dimension; the finding's evidence is that
     dimension's exposed all_gather time (cross-checked against comm_by_dim)."""
-    a = _analysis(FSDP4)
+    a = analyze_job(corpus_root() / FSDP4, use_cache=False, engine="inprocess")
     f = next(f for f in a.findings if f.id == "fsdp_exposed_gather")
-    comm = {c.rank: c for c in a.cross.parallel.comm}
+    comm = {c.rank: c for c in a.cross.comm_by_dim}
     for r, ms in f.evidence["exposed_all_gather_ms_per_step"].items():
         assert ms == pytest.approx(comm[int(r)].by_dim_type["dp_shard"]["all_gather"].exposed, abs=1e-3)
 
@@ -276,9 +276,9 @@ def test_straggler_evidence_says_in_which_dimension_it_is_late(corpus):
     a = analyze(corpus_root() / TP2DP2, use_cache=False, engine="inprocess",
                 thresholds={"straggler_last_share_min": 0.3, "straggler_last_share_chance_factor": 0.5,
                             "straggler_min_cost_pct_of_step": 0.1, "straggler_min_cost_ms": 0.01})
-    assert a.cross.stragglers.stragglers
-    stats = {s.rank: s for s in a.cross.stragglers.ranks}
-    for st in a.cross.stragglers.stragglers:
+    assert a.stragglers
+    stats = {s.rank: s for s in a.rank_stats}
+    for st in a.stragglers:
         parts = re.findall(r"last at (\d+) of (\d+) (\w+) collectives", st.evidence)
         assert {d for _, _, d in parts} == {"dp", "tp"}
         assert sum(int(n) for _, n, _ in parts) == stats[st.rank].collectives

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from rankscope.api import analyze
+from rankscope.pipelines.job import analyze_job
 
 DATA = Path(__file__).parent / "data" / "parallel"
 JOBS = sorted(p.name for p in DATA.iterdir() if (p / "ground_truth.json").is_file())
@@ -41,14 +42,14 @@ MERGED = {"ep4-alltoall-skewed": {"dp"}}
 def test_layout_has_the_built_dimensions_and_groups(job):
     want = {INFERRED_NAME.get((job, d["name"]), d["name"]): sorted(map(sorted, d["groups"]))
             for d in truth(job)["dims"] if d["name"] not in MERGED.get(job, set())}
-    got = {d.name: sorted(map(sorted, d.groups)) for d in result(job).cross.parallel.layout.dims}
+    got = {d.name: sorted(map(sorted, d.groups)) for d in result(job).parallelism.dims}
     assert got == want
 
 
 @pytest.mark.parametrize("job", ["pp4-interleaved", "pp4-gpipe-slowstage1", "3d-16rank"])
 def test_pipeline_schedule_microbatches_chunks(job):
     t = truth(job)["pipeline"]
-    p = result(job).cross.parallel.pipeline
+    p = result(job).pipeline
     assert (p.schedule, p.microbatches, p.stages_per_rank) == (t["schedule"], t["microbatches"], t["stages_per_rank"])
     ranks_per_stage = len(truth(job)["dims"][0]["groups"])
     assert len(p.stages) == t["num_stages"] // t["stages_per_rank"]
@@ -60,7 +61,7 @@ def test_slow_stage_named():
     a = result("pp4-gpipe-slowstage1")
     f = next(f for f in a.findings if f.id == "pipeline_stage_imbalance")
     assert f.severity != "low" and f.ranks == [t["slow_rank"]] and a.findings[0] is f
-    assert a.cross.parallel.pipeline.bottleneck_stage == t["slow_stage"]
+    assert a.pipeline.bottleneck_stage == t["slow_stage"]
 
 
 def test_skewed_expert_named_with_its_load():
@@ -75,20 +76,20 @@ def test_skewed_expert_named_with_its_load():
 
 
 def test_megatron_names_give_the_dimensions_from_pg_desc():
-    dims = result("ddp-tp2-megatron-names").cross.parallel.layout.dims
+    dims = result("ddp-tp2-megatron-names").parallelism.dims
     assert {d.name: d.source for d in dims} == {"dp": "pg_desc", "tp": "pg_desc"}
 
 
 def test_unnamed_groups_are_inferred():
-    dims = result("tp2dp2-unnamed").cross.parallel.layout.dims
+    dims = result("tp2dp2-unnamed").parallelism.dims
     assert all(d.source == "inferred" for d in dims)
 
 
 @pytest.mark.parametrize("job", JOBS)
 def test_comm_by_dim_sums_to_the_breakdown(job):
-    a = result(job)
-    comm = {c.rank: c for c in a.cross.parallel.comm}
-    for s in a.ranks:
+    a = analyze_job(DATA / job, use_cache=False, engine="inprocess")
+    comm = {c.rank: c for c in a.cross.comm_by_dim}
+    for s in a.summaries:
         want = s.breakdown_mean_ms["comm_overlapped"] + s.breakdown_mean_ms["comm_exposed"]
         got = sum(v.overlapped + v.exposed for v in comm[s.rank].by_dim.values())
         assert got == pytest.approx(want, rel=1e-6, abs=1e-5)

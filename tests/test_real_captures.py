@@ -12,6 +12,7 @@ import pytest
 from rankscope.analyses.rank.breakdown import step_breakdown
 from rankscope.analyses.rank.gaps import idle_gaps
 from rankscope.ingest.kineto import read_kineto
+from rankscope.pipelines.run import analyze_cycles
 from tracebuilder import TraceBuilder
 
 
@@ -68,7 +69,6 @@ def test_python_gap_names_the_python_function(tmp_path):
     assert g.busy_host_op == "model.py(12): prepare_batch"
 
 
-
 def test_python_time_straggler_cause_is_cpu_ops(tmp_path):
     from rankscope.api import analyze
     # hand-made 4-rank job, 6 steps of 100 ms. Every rank: a 10 ms kernel, then an all-reduce. Rank 1
@@ -86,8 +86,8 @@ def test_python_time_straggler_cause_is_cpu_ops(tmp_path):
             b.op("nccl:all_reduce", arrive - 5, 3)
             b.kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", arrive - 5, arrive, t0 + 55_010 - arrive, stream=20)
         b.write(tmp_path / f"rank{rank}.json")
-    a = analyze(tmp_path, use_cache=False, engine="inprocess")
-    by_rank = {s.rank: s for s in a.ranks}
+    a = analyze_cycles(tmp_path, use_cache=False, engine="inprocess")
+    by_rank = {s.rank: s for s in a.summaries}
     # the Python 0..40 ms of each step and the 1 µs launch right after it (device idle until +10 µs)
     assert by_rank[1].breakdown_mean_ms["host"] == pytest.approx(40.001)
     (f,) = [f for f in a.findings if f.id == "straggler_rank"]
@@ -186,7 +186,7 @@ def test_fragmentation_finding_says_its_definition(tmp_path):
     (f,) = [f for f in a.findings if f.id == "memory_fragmentation"]
     assert "2000 MB (67%) of the 3000 MB reserved" in f.summary
     assert "reserved - allocated at peak allocated" in f.summary
-    ev = f.evidence[0]
+    ev = f.evidence["0"]                 # the evidence as JSON has it: ranks as keys
     assert ev["fragmentation_mb"] == 2000.0 and ev["reserved_at_peak_allocated_mb"] == 3000.0
     assert ev["fragmentation_pct_of_reserved"] == pytest.approx(66.7)
 
@@ -335,7 +335,7 @@ def test_nsys_mostly_idle_gpu_gets_a_finding(corpus):
     (f,) = [f for f in a.findings if f.id == "gpu_idle_host_bound"]
     assert f.severity == "high"
     step_ms = f.evidence["step_ms"]
-    assert f.evidence["gpu_busy_pct"][0] == pytest.approx(100 * busy_ns / 1e6 / step_ms, abs=0.01)   # ~0.05%
+    assert f.evidence["gpu_busy_pct"]["0"] == pytest.approx(100 * busy_ns / 1e6 / step_ms, abs=0.01)   # ~0.05%
     gap = f.evidence["longest_idle_gap"]
     assert gap["duration_ms"] == pytest.approx(longest_ms, abs=1e-3)                                 # ~351 ms
     assert gap["host_op_most_present"] == "KernelExecutor::compileFusion"
@@ -353,7 +353,7 @@ def test_mostly_idle_gpu_hand_made(tmp_path):
     b.kernel("sm80_xmma_gemm_bf16", 98_990, 99_000, 1000)
     a = analyze(b.write(tmp_path / "rank0.json"), use_cache=False, engine="inprocess")
     (f,) = [f for f in a.findings if f.id == "gpu_idle_host_bound"]
-    assert f.evidence["gpu_busy_pct"] == {0: pytest.approx(2.0)}
+    assert f.evidence["gpu_busy_pct"] == {"0": pytest.approx(2.0)}
     assert f.evidence["longest_idle_gap"]["duration_ms"] == pytest.approx(97.99)
     assert f.evidence["longest_idle_gap"]["host_activity"] == "idle_other"
     assert "torch.compile" in f.fix                     # eager kernels: compiling is advised
@@ -378,7 +378,7 @@ def test_triton_kernels_get_no_torch_compile_advice(corpus):
     kernels = [e["name"] for e in doc["traceEvents"] if e.get("cat") == "kernel"]
     assert kernels and all(k.startswith("triton_") for k in kernels)     # plain json: all Inductor kernels
     a = analyze(path, use_cache=False, engine="inprocess")
-    st = a.ranks[0].kernels.stats
+    st = a.ranks[0].kernels.stats     # as the report shows it
     assert st.generated_kernel_pct == pytest.approx(100.0) and st.generated_kernel_count_pct == pytest.approx(100.0)
     advised = [f for f in a.findings if f.id in ("launch_overhead", "gpu_idle_host_bound")]
     assert {f.id for f in advised} == {"launch_overhead", "gpu_idle_host_bound"}

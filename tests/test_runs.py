@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_no_traceback, run_cli
+from conftest import assert_no_traceback, report_json, run_cli
 from test_html import artifacts, browser  # noqa: F401  (fixtures: a real headless browser, screenshots)
 from rankscope.analyses.run.changes import find_changes
 from rankscope.api import analyze
 from rankscope.ingest.cycles import CycleFile, cycles_in_names, group_cycles, run_cycles
-from rankscope.render.json import analysis_to_dict
-from rankscope.results.run import RunCycle, TrendPoint
+from rankscope.analyses.run.cycles import TrendPoint
+from rankscope.results.run import RunCycle
 from rankscope.thresholds import resolve
 
 CYCLES = "cpu-gloo-2rank-cycles"
@@ -74,7 +74,7 @@ def test_corpus_onset_named_with_rank_step_cycle_and_cause(corpus_run):
 
 def test_run_json_validates_and_has_the_contract_shape(corpus_run):
     from test_findings import _schema_validator
-    d = json.loads(json.dumps(analysis_to_dict(corpus_run)))
+    d = report_json(corpus_run)
     assert list(_schema_validator().iter_errors(d)) == []
     run = d["run"]
     assert set(run["cycles"][0]) >= {"cycle", "files", "steps", "step_ms_median", "straggler", "findings"}
@@ -86,7 +86,7 @@ def test_run_json_validates_and_has_the_contract_shape(corpus_run):
 
 def test_one_cycle_has_no_run(corpus):
     a = analyze(corpus / "cpu-gloo-4rank-healthy", use_cache=False)
-    assert a.run is None and analysis_to_dict(a)["run"] is None
+    assert a.run is None and report_json(a)["run"] is None
 
 
 def test_same_rank_same_steps_is_still_named(corpus, tmp_path):
@@ -119,7 +119,7 @@ def test_cache_and_no_cache_agree(corpus, tmp_path):
     warm = analyze(corpus / CYCLES, cache_dir=tmp_path / "c")
     none = analyze(corpus / CYCLES, use_cache=False)
     assert all(s.from_cache for s in warm.ranks)
-    assert analysis_to_dict(cold)["run"] == analysis_to_dict(warm)["run"] == analysis_to_dict(none)["run"]
+    assert report_json(cold)["run"] == report_json(warm)["run"] == report_json(none)["run"]
 
 
 # ----------------------------------------------------------------------- real captures of tests/data/runs
@@ -310,7 +310,7 @@ def test_run_charts_draw_in_a_browser(browser, corpus_run, tmp_path, artifacts):
     median and the slowest per cycle (3 cycles: MANIFEST), the heatmap one row per rank, the change is
     marked; nothing is fetched and no script error."""
     from test_html import _open
-    page, charts, problems, outside = _open(browser, analysis_to_dict(corpus_run), tmp_path, "run-cycles", artifacts)
+    page, charts, problems, outside = _open(browser, report_json(corpus_run), tmp_path, "run-cycles", artifacts)
     try:
         assert problems == [] and outside == []
         by_id = {c["id"]: c for c in charts}

@@ -142,9 +142,9 @@ def test_html_at_4096_ranks_renders_in_a_browser_with_the_straggler_lane_labelle
     import shutil
     from playwright.sync_api import sync_playwright
     from rankscope.render.html import render_html
-    from rankscope.render.json import analysis_to_dict
-    report = json.loads(json.dumps(analysis_to_dict(analyze(job[0], use_cache=False, engine="local"))))
-    page_html = render_html(_blown_up(report, 4096))
+    from conftest import as_report, report_json
+    report = report_json(analyze(job[0], use_cache=False, engine="local"))
+    page_html = render_html(as_report(_blown_up(report, 4096)))
     assert len(page_html) < 30_000_000
     path = tmp_path / "big.html"
     path.write_text(page_html, encoding="utf-8")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_no_traceback, run_cli
-from rankscope import analyze
+from rankscope.pipelines.run import analyze_cycles
 from rankscope.analyses.rank.breakdown import step_breakdown
 from rankscope.analyses.rank.gaps import idle_gaps
 from rankscope.ingest.kineto import read_kineto
@@ -27,14 +27,14 @@ SLACK_MS = 1.0
 
 @pytest.fixture(scope="module")
 def preproc():
-    return analyze(CAPTURE, use_cache=False), json.loads((CAPTURE / "ground_truth.json").read_text())
+    return analyze_cycles(CAPTURE, use_cache=False), json.loads((CAPTURE / "ground_truth.json").read_text())
 
 
 def test_python_before_the_first_op_is_host_and_the_sleep_idle(preproc):
     """Per rank and step: host (Python running) covers at least the measured decode time, idle_other
     at least the measured sleep (and at most it plus the slack: nothing else sleeps)."""
     result, truth = preproc
-    for s in result.ranks:
+    for s in result.summaries:
         measured = truth["per_rank"][str(s.rank)]
         assert sorted(int(k) for k in measured) == [st.step for st in s.steps]
         for st in s.steps:
@@ -47,7 +47,7 @@ def test_gap_list_shows_the_step_leading_gap(preproc):
     """Each profiled step's longest gap is the one before its first op: at the step's start, as long
     as decode + sleep (measured), its idle part the sleep, its busiest Python function decode_batch."""
     result, truth = preproc
-    for s in result.ranks:
+    for s in result.summaries:
         assert s.breakdown_mode == "cpu_only" and s.gaps is not None
         leading = {g.step: g for g in s.gaps.top if g.position == "before_first"}
         assert sorted(leading) == [st.step for st in s.steps]

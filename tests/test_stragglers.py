@@ -18,7 +18,8 @@ from conftest import GLOO_HEALTHY, corpus_root, load_json, x_events
 from rankscope.analyses.rank.breakdown import CATEGORIES
 from rankscope.api import analyze
 from rankscope.analyses.rank.collectives import RankCollectives, rank_collectives
-from rankscope.analyses.job.stragglers import CAUSES, cross_rank, find_stragglers, last_share_min
+from rankscope.analyses.job.reduce import reduce_job
+from rankscope.analyses.job.stragglers import CAUSES, find_stragglers, last_share_min
 from rankscope.ingest.kineto import read_kineto
 from rankscope.synth import STRAGGLER_CAUSES, generate_job, parse_injection
 from rankscope.thresholds import THRESHOLDS, resolve
@@ -44,7 +45,7 @@ def _healthy_step_std_ms() -> float:
 
 
 def test_gloo_straggler_rank2_host_idle_costs_its_sleep(corpus):
-    report = cross_rank(_collectives(GLOO_STRAGGLER)).stragglers
+    report = reduce_job(_collectives(GLOO_STRAGGLER)).result
     assert [s.rank for s in report.stragglers] == [2]
     s = report.stragglers[0]
     assert s.cause == "host_idle"
@@ -55,30 +56,30 @@ def test_gloo_straggler_rank2_host_idle_costs_its_sleep(corpus):
     assert 3 < noise < 15
     assert s.cost_ms_per_step == pytest.approx(INJECTED_SLEEP_MS, abs=10.0)      # 40.2 measured
     assert s.wait_imposed_ms_per_step > 30
-    assert report.verdict.startswith("rank 2 is a straggler (cause host_idle")
+    assert report.straggler_verdict.startswith("rank 2 is a straggler (cause host_idle")
     assert report.load_balance.verdict == "one_rank_late"
-    plain = json.loads(json.dumps(cross_rank(_collectives(GLOO_STRAGGLER)).as_dict()))
+    plain = json.loads(msgspec.json.encode(report))
     assert plain["stragglers"][0]["rank"] == 2 and plain["collectives"]["count"] == 8
     # the values that decided (the JSON's straggler_thresholds), from the threshold registry
-    bar = plain["thresholds"].pop("min_cost_ms_per_step")     # the cost bar in force: 5% of the median step
+    bar = plain["straggler_thresholds"].pop("min_cost_ms_per_step")   # the cost bar in force: 5% of the median step
     assert bar == pytest.approx(0.05 * report.median_step_ms)
-    assert plain["thresholds"] == {"step_z_flag": 2.0, "step_pct_flag": 10.0, "last_share_min": 0.5,
+    assert plain["straggler_thresholds"] == {"step_z_flag": 2.0, "step_pct_flag": 10.0, "last_share_min": 0.5,
                                    "min_cost_pct_of_step": 5.0, "min_cost_ms": 0.05, "cause_min_share": 0.5,
                                    "all_idle_pct": 20.0, "wait_imbalance_pct": 10.0}
 
 
 def test_gloo_healthy_reports_no_straggler(corpus):
-    report = cross_rank(_collectives(GLOO_HEALTHY)).stragglers
+    report = reduce_job(_collectives(GLOO_HEALTHY)).result
     assert report.stragglers == []
-    assert report.verdict.startswith("no straggler")
-    assert not any(r.straggler for r in report.ranks)
+    assert report.straggler_verdict.startswith("no straggler")
+    assert not any(r.straggler for r in report.rank_stats)
 
 
 def test_gloo_loader0_cause_is_dataloader_if_any(corpus):
     """num_workers=0 with a slow decode on every rank (MANIFEST): every rank waits on its DataLoader
     at the same time. The data shows no straggler (rank 2 is last at 7 of 8 all-reduces, but costs
     2 ms of a 65 ms step, under the 5 % bar); if one is reported its cause must be dataloader."""
-    report = cross_rank(_collectives(GLOO_LOADER0)).stragglers
+    report = reduce_job(_collectives(GLOO_LOADER0)).result
     assert all(s.cause == "dataloader" for s in report.stragglers)
     assert report.load_balance.verdict == "all_ranks_idle"
     assert report.load_balance.common_idle_pct > 40            # ~35 ms of DataLoader per 65 ms step
@@ -89,10 +90,10 @@ def test_thresholds_decide_the_verdicts(corpus):
     cost bar, and then the load balance blames it; a common-idle bar above loader0's ~55% leaves
     every rank idle at once unflagged (the wait spread, ~6%, stays under its 10% bar)."""
     ranks = _collectives(GLOO_LOADER0)
-    low_bar = cross_rank(ranks, thresholds=resolve({"straggler_min_cost_pct_of_step": 2})).stragglers
+    low_bar = reduce_job(ranks, thresholds=resolve({"straggler_min_cost_pct_of_step": 2})).result
     assert [s.rank for s in low_bar.stragglers] == [2] and low_bar.load_balance.verdict == "one_rank_late"
-    assert low_bar.thresholds["min_cost_pct_of_step"] == 2.0
-    idle_bar = cross_rank(ranks, thresholds=resolve({"load_all_idle_pct": 80})).stragglers
+    assert low_bar.straggler_thresholds.min_cost_pct_of_step == 2.0
+    idle_bar = reduce_job(ranks, thresholds=resolve({"load_all_idle_pct": 80})).result
     assert idle_bar.stragglers == [] and idle_bar.load_balance.verdict == "balanced"
 
 
@@ -103,8 +104,8 @@ def test_cross_rank_needs_only_the_small_summaries(corpus):
     blobs = [msgspec.msgpack.encode(rc) for rc in ranks]
     assert sum(map(len, blobs)) < 16_000
     decoded = [msgspec.msgpack.decode(b, type=RankCollectives) for b in blobs]
-    a, b = cross_rank(ranks).stragglers, cross_rank(decoded).stragglers
-    assert a.verdict == b.verdict and [s.rank for s in a.stragglers] == [s.rank for s in b.stragglers]
+    a, b = reduce_job(ranks).result, reduce_job(decoded).result
+    assert a.straggler_verdict == b.straggler_verdict and [s.rank for s in a.stragglers] == [s.rank for s in b.stragglers]
 
 
 def test_last_share_bar():
@@ -182,7 +183,7 @@ def test_synthetic_stragglers_are_localized(tmp_path):
         truth = generate_job(job, ranks=sc["ranks"], steps=2, seed=sc["seed"], gzip=False, scale=1 / 6,
                              injections=[parse_injection(x) for x in sc["injections"]])
         ranks = [rank_collectives(read_kineto(p)[0]) for p in sorted(job.glob("rank*.json"))]
-        report = cross_rank(ranks).stragglers
+        report = reduce_job(ranks).result
         exp = truth["expected"]["stragglers"]
         steps = [t for r in truth["expected"]["per_rank"].values() for t in r["step_time_ms"]]
         found = report.stragglers
@@ -214,7 +215,7 @@ def _synthetic(tmp_path, name: str, ranks: int, *injections: str, seed: int = 21
     job = tmp_path / name
     truth = generate_job(job, ranks=ranks, steps=2, seed=seed, gzip=False, scale=1 / 6,
                          injections=[parse_injection(x) for x in injections])
-    return truth, cross_rank([rank_collectives(read_kineto(p)[0]) for p in sorted(job.glob("rank*.json"))])
+    return truth, reduce_job([rank_collectives(read_kineto(p)[0]) for p in sorted(job.glob("rank*.json"))]).result
 
 
 def test_straggler_without_overlap_is_found_by_its_share_of_lateness(tmp_path):
@@ -223,9 +224,9 @@ def test_straggler_without_overlap_is_found_by_its_share_of_lateness(tmp_path):
     nearly all of the job's last-arrival lateness instead."""
     truth, cr = _synthetic(tmp_path, "noov", 8, "straggler:rank=2,cause=gpu_compute,delay_ms=3", "no_overlap",
                            seed=3)
-    (s,) = cr.stragglers.stragglers
+    (s,) = cr.stragglers
     assert s.rank == 2 and s.cause == "gpu_compute"
-    st = {x.rank: x for x in cr.stragglers.ranks}[2]
+    st = {x.rank: x for x in cr.rank_stats}[2]
     assert st.last_arrival_pct < 50 and st.lateness_share_pct > 90
     true_cost = float(np.mean(truth["expected"]["stragglers"][0]["cost_ms_per_step"]))
     assert s.cost_ms_per_step == pytest.approx(true_cost, rel=0.25)
@@ -236,9 +237,9 @@ def test_second_straggler_hidden_behind_the_first_is_found(tmp_path):
     last; once rank 6 is taken out (second round) rank 2 is."""
     truth, cr = _synthetic(tmp_path, "two", 8, "straggler:rank=2,cause=host_idle,delay_ms=3",
                            "straggler:rank=6,cause=dataloader,delay_ms=5")
-    found = cr.stragglers.stragglers
+    found = cr.stragglers
     assert [(s.rank, s.cause) for s in found] == [(6, "dataloader"), (2, "host_idle")]
-    assert {x.rank: x.found_in_round for x in cr.stragglers.ranks if x.straggler} == {6: 1, 2: 2}
+    assert {x.rank: x.found_in_round for x in cr.rank_stats if x.straggler} == {6: 1, 2: 2}
     assert "once rank(s) 6 run like the median rank" in found[1].evidence
     # each cost is what fixing that rank would gain: the generator's step times (median other rank)
     # of the same job without rank 6's fault, and then without either (measured 2.44 vs 2.48, 2.38 vs 2.14)

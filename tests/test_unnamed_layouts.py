@@ -29,14 +29,14 @@ def test_any_mesh_order_without_names(job: str):
     truth = json.loads((folder / "ground_truth.json").read_text())
     assert set(truth["original_pg_config_groups"]) >= {"mesh_dp", "mesh_pp", "mesh_tp"}
     result = analyze(folder, cache_dir=shared_cache_dir())
-    layout = result.cross.parallel.layout
+    layout = result.parallelism
     got = {d.name: (sorted(d.groups), d.source) for d in layout.dims}
     assert got == {NAMES[d["name"]]: (sorted(d["groups"]), "inferred") for d in truth["dims"]}
     # the pipeline's stages are the mesh's pp coordinates: stage s = the ranks at pp index s
     mesh = truth["mesh"]
     pp_axis = truth["mesh_dim_names"].index("pp")
     stages = [sorted(np.take(np.array(mesh), s, axis=pp_axis).ravel().tolist()) for s in range(2)]
-    assert [st.ranks for st in result.cross.parallel.pipeline.stages] == stages
+    assert [st.ranks for st in result.pipeline.stages] == stages
 
 
 def test_sharded_embedding_all_to_all_is_emb():
@@ -45,10 +45,10 @@ def test_sharded_embedding_all_to_all_is_emb():
     folder = DATA / "captures" / "emb-alltoall"
     truth = json.loads((folder / "ground_truth.json").read_text())
     result = analyze(folder, cache_dir=shared_cache_dir())
-    dims = result.cross.parallel.layout.dims
+    dims = result.parallelism.dims
     assert [(d.name, d.size, d.groups) for d in dims] == [("emb", 4, truth["dims"][0]["groups"])]
-    a2a = next(t for t in result.cross.as_dict()["collectives"]["by_type"] if t["type"] == "all_to_all")
-    assert a2a["count"] == truth["all_to_all_per_step"] * len(truth["profiled_steps"]) and a2a["max_ranks"] == 4
+    a2a = next(t for t in result.collectives.by_type if t.type == "all_to_all")
+    assert a2a.count == truth["all_to_all_per_step"] * len(truth["profiled_steps"]) and a2a.max_ranks == 4
 
 
 def test_torchrec_dlrm_is_emb_not_expert_parallel(corpus: Path):
@@ -57,10 +57,10 @@ def test_torchrec_dlrm_is_emb_not_expert_parallel(corpus: Path):
     names = {e["name"] for e in x_events(fresh_json(corpus_files(corpus, "param-dlrm-8rank")[0]))}
     assert {"All2All_Pooled_Req", "## alltoall_fwd_single ##"} <= names
     result = analyze(corpus / "param-dlrm-8rank", cache_dir=shared_cache_dir())
-    assert [(d.name, d.size) for d in result.cross.parallel.layout.dims] == [("emb", 8)]
+    assert [(d.name, d.size) for d in result.parallelism.dims] == [("emb", 8)]
 
 
 def test_expert_all_to_all_stays_ep():
     """tests/data/parallel/ep4-alltoall-skewed (a toy MoE, plain all_to_all_single): still `ep 4`."""
     result = analyze(DATA / "parallel" / "ep4-alltoall-skewed", cache_dir=shared_cache_dir())
-    assert [(d.name, d.size) for d in result.cross.parallel.layout.dims] == [("ep", 4)]
+    assert [(d.name, d.size) for d in result.parallelism.dims] == [("ep", 4)]

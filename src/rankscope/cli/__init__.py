@@ -15,7 +15,7 @@ from rankscope.ingest import reuse
 from rankscope.interrupt import exit_interrupted
 from rankscope.version import __version__
 from rankscope.cli import analyze, calibrate, diff, export, memory, mfu, nccl, synth, thresholds, validate
-from rankscope.cli import watch
+from rankscope.cli import report, watch
 
 
 class _Main(click.Group):
@@ -60,5 +60,5 @@ def main() -> None:
     reuse.own_process()      # the heap kept between ranks (`rankscope.ingest.reuse`)
 
 
-for _subcommand in (analyze, validate, synth, thresholds, export, diff, nccl, memory, mfu, calibrate, watch):
+for _subcommand in (analyze, validate, synth, thresholds, export, diff, nccl, memory, mfu, calibrate, watch, report):
     main.add_command(_subcommand.command)

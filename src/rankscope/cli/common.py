@@ -202,8 +202,9 @@ def exit_code(result: Result, nothing: str | None = None) -> int:
         if nothing:
             err(nothing)
         return EXIT_NOTHING
+    from rankscope.analyses.job.capture import partial_reason
     capture = result.job.capture if isinstance(result, Analysis) else None
-    partial = capture.reason() if capture is not None else None
+    partial = partial_reason(capture) if capture is not None else None
     if partial:
         err(partial)
     return EXIT_SKIPPED if result.skipped or partial else EXIT_OK

@@ -16,8 +16,6 @@ from rankscope.files import atomic_write_text
 from rankscope.pipelines.watch import CycleDone, RunWatch
 from rankscope.render.base import JsonRenderer, renderer
 from rankscope.render.format import json_bytes, printable
-from rankscope.render.run_json import change_to_dict
-from rankscope.results import to_plain
 
 
 @click.command("watch")
@@ -89,7 +87,7 @@ def _cycle_done(done: CycleDone, as_json: bool, live, html_path: str | None) -> 
     assert run is not None                # a watched cycle's report has its run
     row = next(c for c in run.cycles if set(c.files) == set(done.files))
     if as_json:
-        line = {"cycle": to_plain(row), "changes": [change_to_dict(c) for c in run.changes]}
+        line = {"cycle": row, "changes": run.changes}
         sys.stdout.buffer.write(json_bytes(line) + b"\n")          # (a file name need not be UTF-8)
         sys.stdout.flush()
     elif live is None:

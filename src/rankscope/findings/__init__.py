@@ -1,11 +1,11 @@
 """Findings: analysis results -> diagnoses with evidence and a concrete fix (docs/findings.md).
 
 Each rule (registry.py: one signature, registered by finding id) reads the per-rank summaries and
-the typed cross-rank result of an `Analysis`, or one run of compared NCCL logs (nothing is
+the typed cross-rank result of a job (results/), or one run of compared NCCL logs (nothing is
 recomputed from events), and yields at most one `Finding` of its id (per NCCL run). Every
 threshold is a named entry of `rankscope.thresholds.THRESHOLDS` with its unit and source; users
 override any of them (`rankscope analyze --threshold dataloader_high_pct=30`, or
-`evaluate(..., resolve(overrides))`). Families: stragglers.py, communication.py, host.py,
+`evaluate(..., thresholds=resolve(overrides))`: resolved once, by the pipeline). Families: stragglers.py, communication.py, host.py,
 memory.py, compute.py, parallel.py (parallel layouts), inputs.py (NCCL logs), hang.py (Flight Recorder
 dumps); docs/findings.md lists every id.
 
@@ -30,18 +30,23 @@ from rankscope.results import Finding
 from rankscope.thresholds import resolve
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rankscope.analyses.inputs.nccl import NcclReport
-    from rankscope.results import Analysis
+    from rankscope.results.nccl import NcclReport
+    from rankscope.results import JobInfo
+    from rankscope.results.hang import HangReport
+    from rankscope.results.job import JobResult
+    from rankscope.results.rank import RankSummary
+    from rankscope.thresholds import Thresholds
 
 __all__ = ["evaluate", "nccl_findings", "ordered"]
 
 
-def evaluate(analysis: Analysis, thresholds: Mapping[str, float] | None = None) -> list[Finding]:
-    """All findings of a job (its traces', and its Flight Recorder dumps' verdict's), ordered by
-    severity then cost per step. `thresholds`: the values in force (`rankscope.thresholds.resolve`),
-    by default the defaults."""
+def evaluate(ranks: list[RankSummary], cross: JobResult | None, job: JobInfo, hang: HangReport | None = None,
+             thresholds: Thresholds | None = None) -> list[Finding]:
+    """All findings of a job (its ranks' summaries and cross-rank result, and its Flight Recorder
+    dumps' verdict), ordered by severity then cost per step. `thresholds`: the values in force
+    (`rankscope.thresholds.resolve`), by default the defaults."""
     t = resolve(thresholds)
-    return ordered(run(JobView.of(analysis, t)) + hang_findings(analysis.hang, t))
+    return ordered(run(JobView.of(ranks, cross, job, t)) + hang_findings(hang, t))
 
 
 def nccl_findings(report: NcclReport, thresholds: Mapping[str, float] | None = None) -> list[Finding]:

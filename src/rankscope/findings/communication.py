@@ -7,8 +7,7 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Iterable
 
-from rankscope.analyses.job.matching import collectives_summary
-from rankscope.analyses.rank.summary import RankSummary
+from rankscope.results.rank import RankSummary
 from rankscope.findings.registry import NOT_RETIMED, JobView, rule, saving, tier
 from rankscope.hardware import devices_link_peak_gbps
 from rankscope.numbers import rounded
@@ -87,7 +86,7 @@ def exposed_communication(job: JobView) -> Iterable[Finding]:
 
 def _overlap_keys(job: JobView) -> list[str]:
     """The what-ifs of the job's communication overlapped: all of it, else its one dimension."""
-    dims = [d.name for d in job.parallel.layout.dims if d.name != "pp"] if job.parallel else []
+    dims = [d.name for d in job.cross.layout.dims if d.name != "pp"] if job.cross else []
     return ["overlap:*"] + [f"overlap:{d}" for d in dims]
 
 
@@ -172,22 +171,21 @@ def low_bus_bandwidth(job: JobView) -> Iterable[Finding]:
         return
     t = job.thresholds
     slow = []
-    for row in collectives_summary(job.cross.collectives)["by_type"]:
-        busbw, count = row.get("busbw_mean_gbps"), row.get("count") or 0
-        if busbw is None or not count or (row.get("group_size") or 0) < 2:
+    for row in job.cross.collectives.by_type:
+        busbw, count = row.busbw_mean_gbps, row.count
+        if busbw is None or not count or not isinstance(row.group_size, int) or row.group_size < 2:
             continue
-        if row.get("total_bytes", 0) / count >= t["busbw_min_bytes"] and \
-                100.0 * busbw / peak < t["busbw_low_pct_of_peak"]:
-            slow.append(row)
+        if row.total_bytes / count >= t["busbw_min_bytes"] and 100.0 * busbw / peak < t["busbw_low_pct_of_peak"]:
+            slow.append((row, busbw))
     if not slow:
         return
     yield Finding(
         id="low_bus_bandwidth", severity="medium", ranks=sorted(s.rank for s in job.ranks), steps=job.steps(),
-        summary="; ".join(f"{r['type']} reaches {r['busbw_mean_gbps']:.1f} GB/s bus bandwidth, "
-                          f"{100 * r['busbw_mean_gbps'] / peak:.0f}% of the {peak:.0f} GB/s link peak" for r in slow),
+        summary="; ".join(f"{r.type} reaches {busbw:.1f} GB/s bus bandwidth, "
+                          f"{100 * busbw / peak:.0f}% of the {peak:.0f} GB/s link peak" for r, busbw in slow),
         evidence={"link_peak_gbps": peak, "device": job.devices[0],
-                  "collectives": [{k: r.get(k) for k in ("type", "group_size", "count", "total_bytes",
-                                                          "busbw_mean_gbps")} for r in slow]},
+                  "collectives": [{"type": r.type, "group_size": r.group_size, "count": r.count,
+                                   "total_bytes": r.total_bytes, "busbw_mean_gbps": busbw} for r, busbw in slow]},
         explanation=("Bus bandwidth (nccl-tests definition) normalizes a collective's speed to the link; far "
                      "below the link peak for large messages means a slow transport or too few channels."),
         fix=("run with NCCL_DEBUG=INFO and check the transport per peer (P2P/NVLink expected, not SHM or NET) "

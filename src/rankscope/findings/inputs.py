@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import TYPE_CHECKING, Any, Iterable
 
-from rankscope.analyses.rank.memory import BYTES_PER_MB
+from rankscope.units import BYTES_PER_MB
 from rankscope.findings.registry import NcclView, ordered, rule, run as run_rules
 from rankscope.hardware import devices_link_peak_gbps
 from rankscope.numbers import rounded
@@ -23,8 +23,8 @@ from rankscope.results import Finding
 from rankscope.thresholds import Thresholds, resolve
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rankscope.analyses.inputs.memory_snapshot import MemoryReport
-    from rankscope.analyses.inputs.nccl import NcclRun
+    from rankscope.results.memory import MemoryReport
+    from rankscope.results.nccl import NcclRun
 
 
 def _log_name(file: str) -> str:
@@ -72,7 +72,7 @@ def low_bus_bandwidth(view: NcclView) -> Iterable[Finding]:
     sizes (high below `nccl_busbw_high_pct_of_best`), or whose best row is < `busbw_low_pct_of_peak` of
     the device's link peak (one host)."""
     report, run, t = view.report, view.run, view.thresholds
-    vs_best = next((c for c in report.of("busbw") if c.file == run.file), None)
+    vs_best = next((c for c in report.comparisons if c.kind == "busbw" and c.file == run.file), None)
     peak = devices_link_peak_gbps(run.devices)
     of_peak = (100.0 * run.peak_busbw_gbps / peak if peak and run.peak_busbw_gbps is not None and len(run.hosts) <= 1
                else None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from statistics import median
 from typing import Iterable, Iterator
 
-from rankscope.analyses.rank.memory import DeviceMemory
+from rankscope.results.rank import DeviceMemory
 from rankscope.findings.registry import NOT_RETIMED, JobView, job_or_rank_tier, rule
 from rankscope.numbers import rounded
 from rankscope.results import Finding

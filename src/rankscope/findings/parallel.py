@@ -132,12 +132,12 @@ class _Exposed:
 def _exposed(job: JobView, dims: tuple[str, ...], types: tuple[str, ...] | None) -> _Exposed | None:
     """The first of `dims` the job has, over collectives of `types` (None: all); None when the job has
     none of them or nothing of theirs is exposed."""
-    par = job.parallel
-    dim = next((d for d in dims if par is not None and par.layout.dim(d) is not None), None)
-    if dim is None:
+    par = job.cross
+    dim = next((d for d in dims if par is not None and any(x.name == d for x in par.layout.dims)), None)
+    if par is None or dim is None:
         return None
     ms, pct = {}, {}
-    for c in par.comm:
+    for c in par.comm_by_dim:
         if c.step_ms <= 0 or c.rank not in job.step_ms:
             continue
         if types is None:
@@ -193,7 +193,7 @@ def tp_comm_exposed(job: JobView) -> Iterable[Finding]:
     severity = tier(tp.median_pct, t, "tp_comm_exposed_pct", None, "tp_comm_exposed_high_pct")
     if severity is None:
         return
-    size = job.parallel.layout.dim("tp").size
+    size = next(d.size for d in job.cross.layout.dims if d.name == "tp") if job.cross else 0
     sv = saving(job, "overlap:tp")
     yield Finding(
         id="tp_comm_exposed", severity=sv.severity if sv else severity,
@@ -215,8 +215,8 @@ def tp_comm_exposed(job: JobView) -> Iterable[Finding]:
 def expert_imbalance(job: JobView) -> Iterable[Finding]:
     """The most-loaded rank of an expert-parallel group receives >= `expert_imbalance_pct` more
     all_to_all bytes per step than the group's mean (high from `expert_imbalance_high_pct`)."""
-    e = job.parallel.experts if job.parallel else None
-    worst = e.worst if e else None
+    e = job.cross.experts if job.cross else None
+    worst = max(e.groups, key=lambda g: g.imbalance_pct_over_mean, default=None) if e else None
     if worst is None:
         return
     t = job.thresholds

@@ -20,20 +20,22 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from statistics import median
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable, get_args
 
-from rankscope.analyses.rank.summary import RankSummary
+import msgspec
+
+from rankscope.results.rank import RankSummary
 from rankscope.numbers import rounded
-from rankscope.results import Finding
+from rankscope.results import Finding, to_plain
+from rankscope.results.findings import FindingId
 from rankscope.thresholds import THRESHOLDS, Thresholds
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rankscope.analyses.inputs.nccl import NcclReport, NcclRun
-    from rankscope.analyses.job.parallel import ParallelReport
-    from rankscope.analyses.job.pipeline import Pipeline
-    from rankscope.analyses.job.critical_path import WhatIf
-    from rankscope.analyses.job.stragglers import CrossRank
-    from rankscope.results import Analysis
+    from rankscope.results.nccl import NcclReport, NcclRun
+    from rankscope.results import JobInfo
+    from rankscope.results.critical_path import WhatIf
+    from rankscope.results.job import JobResult
+    from rankscope.results.pipeline import Pipeline
 
 SEVERITIES = ("high", "medium", "low")
 #: The bands of severity by cost: a fix saving >= saving_high_pct of the median step is high, >=
@@ -41,12 +43,7 @@ SEVERITIES = ("high", "medium", "low")
 SEVERITY_BANDS = ("saving_high_pct", "saving_medium_pct")
 
 #: The stable finding ids, in the order their rules run.
-FINDING_IDS = ("straggler_rank", "dataloader_stall", "exposed_communication", "low_overlap", "comm_bound",
-               "gpu_idle_host_bound", "launch_overhead", "sync_stall", "unpinned_memcpy", "memory_fragmentation",
-               "memory_pressure", "load_imbalance", "tensor_cores_unused", "low_bus_bandwidth", "degraded_nccl_link",
-               "pipeline_stage_imbalance", "pipeline_bubble", "fsdp_exposed_gather", "tp_comm_exposed",
-               "expert_imbalance", "collective_hang", "collective_desync",
-               "slowdown_onset")
+FINDING_IDS: tuple[str, ...] = get_args(FindingId)
 
 
 @dataclass
@@ -57,7 +54,7 @@ class JobView:
     job's devices and hosts; per rank the time it waits on its pipeline neighbours (the pp
     dimension's exposed communication, ms per step), which the pipeline findings explain."""
     ranks: list[RankSummary]
-    cross: CrossRank | None
+    cross: JobResult | None
     thresholds: Thresholds
     step_ms: dict[int, float]
     wait_ms: dict[int, float]
@@ -76,26 +73,21 @@ class JobView:
         return 100.0 * ms / self.median_step_ms if self.median_step_ms > 0 else 0.0
 
     @property
-    def parallel(self) -> ParallelReport | None:
-        return self.cross.parallel if self.cross else None
-
-    @property
     def pipeline(self) -> Pipeline | None:
-        return self.parallel.pipeline if self.parallel else None
+        return self.cross.pipeline if self.cross else None
 
     @classmethod
-    def of(cls, analysis: Analysis, thresholds: Thresholds) -> JobView:
-        """The view of a job's analysis judged against `thresholds`."""
-        ranks = [s for s in analysis.ranks if s.steps]
-        cross = analysis.cross
+    def of(cls, summaries: list[RankSummary], cross: JobResult | None, job: JobInfo, thresholds: Thresholds) -> JobView:
+        """The view of a job's per-rank summaries and cross-rank result judged against `thresholds`."""
+        ranks = [s for s in summaries if s.steps]
         steps = sorted(st.duration_ms for s in ranks for st in s.steps)
         return cls(ranks=ranks, cross=cross, thresholds=thresholds,
                    step_ms={s.rank: sum(s.breakdown_mean_ms.values()) for s in ranks},
-                   wait_ms={r.rank: r.own_wait_ms_per_step or 0.0 for r in cross.stragglers.ranks} if cross else {},
-                   devices=analysis.job.devices, hosts=analysis.job.hosts,
-                   pipeline_wait_ms={c.rank: c.by_dim["pp"].exposed for c in cross.parallel.comm if "pp" in c.by_dim}
-                   if cross and cross.parallel else {},
-                   median_step_ms=(cross.stragglers.median_step_ms if cross and cross.stragglers.median_step_ms
+                   wait_ms={r.rank: r.own_wait_ms_per_step or 0.0 for r in cross.rank_stats} if cross else {},
+                   devices=job.devices, hosts=job.hosts,
+                   pipeline_wait_ms={c.rank: c.by_dim["pp"].exposed for c in cross.comm_by_dim if "pp" in c.by_dim}
+                   if cross else {},
+                   median_step_ms=(cross.median_step_ms if cross and cross.median_step_ms
                                    else median(steps) if steps else 0.0))
 
     def part(self, s: RankSummary, category: str) -> float:
@@ -150,8 +142,10 @@ def rules(view: type) -> list[Rule]:
 
 
 def run(view: JobView | NcclView) -> list[Finding]:
-    """Every rule of the view's kind on it, each seeing only the thresholds it declares."""
-    return [f for r in rules(type(view))
+    """Every rule of the view's kind on it, each seeing only the thresholds it declares; each finding's
+    evidence as plain JSON data (per-rank mappings keyed by the rank as a string), as every output
+    shows it."""
+    return [msgspec.structs.replace(f, evidence=to_plain(f.evidence)) for r in rules(type(view))
             for f in r.fn(dataclasses.replace(view, thresholds=view.thresholds.only(r.reads)))]
 
 

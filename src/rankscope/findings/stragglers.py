@@ -38,7 +38,7 @@ def straggler_rank(job: JobView) -> Iterable[Finding]:
     if job.cross is None:
         return
     t = job.thresholds
-    for st in job.cross.stragglers.stragglers:
+    for st in job.cross.stragglers:
         if st.cause == "pipeline_stage":       # pipeline_stage_imbalance names it, with how much to move
             continue
         cost = st.cost_ms_per_step
@@ -64,21 +64,20 @@ def straggler_rank(job: JobView) -> Iterable[Finding]:
             cost_ms_per_step=sv.ms if sv else cost)
 
 
-@rule("load_imbalance")
+@rule("load_imbalance", reads=("load_all_idle_pct", "load_wait_imbalance_pct"))
 def load_imbalance(job: JobView) -> Iterable[Finding]:
     """The load-balance verdict of the cross-rank analysis when it blames no single rank: every rank
     idle at once (`load_all_idle_pct` of a step: medium) or lateness that moves between ranks (wait
     spread `load_wait_imbalance_pct`: low). The analysis decides; the finding shows its bar."""
     if job.cross is None or job.pipeline is not None:   # a pipeline's waits: the pipeline findings
         return
-    report = job.cross.stragglers
-    lb = report.load_balance
+    lb = job.cross.load_balance
     if lb.verdict not in ("all_ranks_idle", "rotating_lateness"):
         return
     all_idle = lb.verdict == "all_ranks_idle"
     yield Finding(
         id="load_imbalance", severity="medium" if all_idle else "low", ranks=sorted(s.rank for s in job.ranks),
-        steps=[s["step"] for s in lb.steps], summary=lb.summary,
+        steps=[s.step for s in lb.steps], summary=lb.summary,
         evidence={"verdict": lb.verdict, "common_idle_pct": rounded(lb.common_idle_pct, 1),
                   "wait_spread_pct": rounded(lb.wait_spread_pct, 1)},
         explanation=("All ranks idle at the same moments: the whole job waits on something shared (input pipeline, "
@@ -89,5 +88,5 @@ def load_imbalance(job: JobView) -> Iterable[Finding]:
              "pipeline, torch.compile for a host-bound forward" if all_idle else
              "even out work per rank: drop_last=True, equal batch sizes, bucket samples by sequence length, "
              "balance pipeline stages / MoE experts"),
-        threshold={"all_idle_pct": report.thresholds.get("all_idle_pct")},
+        threshold={k: job.thresholds[k] for k in ("load_all_idle_pct", "load_wait_imbalance_pct")},
         cost_ms_per_step=None)

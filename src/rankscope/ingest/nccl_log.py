@@ -461,7 +461,6 @@ def _perf_row(columns: list[str], cells: list[str]) -> PerfRow | None:
                    groups[0], groups[1] if len(groups) > 1 else None)
 
 
-
 def merge_runs(logs: list[NcclLog]) -> list[NcclLog]:
     """The logs as runs: logs that hold other ranks of one communicator (`commId`) are one run,
     merged in the order given (per-rank files of one job); the others stay one run each. A variable set differently on

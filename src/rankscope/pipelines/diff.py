@@ -6,8 +6,9 @@ from pathlib import Path
 from typing import Callable
 
 from rankscope.model import InputProblem
-from rankscope.pipelines.job import analyze
-from rankscope.results import Analysis, DiffResult
+from rankscope.pipelines.job import analyze_job
+from rankscope.pipelines.report import JobAnalysis
+from rankscope.results import DiffResult
 
 
 def diff_runs(before: str | Path, after: str | Path, cache_dir: str | Path | None = None, use_cache: bool = True,
@@ -16,12 +17,12 @@ def diff_runs(before: str | Path, after: str | Path, cache_dir: str | Path | Non
     `on_progress(done, total, file)` is called as each run's ranks finish. A run without a usable
     trace ends it (the next run is not read): `DiffResult.empty_run` names it."""
     from rankscope.analyses.job.diff import diff_analyses
-    runs: list[Analysis] = []
+    runs: list[JobAnalysis] = []
     problems: list[InputProblem] = []
     for run in (before, after):
-        analysis = analyze([run], cache_dir=cache_dir, use_cache=use_cache, on_progress=on_progress)
+        analysis = analyze_job([run], cache_dir=cache_dir, use_cache=use_cache, on_progress=on_progress)
         problems += analysis.problems
-        if not analysis.ranks:
+        if not analysis.summaries:
             return DiffResult(None, problems, empty_run=str(run))
         runs.append(analysis)
-    return DiffResult(diff_analyses(*runs, labels=(str(before), str(after))), problems)
+    return DiffResult(diff_analyses(runs[0], runs[1], labels=(str(before), str(after))), problems)

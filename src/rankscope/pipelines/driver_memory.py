@@ -15,7 +15,7 @@ from rankscope.ingest import reuse
 from rankscope.model import InputProblem
 
 if TYPE_CHECKING:
-    from rankscope.analyses.rank.summary import RankSummary
+    from rankscope.results.rank import MappedRank
 
 
 _NUMBERS = {int, float, bool, type(None)}
@@ -26,7 +26,7 @@ def share_strings(obj: Any, pool: dict[str, str]) -> Any:
     ranks of a job repeat the same kernel, op, category and column names, and each rank's summary
     arrives (unpickled from a worker, or decoded from the cache) with its own copies: at 10 MB
     synth ranks, 49 KB of a summary's 127 KB of Python objects outside its collectives are strings,
-    35 KB of them the same on every rank. Dicts and tuples are rebuilt, lists, msgspec Structs and
+    35 KB of them the same on every rank. Dicts and tuples are rebuilt, lists, (non-frozen) msgspec Structs and
     (non-frozen) dataclasses changed in place; everything else is left as it is."""
     if type(obj) in _NUMBERS:
         return obj
@@ -41,17 +41,17 @@ def share_strings(obj: Any, pool: dict[str, str]) -> Any:
         return obj
     if isinstance(obj, tuple):
         return tuple(share_strings(v, pool) for v in obj)
-    if isinstance(obj, msgspec.Struct):
+    if isinstance(obj, msgspec.Struct) and not obj.__struct_config__.frozen:
         for name in obj.__struct_fields__:
             setattr(obj, name, share_strings(getattr(obj, name), pool))
         return obj
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type) and not obj.__dataclass_params__.frozen:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type) and not obj.__dataclass_params__.frozen:  # type: ignore[attr-defined]
         for f in dataclasses.fields(obj):
             setattr(obj, f.name, share_strings(getattr(obj, f.name), pool))
     return obj
 
 
-def _arrived(result: RankSummary | list[RankSummary] | InputProblem, strings: dict[str, str]) -> None:
+def _arrived(result: MappedRank | list[MappedRank] | InputProblem, strings: dict[str, str]) -> None:
     """Runs in the driver on each rank's summary as it arrives, so that what the driver holds per
     rank stays small while the others are mapped: the strings every rank repeats are shared
     (`share_strings`), and the collectives' arrays are copied out of the buffer the engine
@@ -65,12 +65,11 @@ def _arrived(result: RankSummary | list[RankSummary] | InputProblem, strings: di
         return
     rc = result.collectives
     if rc is not None:
-        for name, value in vars(rc).items():
+        for name in rc.__struct_fields__:
+            value = getattr(rc, name)
             if isinstance(value, np.ndarray) and value.base is not None:
                 setattr(rc, name, value.copy())
     share_strings(result, strings)
-
-
 
 
 def _trim_heap(engine: str) -> None:

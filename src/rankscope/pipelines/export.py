@@ -5,17 +5,23 @@ from __future__ import annotations
 import contextlib
 import tempfile
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
 
+import msgspec
 import polars as pl
 
 from rankscope.ingest import Cache, load_rank
 from rankscope.model import InputProblem
-from rankscope.pipelines.job import analyze, one_line_errors
+from rankscope.pipelines.job import analyze_job, one_line_errors
 from rankscope.results import ExportResult, to_plain
+from rankscope.results.timeline import RankTimeline
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rankscope.render.perfetto import TraceWriter
+    from rankscope.results.rank import RankSummary
 
 
 @dataclass
@@ -26,7 +32,7 @@ class _ExportTask:
     offset_ns: int
     origin_ns: int
     waits: pl.DataFrame | None
-    critical_path: list                  # the critical path's segments on this rank
+    critical_path: list[tuple[int, int, str, str, int]]   # the critical path's segments on this rank
     window_ns: tuple[int, int] | None = None   # only what overlaps [start, end) on the aligned clock
 
 
@@ -45,16 +51,15 @@ def parse_selection(text: str) -> list[int]:
     return sorted(out)
 
 
-def _within(tl, lo: int, hi: int):
+def _within(tl: RankTimeline, lo: int, hi: int) -> RankTimeline:
     """The timeline with only the slices overlapping [lo, hi) and the counters in it (aligned clock)."""
-    from dataclasses import replace
-    return replace(tl, slices=[f.filter((pl.col("ts_ns") < hi) & (pl.col("ts_ns") + pl.col("dur_ns") > lo))
+    return msgspec.structs.replace(tl, slices=[f.filter((pl.col("ts_ns") < hi) & (pl.col("ts_ns") + pl.col("dur_ns") > lo))
                                for f in tl.slices],
                    counters=tl.counters.filter((pl.col("ts_ns") >= lo) & (pl.col("ts_ns") < hi)))
 
 
 @one_line_errors
-def _export_task(task: _ExportTask) -> tuple[dict, list[bytes], int]:
+def _export_task(task: _ExportTask) -> tuple[dict[str, Any], list[bytes], int]:
     """Load one rank (from the cache when on), build its timeline and its JSON text: (what the
     file's metadata says about the rank, chunks, events). Bad input -> InputProblem."""
     from rankscope.analyses.rank.timeline import rank_timeline
@@ -71,7 +76,7 @@ def _export_task(task: _ExportTask) -> tuple[dict, list[bytes], int]:
              "clipped": tl.clipped, "notes": tl.notes}, chunks, events)
 
 
-def export_perfetto(inputs, out: str | Path, cache_dir: str | Path | None = None, use_cache: bool = True,
+def export_perfetto(inputs: str | Path | list[str | Path], out: str | Path, cache_dir: str | Path | None = None, use_cache: bool = True,
                     on_progress: Callable[[int, int, str], None] | None = None,
                     pipeline_ranks: int = 2, ranks: list[int] | None = None, steps: list[int] | None = None,
                     on_estimate: Callable[[int, int], None] | None = None) -> ExportResult:
@@ -99,8 +104,10 @@ def export_perfetto(inputs, out: str | Path, cache_dir: str | Path | None = None
     return result
 
 
-def _export(writer, inputs, cache_dir, on_progress, pipeline_ranks: int, ranks=None, steps=None,
-            on_estimate=None) -> ExportResult:
+def _export(writer: TraceWriter, inputs: str | Path | list[str | Path], cache_dir: str | Path | None,
+            on_progress: Callable[[int, int, str], None] | None, pipeline_ranks: int, ranks: list[int] | None = None,
+            steps: list[int] | None = None, on_estimate: Callable[[int, int], None] | None = None) -> ExportResult:
+    from rankscope.analyses.job.clock import applied_offsets
     from rankscope.analyses.job.critical_path import path_slices
     from rankscope.analyses.job.matching import collective_waits
     from rankscope.analyses.rank.timeline import job_origin_ns
@@ -114,29 +121,29 @@ def _export(writer, inputs, cache_dir, on_progress, pipeline_ranks: int, ranks=N
         if on_progress:
             on_progress(done, 2 * total, file)
 
-    analysis = analyze(inputs, cache_dir=cache_dir, on_progress=analysing)
+    analysis = analyze_job(inputs, cache_dir=cache_dir, on_progress=analysing)
     problems = list(analysis.problems)
     cross = analysis.cross
-    offsets = cross.clock.applied_offsets() if cross is not None else {}
-    offset_of = [offsets.get(s.rank, 0) for s in analysis.ranks]
-    origin = job_origin_ns([s.meta.span_ns for s in analysis.ranks], offset_of)
+    offsets = applied_offsets(cross.clock) if cross is not None else {}
+    offset_of = [offsets.get(s.rank, 0) for s in analysis.summaries]
+    origin = job_origin_ns([s.meta.span_ns for s in analysis.summaries], offset_of)
     fr_tracks = flight_recorder_slices(analysis, offsets)           # Flight Recorder dumps: a track per rank
-    fr_start = [int(f["ts_ns"].min()) for _, f in fr_tracks if f.height]
+    fr_start = [int(cast(int, f["ts_ns"].min())) for _, f in fr_tracks if f.height]
     if fr_start:
-        origin = min(fr_start + ([origin] if analysis.ranks else []))
+        origin = min(fr_start + ([origin] if analysis.summaries else []))
     cache_root = str(cache_dir) if cache_dir is not None else None
     wanted = set(ranks) if ranks is not None else None
     tasks = [_ExportTask(s.meta.file, s.rank, cache_root, offset, origin,
-                         collective_waits(cross.collectives, s.rank) if cross is not None else None,
+                         collective_waits(analysis.table, s.rank) if analysis.table is not None else None,
                          path_slices(cross.critical_path if cross is not None else None, s.rank),
                          _window(s, steps, offset))
-             for s, offset in zip(analysis.ranks, offset_of) if wanted is None or s.rank in wanted]
+             for s, offset in zip(analysis.summaries, offset_of) if wanted is None or s.rank in wanted]
     if steps is not None and all(t.window_ns == (0, 0) for t in tasks):
         problems.append(InputProblem(str(writer.out), f"none of steps {steps} is in the ranks chosen", fatal=True))
         tasks = []
-    written = []
+    written: list[dict[str, Any]] = []
     with ThreadPoolExecutor(pipeline_ranks) as pool:
-        pending: deque = deque()
+        pending: deque[Future[tuple[dict[str, Any], list[bytes], int] | InputProblem]] = deque()
         for i in range(len(tasks)):
             while len(pending) < pipeline_ranks and i + len(pending) < len(tasks):
                 pending.append(pool.submit(_export_task, tasks[i + len(pending)]))
@@ -158,14 +165,14 @@ def _export(writer, inputs, cache_dir, on_progress, pipeline_ranks: int, ranks=N
         "schema": SCHEMA, "origin_ns": origin,
         "time": ("ts/dur in µs since origin_ns on the aligned clock: "
                  "(own timestamp - clock_offset_ns - origin_ns) / 1000"),
-        "clock": to_plain(cross.clock.as_dict()) if cross is not None else None,
+        "clock": to_plain(cross.clock) if cross is not None else None,
         "ranks": written, "skipped": [str(p) for p in problems if p.fatal], "warnings": analysis.job.warnings,
         "flight_recorder": dumps,
     })
     return ExportResult(str(writer.out), sorted({w["rank"] for w in written + dumps}), writer.events, size, problems)
 
 
-def _window(summary, steps: list[int] | None, offset_ns: int) -> tuple[int, int] | None:
+def _window(summary: RankSummary, steps: list[int] | None, offset_ns: int) -> tuple[int, int] | None:
     """The aligned time from the first to the end of the last of `steps` on this rank; None: all;
     (0, 0): the rank has none of them."""
     if steps is None:

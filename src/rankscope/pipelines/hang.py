@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from rankscope import engine as engines
 from rankscope.ingest import TraceError
@@ -18,10 +18,11 @@ if TYPE_CHECKING:  # pragma: no cover
     import polars as pl
 
     from rankscope.analyses.inputs.flight_recorder import DumpSummary
-    from rankscope.analyses.job.stragglers import CrossRank
-    from rankscope.analyses.rank.summary import RankSummary
+    from rankscope.results.job import JobResult
+    from rankscope.results.rank import RankSummary
     from rankscope.ingest.flight_recorder import FrDump
-    from rankscope.results import Analysis
+    from rankscope.pipelines.report import JobAnalysis
+    from rankscope.render.perfetto import TraceWriter
     from rankscope.results.hang import HangReport
 
 
@@ -52,7 +53,7 @@ def _bytes(path: str) -> int:
         return 0
 
 
-def analyze_hang(dumps: Sequence[str | Path], traces: Sequence[RankSummary] = (), cross: CrossRank | None = None,
+def analyze_hang(dumps: Sequence[str | Path], traces: Sequence[RankSummary] = (), cross: JobResult | None = None,
                  engine: str = "auto", workers: int | None = None
                  ) -> tuple[HangReport | None, list[InputProblem]]:
     """The verdict over the dumps (None when none could be used), and the problems met. `traces`
@@ -93,11 +94,11 @@ def analyze_hang(dumps: Sequence[str | Path], traces: Sequence[RankSummary] = ()
     worlds = [t.meta.world_size for t in traces if t.meta.world_size]
     groups = {str(pg["pg_name"]): list(ranks) for t in traces for pg in t.meta.pg_config
               if isinstance(pg, dict) and pg.get("pg_name") is not None and (ranks := parse_ranks(pg.get("ranks")))}
-    traced = trace_facts(list(traces), cross.stragglers.stragglers if cross is not None else [])
+    traced = trace_facts(list(traces), cross.stragglers if cross is not None else [])
     return hang_report(list(summaries.values()), max(worlds) if worlds else None, groups, traced), problems
 
 
-def flight_recorder_slices(analysis: Analysis, offsets: dict[int, int]) -> list[tuple[FrDump, pl.DataFrame]]:
+def flight_recorder_slices(analysis: JobAnalysis, offsets: dict[int, int]) -> list[tuple[FrDump, pl.DataFrame]]:
     """Each dump the verdict used, with its entries as timeline slices (`export perfetto`): times on
     the trace clock of its rank's profiler trace (its base time and clock offset), or of the first
     trace; with dumps alone, the dumps' own clock (ns since the epoch)."""
@@ -110,13 +111,13 @@ def flight_recorder_slices(analysis: Analysis, offsets: dict[int, int]) -> list[
         except TraceError:                     # changed since the analysis read it: left out
             continue
     horizon = max((int(max(d.created_ns.max(), d.completed_ns.max())) for d in dumps if len(d)), default=0)
-    bases = {s.rank: s.meta.base_time_ns or 0 for s in analysis.ranks}
+    bases = {s.rank: s.meta.base_time_ns or 0 for s in analysis.summaries}
     common = next(iter(bases.values()), 0)
     return [(d, entry_slices(d, horizon, bases.get(d.rank, common) + offsets.get(d.rank, 0))) for d in dumps]
 
 
-def write_flight_recorder(writer, tracks: list[tuple[FrDump, pl.DataFrame]], origin_ns: int,
-                          written: set[int]) -> list[dict]:
+def write_flight_recorder(writer: TraceWriter, tracks: list[tuple[FrDump, pl.DataFrame]], origin_ns: int,
+                          written: set[int]) -> list[dict[str, Any]]:
     """Write each rank's Flight Recorder track (`written`: the ranks whose process is in the file
     already); returns what the file's metadata says about each."""
     from rankscope.render.perfetto_hang import flight_recorder_json

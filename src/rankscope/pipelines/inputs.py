@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 from rankscope.ingest import TraceError
 from rankscope.model import InputProblem
 from rankscope.pipelines import checking_arguments
 from rankscope.results import MemoryResult, NcclResult
+
+T = TypeVar("T")
 
 # The readers and analyses are imported where they are used, as in job.py.
 
@@ -48,7 +50,7 @@ def analyze_memory_snapshots(snapshots: list[str | Path], params: int | None = N
     return MemoryResult(reports, problems, memory_snapshot_findings(reports, values))
 
 
-def _read(paths: list[str | Path], reader: Callable) -> tuple[list, list[InputProblem]]:
+def _read(paths: list[str | Path], reader: Callable[[str | Path], T]) -> tuple[list[T], list[InputProblem]]:
     """Each path through `reader`: what it read, and a problem for each file it could not use."""
     parsed, problems = [], []
     for path in paths:

@@ -6,12 +6,13 @@ the cross-rank part works on the small summaries only.
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
 import functools
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Protocol, Sequence, TypeVar
 
 import msgspec
 
@@ -23,15 +24,19 @@ from rankscope.ingest.devices import NOT_A_CAPTURE, device_name
 from rankscope.ingest.discover import Discovered, assign_ranks, discover
 from rankscope.limits import exhausted
 from rankscope.model import InputProblem, RankMeta, RankTrace
+from rankscope.numbers import rounded
 from rankscope.pipelines import checking_arguments
 from rankscope.pipelines.driver_memory import _arrived as _arrived, _trim_heap as _trim_heap  # the driver's memory
 from rankscope.pipelines.driver_memory import share_strings as share_strings
+from rankscope.pipelines.report import JobAnalysis, to_report
 from rankscope.results import Analysis, Finding, Ingest, JobInfo
 from rankscope.results.jobs import FoundJob
+from rankscope.results.rank import MappedRank, RankSummary
 
 if TYPE_CHECKING:
-    from rankscope.analyses.rank.summary import RankSummary
-    from rankscope.analyses.job.stragglers import CrossRank
+    from rankscope.analyses.job.matching import CollectiveTable
+    from rankscope.results.collectives import Collectives, RankCollectives
+    from rankscope.results.job import JobResult
     from rankscope.thresholds import Thresholds
 
 # The analyses are imported where they are used: `validate` and `load` only parse, and the
@@ -46,11 +51,20 @@ class _Task:
     spill_dir: str | None = None      # a run's summaries without a cache (pipelines/run.py)
 
 
-def one_line_errors(task_fn):
+class _OfAFile(Protocol):
+    @property
+    def path(self) -> str: ...
+
+
+T = TypeVar("T")
+TaskT = TypeVar("TaskT", bound=_OfAFile)
+
+
+def one_line_errors(task_fn: Callable[[TaskT], T]) -> Callable[[TaskT], T | InputProblem]:
     """A per-rank task never raises: bad input, and even a bug, becomes one InputProblem line, so
     one rank never takes the others down."""
     @functools.wraps(task_fn)
-    def run(task: _Task):
+    def run(task: TaskT) -> T | InputProblem:
         try:
             return task_fn(task)
         except TraceError as exc:
@@ -67,25 +81,32 @@ def one_line_errors(task_fn):
 
 
 @one_line_errors
-def _rank_task(task: _Task) -> RankSummary | InputProblem:
+def _rank_task(task: _Task) -> MappedRank | list[MappedRank]:
     """The per-rank map step (runs in a worker). With a cache, the summary itself is cached too
-    (keyed by file content and analysis code). What travels to the driver is compacted."""
+    (keyed by file content and analysis code). What travels to the driver: the summary, its
+    collectives packed beside it."""
+    from rankscope.analyses.rank.collectives import pack_collectives
     summary = _summary(task)
-    for one in summary if isinstance(summary, list) else [summary]:
-        if one.collectives is not None:
-            one.collectives.compact()
-    return summary
+    return [mapped(one, pack_collectives) for one in summary] if isinstance(summary, list) else \
+        mapped(summary, pack_collectives)
+
+
+def mapped(summary: RankSummary, pack: Callable[[RankCollectives], Collectives] | None = None) -> MappedRank:
+    """The summary with its collectives taken out beside it (`pack`ed, when given)."""
+    rc = summary.collectives
+    return MappedRank(msgspec.structs.replace(summary, collectives=None),
+                      None if rc is None else pack(rc) if pack is not None else rc)
 
 
 @functools.cache
 def _import_reduce() -> None:
     """The code of the cross-rank reduce and of the findings, imported in the driver as the first
     rank arrives: while the others are still read (the parse runs without the GIL), not after."""
-    import rankscope.analyses.job.stragglers  # noqa: F401
+    import rankscope.analyses.job.reduce  # noqa: F401
     import rankscope.findings  # noqa: F401
 
 
-_summary_decoder: msgspec.msgpack.Decoder | None = None
+_summary_decoder: msgspec.msgpack.Decoder[RankSummary] | None = None
 _summary_decoder_lock = threading.Lock()
 
 
@@ -97,7 +118,7 @@ def decode_summary(blob: bytes) -> RankSummary | None:
     global _summary_decoder
     with _summary_decoder_lock:
         if _summary_decoder is None:
-            from rankscope.analyses.rank.summary import RankSummary
+            from rankscope.results.rank import RankSummary
             _summary_decoder = msgspec.msgpack.Decoder(RankSummary)
     try:
         return _summary_decoder.decode(blob)
@@ -118,21 +139,25 @@ def _summary(task: _Task) -> RankSummary | list[RankSummary]:
     blob = cache.get_blob(key, blob_name)
     summary = decode_summary(blob) if blob is not None else None
     if summary is not None:           # else: none, damaged or from an older layout: recompute and rewrite
-        summary.meta.file = task.path
-        summary.from_cache = True
-        return summary
+        return read_at(summary, task.path, from_cache=True)
     trace, cached = load_rank(task.path, cache, key=key)
     summary = summarize_rank(trace)
-    file, summary.meta.file = summary.meta.file, ""     # set on each read (and a file name need not be UTF-8)
-    cache.put_blob(key, blob_name, msgspec.msgpack.encode(summary))
-    summary.meta.file = file
-    summary.from_cache = cached
-    summary.meta.cache_error = cache.problem()
-    return summary
+    # stored without its file name (set on each read, `read_at`; and a file name need not be UTF-8)
+    cache.put_blob(key, blob_name, msgspec.msgpack.encode(
+        msgspec.structs.replace(summary, meta=dataclasses.replace(summary.meta, file=""))))
+    return msgspec.structs.replace(summary, from_cache=cached,
+                                   meta=dataclasses.replace(summary.meta, cache_error=cache.problem()))
+
+
+def read_at(summary: RankSummary, path: str, from_cache: bool = False) -> RankSummary:
+    """A stored summary (cache, spill folder) as this run read it: from `path` (the same content may
+    have been summarised at another path)."""
+    return msgspec.structs.replace(summary, meta=dataclasses.replace(summary.meta, file=path),
+                                   from_cache=from_cache or summary.from_cache)
 
 
 @one_line_errors
-def _load_task(task: _Task) -> RankMeta | list[RankMeta] | InputProblem:
+def _load_task(task: _Task) -> RankMeta | list[RankMeta]:
     """Ingest only (parse, or find in the cache): the rank's metadata (of each rank the file holds)."""
     if several_ranks(task.path):
         return [t.meta for t in read_traces(task.path)]
@@ -147,7 +172,7 @@ def _load_task(task: _Task) -> RankMeta | list[RankMeta] | InputProblem:
     return meta
 
 
-def ingest(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True,
+def ingest(inputs: str | Path | list[str | Path], cache_dir: str | Path | None = None, use_cache: bool = True,
            engine: str = "auto", workers: int | None = None,
            on_progress: Callable[[int, int, str], None] | None = None, address: str | None = None) -> Ingest:
     """Read (or find in the cache) every rank of a job without analysing it."""
@@ -178,10 +203,11 @@ def _assign(metas: list[RankMeta], same_job: bool = False) -> tuple[list[RankMet
     return kept, warnings, problems
 
 
-def _map_files(inputs, task_fn, cache_dir, use_cache, engine, workers, on_progress,
-               address=None, on_arrival: Callable[[object], None] | None = None,
-               keep_memory: bool = False, fr_dumps: list | None = None,
-               spill_dir: str | None = None) -> tuple[list, list, str]:
+def _map_files(inputs: str | Path | list[str | Path] | Discovered, task_fn: Callable[[_Task], Any],
+               cache_dir: str | Path | None, use_cache: bool, engine: str, workers: int | None,
+               on_progress: Callable[[int, int, str], None] | None, address: str | None = None,
+               on_arrival: Callable[[Any], None] | None = None, keep_memory: bool = False,
+               fr_dumps: list[Path] | None = None, spill_dir: str | None = None) -> tuple[list[Any], list[InputProblem], str]:
     """Discover the files (or take those `inputs` found) and map `task_fn` over them: (results, problems,
     engine used). `on_arrival(result)` runs in the driver on each result as it comes in. `keep_memory`: see
     `engines.map_ranks`. `fr_dumps`: receives the Flight Recorder dumps found (else they are ignored)."""
@@ -199,7 +225,7 @@ def _map_files(inputs, task_fn, cache_dir, use_cache, engine, workers, on_progre
     tasks = [_Task(str(p), cache_root, use_cache, spill_dir) for p in files]
     done = 0
 
-    def progress(i: int, result) -> None:
+    def progress(i: int, result: Any) -> None:
         nonlocal done
         if on_arrival:
             on_arrival(result)
@@ -210,15 +236,15 @@ def _map_files(inputs, task_fn, cache_dir, use_cache, engine, workers, on_progre
     results = engines.map_ranks(task_fn, tasks, engine=chosen, workers=workers, on_done=progress, address=address,
                                 on_lost=lambda task, why: InputProblem(task.path, why), keep_memory=keep_memory)
     problems += [r for r in results if isinstance(r, InputProblem)]
-    found = [one for r in results if not isinstance(r, InputProblem) for one in (r if isinstance(r, list) else [r])]
-    return found, problems, chosen
+    return ([one for r in results if not isinstance(r, InputProblem) for one in (r if isinstance(r, list) else [r])],
+            problems, chosen)
 
 
-def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True,
-            engine: str = "auto", workers: int | None = None,
-            on_progress: Callable[[int, int, str], None] | None = None, address: str | None = None,
-            thresholds: dict[str, float] | None = None, nccl_logs: list | None = None,
-            job: int | None = None, same_job: bool = False) -> Analysis:
+def analyze_job(inputs: str | Path | list[str | Path], cache_dir: str | Path | None = None, use_cache: bool = True,
+                engine: str = "auto", workers: int | None = None,
+                on_progress: Callable[[int, int, str], None] | None = None, address: str | None = None,
+                thresholds: dict[str, float] | None = None, nccl_logs: list[str | Path] | None = None,
+                job: int | None = None, same_job: bool = False) -> JobAnalysis:
     """Analyse a job: a folder of per-rank traces, one file, or a list of either.
     `on_progress(done, total, file)` is called as ranks finish. `engine="ray"` maps the ranks on
     Ray: the cluster at `address` (e.g. "auto", "ray://head:10001"), else a local runtime.
@@ -229,27 +255,39 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
     problem. Inputs that hold several jobs (ingest/jobs.py) are not merged: without `job` (1 = the
     earliest) the result lists them (`jobs`) and analyses none. `same_job`: the files are one job
     whatever their trace formats and recording dates say (else formats years apart, or recordings
-    over a day apart, make them different jobs)."""
+    over a day apart, make them different jobs). Returns the analysis before its report
+    (`analyze` gives the report): what the other pipelines read."""
     from rankscope.thresholds import resolve
     with checking_arguments():
         values = resolve(thresholds)
         if job is not None and job < 1:
             raise ValueError(f"job {job}: jobs are numbered from 1")
     dumps: list[Path] = []
-    summaries, problems, chosen = map_summaries(inputs, cache_dir, use_cache, engine, workers, on_progress, address,
-                                                fr_dumps=dumps)
-    return with_nccl_logs(job_analysis(summaries, problems, chosen, values, job=job, fr_dumps=dumps,
+    ranks, problems, chosen = map_summaries(inputs, cache_dir, use_cache, engine, workers, on_progress, address,
+                                            fr_dumps=dumps)
+    return with_nccl_logs(job_analysis(ranks, problems, chosen, values, job=job, fr_dumps=dumps,
                                        workers=workers, same_job=same_job), nccl_logs, values)
 
 
-def map_summaries(inputs, cache_dir, use_cache: bool, engine: str, workers: int | None, on_progress,
-                  address: str | None, fr_dumps: list | None = None
-                  ) -> tuple[list[RankSummary], list[InputProblem], str]:
-    """The per-rank map of `analyze`: every file's summary, the input problems, the engine used
-    (`fr_dumps`: receives the Flight Recorder dumps found)."""
+def analyze(inputs: str | Path | list[str | Path], cache_dir: str | Path | None = None, use_cache: bool = True,
+            engine: str = "auto", workers: int | None = None,
+            on_progress: Callable[[int, int, str], None] | None = None, address: str | None = None,
+            thresholds: dict[str, float] | None = None, nccl_logs: list[str | Path] | None = None,
+            job: int | None = None, same_job: bool = False) -> Analysis:
+    """The report of `analyze_job` (same arguments)."""
+    return to_report(analyze_job(inputs, cache_dir, use_cache, engine, workers, on_progress, address, thresholds,
+                                 nccl_logs, job, same_job))
+
+
+def map_summaries(inputs: str | Path | list[str | Path] | Discovered, cache_dir: str | Path | None, use_cache: bool,
+                  engine: str, workers: int | None, on_progress: Callable[[int, int, str], None] | None,
+                  address: str | None, fr_dumps: list[Path] | None = None
+                  ) -> tuple[list[MappedRank], list[InputProblem], str]:
+    """The per-rank map of `analyze`: every file's summary (and collectives), the input problems, the
+    engine used (`fr_dumps`: receives the Flight Recorder dumps found)."""
     strings: dict[str, str] = {}
 
-    def arrived(result: RankSummary | InputProblem) -> None:
+    def arrived(result: MappedRank | InputProblem) -> None:
         _import_reduce()
         _arrived(result, strings)
 
@@ -259,54 +297,56 @@ def map_summaries(inputs, cache_dir, use_cache: bool, engine: str, workers: int 
     return summaries, problems, chosen
 
 
-def job_analysis(summaries: list[RankSummary], problems: list[InputProblem], chosen: str, values: Thresholds,
-                 job: int | None = None, fr_dumps: list | None = None, workers: int | None = None,
-                 same_job: bool = False) -> Analysis:
-    """The job of these per-rank summaries: the job picked (`job`, when the files hold several), ranks
-    assigned, the cross-rank reduce, the Flight Recorder dumps' verdict, the findings. `same_job`:
-    see `different_jobs`."""
+def job_analysis(ranks: list[MappedRank], problems: list[InputProblem], chosen: str, values: Thresholds,
+                 job: int | None = None, fr_dumps: list[Path] | None = None, workers: int | None = None,
+                 same_job: bool = False) -> JobAnalysis:
+    """The job of these mapped ranks: the job picked (`job`, when the files hold several), ranks
+    assigned, the cross-rank reduce (which uses up their collectives), the Flight Recorder dumps'
+    verdict, the findings. `same_job`: see `different_jobs`."""
     from rankscope.findings import evaluate as evaluate_findings
-    summaries, found, picked = _one_job(summaries, job)
+    ranks, found, picked = _one_job(ranks, job)
     if picked is None:
-        return Analysis(job=_job_info([], []), ranks=[], problems=problems, engine=chosen, jobs=found)
-    kept_metas, rank_warnings, rank_problems = _assign([s.meta for s in summaries], same_job)
+        return JobAnalysis(job=_job_info([], []), summaries=[], problems=problems, engine=chosen, jobs=found)
+    kept_metas, rank_warnings, rank_problems = _assign([m.summary.meta for m in ranks], same_job)
     rank_warnings += picked
-    by_file = {rank_input(s.meta): s for s in summaries}
-    kept = [by_file[rank_input(m)] for m in kept_metas]
+    by_file = {rank_input(m.summary.meta): m for m in ranks}
+    kept_ranks = [by_file[rank_input(meta)] for meta in kept_metas]
+    kept = [m.summary for m in kept_ranks]
     problems = problems + rank_problems
-    cross = _cross_rank(kept, values)
+    cross, table = _cross_rank(kept_ranks, values)
+    del kept_ranks, ranks, by_file              # their collectives: what the reduce made of them is `cross`
     refused = [str(p) for p in problems if p.fatal and p.problem.startswith(NOT_A_CAPTURE)]
     hang = None
     if fr_dumps:                     # Flight Recorder dumps, beside the traces or alone: the hang verdict
         from rankscope.pipelines.hang import analyze_hang
         hang, hang_problems = analyze_hang(fr_dumps, kept, cross, chosen, workers)
         problems += hang_problems
-    result = Analysis(job=_job_info(kept, rank_warnings, refused), ranks=kept, problems=problems, engine=chosen,
-                      cross=cross, jobs=found, hang=hang)
-    result.findings = _noted_partial(evaluate_findings(result, values), result.job)
-    return result
+    info = _job_info(kept, rank_warnings, refused)
+    return JobAnalysis(job=info, summaries=kept, cross=cross, table=table, problems=problems, engine=chosen,
+                       findings=_noted_partial(evaluate_findings(kept, cross, info, hang, values), info),
+                       hang=hang, jobs=found)
 
 
-def with_nccl_logs(result: Analysis, nccl_logs: list | None, values: Thresholds) -> Analysis:
+def with_nccl_logs(result: JobAnalysis, nccl_logs: list[str | Path] | None, values: Thresholds) -> JobAnalysis:
     """`result` with the findings and problems of the job's NCCL logs (none: as it is)."""
-    if nccl_logs:
-        from rankscope.findings import ordered
-        from rankscope.pipelines.inputs import analyze_nccl_logs
-        logs = analyze_nccl_logs(nccl_logs, values)
-        result.findings = ordered(result.findings + logs.findings)
-        result.problems += logs.problems
-    return result
+    if not nccl_logs:
+        return result
+    from rankscope.findings import ordered
+    from rankscope.pipelines.inputs import analyze_nccl_logs
+    logs = analyze_nccl_logs(nccl_logs, values)
+    return dataclasses.replace(result, findings=ordered(result.findings + logs.findings),
+                               problems=result.problems + logs.problems)
 
 
-def _one_job(summaries: list[RankSummary], job: int | None
-             ) -> tuple[list[RankSummary], list[FoundJob], list[str] | None]:
-    """The summaries of the job to analyse, the jobs found (none when the inputs are one job), and
-    the warning saying which was picked; None instead of it when the inputs hold several jobs and
-    `job` picks none of them."""
+def _one_job(ranks: list[MappedRank], job: int | None
+             ) -> tuple[list[MappedRank], list[FoundJob], list[str] | None]:
+    """The ranks of the job to analyse, the jobs found (none when the inputs are one job), and the
+    warning saying which was picked; None instead of it when the inputs hold several jobs and `job`
+    picks none of them."""
     from rankscope.ingest.jobs import layout_sizes, span_utc, split_jobs
-    jobs = split_jobs([s.meta for s in summaries])
+    jobs = split_jobs([m.summary.meta for m in ranks])
     if len(jobs) == 1 and job in (None, 1):
-        return summaries, [], []
+        return ranks, [], []
     found = []
     for i, ms in enumerate(jobs, start=1):
         start, end = span_utc(ms) or (None, None)
@@ -317,7 +357,7 @@ def _one_job(summaries: list[RankSummary], job: int | None
     if job is None or job > len(jobs):
         return [], found, None
     keep = {rank_input(m) for m in jobs[job - 1]}
-    return ([s for s in summaries if rank_input(s.meta) in keep], found,
+    return ([m for m in ranks if rank_input(m.summary.meta) in keep], found,
             [f"the inputs hold {len(jobs)} jobs: job {job} analysed (--job {job}), the files of the others are not"])
 
 
@@ -331,36 +371,33 @@ def _noted_partial(findings: list[Finding], job: JobInfo) -> list[Finding]:
     every finding (`evidence["ranks_present"]`, "2 of 128 ranks present" after its summary); those whose
     ranks include a partial rank (a finding of no rank is the whole job's), or every finding when the
     files look like different jobs, get `evidence["partial_input"]` (those ranks) and a note after their
-    summary."""
-    coverage = job.capture.coverage if job.capture is not None else None
-    for f in findings if coverage else []:          # ranks missing: every verdict is of the ranks present
-        f.evidence["ranks_present"] = coverage
-        f.summary += f" ({coverage}: drawn from those)"
-    if job.capture is None or not job.capture.partial:
+    summary. Each finding is made again with its note, before anything reads it."""
+    capture = job.capture
+    if capture is None or not (capture.coverage or capture.partial):
         return findings
-    from rankscope.analyses.job.capture import ranks_text
+    from rankscope.analyses.job.capture import partial_input_ranks, ranks_text
+    out = []
     for f in findings:
-        partial = job.capture.partial_input_ranks(f.ranks)
+        evidence, summary = dict(f.evidence), f.summary
+        if capture.coverage:                       # ranks missing: every verdict is of the ranks present
+            evidence["ranks_present"] = capture.coverage
+            summary += f" ({capture.coverage}: drawn from those)"
+        partial = partial_input_ranks(capture, f.ranks) if capture.partial else []
         if partial:
-            f.evidence["partial_input"] = partial
-            f.summary += f" (from partial data: {ranks_text(partial)})"
-    return findings
+            evidence["partial_input"] = partial
+            summary += f" (from partial data: {ranks_text(partial)})"
+        out.append(msgspec.structs.replace(f, evidence=evidence, summary=summary))
+    return out
 
 
-def _cross_rank(summaries: list[RankSummary], thresholds: Thresholds) -> CrossRank | None:
-    """The cross-rank reduce over the ranks' collectives, which it uses up: each summary's
-    `collectives` (per-instance data, the bulk of what the driver holds per rank) is released, and
-    `Analysis.cross` keeps what the reduce made of them; `thresholds` decide its verdicts."""
-    from rankscope.analyses.job.regroup import regroup_unnamed
-    from rankscope.analyses.job.stragglers import cross_rank
-    ranks = []
-    for s in summaries:
-        if s.collectives is not None:
-            s.collectives.rank = s.rank
-            ranks.append(s.collectives)
-            s.collectives = None
-    regroup_unnamed(ranks)            # unnamed groups to the dimensions their collectives show, any mesh order
-    return cross_rank(ranks, thresholds=thresholds) if ranks else None
+def _cross_rank(ranks: list[MappedRank], thresholds: Thresholds
+                ) -> tuple[JobResult | None, CollectiveTable | None]:
+    """The cross-rank reduce over the ranks' collectives (each under the rank its summary was
+    assigned); `thresholds` decide its verdicts."""
+    from rankscope.analyses.job.reduce import reduce_job
+    collectives = [msgspec.structs.replace(m.collectives, rank=m.summary.rank) for m in ranks
+                   if m.collectives is not None]
+    return reduce_job(collectives, thresholds) if collectives else (None, None)
 
 
 def _size(p: Path) -> int:
@@ -407,7 +444,7 @@ def _devices(ranks: list[RankSummary]) -> list[str]:
     return out
 
 
-def _job_info(ranks: list[RankSummary], warnings: list[str], refused: list[str] = ()) -> JobInfo:
+def _job_info(ranks: list[RankSummary], warnings: list[str], refused: Sequence[str] = ()) -> JobInfo:
     world, missing, coverage = _coverage([r.meta for r in ranks])
     warnings = list(warnings) + coverage
     rank_ids = [r.rank for r in ranks]
@@ -434,10 +471,19 @@ def _job_info(ranks: list[RankSummary], warnings: list[str], refused: list[str] 
     return JobInfo(
         world_size=world, ranks=rank_ids, backend=backends[0] if len(backends) == 1 else (", ".join(backends) or None),
         steps=steps, devices=devices, warnings=warnings, missing_ranks=missing,
-        steps_source=sources.pop() if len(sources) == 1 else ("mixed" if sources else "none"),
-        span_ms=span_ms, hosts=sorted({r.meta.hostname for r in ranks if r.meta.hostname}),
+        steps_source=_steps_source(sources),
+        span_ms=rounded(span_ms, 3), hosts=sorted({r.meta.hostname for r in ranks if r.meta.hostname}),
         capture=job_capture(ranks, warnings, refused, (len(ranks), world) if missing and world else None),
     )
+
+
+def _steps_source(sources: set[str]) -> Literal["profiler_step", "whole_trace", "mixed", "none"]:
+    """Where the ranks' steps come from: all from ProfilerStep marks, all one step per trace, mixed, none."""
+    if not sources:
+        return "none"
+    if len(sources) > 1:
+        return "mixed"
+    return "whole_trace" if sources == {"whole_trace"} else "profiler_step"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -461,7 +507,7 @@ class Job:
         return len(self.files)
 
 
-def load(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True,
+def load(inputs: str | Path | list[str | Path], cache_dir: str | Path | None = None, use_cache: bool = True,
          engine: str = "auto") -> Job:
     """Read a job's trace files (in parallel, into the cache) and assign ranks, without analysing
     them; `job.rank(r)` then returns a rank's frames (from the cache when it is on)."""

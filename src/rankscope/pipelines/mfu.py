@@ -6,16 +6,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from rankscope.pipelines import checking_arguments
-from rankscope.pipelines.job import analyze
-from rankscope.results import MfuResult, to_plain
+from rankscope.pipelines.job import analyze_job
+from rankscope.results import MfuResult
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rankscope.analyses.job.mfu import ModelFlops
+    from rankscope.results.mfu import ModelFlops
 
 TRANSFORMER_DIMS = ("layers", "hidden", "heads", "vocab", "seq", "batch")
 
 
-def mfu(inputs: str | Path | list, model_flops_per_step: float | None = None, dims: dict[str, int] | None = None,
+def mfu(inputs: str | Path | list[str | Path], model_flops_per_step: float | None = None, dims: dict[str, int] | None = None,
         recompute: str = "none", dtype: str | None = None, cache_dir: str | Path | None = None,
         use_cache: bool = True, on_progress: Callable[[int, int, str], None] | None = None) -> MfuResult:
     """MFU / HFU against the devices' peak (at `dtype`, default the GEMMs' dtype in the traces) and
@@ -25,11 +25,11 @@ def mfu(inputs: str | Path | list, model_flops_per_step: float | None = None, di
     from rankscope.analyses.job.mfu import from_summary, mfu_report
     with checking_arguments():
         model = _model_flops(model_flops_per_step, dims or {}, recompute)
-    analysis = analyze(inputs, cache_dir=cache_dir, use_cache=use_cache, on_progress=on_progress)
-    if not analysis.ranks:
+    analysis = analyze_job(inputs, cache_dir=cache_dir, use_cache=use_cache, on_progress=on_progress)
+    if not analysis.summaries:
         return MfuResult(None, analysis.problems)
-    ranks = [from_summary(s, traced=model is None) for s in analysis.ranks]
-    by_type = to_plain(analysis.cross.as_dict())["collectives"]["by_type"] if analysis.cross else []
+    ranks = [from_summary(s, traced=model is None) for s in analysis.summaries]
+    by_type = analysis.cross.collectives.by_type if analysis.cross else []
     report = mfu_report(ranks, analysis.job.world_size, model, dtype, recompute, by_type, len(analysis.job.hosts))
     return MfuResult(report, analysis.problems)
 

@@ -21,33 +21,48 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import msgspec
 
 from rankscope.analyses.rank.breakdown import CATEGORIES
-from rankscope.analyses.run.cycles import CycleFacts, CycleStraggler, RankStep
+from rankscope.analyses.run.cycles import CycleFacts, RankStep
+from rankscope.results.run import CycleStraggler
 from rankscope.ingest.cycles import CycleFile, cycles_in_names, run_cycles
 from rankscope.ingest.discover import discover, rank_from_filename
+from rankscope.ingest import TraceError
 from rankscope.model import InputProblem
 from rankscope.pipelines import checking_arguments
-from rankscope.pipelines.job import (_arrived, _import_reduce, _map_files, _summary, _Task, _trim_heap,
-                                     decode_summary, job_analysis, map_summaries, one_line_errors, with_nccl_logs)
+from rankscope.pipelines.job import (_import_reduce, _map_files, _summary, _Task, _trim_heap, decode_summary,
+                                     job_analysis, map_summaries, mapped, one_line_errors, read_at, share_strings,
+                                     with_nccl_logs)
+from rankscope.pipelines.report import JobAnalysis, to_report
 from rankscope.results import Analysis
-from rankscope.results.run import Run
+from rankscope.results.run import Run, TrendStep
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rankscope.analyses.rank.summary import RankSummary
+    from rankscope.results.rank import MappedRank, RankSummary
     from rankscope.ingest.discover import Discovered
     from rankscope.thresholds import Thresholds
 
-__all__ = ["analyze"]
+__all__ = ["analyze", "analyze_cycles"]
 
 
-def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_cache: bool = True,
+def analyze(inputs: str | Path | list[str | Path], cache_dir: str | Path | None = None, use_cache: bool = True,
             engine: str = "auto", workers: int | None = None,
             on_progress: Callable[[int, int, str], None] | None = None, address: str | None = None,
-            thresholds: dict[str, float] | None = None, nccl_logs: list | None = None,
+            thresholds: dict[str, float] | None = None, nccl_logs: list[str | Path] | None = None,
             job: int | None = None, same_job: bool = False) -> Analysis:
     """`pipelines.job.analyze` (same arguments), over every profiler cycle: when the files hold several
     cycles per rank, each cycle is analysed as a job and the result is the run report (`Analysis.run`,
     the last cycle detailed, with the verdict of Flight Recorder dumps beside it); one cycle gives the
     job's analysis as it is. `same_job` holds for each cycle's files."""
+    return to_report(analyze_cycles(inputs, cache_dir, use_cache, engine, workers, on_progress, address, thresholds,
+                                    nccl_logs, job, same_job))
+
+
+def analyze_cycles(inputs: str | Path | list[str | Path], cache_dir: str | Path | None = None, use_cache: bool = True,
+                   engine: str = "auto", workers: int | None = None,
+                   on_progress: Callable[[int, int, str], None] | None = None, address: str | None = None,
+                   thresholds: dict[str, float] | None = None, nccl_logs: list[str | Path] | None = None,
+                   job: int | None = None, same_job: bool = False) -> JobAnalysis:
+    """`analyze`, before its report: what the other pipelines read (the per-rank summaries, the
+    cross-rank result, the matched collectives)."""
     from rankscope.thresholds import resolve
     with checking_arguments():
         values = resolve(thresholds)
@@ -58,12 +73,12 @@ def analyze(inputs: str | Path | list, cache_dir: str | Path | None = None, use_
         result = analyze_run(found, cache_dir, use_cache, engine, workers, on_progress, address, values, job,
                              same_job)
     else:
-        dumps: list = []
-        summaries, problems, chosen = map_summaries(found, cache_dir, use_cache, engine, workers, on_progress,
-                                                    address, fr_dumps=dumps)
-        result = (run_of_summaries(summaries, problems, chosen, values, dumps, workers, job, same_job)
-                  if several_cycles(summaries)
-                  else job_analysis(summaries, problems, chosen, values, job=job, fr_dumps=dumps, workers=workers,
+        dumps: list[Path] = []
+        ranks, problems, chosen = map_summaries(found, cache_dir, use_cache, engine, workers, on_progress,
+                                                address, fr_dumps=dumps)
+        result = (run_of_summaries(ranks, problems, chosen, values, dumps, workers, job, same_job)
+                  if several_cycles(ranks)
+                  else job_analysis(ranks, problems, chosen, values, job=job, fr_dumps=dumps, workers=workers,
                                     same_job=same_job))
     return with_nccl_logs(result, nccl_logs, values)
 
@@ -74,17 +89,25 @@ def cycle_file(s: RankSummary) -> CycleFile:
     return CycleFile(s.meta.file, steps, s.meta.span_ns, rank, s.meta.world_size)
 
 
-def several_cycles(summaries: list[RankSummary]) -> bool:
-    return len(run_cycles([cycle_file(s) for s in summaries])) > 1
+def several_cycles(ranks: list[MappedRank]) -> bool:
+    return len(run_cycles([cycle_file(m.summary) for m in ranks])) > 1
 
 
 @one_line_errors
 def key_task(task: _Task) -> CycleFile:
     """The per-rank map of a run: the summary made and kept (cache or spill folder); back comes its key."""
-    summary = _summary(task)
+    summary = one_summary(task)
     if task.spill_dir is not None:
-        Path(_spilled(task)).write_bytes(msgspec.msgpack.encode(summary))
+        Path(_spilled(task.spill_dir, task.path)).write_bytes(msgspec.msgpack.encode(summary))
     return cycle_file(summary)
+
+
+def one_summary(task: _Task) -> RankSummary:
+    """The summary of a file of one rank (a run's cycles are kineto files, one rank each)."""
+    summary = _summary(task)
+    if isinstance(summary, list):
+        raise TraceError(f"{task.path}: a file of several ranks cannot be one cycle of a run")
+    return summary
 
 
 @one_line_errors
@@ -92,30 +115,29 @@ def summary_again(task: _Task) -> RankSummary:
     """A file's summary read back (from the cache, the spill folder, or made again when neither has it)."""
     if task.spill_dir is not None:
         try:
-            summary = decode_summary(Path(_spilled(task)).read_bytes())
+            summary = decode_summary(Path(_spilled(task.spill_dir, task.path)).read_bytes())
         except OSError:
             summary = None
         if summary is not None:
-            summary.meta.file = task.path
-            return summary
-    return _summary(task)
+            return read_at(summary, task.path)
+    return one_summary(task)
 
 
-def _spilled(task: _Task) -> str:
-    return str(Path(task.spill_dir) / (hashlib.sha256(task.path.encode()).hexdigest()[:32] + ".msgpack"))
+def _spilled(spill_dir: str, path: str) -> str:
+    return str(Path(spill_dir) / (hashlib.sha256(path.encode()).hexdigest()[:32] + ".msgpack"))
 
 
-def cycle_facts(a: Analysis) -> CycleFacts:
+def cycle_facts(a: JobAnalysis) -> CycleFacts:
     """The facts a run keeps of one cycle's analysis."""
     rank_steps = tuple(RankStep(s.rank, st.step, st.duration_ms, tuple(st.breakdown_ms[c] for c in CATEGORIES))
-                       for s in a.ranks for st in s.steps)
-    starts = [st.start_ns for s in a.ranks for st in s.steps] or [s.meta.span_ns[0] for s in a.ranks
-                                                                     if s.meta.span_ns] or [0]
-    found = a.cross.stragglers.stragglers if a.cross is not None else []
+                       for s in a.summaries for st in s.steps)
+    starts = [st.start_ns for s in a.summaries for st in s.steps] or [s.meta.span_ns[0] for s in a.summaries
+                                                                         if s.meta.span_ns] or [0]
+    found = a.cross.stragglers if a.cross is not None else []
     worst = max(found, key=lambda st: st.cost_ms_per_step, default=None)
     return CycleFacts(
         order=(min(a.job.steps, default=0), min(starts)),
-        files=tuple(s.meta.file for s in a.ranks), ranks=tuple(a.job.ranks),
+        files=tuple(s.meta.file for s in a.summaries), ranks=tuple(a.job.ranks),
         missing_ranks=tuple(a.job.missing_ranks), steps=tuple(a.job.steps), rank_steps=rank_steps,
         straggler=CycleStraggler(worst.rank, worst.cause, round(worst.cost_ms_per_step, 3)) if worst else None,
         findings=tuple(dict.fromkeys(f.id for f in a.findings)),
@@ -130,10 +152,11 @@ class RunAnalysis:
         self.values, self.engine, self.job, self.same_job = values, engine, job, same_job
         self.facts: list[CycleFacts] = []
         self.problems: list[InputProblem] = []
-        self.last: Analysis | None = None
+        self.last: JobAnalysis | None = None
 
-    def add(self, summaries: list[RankSummary], problems: list[InputProblem]) -> Analysis:
-        analysis = job_analysis(summaries, problems, self.engine, self.values, job=self.job, same_job=self.same_job)
+    def add(self, summaries: list[RankSummary], problems: list[InputProblem]) -> JobAnalysis:
+        analysis = job_analysis([mapped(s) for s in summaries], problems, self.engine, self.values, job=self.job,
+                                same_job=self.same_job)
         self.problems += analysis.problems
         if analysis.usable:
             self.facts.append(cycle_facts(analysis))
@@ -141,7 +164,7 @@ class RunAnalysis:
                 self.last = analysis
         return analysis
 
-    def result(self, fr_dumps: Sequence[str | Path] = (), workers: int | None = None) -> Analysis | None:
+    def result(self, fr_dumps: Sequence[str | Path] = (), workers: int | None = None) -> JobAnalysis | None:
         """The report (None before a usable cycle): the latest cycle's analysis, the run, its findings, and
         the verdict of the Flight Recorder dumps `fr_dumps` (taken as the job stopped: beside its last cycle)."""
         if self.last is None:
@@ -155,25 +178,27 @@ class RunAnalysis:
         rows, trend = run_rows(self.facts)
         costs = [dict(c.finding_costs) for c in sorted(self.facts, key=lambda c: c.order)]
         found = find_changes(trend, rows, costs, self.values)
-        run = Run(cycles=rows, trend=trend, changes=found.changes, detailed_cycle=len(rows), noise_pct=found.noise_pct,
+        run = Run(cycles=rows, trend=[TrendStep(p.rank, p.step, p.cycle, p.step_ms) for p in trend],
+                  changes=found.changes, detailed_cycle=len(rows), noise_pct=found.noise_pct,
                   cycle_noise_pct=found.cycle_noise_pct, z_critical=round(found.z_critical, 2))
         hang, problems = None, _unique(self.problems)
         if fr_dumps:
             from rankscope.pipelines.hang import analyze_hang
-            hang, hang_problems = analyze_hang(fr_dumps, a.ranks, a.cross, self.engine, workers)
+            hang, hang_problems = analyze_hang(fr_dumps, a.summaries, a.cross, self.engine, workers)
             problems += hang_problems
-        return Analysis(job=a.job, ranks=a.ranks, problems=problems, engine=a.engine, cross=a.cross,
-                        findings=ordered(run_findings(run, self.values) + hang_findings(hang, self.values)
-                                         + a.findings), run=run, hang=hang)
+        return JobAnalysis(job=a.job, summaries=a.summaries, cross=a.cross, table=a.table, problems=problems,
+                           engine=a.engine, findings=ordered(run_findings(run, self.values)
+                                                             + hang_findings(hang, self.values) + a.findings),
+                           hang=hang, run=run)
 
 
 def _unique(problems: list[InputProblem]) -> list[InputProblem]:
     return list({(p.file, p.problem, p.fatal): p for p in problems}.values())
 
 
-def analyze_run(found: Discovered, cache_dir, use_cache: bool, engine: str, workers: int | None,
+def analyze_run(found: Discovered, cache_dir: str | Path | None, use_cache: bool, engine: str, workers: int | None,
                 on_progress: Callable[[int, int, str], None] | None, address: str | None,
-                values: Thresholds, job: int | None = None, same_job: bool = False) -> Analysis:
+                values: Thresholds, job: int | None = None, same_job: bool = False) -> JobAnalysis:
     """Every cycle of the run in `found`: the map over all files, then the cycles one by one (`job`: the
     job picked in each, when its files hold several; `same_job`: see `different_jobs`)."""
     spill = None if use_cache else tempfile.mkdtemp(prefix="rankscope-run-")
@@ -186,7 +211,7 @@ def analyze_run(found: Discovered, cache_dir, use_cache: bool, engine: str, work
 
         def summary_of(file: str) -> RankSummary | InputProblem:
             summary = summary_again(_Task(file, cache_root, use_cache, spill))
-            _arrived(summary, strings)
+            share_strings(summary, strings)
             return summary
 
         return _by_cycle(keys, problems, chosen, values, summary_of, found.fr_dumps, workers, job, same_job)
@@ -195,29 +220,34 @@ def analyze_run(found: Discovered, cache_dir, use_cache: bool, engine: str, work
             shutil.rmtree(spill, ignore_errors=True)
 
 
-def run_of_summaries(summaries: list[RankSummary], problems: list[InputProblem], chosen: str,
+def run_of_summaries(ranks: list[MappedRank], problems: list[InputProblem], chosen: str,
                      values: Thresholds, fr_dumps: Sequence[str | Path] = (), workers: int | None = None,
-                     job: int | None = None, same_job: bool = False) -> Analysis:
+                     job: int | None = None, same_job: bool = False) -> JobAnalysis:
     """A run whose summaries are all in memory already (its names did not look like cycles)."""
-    by_file = {s.meta.file: s for s in summaries}
-    return _by_cycle([cycle_file(s) for s in summaries], problems, chosen, values, by_file.pop, fr_dumps, workers,
+    by_file = {m.summary.meta.file: m for m in ranks}
+
+    def summary_of(file: str) -> RankSummary:
+        m = by_file.pop(file)
+        return msgspec.structs.replace(m.summary, collectives=m.collectives)   # as the cycles take it
+
+    return _by_cycle([cycle_file(m.summary) for m in ranks], problems, chosen, values, summary_of, fr_dumps, workers,
                      job, same_job)
 
 
 def _by_cycle(keys: list[CycleFile], problems: list[InputProblem], chosen: str, values: Thresholds,
               summary_of: Callable[[str], RankSummary | InputProblem], fr_dumps: Sequence[str | Path] = (),
-              workers: int | None = None, job: int | None = None, same_job: bool = False) -> Analysis:
+              workers: int | None = None, job: int | None = None, same_job: bool = False) -> JobAnalysis:
     cycles = run_cycles(keys)
     if len(cycles) == 1:                # names that looked like cycles, but one job: its analysis as it is
         got = [summary_of(f) for f in cycles[0]]
-        return job_analysis([s for s in got if not isinstance(s, InputProblem)],
+        return job_analysis([mapped(s) for s in got if not isinstance(s, InputProblem)],
                             problems + [s for s in got if isinstance(s, InputProblem)], chosen, values,
-                            job=job, fr_dumps=list(fr_dumps), workers=workers, same_job=same_job)
+                            job=job, fr_dumps=[Path(f) for f in fr_dumps], workers=workers, same_job=same_job)
     run = RunAnalysis(values, chosen, job, same_job)
     run.problems += problems
     for files in cycles:
         got = [summary_of(f) for f in files]
         run.add([s for s in got if not isinstance(s, InputProblem)], [s for s in got if isinstance(s, InputProblem)])
     return (run.result(fr_dumps, workers)
-            or job_analysis([], _unique(run.problems), chosen, values, job=job, fr_dumps=list(fr_dumps),
+            or job_analysis([], _unique(run.problems), chosen, values, job=job, fr_dumps=[Path(f) for f in fr_dumps],
                             workers=workers, same_job=same_job))

@@ -29,6 +29,7 @@ from rankscope.ingest.cycles import CycleFile, group_cycles
 from rankscope.ingest.discover import discover, open_regular
 from rankscope.model import InputProblem
 from rankscope.pipelines.job import _Task
+from rankscope.pipelines.report import JobAnalysis, to_report
 from rankscope.pipelines.run import RunAnalysis, key_task, summary_again
 from rankscope.results.run import WatchStatus
 
@@ -64,7 +65,7 @@ class _Seen:
 @dataclass
 class CycleDone:
     """One analysed cycle: its analysis, and the run report after it."""
-    analysis: Analysis
+    analysis: JobAnalysis
     report: Analysis
     files: tuple[str, ...]
 
@@ -162,9 +163,9 @@ class RunWatch:
             analysis = self.run.add([s for s in got if not isinstance(s, InputProblem)],
                                     [s for s in got if isinstance(s, InputProblem)])
             self.done_files.update(files)
-            report = self.run.result()
-            if report is not None and analysis.usable:
-                done.append(CycleDone(analysis, report, tuple(files)))
+            after = self.run.result()
+            if after is not None and analysis.usable:
+                done.append(CycleDone(analysis, to_report(after), tuple(files)))
         return done
 
     def idle_s(self) -> float:
@@ -172,7 +173,9 @@ class RunWatch:
         return self.clock() - self.last_new_file_at
 
     def result(self) -> Analysis | None:
-        return self.run.result()
+        """The run report so far (None before a usable cycle)."""
+        after = self.run.result()
+        return to_report(after) if after is not None else None
 
     def status(self) -> WatchStatus:
         return WatchStatus(folder=self.folder, files_seen=len(set(self.seen) | set(self.keys)),

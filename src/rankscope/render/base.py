@@ -89,9 +89,9 @@ class HtmlRenderer(TextRenderer):
 
 #: (result type as "module.Class", format) -> its renderer as "module:Class".
 RENDERERS: dict[tuple[str, str], str] = {
-    ("rankscope.results.Analysis", "terminal"): "rankscope.render.terminal:AnalysisTerminal",
-    ("rankscope.results.Analysis", "json"): "rankscope.render.json:AnalysisJson",
-    ("rankscope.results.Analysis", "html"): "rankscope.render.html:AnalysisHtml",
+    ("rankscope.results.analysis.Analysis", "terminal"): "rankscope.render.terminal:AnalysisTerminal",
+    ("rankscope.results.analysis.Analysis", "json"): "rankscope.render.json:AnalysisJson",
+    ("rankscope.results.analysis.Analysis", "html"): "rankscope.render.html:AnalysisHtml",
     ("rankscope.results.Ingest", "terminal"): "rankscope.render.validate:ValidationTerminal",
     ("rankscope.results.Ingest", "json"): "rankscope.render.validate:ValidationJson",
     ("rankscope.results.DiffResult", "terminal"): "rankscope.render.diff_terminal:DiffTerminal",

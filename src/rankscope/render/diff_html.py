@@ -5,7 +5,7 @@ tables, charts, the CSS and the embedded plotly.js. Computes nothing: it picks r
 """
 from __future__ import annotations
 
-from rankscope.analyses.rank.breakdown import CATEGORIES
+from rankscope.results.rank import BREAKDOWN_CATEGORIES as CATEGORIES
 from rankscope.render.base import HtmlRenderer
 from rankscope.render.diff_json import diff_to_dict
 from rankscope.render.diff_terminal import metric_label

@@ -6,13 +6,12 @@ sample sizes, t, df). Metric names carry their unit; the step breakdown nests un
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
-from rankscope.analyses.job.diff import (ALPHA, BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, Comparison, Diff, NameDiff)
+from rankscope.results.diff import ALPHA, BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, Comparison, Diff, NameDiff
 from rankscope.render.base import JsonRenderer
 from rankscope.render.format import rounded
-from rankscope.results import DiffResult
+from rankscope.results import DiffResult, to_plain
 
 SCHEMA = "rankscope.diff/1"
 
@@ -74,8 +73,8 @@ def diff_to_dict(d: Diff) -> dict[str, Any]:
                    "metrics": metrics_dict(r.metrics)} for r in d.ranks],
         "collectives": metrics_dict(d.collectives),
         "stragglers": {"verdict_before": d.straggler_verdicts[0], "verdict_after": d.straggler_verdicts[1],
-                       "changes": [_rounded(dataclasses.asdict(s)) for s in d.stragglers]},
-        "findings": None if d.findings is None else [dataclasses.asdict(f) for f in d.findings],
+                       "changes": [_rounded(to_plain(s)) for s in d.stragglers]},
+        "findings": None if d.findings is None else to_plain(d.findings),
         "kernels": _names(d.kernels),
         "ops": _names(d.ops),
     }

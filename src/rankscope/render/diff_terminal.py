@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rankscope.analyses.job.diff import ALPHA, Comparison, Diff, NameDiff
+from rankscope.results.diff import ALPHA, Comparison, Diff, NameDiff
 from rankscope.render.base import TerminalRenderer
 from rankscope.render.format import (distinct_shortened, literal, natural_width, number, p_value_text,
                                      print_table)

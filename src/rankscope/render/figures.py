@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rankscope.analyses.job.stragglers import COST_DEFINITION
 from rankscope.render.html_parts import CATEGORY_LABELS
+from rankscope.results.stragglers import COST_DEFINITION
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
-"""`analyze --html`: one self-contained, offline HTML page from the `rankscope.analysis/1` dict.
+"""`analyze --html`: one self-contained, offline HTML page from the typed report (results/analysis.py
+`Analysis`, the object `--json` encodes and `Analysis.load` reads back).
 
-`AnalysisHtml` (the renderer) and `render_html(report) -> str` lay out what
-`render.json.analysis_to_dict` holds and compute nothing: they pick values (findings sorted by
-severity, which ranks to draw when there are many) and format them. The page, its escaping and
+`AnalysisHtml` (the renderer) and `render_html(report) -> str` lay out what the report holds and
+compute nothing: they pick values (findings sorted by severity, which ranks to draw when there are
+many) and format them. The page, its escaping and
 its charts' machinery are render/html_parts.py's: plotly.js is embedded inline (no CDN, nothing
 fetched); the page's own script only hands each chart's spec to Plotly and switches the per-rank
 views.
@@ -13,7 +14,8 @@ chart says so); `--json` has them all.
 """
 from __future__ import annotations
 
-from rankscope.analyses.rank.breakdown import CATEGORIES as BREAKDOWN_CATEGORIES
+import msgspec
+
 from rankscope.render.base import HtmlRenderer
 from rankscope.render.figures import (BREAKDOWN, COMM_BY_DIM, COMM_BY_DIM_NOTE, DETAILS, GAPS, PIPELINE_STAGE,
                                       STRAGGLER, html_legend)
@@ -21,11 +23,12 @@ from rankscope.render.format import GAP_POSITIONS, escaped, no_device_words, ran
 from rankscope.render.hang_html import dumps_header, hang_section
 from rankscope.render.html_parts import (CATEGORY_COLORS, CATEGORY_LABELS, chart, chart_label, chart_layout,
                                          html_table, kv_table, name_cell, note, one_chart, page)
-from rankscope.render.html_views import FEW_RANKS, distribution, evidence_value, heatmap_note, heatmap_z, named_ranks
-from rankscope.render.json import analysis_to_dict
-from rankscope.render.rank_rows import rank_list
+from rankscope.render.html_views import distribution, evidence_value, heatmap_note, heatmap_z
+from rankscope.render.rank_rows import FEW_RANKS, named_ranks, rank_list
 from rankscope.render.run_html import run_section
-from rankscope.results import Analysis
+from rankscope.results import Analysis, Finding
+from rankscope.results.analysis import RankReport
+from rankscope.results.rank import BREAKDOWN_CATEGORIES
 
 MAX_BAR_RANKS = 64
 MAX_HEATMAP_RANKS = 256
@@ -40,26 +43,26 @@ GAP_COLORS = {"dataloader": "#f57c00", "sync": "#6d4c41", "host": "#1976d2", "id
 
 
 class AnalysisHtml(HtmlRenderer):
-    """`analyze --html`: the report page of an Analysis, laid out from its `rankscope.analysis/1` dict."""
+    """`analyze --html`: the report page of an Analysis."""
 
     def text(self, result: Analysis) -> str:
-        return render_html(analysis_to_dict(result))
+        return render_html(result)
 
 
-def render_html(report: dict) -> str:
-    """The whole page for one `rankscope.analysis/1` dict (also one read back from --json)."""
+def render_html(report: Analysis) -> str:
+    """The whole page of one report (also one read back from --json)."""
     figures: dict[str, dict] = {}
-    if not report["ranks"]:          # Flight Recorder dumps alone: their verdict, no trace sections
+    if not report.ranks:          # Flight Recorder dumps alone: their verdict, no trace sections
         body = "".join([dumps_header(report), hang_section(report), _findings(report)])
-        return page(f"rankscope report: {len(report['hang']['ranks_dumped'])} Flight Recorder dumps", body, figures,
-                    report.get("schema"))
+        dumped = len(report.hang.ranks_dumped) if report.hang is not None else 0
+        return page(f"rankscope report: {dumped} Flight Recorder dumps", body, figures, report.schema)
     body = "".join([_header(report), hang_section(report), _findings(report), run_section(report, figures),
                     _breakdown(report, figures),
                     distribution(report, figures), _parallel(report, figures), _heatmap(report, figures),
                     _collectives(report, figures), _critical_path(report, figures), _overlap(report, figures),
                     _idle(report, figures),
                     _rank_detail(report, figures)])
-    return page(f"rankscope report: {len(report['job']['ranks'])} ranks", body, figures, report.get("schema"))
+    return page(f"rankscope report: {len(report.job.ranks)} ranks", body, figures, report.schema)
 
 
 def _empty_layout(message: str, height: int = 300) -> dict:
@@ -68,105 +71,106 @@ def _empty_layout(message: str, height: int = 300) -> dict:
                              "x": 0.5, "y": 0.5, "font": {"size": 14, "color": "#5e6c84"}}]}
 
 
-def _bars_by_rank(ranks: list[dict], field: str, parts: dict[str, str], labels: dict[str, str],
+def _bars_by_rank(ranks: list[tuple[int, dict[str, float] | None]], parts: dict[str, str], labels: dict[str, str],
                   hover_unit: str) -> list[dict]:
-    """One stacked-bar trace per part of ranks[][field] (a dict of parts), x = rank."""
-    shown = [r for r in ranks if r.get(field)]
-    x = [str(r["rank"]) for r in shown]
-    return [{"type": "bar", "name": labels.get(p, p), "x": x, "y": [r[field].get(p) for r in shown],
+    """One stacked-bar trace per part of each rank's parts (rank, {part: value}), x = rank."""
+    shown = [(r, v) for r, v in ranks if v]
+    x = [str(r) for r, _ in shown]
+    return [{"type": "bar", "name": labels.get(p, p), "x": x, "y": [v.get(p) for _, v in shown],
              "marker": {"color": color}, "hovertemplate": f"rank %{{x}}: %{{y:.3f}} {hover_unit}"}
             for p, color in parts.items()]
 
 
-def _pick_ranks(report: dict, cap: int) -> tuple[list[dict], str]:
+def _pick_ranks(report: Analysis, cap: int) -> tuple[list[RankReport], str]:
     """The ranks to draw (in rank order): all, or the ranks the report names (html_views.named_ranks:
     stragglers, findings about a few ranks, the critical path's), then the slowest by mean step time."""
-    ranks = report["ranks"]
+    ranks = report.ranks
     if len(ranks) <= cap:
         return ranks, ""
     flagged = set(named_ranks(report))
-    order = sorted(ranks, key=lambda r: (r["rank"] not in flagged, -((r.get("step_time_ms") or {}).get("mean") or 0)))
-    chosen = sorted(order[:cap], key=lambda r: r["rank"])
+    order = sorted(ranks, key=lambda r: (r.rank not in flagged, -(r.step_time_ms.mean or 0)))
+    chosen = sorted(order[:cap], key=lambda r: r.rank)
     return chosen, (f"{cap} of {len(ranks)} ranks drawn: the ranks the report names (stragglers, findings, the "
                     f"critical path), then the slowest by mean step time (--json has every rank).")
 
 
 # ---------------------------------------------------------------------------------------- sections
 
-def _header(report: dict) -> str:
-    job = report["job"]
-    inputs = report.get("inputs") or {}
-    steps = job.get("steps") or []
-    rows = [("ranks", f"{len(job['ranks'])} ({ranges(job['ranks'])})"),
-            ("world size", value_text(job.get("world_size"))),
-            ("backend", job.get("backend") or "unknown"),
-            ("devices", ", ".join(job.get("devices") or []) or "none (CPU only)"),
-            ("steps", f"{len(steps)} (#{ranges(steps)}; {job.get('steps_source') or 'unknown'})" if steps
-             else f"none ({job.get('steps_source') or 'unknown'})"),
-            ("hosts", ", ".join(job.get("hosts") or []) or "unknown"),
-            ("time span", f"{value_text(job.get('span_ms'))} ms")]
-    if job.get("missing_ranks"):
-        rows.append(("missing ranks", ranges(job["missing_ranks"])))
-    capture = job.get("capture")
+def _header(report: Analysis) -> str:
+    job = report.job
+    inputs = report.inputs
+    steps = job.steps
+    rows = [("ranks", f"{len(job.ranks)} ({ranges(job.ranks)})"),
+            ("world size", value_text(job.world_size)),
+            ("backend", job.backend or "unknown"),
+            ("devices", ", ".join(job.devices) or "none (CPU only)"),
+            ("steps", f"{len(steps)} (#{ranges(steps)}; {job.steps_source or 'unknown'})" if steps
+             else f"none ({job.steps_source or 'unknown'})"),
+            ("hosts", ", ".join(job.hosts) or "unknown"),
+            ("time span", f"{value_text(job.span_ms)} ms")]
+    if job.missing_ranks:
+        rows.append(("missing ranks", ranges(job.missing_ranks)))
+    capture = job.capture
     if capture:
-        rows.append(("capture", capture.get("headline") or ""))
-    said = set((capture or {}).get("restated_warnings") or [])
-    warnings = [w for w in job.get("warnings") or [] if w not in said]
-    warnings += [f"skipped {p['file']}: {p['problem']}" for p in inputs.get("skipped") or []]
-    warnings += [w for p in inputs.get("warnings") or [] if (w := f"{p['file']}: {p['problem']}") not in said]
+        rows.append(("capture", capture.headline or ""))
+    said = set(capture.restated_warnings) if capture else set()
+    warnings = [w for w in job.warnings if w not in said]
+    warnings += [f"skipped {p.file}: {p.problem}" for p in inputs.skipped]
+    warnings += [w for p in inputs.warnings if (w := f"{p.file}: {p.problem}") not in said]
     more = len(warnings) - MAX_LISTED_WARNINGS
     items = "".join(f"<li>{escaped(w)}</li>" for w in warnings[:MAX_LISTED_WARNINGS])
     if more > 0:
         items += f"<li>… and {more} more (see --json)</li>"
     warn_html = (f'<h3>Input warnings</h3><ul class="warnings">{items}</ul>' if warnings
                  else note("No input warnings."))
-    issues = (capture or {}).get("issues") or []
-    capture_html = (f'<ul class="capture{" partial" if capture.get("partial") else ""}">'
-                    + "".join(f"<li><code>{escaped(i.get('kind'))}</code> {escaped(i.get('detail'))}</li>" for i in issues)
+    issues = capture.issues if capture else []
+    capture_html = (f'<ul class="capture{" partial" if capture and capture.partial else ""}">'
+                    + "".join(f"<li><code>{escaped(i.kind)}</code> {escaped(i.detail)}</li>" for i in issues)
                     + "</ul>") if issues else ""
     return f'<header id="job"><h1>rankscope report</h1>{kv_table(rows)}{capture_html}{warn_html}</header>'
 
 
-def _no_device_words(report: dict) -> str:
-    issues = ((report.get("job") or {}).get("capture") or {}).get("issues") or []
-    return no_device_words(i.get("kind") for i in issues)
+def _no_device_words(report: Analysis) -> str:
+    issues = report.job.capture.issues if report.job.capture else []
+    return no_device_words(i.kind for i in issues)
 
 
-def _findings(report: dict) -> str:
-    findings = sorted(report.get("findings") or [], key=lambda f: SEVERITY_ORDER.get(f.get("severity"), 9))
+def _findings(report: Analysis) -> str:
+    findings = sorted(report.findings, key=lambda f: SEVERITY_ORDER.get(f.severity, 9))
     if not findings:
         return '<section id="findings"><h2>Findings</h2><p>No findings: no rule fired on this job.</p></section>'
     return ('<section id="findings"><h2>Findings</h2>' + note("Sorted by severity (high, medium, low, info).")
             + "".join(_finding(f) for f in findings) + "</section>")
 
 
-def _finding(f: dict) -> str:
-    severity = str(f.get("severity") or "info")
-    where = [f"ranks {rank_list(f['ranks'])}" if f.get("ranks") else "",
-             f"steps {ranges(sorted(f['steps']))}" if f.get("steps") else ""]
-    evidence = f.get("evidence") or {}
-    threshold = f.get("threshold") or {}
-    named = sorted(f.get("ranks") or [])[:FEW_RANKS]
-    parts = [(f'<div class="head"><span class="badge">{escaped(severity)}</span>{escaped(f.get("summary") or "")} '
-              f'<code>{escaped(f.get("id"))}</code></div>'),
+def _finding(f: Finding) -> str:
+    severity = str(f.severity or "info")
+    where = [f"ranks {rank_list(f.ranks)}" if f.ranks else "",
+             f"steps {ranges(sorted(f.steps))}" if f.steps else ""]
+    evidence = f.evidence
+    threshold = f.threshold
+    named = sorted(f.ranks)[:FEW_RANKS]
+    parts = [(f'<div class="head"><span class="badge">{escaped(severity)}</span>{escaped(f.summary or "")} '
+              f'<code>{escaped(f.id)}</code></div>'),
              note(" · ".join(w for w in where if w)),
              html_table(["evidence", "value"], [[k, evidence_value(v, named)] for k, v in evidence.items()])
              if evidence else "",
-             f"<p>{escaped(f['explanation'])}</p>" if f.get("explanation") else "",
-             f'<p class="fix"><b>Fix:</b> {escaped(f["fix"])}</p>' if f.get("fix") else "",
+             f"<p>{escaped(f.explanation)}</p>" if f.explanation else "",
+             f'<p class="fix"><b>Fix:</b> {escaped(f.fix)}</p>' if f.fix else "",
              note("threshold: " + ", ".join(f"{k} = {value_text(v)}" for k, v in threshold.items()))
              if threshold else ""]
     return f'<article class="finding sev-{escaped(severity)}">{"".join(parts)}</article>'
 
 
-def _breakdown(report: dict, figures: dict) -> str:
+def _breakdown(report: Analysis, figures: dict) -> str:
     ranks, capped = _pick_ranks(report, MAX_BAR_RANKS)
     head = '<section id="breakdown"><h2>Where step time went</h2>'
-    if not any(r.get("breakdown_ms") for r in ranks):
+    if not any(r.breakdown_ms for r in ranks):
         return head + note("No step breakdown (no rank has steps).") + "</section>"
-    cpu_only = any(r.get("breakdown_mode") == "cpu_only" for r in report["ranks"])
+    cpu_only = any(r.breakdown_mode == "cpu_only" for r in report.ranks)
     colors = {c: CATEGORY_COLORS[c] for c in BREAKDOWN_CATEGORIES}
-    data = _bars_by_rank(ranks, "breakdown_ms", colors, CATEGORY_LABELS, "ms per step")
+    data = _bars_by_rank([(r.rank, msgspec.structs.asdict(r.breakdown_ms) if r.breakdown_ms else None) for r in ranks],
+                         colors, CATEGORY_LABELS, "ms per step")
     return (head + note("Mean ms per step on each rank; each instant goes to one category, the parts sum to "
                         "the step. " + html_legend(*(BREAKDOWN[c] for c in BREAKDOWN_CATEGORIES))
                         + (f" {_no_device_words(report)}: the training thread plays the device, gloo spans play "
@@ -182,31 +186,30 @@ DIM_COLORS = {"pp": "#6a1b9a", "dp": "#1565c0", "dp_shard": "#00838f", "dp_repli
 MAX_LISTED_GROUPS = 16
 
 
-def _parallel(report: dict, figures: dict) -> str:
+def _parallel(report: Analysis, figures: dict) -> str:
     """The parallel layout: dimensions and groups, communication per dimension, the pipeline, the experts."""
-    par = report.get("parallelism") or {}
-    dims = par.get("dims") or []
+    par = report.parallelism
+    dims = par.dims
     # one dimension over the whole job (plain DDP / FSDP): the header's layout row says it all
-    if not (len(dims) > 1 or report.get("pipeline") or report.get("experts")):
+    if not (len(dims) > 1 or report.pipeline or report.experts):
         return ""
-    out = [f'<section id="parallel"><h2>Parallel layout: {escaped(par.get("layout") or "")}</h2>',
+    out = [f'<section id="parallel"><h2>Parallel layout: {escaped(par.layout or "")}</h2>',
            html_table(["dimension", "size", "groups (global ranks)", "from"],
-                      [[d["name"], d["size"],
-                        " ".join("[" + ",".join(map(str, g)) + "]" for g in d["groups"][:MAX_LISTED_GROUPS])
-                        + (f" … {len(d['groups']) - MAX_LISTED_GROUPS} more" if len(d["groups"]) > MAX_LISTED_GROUPS
+                      [[d.name, d.size,
+                        " ".join("[" + ",".join(map(str, g)) + "]" for g in d.groups[:MAX_LISTED_GROUPS])
+                        + (f" … {len(d.groups) - MAX_LISTED_GROUPS} more" if len(d.groups) > MAX_LISTED_GROUPS
                            else ""),
-                        "process group names" if d["source"] == "pg_desc" else "inferred from the collectives"]
+                        "process group names" if d.source == "pg_desc" else "inferred from the collectives"]
                        for d in dims], {1})]
     ranks, capped = _pick_ranks(report, MAX_BAR_RANKS)
-    names = [d["name"] for d in dims] + (["other"] if any("other" in (r.get("comm_by_dim_ms") or {}) for r in ranks)
-                                         else [])
-    x = [str(r["rank"]) for r in ranks if r.get("comm_by_dim_ms")]
+    names = [d.name for d in dims] + (["other"] if any("other" in (r.comm_by_dim_ms or {}) for r in ranks) else [])
+    comm = [(r.rank, r.comm_by_dim_ms) for r in ranks if r.comm_by_dim_ms]
+    x = [str(r) for r, _ in comm]
     data = []
     for name in names:
         for part, opacity in (("exposed", 1.0), ("overlapped", 0.45)):
             data.append({"type": "bar", "name": f"{name} {COMM_BY_DIM[part].html}", "x": x,
-                         "y": [((r["comm_by_dim_ms"] or {}).get(name) or {}).get(part) for r in ranks
-                               if r.get("comm_by_dim_ms")],
+                         "y": [getattr(v, part) if (v := by_dim.get(name)) else None for _, by_dim in comm],
                          "marker": {"color": DIM_COLORS.get(name, "#757575"), "opacity": opacity},
                          "hovertemplate": f"rank %{{x}}: %{{y:.3f}} ms per step ({name} {part})"})
     out += ["<h3>Communication per dimension</h3>",
@@ -214,61 +217,61 @@ def _parallel(report: dict, figures: dict) -> str:
             note(capped),
             one_chart(figures, "chart-comm-by-dim", data, chart_layout("rank", "ms per step", 360, len(x),
                                                                        barmode="stack"))]
-    pipe = report.get("pipeline")
-    if pipe and pipe.get("stages"):
-        stages = pipe["stages"]
-        sx = [f"stage {st['stage']}" for st in stages]
-        theory = pipe.get("bubble_pct_theory")
+    pipe = report.pipeline
+    if pipe and pipe.stages:
+        stages = pipe.stages
+        sx = [f"stage {st.stage}" for st in stages]
+        theory = pipe.bubble_pct_theory
         data = [{"type": "bar", "name": PIPELINE_STAGE["bubble_pct"].html, "x": sx,
-                 "y": [st["bubble_pct"] for st in stages], "marker": {"color": DIM_COLORS["pp"]},
+                 "y": [st.bubble_pct for st in stages], "marker": {"color": DIM_COLORS["pp"]},
                  "hovertemplate": "%{x}: %{y:.1f}% of the step"}]
         if theory is not None:
             data.append({"type": "scatter", "mode": "lines", "name": "theory, (p-1)/(m+p-1)", "x": sx,
                          "y": [theory] * len(sx), "line": {"color": "#212121", "dash": "dash"}})
-        mb = pipe.get("microbatches")
-        out += [f"<h3>Pipeline: {escaped(pipe['schedule'])} schedule, {len(stages)} stages, "
+        mb = pipe.microbatches
+        out += [f"<h3>Pipeline: {escaped(pipe.schedule)} schedule, {len(stages)} stages, "
                 f"{escaped(mb if mb else 'unknown')} microbatches</h3>",
-                note(f"Bubble {value_text(pipe.get('bubble_pct'))}% of the step (mean stage)"
+                note(f"Bubble {value_text(pipe.bubble_pct)}% of the step (mean stage)"
                      + (f", against {theory}% for equal stages ("
-                        + ("(p-1)/(v m+p-1), v = {} model chunks per rank".format(pipe["stages_per_rank"])
-                           if pipe.get("stages_per_rank", 1) > 1 else "(p-1)/(m+p-1)") + ")"
+                        + ("(p-1)/(v m+p-1), v = {} model chunks per rank".format(pipe.stages_per_rank)
+                           if pipe.stages_per_rank > 1 else "(p-1)/(m+p-1)") + ")"
                         if theory is not None else "")
-                     + (f"; bottleneck: stage {pipe['bottleneck_stage']}, "
-                        f"{value_text(pipe.get('imbalance_pct_over_mean'))}% "
-                        f"more compute than the stages' mean" if pipe.get("bottleneck_stage") is not None else "")
+                     + (f"; bottleneck: stage {pipe.bottleneck_stage}, "
+                        f"{value_text(pipe.imbalance_pct_over_mean)}% "
+                        f"more compute than the stages' mean" if pipe.bottleneck_stage is not None else "")
                      + ". " + html_legend(*PIPELINE_STAGE.values())),
                 one_chart(figures, "chart-pipeline-bubble", data, chart_layout("stage", "% of step", 320, len(sx))),
                 html_table(["stage", "ranks", *(f.html for f in PIPELINE_STAGE.values())],
-                           [[st["stage"], ranges(st["ranks"]), st["compute_ms_per_step"], st["bubble_ms_per_step"],
-                             st["bubble_pct"]] for st in stages], {0, 2, 3, 4})]
-    experts = report.get("experts")
-    if experts and experts.get("groups"):
+                           [[st.stage, ranges(st.ranks), st.compute_ms_per_step, st.bubble_ms_per_step,
+                             st.bubble_pct] for st in stages], {0, 2, 3, 4})]
+    experts = report.experts
+    if experts and experts.groups:
         out += ["<h3>Expert-parallel load</h3>",
                 note(f"MB of tokens each rank receives per step in the expert-parallel all_to_all "
-                     f"({value_text(experts.get('all_to_all_per_step'))} all_to_all per step and rank); imbalance: "
+                     f"({value_text(experts.all_to_all_per_step)} all_to_all per step and rank); imbalance: "
                      f"the most-loaded rank over its group's mean."),
                 html_table(["group", "received MB per step, by rank", "imbalance %", "hottest rank"],
-                           [[ranges(g["ranks"]), ", ".join(f"{r}: {v}" for r, v in g["received_mb_per_step"].items()),
-                             g["imbalance_pct_over_mean"], g["hottest_rank"]] for g in experts["groups"]], {2, 3})]
+                           [[ranges(g.ranks), ", ".join(f"{r}: {v}" for r, v in g.received_mb_per_step.items()),
+                             g.imbalance_pct_over_mean, g.hottest_rank] for g in experts.groups], {2, 3})]
     return "".join(out) + "</section>"
 
 
-def _heatmap(report: dict, figures: dict) -> str:
+def _heatmap(report: Analysis, figures: dict) -> str:
     ranks, capped = _pick_ranks(report, MAX_HEATMAP_RANKS)
     head = '<section id="step-heatmap"><h2>Step time, rank by step</h2>'
-    durations = {(s["rank"], s["step"]): s["duration_ms"] for s in report.get("steps") or []}
+    durations = {(s.rank, s.step): s.duration_ms for s in report.steps}
     steps = sorted({step for _, step in durations})
     if not steps:
         return head + note("No steps.") + "</section>"
-    y = [str(r["rank"]) for r in ranks]
-    z = [[durations.get((r["rank"], step)) for step in steps] for r in ranks]
+    y = [str(r.rank) for r in ranks]
+    z = [[durations.get((r.rank, step)) for step in steps] for r in ranks]
     height = max(260, min(760, 110 + 16 * len(y)))
     layout = chart_layout("step", "rank", height, yaxis={"title": {"text": "rank"}, "type": "category",
                                                          "autorange": "reversed"})
     data = [{"type": "heatmap", "x": [str(s) for s in steps], "y": y, "z": z, "colorscale": "YlOrRd",
              "reversescale": True, "colorbar": {"title": {"text": "ms"}}, "xgap": 1, "ygap": 1 if len(y) <= 64 else 0,
              "hovertemplate": "rank %{y}, step %{x}: %{z:.3f} ms<extra></extra>"}]
-    median_step = report.get("median_step_ms")
+    median_step = report.median_step_ms
     if not median_step:          # no cross-rank result (one rank): the durations themselves
         return (head + note("Duration of every step on every rank (ms); a slow rank is a row, a slow step a column.")
                 + note(capped) + one_chart(figures, "chart-step-heatmap", data, layout) + "</section>")
@@ -280,107 +283,103 @@ def _heatmap(report: dict, figures: dict) -> str:
             + one_chart(figures, "chart-step-heatmap", data, layout) + "</section>")
 
 
-def _collectives(report: dict, figures: dict) -> str:
-    coll = report.get("collectives") or {}
-    by_type = coll.get("by_type") or []
+def _collectives(report: Analysis, figures: dict) -> str:
+    coll = report.collectives
+    by_type = coll.by_type
     out = ['<section id="collectives"><h2>Stragglers and collectives</h2>']
-    if report.get("straggler_verdict"):
-        coverage = ((report.get("job") or {}).get("capture") or {}).get("coverage")
-        out.append(f"<p><b>{escaped((coverage + ': ' if coverage else '') + report['straggler_verdict'])}</b></p>")
-    stragglers = report.get("stragglers") or []
+    if report.straggler_verdict:
+        coverage = report.job.capture.coverage if report.job.capture else None
+        out.append(f"<p><b>{escaped((coverage + ': ' if coverage else '') + report.straggler_verdict)}</b></p>")
+    stragglers = report.stragglers
     if stragglers:
         shown = [STRAGGLER[k] for k in ("cost", "last_arrival", "step_time_z")]
         out.append(html_table(["rank", "cause", *(f.html for f in shown), "evidence"],
-                              [[str(s["rank"]), s.get("cause"), *(s.get(f.json) for f in shown), s.get("evidence")]
+                              [[str(s.rank), s.cause, *(getattr(s, f.json) for f in shown), s.evidence]
                                for s in stragglers], {0, 2, 3, 4}))
         out.append(note(html_legend(*shown)))
     if not by_type:
         return "".join(out) + note("No collectives matched across ranks.") + "</section>"
-    x = [chart_label(f"{t['type']} ({t['group_size']} ranks)") for t in by_type]
-    data = [{"type": "bar", "name": name, "x": x, "y": [t.get(key) for t in by_type], "marker": {"color": color},
+    x = [chart_label(f"{t.type} ({t.group_size} ranks)") for t in by_type]
+    data = [{"type": "bar", "name": name, "x": x, "y": [getattr(t, key) for t in by_type], "marker": {"color": color},
              "hovertemplate": "%{x}: %{y:.3f} ms"}
             for key, name, color in (("skew_mean_ms", "arrival skew, mean", "#ef6c00"),
                                      ("skew_max_ms", "arrival skew, max", "#c62828"),
                                      ("transfer_ms", "transfer (min duration across ranks), total", "#1976d2"))]
     out += ["<h3>Arrival skew by collective type</h3>",
-            note(f"{value_text(coll.get('count'))} collectives matched across ranks. Skew = last start − first start "
+            note(f"{value_text(coll.count)} collectives matched across ranks. Skew = last start − first start "
                  f"of one collective; transfer = its shortest duration on any rank (docs/concepts.md, Collective)."),
             one_chart(figures, "chart-collective-skew", data,
                       chart_layout("collective", "ms", 340, len(x), barmode="group")),
             html_table(["type", "group size", "count", "bytes", "transfer ms", "skew mean ms", "skew max ms",
                         "algbw GB/s", "busbw GB/s", "most often last"],
-                       [[t["type"], t.get("group_size"), t.get("count"), t.get("total_bytes"), t.get("transfer_ms"),
-                         t.get("skew_mean_ms"), t.get("skew_max_ms"), t.get("algbw_gbps"), t.get("busbw_mean_gbps"),
-                         t.get("most_often_last")] for t in by_type], set(range(1, 10)))]
+                       [[t.type, t.group_size, t.count, t.total_bytes, t.transfer_ms, t.skew_mean_ms, t.skew_max_ms,
+                         t.algbw_gbps, t.busbw_mean_gbps, t.most_often_last] for t in by_type], set(range(1, 10)))]
     out.append(_rank_wait(report, figures))
     return "".join(out) + "</section>"
 
 
-def _critical_path(report: dict, figures: dict) -> str:
+def _critical_path(report: Analysis, figures: dict) -> str:
     """The critical path: its largest parts, the what-ifs, and a swimlane of the slowest and the
     median step (ranks x time, collectives with their waits, the path highlighted)."""
-    cp = report.get("critical_path")
-    if not cp or len(report["ranks"]) < 2:
+    cp = report.critical_path
+    if not cp or len(report.ranks) < 2:
         return ""
-    owner = (f"rank {cp['owner']} holds {cp['owner_pct']:.0f}% of it" if cp.get("owner") is not None
-             else f"no single rank holds it (at most {cp['owner_pct']:.0f}% on one rank)")
+    owner = (f"rank {cp.owner} holds {cp.owner_pct:.0f}% of it" if cp.owner is not None
+             else f"no single rank holds it (at most {cp.owner_pct:.0f}% on one rank)")
     out = ['<section id="critical-path"><h2>Critical path</h2>',
            note(f"The chain of work across ranks that set each step's end: walked back from the rank whose step "
                 f"ends last, through each collective to its last arriver (and pipeline recvs to their sends); "
-                f"mean {value_text(cp['step_ms'])} ms per step; {owner}."),
+                f"mean {value_text(cp.step_ms)} ms per step; {owner}."),
            html_table(["rank", "category", "ms per step", "% of step"],
-                      [[x["rank"], x["category"], x["ms_per_step"], x["pct_of_step"]]
-                       for x in cp["by_rank_category"][:12]], {0, 2, 3})]
-    if cp.get("what_if"):
+                      [[x.rank, x.category, x.ms_per_step, x.pct_of_step] for x in cp.by_rank_category[:12]], {0, 2, 3})]
+    if cp.what_if:
         out += ["<h3>What-if (the step re-timed through the same dependencies)</h3>",
-                html_table(["change", "step ms saved"], [[w["change"], w["step_ms_saved"]] for w in cp["what_if"]],
-                           {1}),
-                note(f"Replay: re-timed with no change, the steps come out at {value_text(cp['replayed_step_ms'])} ms "
-                     f"against {value_text(cp['measured_step_ms'])} ms measured (the longest rank's step, mean): "
-                     f"error {value_text(cp['replay_error_pct'])}% (worst step "
-                     f"{value_text(cp['replay_error_max_pct'])}%), how far the model of dependencies holds the "
+                html_table(["change", "step ms saved"], [[w.change, w.step_ms_saved] for w in cp.what_if], {1}),
+                note(f"Replay: re-timed with no change, the steps come out at {value_text(cp.replayed_step_ms)} ms "
+                     f"against {value_text(cp.measured_step_ms)} ms measured (the longest rank's step, mean): "
+                     f"error {value_text(cp.replay_error_pct)}% (worst step "
+                     f"{value_text(cp.replay_error_max_pct)}%), how far the model of dependencies holds the "
                      f"data. A finding's saving is the what-if of its fix, the same number as here.")]
-    paths = {p["step"]: p for p in cp.get("steps") or []}
-    for k, lane_set in enumerate(cp.get("swimlanes") or []):
-        lanes = lane_set["lanes"]
-        stragglers = {st["rank"] for st in report.get("stragglers") or []}
-        y_of = {ln["rank"]: f"rank {ln['rank']}" + (" (straggler)" if ln["rank"] in stragglers else "")
-                for ln in lanes}
-        data = [{"type": "bar", "orientation": "h", "name": "step window", "y": [y_of[ln["rank"]] for ln in lanes],
-                 "base": [ln["step_start_ms"] for ln in lanes],
-                 "x": [ln["step_end_ms"] - ln["step_start_ms"] for ln in lanes],
+    paths = {p.step: p for p in cp.steps}
+    for k, lane_set in enumerate(cp.swimlanes):
+        lanes = lane_set.lanes
+        stragglers = {st.rank for st in report.stragglers}
+        y_of = {ln.rank: f"rank {ln.rank}" + (" (straggler)" if ln.rank in stragglers else "") for ln in lanes}
+        data = [{"type": "bar", "orientation": "h", "name": "step window", "y": [y_of[ln.rank] for ln in lanes],
+                 "base": [ln.step_start_ms for ln in lanes],
+                 "x": [ln.step_end_ms - ln.step_start_ms for ln in lanes],
                  "marker": {"color": "#eceff1"}, "hoverinfo": "skip", "width": 0.9}]
         for part, color, lo, hi, pp in (("waiting for the last member", "#ffb74d", 0, 1, False),
                                         ("pipeline bubble (waiting on a neighbour stage)", "#ce93d8", 0, 1, True),
                                         ("collective after the last arrival", "#64b5f6", 1, 2, None)):
             ys, bases, xs, texts = [], [], [], []
             for ln in lanes:
-                for c, name in zip(ln["collectives"], ln["names"]):
+                for c, name in zip(ln.collectives, ln.names):
                     if c[hi] > c[lo] and (pp is None or pp == name.endswith("(pp)")):
-                        ys.append(y_of[ln["rank"]]); bases.append(c[lo]); xs.append(c[hi] - c[lo]); texts.append(name)
+                        ys.append(y_of[ln.rank]); bases.append(c[lo]); xs.append(c[hi] - c[lo]); texts.append(name)
             if not ys and pp:
                 continue
             data.append({"type": "bar", "orientation": "h", "name": part, "y": ys, "base": bases, "x": xs,
                          "text": [chart_label(t) for t in texts], "textposition": "none", "width": 0.6,
                          "marker": {"color": color},
                          "hovertemplate": "rank %{y}: %{text}, %{base:.2f} + %{x:.2f} ms<extra></extra>"})
-        path = paths.get(lane_set["step"])
+        path = paths.get(lane_set.step)
         if path:
             # the path as one line, in time order: along a rank, and a jump where it moves to another
             line_x, line_y = [], []
-            for sg in path["segments"]:
-                if sg["rank"] in y_of:
-                    line_x += [sg["start_ms"], sg["start_ms"] + sg["dur_ms"]]
-                    line_y += [y_of[sg["rank"]]] * 2
+            for sg in path.segments:
+                if sg.rank in y_of:
+                    line_x += [sg.start_ms, sg.start_ms + sg.dur_ms]
+                    line_y += [y_of[sg.rank]] * 2
             data.append({"type": "scatter", "mode": "lines", "name": "critical path", "x": line_x, "y": line_y,
                          "line": {"color": "#000000", "width": 1.5}, "hoverinfo": "skip"})
             for cat in BREAKDOWN_CATEGORIES:
-                segs = [sg for sg in path["segments"] if sg["category"] == cat]
+                segs = [sg for sg in path.segments if sg.category == cat]
                 if segs:
                     data.append({"type": "bar", "orientation": "h", "name": f"path: {CATEGORY_LABELS[cat]}",
-                                 "y": [y_of.get(sg["rank"], f"rank {sg['rank']}") for sg in segs],
-                                 "base": [sg["start_ms"] for sg in segs], "x": [sg["dur_ms"] for sg in segs],
-                                 "text": [chart_label(sg["name"]) for sg in segs], "textposition": "none",
+                                 "y": [y_of.get(sg.rank, f"rank {sg.rank}") for sg in segs],
+                                 "base": [sg.start_ms for sg in segs], "x": [sg.dur_ms for sg in segs],
+                                 "text": [chart_label(sg.name) for sg in segs], "textposition": "none",
                                  "width": 0.25, "marker": {"color": CATEGORY_COLORS[cat],
                                                            "line": {"color": "#000000", "width": 0.5}},
                                  "hovertemplate": "path on rank %{y}: %{text}, %{x:.2f} ms<extra></extra>"})
@@ -389,11 +388,11 @@ def _critical_path(report: dict, figures: dict) -> str:
                               margin={"l": 140, "r": 20, "t": 30, "b": 60},
                               xaxis={"title": {"text": "ms from the step's start"}, "type": "linear"},
                               yaxis={"type": "category", "autorange": "reversed", "tickmode": "array",
-                                     "tickvals": [y_of[ln["rank"]] for ln in lanes],
-                                     "ticktext": [y_of[ln["rank"]] for ln in lanes]})
-        out += [f"<h3>Swimlane: {escaped(lane_set['label'])} (step {lane_set['step']})</h3>",
+                                     "tickvals": [y_of[ln.rank] for ln in lanes],
+                                     "ticktext": [y_of[ln.rank] for ln in lanes]})
+        out += [f"<h3>Swimlane: {escaped(lane_set.label)} (step {lane_set.step})</h3>",
                 note(f"The ranks on this step's critical path, the stragglers, then their collectives' peers "
-                     f"({len(lanes)} of {len(report['ranks']):,} ranks): each rank's step (grey), its collectives: "
+                     f"({len(lanes)} of {len(report.ranks):,} ranks): each rank's step (grey), its collectives: "
                      f"the wait for the last member (orange; a pipeline stage's wait for its neighbour: the bubble, "
                      f"violet) and the rest (blue); the critical path drawn over them in the colors of the step "
                      f"breakdown, joined by a black line where it moves from rank to rank."),
@@ -401,16 +400,16 @@ def _critical_path(report: dict, figures: dict) -> str:
     return "".join(out) + "</section>"
 
 
-def _rank_wait(report: dict, figures: dict) -> str:
-    stats = {s["rank"]: s for s in report.get("rank_stats") or []}
+def _rank_wait(report: Analysis, figures: dict) -> str:
+    stats = {s.rank: s for s in report.rank_stats}
     ranks, capped = _pick_ranks(report, MAX_BAR_RANKS)
-    shown = [stats[r["rank"]] for r in ranks if r["rank"] in stats]
+    shown = [stats[r.rank] for r in ranks if r.rank in stats]
     if not shown:
         return ""
-    x = [str(s["rank"]) for s in shown]
+    x = [str(s.rank) for s in shown]
     series = [(STRAGGLER["own_wait"], "#9e9e9e"), (STRAGGLER["wait_imposed"], "#ef6c00"),
               (STRAGGLER["cost"], "#c62828")]
-    data = [{"type": "bar", "name": f.html, "x": x, "y": [s.get(f.json) for s in shown], "marker": {"color": color},
+    data = [{"type": "bar", "name": f.html, "x": x, "y": [getattr(s, f.json) for s in shown], "marker": {"color": color},
              "hovertemplate": "rank %{x}: %{y:.3f} ms per step"} for f, color in series]
     return ("<h3>Wait per rank</h3>"
             + note(html_legend(*(f for f, _ in series)) + " The straggler verdict compares the cost, evaluated "
@@ -419,17 +418,17 @@ def _rank_wait(report: dict, figures: dict) -> str:
                         chart_layout("rank", "ms per step", 340, len(x), barmode="group")))
 
 
-def _overlap(report: dict, figures: dict) -> str:
+def _overlap(report: Analysis, figures: dict) -> str:
     ranks, capped = _pick_ranks(report, MAX_BAR_RANKS)
     head = '<section id="overlap"><h2>Communication / computation overlap</h2>'
-    if all(r.get("overlap_pct") is None and r.get("overlap_efficiency") is None for r in ranks):
+    if all(r.overlap_pct is None and r.overlap_efficiency is None for r in ranks):
         return head + note("No communication on any rank: nothing to overlap.") + "</section>"
-    x = [str(r["rank"]) for r in ranks]
+    x = [str(r.rank) for r in ranks]
     hidden, efficiency = DETAILS["overlap_pct"], BREAKDOWN["overlap_efficiency"]
-    data = [{"type": "bar", "name": f"{hidden.html}, %", "x": x, "y": [r.get(hidden.json) for r in ranks],
+    data = [{"type": "bar", "name": f"{hidden.html}, %", "x": x, "y": [getattr(r, hidden.json) for r in ranks],
              "marker": {"color": "#00897b"}, "hovertemplate": "rank %{x}: %{y:.1f}%"},
             {"type": "bar", "name": f"{efficiency.html}, %", "x": x,
-             "y": [None if r.get(efficiency.json) is None else round(100 * r[efficiency.json], 2) for r in ranks],
+             "y": [None if (v := getattr(r, efficiency.json)) is None else round(100 * v, 2) for r in ranks],
              "marker": {"color": "#5c6bc0"}, "hovertemplate": "rank %{x}: %{y:.1f}%"}]
     layout = chart_layout("rank", "%", 340, len(x), barmode="group")
     layout["yaxis"]["range"] = [0, 105]
@@ -438,16 +437,16 @@ def _overlap(report: dict, figures: dict) -> str:
             + note(capped) + one_chart(figures, "chart-overlap", data, layout) + "</section>")
 
 
-def _idle(report: dict, figures: dict) -> str:
+def _idle(report: Analysis, figures: dict) -> str:
     ranks, capped = _pick_ranks(report, MAX_BAR_RANKS)
     out = ['<section id="idle"><h2>Device idle time</h2>', note(capped)]
-    idle = [r for r in ranks if r.get("idle_ms_summed_over_streams")]
+    idle = [(r, r.idle_ms_summed_over_streams) for r in ranks if r.idle_ms_summed_over_streams]
     if idle:
         parts = {"host_wait": DETAILS["host_wait"], "kernel_wait": DETAILS["kernel_wait"],
                  "other": DETAILS["other_wait"]}
-        data = [{"type": "bar", "name": f.html, "x": [str(r["rank"]) for r in idle],
-                 "y": [r["idle_ms_summed_over_streams"].get(p) for r in idle],
-                 "customdata": [r.get("idle_streams") for r in idle], "marker": {"color": IDLE_COLORS[p]},
+        data = [{"type": "bar", "name": f.html, "x": [str(r.rank) for r, _ in idle],
+                 "y": [v.get(p) for _, v in idle],
+                 "customdata": [r.idle_streams for r, _ in idle], "marker": {"color": IDLE_COLORS[p]},
                  "hovertemplate": "rank %{x}: %{y:.3f} ms, summed over %{customdata} streams"}
                 for p, f in parts.items()]
         out += ["<h3>Idle categories (HTA), summed over each rank's streams</h3>",
@@ -455,10 +454,10 @@ def _idle(report: dict, figures: dict) -> str:
                      "streams is no wall time and can exceed the trace's time span."),
                 one_chart(figures, "chart-idle-hta", data,
                           chart_layout("rank", "ms, summed over the rank's streams", 340, len(idle)))]
-    if any((r.get("idle_gaps") or {}).get("gap_ms_by_host_activity") for r in ranks):
-        gaps = [dict(r, gap_parts=(r.get("idle_gaps") or {}).get("gap_ms_by_host_activity")) for r in ranks]
-        data = _bars_by_rank(gaps, "gap_parts", GAP_COLORS, {k: f.html for k, f in GAPS.items()}, "ms")
-        gap_min = next(r["idle_gaps"]["gap_min_us"] for r in ranks if r.get("idle_gaps"))
+    gaps = [(r.rank, r.idle_gaps.gap_ms_by_host_activity if r.idle_gaps else None) for r in ranks]
+    if any(v for _, v in gaps):
+        data = _bars_by_rank(gaps, GAP_COLORS, {k: f.html for k, f in GAPS.items()}, "ms")
+        gap_min = next(r.idle_gaps.gap_min_us for r in ranks if r.idle_gaps)
         out += ["<h3>Idle gaps by what the host was doing</h3>",
                 note(f"Device idle stretches of at least {value_text(gap_min, 0)} µs inside steps, total ms, split by "
                      f"the host's activity during the gap. " + html_legend(*GAPS.values())),
@@ -470,13 +469,13 @@ def _idle(report: dict, figures: dict) -> str:
 
 # ---------------------------------------------------------------------------------------- one rank at a time
 
-def _rank_detail(report: dict, figures: dict) -> str:
+def _rank_detail(report: Analysis, figures: dict) -> str:
     ranks, capped = _pick_ranks(report, MAX_DETAIL_RANKS)
-    flagged = [s["rank"] for s in report.get("stragglers") or []]
-    slowest = max(ranks, key=lambda r: (r["rank"] in flagged, (r.get("step_time_ms") or {}).get("mean") or 0))
-    initial = str(slowest["rank"])
-    options = "".join(f'<option value="{r["rank"]}"{" selected" if str(r["rank"]) == initial else ""}>'
-                      f'rank {r["rank"]}</option>' for r in ranks)
+    flagged = [s.rank for s in report.stragglers]
+    slowest = max(ranks, key=lambda r: (r.rank in flagged, r.step_time_ms.mean or 0))
+    initial = str(slowest.rank)
+    options = "".join(f'<option value="{r.rank}"{" selected" if str(r.rank) == initial else ""}>'
+                      f'rank {r.rank}</option>' for r in ranks)
     charts = []
     kernels = _kernels(ranks, initial, figures, charts, report)
     gaps = _top_gaps(ranks, initial)
@@ -485,7 +484,7 @@ def _rank_detail(report: dict, figures: dict) -> str:
               f"{options}</select></label></p>")
     return ('<section id="rank-detail"><h2>One rank in detail</h2>'
             + note("Kernels, idle gaps and memory of the rank chosen here (first shown: "
-                   + ("a straggler" if slowest["rank"] in flagged else "the slowest rank by mean step time")
+                   + ("a straggler" if slowest.rank in flagged else "the slowest rank by mean step time")
                    + ").") + note(capped) + select + kernels + gaps + memory + "</section>")
 
 
@@ -494,32 +493,31 @@ def _member(initial: str, key: str, inner: str) -> str:
     return f'<div data-member-of="rank" data-key="{escaped(key)}"{hidden}>{inner}</div>'
 
 
-def _kernels(ranks: list[dict], initial: str, figures: dict, charts: list[str], report: dict | None = None) -> str:
+def _kernels(ranks: list[RankReport], initial: str, figures: dict, charts: list[str], report: Analysis) -> str:
     head = '<h3 id="kernels">Kernels by class</h3>'
-    if not any(r.get("kernels") for r in ranks):
-        return head + note(f"No device kernels ({_no_device_words(report or {})}).")
+    if not any(r.kernels for r in ranks):
+        return head + note(f"No device kernels ({_no_device_words(report)}).")
     variants, tables = {}, []
     for r in ranks:
-        key = str(r["rank"])
-        breakdown = (r.get("kernels") or {}).get("breakdown") or {}
-        classes = breakdown.get("classes")
-        if not classes or not classes.get("kernel_class"):
+        key = str(r.rank)
+        breakdown = r.kernels.breakdown if r.kernels else None
+        classes = breakdown.classes if breakdown else None
+        if not classes or not classes.kernel_class:
             variants[key] = {"data": [], "layout": _empty_layout(f"rank {key}: no device kernels")}
             tables.append(_member(initial, key, ""))
             continue
-        variants[key] = {"data": [{"type": "pie", "labels": [chart_label(c) for c in classes["kernel_class"]],
-                                   "values": classes["sum_ms"], "sort": False, "hole": 0.35,
+        variants[key] = {"data": [{"type": "pie", "labels": [chart_label(c) for c in classes.kernel_class],
+                                   "values": classes.sum_ms, "sort": False, "hole": 0.35,
                                    "marker": {"colors": [CLASS_COLORS.get(c, "#9e9e9e")
-                                                         for c in classes["kernel_class"]]},
+                                                         for c in classes.kernel_class]},
                                    "hovertemplate": "%{label}: %{value:.3f} ms (%{percent})<extra></extra>"}],
                          "layout": {"height": 300, "margin": {"l": 20, "r": 20, "t": 30, "b": 20},
                                     "title": {"text": f"rank {key}: kernel time by class (sum of durations, ms)",
                                               "font": {"size": 13}}}}
-        top = breakdown.get("top_kernels") or {}
+        top = breakdown.top_kernels
         rows = [[cls, name_cell(name), count, sum_us / 1000, mean_us, share]
                 for cls, name, count, sum_us, mean_us, share in zip(
-                    top.get("kernel_class", []), top.get("name", []), top.get("count", []), top.get("sum_us", []),
-                    top.get("mean_us", []), top.get("share_of_class_pct", []))]
+                    top.kernel_class, top.name, top.count, top.sum_us, top.mean_us, top.share_of_class_pct)]
         tables.append(_member(initial, key, html_table(["class", "kernel", "count", "total ms", "mean µs",
                                                         "% of class"], rows, {2, 3, 4, 5})))
     charts.append("chart-kernel-classes")
@@ -528,17 +526,17 @@ def _kernels(ranks: list[dict], initial: str, figures: dict, charts: list[str], 
             + chart(figures, "chart-kernel-classes", variants, initial) + "".join(tables))
 
 
-def _top_gaps(ranks: list[dict], initial: str) -> str:
-    if not any((r.get("idle_gaps") or {}).get("top") for r in ranks):
+def _top_gaps(ranks: list[RankReport], initial: str) -> str:
+    if not any(r.idle_gaps and r.idle_gaps.top for r in ranks):
         return ""
     members = []
     for r in ranks:
-        top = ((r.get("idle_gaps") or {}).get("top") or [])[:MAX_LISTED_GAPS]
-        rows = [[str(g.get("step")), g.get("start_in_step_ms"), g.get("duration_ms"), g.get("host_activity"),
-                 name_cell((g.get("next_device_op") or "–") + GAP_POSITIONS.get(g.get("position"), ""), 60),
-                 name_cell(g.get("launched_by") or "–", 40),
-                 name_cell(g.get("busy_host_op") or "–", 40)] for g in top]
-        members.append(_member(initial, str(r["rank"]), html_table(
+        top = (r.idle_gaps.top if r.idle_gaps else [])[:MAX_LISTED_GAPS]
+        rows = [[str(g.step), g.start_in_step_ms, g.duration_ms, g.host_activity,
+                 name_cell((g.next_device_op or "–") + GAP_POSITIONS.get(g.position, ""), 60),
+                 name_cell(g.launched_by or "–", 40),
+                 name_cell(g.busy_host_op or "–", 40)] for g in top]
+        members.append(_member(initial, str(r.rank), html_table(
             ["step", "start in step ms", "duration ms", "host was in", "next device op", "launched by",
              "busiest host op"], rows, {0, 1, 2}) if rows else note("No idle gaps on this rank.")))
     return ('<h3 id="idle-gaps">Longest device idle gaps</h3>'
@@ -547,26 +545,25 @@ def _top_gaps(ranks: list[dict], initial: str) -> str:
             + "".join(members))
 
 
-def _memory(ranks: list[dict], initial: str, figures: dict, charts: list[str]) -> str:
+def _memory(ranks: list[RankReport], initial: str, figures: dict, charts: list[str]) -> str:
     head = '<h3 id="memory">Memory timeline</h3>'
-    if not any((r.get("memory") or {}).get("timeline") for r in ranks):
+    if not any(r.memory for r in ranks):
         return head + note("No [memory] events (record them with torch.profiler(profile_memory=True)).")
     variants, tables = {}, []
     for r in ranks:
-        key = str(r["rank"])
-        memory = r.get("memory") or {}
-        timeline = memory.get("timeline") or {}
-        devices = timeline.get("device") or []
-        if not devices:
+        key = str(r.rank)
+        memory = r.memory
+        devices = memory.timeline.device if memory else []
+        if not memory or not devices:
             variants[key] = {"data": [], "layout": _empty_layout(f"rank {key}: no [memory] events")}
             tables.append(_member(initial, key, ""))
             continue
         data = []
         for device in dict.fromkeys(devices):
             at = [i for i, d in enumerate(devices) if d == device]
-            t_ms = [timeline["t_ms"][i] for i in at]
+            t_ms = [memory.timeline.t_ms[i] for i in at]
             for series, dash in (("allocated_mb", "solid"), ("reserved_mb", "dash")):
-                values = [timeline[series][i] for i in at]
+                values = [getattr(memory.timeline, series)[i] for i in at]
                 if any(v is not None for v in values):
                     data.append({"type": "scatter", "mode": "lines", "line": {"shape": "hv", "dash": dash},
                                  "name": chart_label(f"{device} {series.removesuffix('_mb')}"), "x": t_ms, "y": values,
@@ -577,9 +574,9 @@ def _memory(ranks: list[dict], initial: str, figures: dict, charts: list[str]) -
         tables.append(_member(initial, key, html_table(
             ["device", "peak allocated MB", "peak reserved MB", "fragmentation MB", "capacity MB",
              "peak % of capacity", "peak at step", "notes"],
-            [[d.get("device"), d.get("peak_allocated_mb"), d.get("peak_reserved_mb"), d.get("fragmentation_mb"),
-              d.get("capacity_mb"), d.get("peak_allocated_pct_of_capacity"), d.get("peak_allocated_step"),
-              "; ".join(d.get("notes") or [])] for d in memory.get("devices") or []], {1, 2, 3, 4, 5, 6})))
+            [[d.device, d.peak_allocated_mb, d.peak_reserved_mb, d.fragmentation_mb, d.capacity_mb,
+              d.peak_allocated_pct_of_capacity, d.peak_allocated_step, "; ".join(d.notes)] for d in memory.devices],
+            {1, 2, 3, 4, 5, 6})))
     charts.append("chart-memory")
     return (head + note("Allocator totals per device (solid: allocated, dashed: reserved), at most 200 samples "
                         "per device that keep both peaks.")

@@ -1,7 +1,7 @@
 """The HTML report's views of a large job (issue 32): what to draw when a job has thousands of ranks.
 
-  * `named_ranks`: the ranks the report names (stragglers, findings about a few ranks, the critical
-    path's), drawn first wherever ranks are picked;
+  * `named_ranks` (rank_rows.py, as the terminal): the ranks the report names (stragglers, findings
+    about a few ranks, the critical path's), drawn first wherever ranks are picked;
   * `distribution`: every rank's step breakdown as one box per category (all ranks, any count), the
     named ranks marked and labelled on it;
   * `heatmap_z`: a step's deviation from the job's median step, with deviations under
@@ -9,53 +9,41 @@
   * `evidence_value`: a finding's evidence value as one cell: a per-rank mapping of many ranks
     becomes its min / median / max and the named ranks' values.
 
-Like the rest of render/, these lay out the `rankscope.analysis/1` dict and compute nothing new
-(a min / median / max of the values shown is how they are shown).
+Like the rest of render/, these lay out the typed report (results/analysis.py) and compute nothing
+new (a min / median / max of the values shown is how they are shown).
 """
 from __future__ import annotations
 
 from statistics import median
 
-from rankscope.analyses.rank.breakdown import CATEGORIES as BREAKDOWN_CATEGORIES
 from rankscope.render.html_parts import CATEGORY_COLORS, CATEGORY_LABELS, chart_label, chart_layout, note, one_chart
+from rankscope.render.rank_rows import named_ranks
+from rankscope.results import Analysis
+from rankscope.results.rank import BREAKDOWN_CATEGORIES
 
 #: Per-rank evidence mappings with more entries than this are summarised.
 MAX_EVIDENCE_RANKS = 16
-#: A finding about at most this many ranks names them.
-FEW_RANKS = 8
 #: Steps within this % of the median step are drawn as noise (grey) in the heatmap.
 HEATMAP_NOISE_PCT = 1.0
 
 
-def named_ranks(report: dict) -> list[int]:
-    """Stragglers, then the ranks of findings about a few ranks, then the ranks most on the path."""
-    out = [s["rank"] for s in report.get("stragglers") or []]
-    out += [r for f in report.get("findings") or [] if len(f.get("ranks") or []) <= FEW_RANKS for r in f["ranks"]]
-    cp = report.get("critical_path") or {}
-    if cp.get("owner") is not None:
-        out.append(cp["owner"])
-    out += [x["rank"] for x in (cp.get("by_rank_category") or [])[:4]]
-    present = {r["rank"] for r in report["ranks"]}
-    return list(dict.fromkeys(r for r in out if r in present))
-
-
-def distribution(report: dict, figures: dict) -> str:
+def distribution(report: Analysis, figures: dict) -> str:
     """One box per breakdown category over every rank, the named ranks marked on it."""
-    ranks = [r for r in report["ranks"] if r.get("breakdown_ms")]
+    ranks = [(r.rank, r.breakdown_ms) for r in report.ranks if r.breakdown_ms]
     if len(ranks) < 2:
         return ""
     named = set(named_ranks(report))
     data = []
     for c in BREAKDOWN_CATEGORIES:
         label = CATEGORY_LABELS[c]
-        data.append({"type": "box", "name": label, "y": [r["breakdown_ms"][c] for r in ranks], "boxpoints": False,
+        data.append({"type": "box", "name": label, "y": [getattr(b, c) for _, b in ranks], "boxpoints": False,
                      "marker": {"color": CATEGORY_COLORS[c]}, "showlegend": False,
                      "hoverinfo": "y"})
-        marked = [r for r in ranks if r["rank"] in named]
+        marked = [(r, b) for r, b in ranks if r in named]
         if marked:
             data.append({"type": "scatter", "mode": "markers+text", "x": [label] * len(marked),
-                         "y": [r["breakdown_ms"][c] for r in marked],
-                         "text": [chart_label(f"rank {r['rank']}") for r in marked], "textposition": "middle right",
+                         "y": [getattr(b, c) for _, b in marked],
+                         "text": [chart_label(f"rank {r}") for r, _ in marked], "textposition": "middle right",
                          "marker": {"color": "#000000", "size": 7, "symbol": "diamond"}, "showlegend": False,
                          "hovertemplate": "%{text}: %{y:.3f} ms per step<extra></extra>"})
     layout = chart_layout("", "ms per step", 420, xaxis={"type": "category"})

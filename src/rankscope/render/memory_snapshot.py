@@ -9,12 +9,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from rankscope.analyses.rank.memory import BYTES_PER_MB
-from rankscope.analyses.inputs.memory_snapshot import CATEGORIES, DeviceMemory, MemoryReport
+from rankscope.units import BYTES_PER_MB
+from rankscope.results.memory import CATEGORIES, DeviceMemory, MemoryReport
 from rankscope.ingest.memory_snapshot import Frame
 from rankscope.render.base import JsonRenderer, TerminalRenderer
 from rankscope.render.format import literal, number, print_table, problem_list, rounded
-from rankscope.results import MemoryResult
+from rankscope.results import MemoryResult, to_plain
 
 SCHEMA = "rankscope.memory_snapshot/1"
 
@@ -79,7 +79,7 @@ class MemoryJson(JsonRenderer):
         out = {"schema": SCHEMA, "snapshots": [_report_dict(r) for r in result.reports],
                "inputs": {"skipped": problem_list(result.skipped)}}
         if hasattr(result, "findings"):
-            out["findings"] = [f.as_dict() for f in _findings_of(result)]
+            out["findings"] = to_plain(_findings_of(result))
         return out
 
 

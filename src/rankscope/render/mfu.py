@@ -2,15 +2,13 @@
 Nothing is computed here: the numbers come from analyses/job/mfu.py."""
 from __future__ import annotations
 
-import dataclasses
-
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from rankscope.render.base import JsonRenderer, TerminalRenderer
 from rankscope.render.format import literal, number, percent, print_table
-from rankscope.results import MfuResult
+from rankscope.results import MfuResult, to_plain
 
 SCHEMA = "rankscope.mfu/1"
 SOURCES = {"model": "model FLOPs given", "flops_args": "per-op FLOPs in the traces (with_flops)",
@@ -21,7 +19,7 @@ class MfuJson(JsonRenderer):
     """`mfu --json`: the `rankscope.mfu/1` object."""
 
     def to_dict(self, result: MfuResult) -> dict:
-        d = dataclasses.asdict(result.report)
+        d = to_plain(result.report)
         d["comm_efficiency"] = d.pop("comm")
         return {"schema": SCHEMA, **d}
 

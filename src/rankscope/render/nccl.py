@@ -12,11 +12,11 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from rankscope.analyses.inputs.nccl import NcclReport, NcclRun
+from rankscope.results.nccl import NcclReport, NcclRun
 from rankscope.render.base import JsonRenderer, TerminalRenderer
 from rankscope.render.format import literal, number, print_table, printable, problem_list, rounded, shortened
 from rankscope.render.terminal import SEVERITY_STYLE
-from rankscope.results import Finding, NcclResult
+from rankscope.results import Finding, NcclResult, to_plain
 
 SCHEMA = "rankscope.nccl/1"
 MAX_RUN_COLUMNS = 4              # runs side by side in the bus bandwidth table
@@ -75,7 +75,7 @@ class NcclJson(JsonRenderer):
                              "value": rounded(c.value, 3), "reference": rounded(c.reference, 3),
                              "reference_from": c.reference_from, "pct": rounded(c.pct, 1), **c.detail}
                             for c in report.comparisons],
-            "findings": [f.as_dict() for f in result.findings],
+            "findings": to_plain(result.findings),
             "inputs": {"skipped": problem_list(result.skipped)},
         }
 

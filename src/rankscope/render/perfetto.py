@@ -21,7 +21,7 @@ from pathlib import Path
 import msgspec
 import polars as pl
 
-from rankscope.analyses.rank.timeline import RankTimeline
+from rankscope.results.timeline import RankTimeline
 from rankscope.files import AtomicFile
 from rankscope.render.format import json_bytes
 

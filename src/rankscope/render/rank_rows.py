@@ -29,14 +29,11 @@ FEW_RANKS = 8
 def named_ranks(a: Analysis) -> list[int]:
     """The ranks the report names, most important first: stragglers, the ranks of findings about a
     few ranks, the critical path's owner and the ranks holding most of the path."""
-    out: list[int] = []
-    cross = a.cross
-    if cross is not None:
-        out += [s.rank for s in cross.stragglers.stragglers]
+    out: list[int] = [s.rank for s in a.stragglers]
     for f in a.findings:
         if len(f.ranks) <= FEW_RANKS:
             out += f.ranks
-    cp = cross.critical_path if cross is not None else None
+    cp = a.critical_path
     if cp is not None:
         if cp.owner is not None:
             out.append(cp.owner)

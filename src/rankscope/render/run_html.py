@@ -1,14 +1,13 @@
-"""The HTML report's run section, from the `run` object of `rankscope.analysis/1`: the changes, a line
+"""The HTML report's run section, from the report's `run` (results/run.py): the changes, a line
 chart of the median and the slowest rank's step over the cycles with the changes marked, a heatmap of
 rank x cycle, one row per cycle. Lays out; computes nothing."""
 from __future__ import annotations
 
-import msgspec
-
 from rankscope.render.format import escaped, ranges, value_text
 from rankscope.render.html_parts import chart_label, chart_layout, html_table, note, one_chart
 from rankscope.render.run_figures import RUN_CYCLE, change_text, noise_text
-from rankscope.results.run import RunChange
+from rankscope.results import Analysis
+from rankscope.results.run import RunChange, RunCycle
 
 #: Ranks drawn in the heatmap: the slowest (by their slowest cycle) when there are more.
 MAX_HEATMAP_RANKS = 256
@@ -16,28 +15,28 @@ CHANGE_COLORS = {"slowdown": "#d32f2f", "speedup": "#2e7d32", "straggler_onset":
                  "straggler_end": "#1976d2", "finding_onset": "#7b1fa2"}
 
 
-def run_section(report: dict, figures: dict) -> str:
+def run_section(report: Analysis, figures: dict) -> str:
     """The section (empty for a report of one cycle)."""
-    run = report.get("run")
+    run = report.run
     if not run:
         return ""
-    cycles = run["cycles"]
-    changes = [msgspec.convert(c, RunChange) for c in run["changes"]]
+    cycles = run.cycles
+    changes = run.changes
     head = (f'<section id="run"><h2>Run: {len(cycles)} profiler cycles</h2>'
-            + note(f"Every profiler cycle of the job (steps #{ranges(sorted({s for c in cycles for s in c['steps']}))}), "
-                   f"each analysed as a job of its own; the other sections detail cycle {run['detailed_cycle']}."))
+            + note(f"Every profiler cycle of the job (steps #{ranges(sorted({s for c in cycles for s in c.steps}))}), "
+                   f"each analysed as a job of its own; the other sections detail cycle {run.detailed_cycle}."))
     items = "".join(f'<li class="{escaped(c.kind)}">{escaped(change_text(c))}</li>' for c in changes)
     listed = (f"<h3>Changes</h3><ul class=\"changes\">{items}</ul>" if changes
               else "<h3>Changes</h3>" + note(f"None over {len(cycles)} cycles."))
-    return (head + listed + note(noise_text(run['noise_pct'], run['cycle_noise_pct'], run['z_critical'])) + _trend(cycles, changes, figures)
+    return (head + listed + note(noise_text(run.noise_pct, run.cycle_noise_pct, run.z_critical)) + _trend(cycles, changes, figures)
             + _heatmap(cycles, changes, figures) + _table(cycles) + "</section>")
 
 
-def _trend(cycles: list[dict], changes: list[RunChange], figures: dict) -> str:
-    x = [c["cycle"] for c in cycles]
-    hover = [f"cycle {c['cycle']}, steps {ranges(c['steps'])}" for c in cycles]
+def _trend(cycles: list[RunCycle], changes: list[RunChange], figures: dict) -> str:
+    x = [c.cycle for c in cycles]
+    hover = [f"cycle {c.cycle}, steps {ranges(c.steps)}" for c in cycles]
     data = [{"type": "scatter", "mode": "lines+markers", "name": chart_label(RUN_CYCLE[key].html), "x": x,
-             "y": [c[RUN_CYCLE[key].json] for c in cycles], "text": hover, "line": {"color": color},
+             "y": [getattr(c, RUN_CYCLE[key].json) for c in cycles], "text": hover, "line": {"color": color},
              "hovertemplate": "%{text}: %{y:.3f} ms"} for key, color in (("median", "#1976d2"),
                                                                          ("slowest", "#d32f2f"))]
     shapes = [{"type": "line", "xref": "x", "yref": "paper", "x0": c.first_cycle - 0.5, "x1": c.first_cycle - 0.5,
@@ -55,18 +54,18 @@ def _trend(cycles: list[dict], changes: list[RunChange], figures: dict) -> str:
             + one_chart(figures, "chart-run-trend", data, layout))
 
 
-def _heatmap(cycles: list[dict], changes: list[RunChange], figures: dict) -> str:
+def _heatmap(cycles: list[RunCycle], changes: list[RunChange], figures: dict) -> str:
     worst: dict[int, float] = {}
     for c in cycles:
-        for r, ms in zip(c["ranks"], c["rank_step_ms"]):
+        for r, ms in zip(c.ranks, c.rank_step_ms):
             if ms is not None:
                 worst[r] = max(worst.get(r, 0.0), ms)
     shown = sorted(sorted(worst, key=lambda r: -worst[r])[:MAX_HEATMAP_RANKS])
     capped = (f"{len(shown)} of {len(worst)} ranks drawn: the slowest by their slowest cycle (--json has every "
               f"rank)." if len(shown) < len(worst) else "")
-    at = [dict(zip(c["ranks"], c["rank_step_ms"])) for c in cycles]
+    at = [dict(zip(c.ranks, c.rank_step_ms)) for c in cycles]
     z = [[row.get(r) for row in at] for r in shown]
-    data = [{"type": "heatmap", "x": [c["cycle"] for c in cycles], "y": [str(r) for r in shown], "z": z,
+    data = [{"type": "heatmap", "x": [c.cycle for c in cycles], "y": [str(r) for r in shown], "z": z,
              "colorscale": "YlOrRd", "reversescale": True, "colorbar": {"title": {"text": "ms"}}, "xgap": 1,
              "ygap": 1 if len(shown) <= 64 else 0,
              "hovertemplate": "rank %{y}, cycle %{x}: median step %{z:.3f} ms<extra></extra>"}]
@@ -81,15 +80,15 @@ def _heatmap(cycles: list[dict], changes: list[RunChange], figures: dict) -> str
             + note(capped) + one_chart(figures, "chart-run-heatmap", data, layout))
 
 
-def _table(cycles: list[dict]) -> str:
+def _table(cycles: list[RunCycle]) -> str:
     headers = ["cycle"] + [f.html for f in RUN_CYCLE.values()]
     rows = []
     for c in cycles:
-        s = c.get("straggler")
-        rows.append([c["cycle"], ranges(c["steps"]),
-                     f"{len(c['ranks'])}" + (f" (missing {ranges(c['missing_ranks'])})" if c["missing_ranks"] else ""),
-                     value_text(c["step_ms_median"]), value_text(c["step_ms_max"]),
-                     f"rank {s['rank']} {s['cause']} {value_text(s['cost_ms_per_step'])} ms/step" if s else "-",
-                     ", ".join(c["findings"]) or "-"])
+        s = c.straggler
+        rows.append([c.cycle, ranges(c.steps),
+                     f"{len(c.ranks)}" + (f" (missing {ranges(c.missing_ranks)})" if c.missing_ranks else ""),
+                     value_text(c.step_ms_median), value_text(c.step_ms_max),
+                     f"rank {s.rank} {s.cause} {value_text(s.cost_ms_per_step)} ms/step" if s else "-",
+                     ", ".join(c.findings) or "-"])
     return (html_table(headers, rows, numeric={0, 3, 4})
             + note("; ".join(f"{f.html}: {f.definition}" for f in RUN_CYCLE.values())))

@@ -4,6 +4,8 @@ problems go to stderr (cli.py), not here. `brief`: the job header and the findin
 Flight Recorder dumps, their verdict comes first (render/hang_terminal.py)."""
 from __future__ import annotations
 
+from collections import Counter
+
 from rich import box
 from rich.console import Console
 from rich.markup import escape
@@ -11,7 +13,6 @@ from rich.padding import Padding
 from rich.text import Text
 from rich.table import Table
 
-from rankscope.analyses.rank.breakdown import CATEGORIES
 from rankscope.render.base import TerminalRenderer
 from rankscope.render.figures import (BREAKDOWN, COMM_BY_DIM, COMM_BY_DIM_NOTE, DETAILS, PIPELINE_STAGE, STEP_TIME,
                                       STRAGGLER, legend)
@@ -21,6 +22,7 @@ from rankscope.render.hang_terminal import hang_section
 from rankscope.render.rank_rows import host_list, named_ranks, pick, rank_list, rest_line
 from rankscope.render.run_terminal import run_header, run_section
 from rankscope.results import Analysis
+from rankscope.results.rank import BREAKDOWN_CATEGORIES as CATEGORIES
 
 
 class AnalysisTerminal(TerminalRenderer):
@@ -56,12 +58,12 @@ def _header(a: Analysis, console: Console) -> None:
     console.print(f"  devices: {literal(', '.join(j.devices) or 'none (CPU only)')}")
     console.print(f"  steps profiled: {steps_text}   time span: {number(j.span_ms)} ms"
                   + (f"   hosts: {literal(host_list(j.hosts))}" if j.hosts else ""))
-    layout = a.cross.parallel.layout if a.cross and a.cross.parallel else None
-    if layout and layout.dims:
-        console.print(f"  layout: {layout.text}" + ("" if all(d.source == "pg_desc" for d in layout.dims) else
+    layout = a.parallelism
+    if layout.dims:
+        console.print(f"  layout: {layout.layout}" + ("" if all(d.source == "pg_desc" for d in layout.dims) else
                                                      " (dimensions without group names inferred from the collectives)"),
                       highlight=False)
-    total_events = sum(s.meta.events_total for s in a.ranks)
+    total_events = sum(s.events for s in a.ranks)
     cached = sum(s.from_cache for s in a.ranks)
     console.print(f"  events: {total_events:,} ({total_events // max(len(a.ranks), 1):,} per rank)"
                   f"   cache: {cached}/{len(a.ranks)} ranks   engine: {a.engine}")
@@ -115,16 +117,18 @@ def _tables(a: Analysis, console: Console) -> None:
     table.add_column("rank", justify="right")
     for f in STEP_TIME.values():
         table.add_column(f.terminal, justify="right")
-    mean_step = lambda s: s.step_time.mean_ms
+    mean_step = lambda s: s.step_time_ms.mean
     shown = _shown(a, mean_step)
+    steps = Counter(x.rank for x in a.steps)
     for s in shown:
-        st = s.step_time
-        table.add_row(str(s.rank), f"{s.meta.events_total:,}", str(len(s.steps)), number(st.mean_ms),
-                      number(st.median_ms), number(st.max_ms), percent(st.device_busy_pct))
+        st = s.step_time_ms
+        table.add_row(str(s.rank), f"{s.events:,}", str(steps[s.rank]), number(st.mean), number(st.median),
+                      number(st.max), percent(s.gpu_busy_pct))
     print_table(console, table)
     _more(a, shown, console, mean_step, "mean step")
     # the breakdown's outliers: device idle (what a late rank does more of)
-    idle = lambda s: sum(s.breakdown_mean_ms.get(c, 0.0) for c in ("dataloader", "sync", "host", "idle_other"))
+    idle = lambda s: sum(getattr(s.breakdown_ms, c) if s.breakdown_ms else 0.0
+                         for c in ("dataloader", "sync", "host", "idle_other"))
     idle_rows = _shown(a, idle)
     _breakdown_table(a, idle_rows, console)
     _more(a, idle_rows, console, idle, "device idle")
@@ -209,11 +213,11 @@ def _details_table(shown: list, console: Console) -> None:
 
 
 def _cross_section(a: Analysis, console: Console) -> None:
-    if a.cross is None or len(a.ranks) < 2:
+    if a.clock is None or len(a.ranks) < 2:           # no cross-rank result
         return
-    d = a.cross.as_dict()
-    console.print(f"[bold]Across ranks:[/] {_present(a)}{literal(d['straggler_verdict'])}", highlight=False)
-    if d["stragglers"]:
+    c = a
+    console.print(f"[bold]Across ranks:[/] {_present(a)}{literal(c.straggler_verdict)}", highlight=False)
+    if c.stragglers:
         table = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, caption=legend(STRAGGLER),
                       caption_justify="left")
         table.add_column("rank", justify="right")
@@ -221,35 +225,34 @@ def _cross_section(a: Analysis, console: Console) -> None:
         for f in STRAGGLER.values():
             if f.terminal:
                 table.add_column(f.terminal, justify="right")
-        for st in d["stragglers"]:
-            table.add_row(str(st["rank"]), st["cause"], number(st["cost_ms_per_step"]), percent(st["last_arrival_pct"]),
-                          number(st["wait_imposed_ms_per_step"]))
+        for st in c.stragglers:
+            table.add_row(str(st.rank), st.cause, number(st.cost_ms_per_step), percent(st.last_arrival_pct),
+                          number(st.wait_imposed_ms_per_step))
         print_table(console, table)
-        for st in d["stragglers"]:
-            console.print(f"  rank {st['rank']}: {literal(st['evidence'])}", highlight=False)
-    c = d["collectives"]
-    types = "; ".join(f"{literal(t['type'])} x{t['count']} (skew mean {t['skew_mean_ms']:,.2f} / max "
-                      f"{t['skew_max_ms']:,.2f} ms"
-                      + (f", busbw {t['busbw_mean_gbps']:,.1f} GB/s" if t.get("busbw_mean_gbps") else "") + ")"
-                      for t in c["by_type"][:4])
-    console.print(f"  collectives: {c['count']} matched across ranks ({c['complete']} on every member)"
+        for st in c.stragglers:
+            console.print(f"  rank {st.rank}: {literal(st.evidence)}", highlight=False)
+    coll = c.collectives
+    types = "; ".join(f"{literal(t.type)} x{t.count} (skew mean {t.skew_mean_ms:,.2f} / max "
+                      f"{t.skew_max_ms:,.2f} ms"
+                      + (f", busbw {t.busbw_mean_gbps:,.1f} GB/s" if t.busbw_mean_gbps else "") + ")"
+                      for t in coll.by_type[:4])
+    console.print(f"  collectives: {coll.count} matched across ranks ({coll.complete} on every member)"
                   + (f": {types}" if types else ""), highlight=False)
-    if d["load_balance"]:
-        console.print(f"  load balance: {literal(d['load_balance']['summary'])}", highlight=False)
-    if d["clock"]:
-        console.print(f"  clocks: {literal(d['clock']['note'])}", highlight=False)
+    if c.load_balance is not None:
+        console.print(f"  load balance: {literal(c.load_balance.summary)}", highlight=False)
+    console.print(f"  clocks: {literal(c.clock.note)}", highlight=False)
 
 
 def _highlights(a: Analysis, console: Console) -> None:
     """The rank with the most GPU idle-gap time: its longest gaps, top kernels and ops."""
-    with_gaps = [s for s in a.ranks if s.gaps and s.gaps.gaps]
+    with_gaps = [(s, s.idle_gaps) for s in a.ranks if s.idle_gaps and s.idle_gaps.gaps]
     if with_gaps:
-        s = max(with_gaps, key=lambda r: r.gaps.gap_ms)
-        by = ", ".join(f"{k} {v:,.1f}" for k, v in s.gaps.gap_ms_by_host_activity.items() if v > 0)
+        s, gaps = max(with_gaps, key=lambda r: r[1].gap_ms)
+        by = ", ".join(f"{k} {v:,.1f}" for k, v in gaps.gap_ms_by_host_activity.items() if v > 0)
         device = "Training-thread" if s.breakdown_mode == "cpu_only" else "GPU"
-        console.print(f"[bold]{device} idle gaps[/] (>= {s.gaps.gap_min_us:.0f} µs), rank {s.rank}: {s.gaps.gaps} "
-                      f"gaps, {s.gaps.gap_ms:,.1f} ms; host meanwhile (ms): {by}", highlight=False)
-        for g in s.gaps.top[:3]:
+        console.print(f"[bold]{device} idle gaps[/] (>= {gaps.gap_min_us:.0f} µs), rank {s.rank}: {gaps.gaps} "
+                      f"gaps, {gaps.gap_ms:,.1f} ms; host meanwhile (ms): {by}", highlight=False)
+        for g in gaps.top[:3]:
             console.print(f"  step {g.step} +{g.start_in_step_ms:,.1f} ms: {g.duration_ms:,.2f} ms idle"
                           f"{GAP_POSITIONS[g.position]}, host {_HOST_ACTIVITY[g.host_activity]}"
                           + (f" ({'an op open for part of it: ' if g.host_activity == 'idle_other' else ''}"
@@ -262,7 +265,7 @@ def _highlights(a: Analysis, console: Console) -> None:
         k = s.kernels.stats.kernels
         top = ", ".join(f"{escape(n)} {ms:,.1f} ms" for n, ms in zip(_names(k.name), k.total_ms))
         console.print(f"[bold]Top kernels[/] (rank {s.rank}): {top}", highlight=False)
-    ops = [s for s in a.ranks if s.has_device and s.operators and s.operators.by_self_device.name]
+    ops = [s for s in a.ranks if s.device_events > 0 and s.operators and s.operators.by_self_device.name]
     if ops:
         s = ops[0]
         o = s.operators.by_self_device
@@ -280,7 +283,7 @@ _HOST_ACTIVITY = {"dataloader": "in the DataLoader", "sync": "blocked in a synch
 
 
 def _breakdown_table(a: Analysis, shown: list, console: Console) -> None:
-    ranks = [s for s in shown if s.steps]
+    ranks = [s for s in shown if s.breakdown_ms is not None]
     if not ranks:
         return
     cpu_only = all(s.breakdown_mode == "cpu_only" for s in ranks)
@@ -294,22 +297,20 @@ def _breakdown_table(a: Analysis, shown: list, console: Console) -> None:
         table.add_column(f.terminal, justify="right")
     for s in ranks:
         eff = "-" if s.overlap_efficiency is None else f"{s.overlap_efficiency:.2f}"
-        table.add_row(str(s.rank), number(s.step_time.mean_ms), *(number(s.breakdown_mean_ms[c]) for c in CATEGORIES),
+        table.add_row(str(s.rank), number(s.step_time_ms.mean), *(number(getattr(s.breakdown_ms, c)) for c in CATEGORIES),
                       eff)
     print_table(console, table)
 
 
 def _parallel_section(a: Analysis, shown: list, console: Console) -> None:
     """The parallel layout: its groups, communication per dimension per rank, the pipeline's stages."""
-    par = a.cross.parallel if a.cross else None
     # one dimension over the whole job (plain DDP / FSDP): the header's layout line says it all
-    if par is None or not (len(par.layout.dims) > 1 or par.pipeline or par.experts):
+    if not (len(a.parallelism.dims) > 1 or a.pipeline or a.experts):
         return
-    groups = "; ".join(f"{d.name} {d.size}: {_groups_text(d.groups)}" for d in par.layout.dims)
+    groups = "; ".join(f"{d.name} {d.size}: {_groups_text(d.groups)}" for d in a.parallelism.dims)
     console.print(f"[bold]Parallel layout[/]: {groups}", highlight=False)
-    dims = [d.name for d in par.layout.dims]
-    comm = {c.rank: c for c in par.comm}
-    if any("other" in c.by_dim for c in par.comm):
+    dims = [d.name for d in a.parallelism.dims]
+    if any("other" in (r.comm_by_dim_ms or {}) for r in a.ranks):
         dims.append("other")
     console.print("Communication per parallel dimension, mean ms per step", highlight=False)
     table = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
@@ -318,17 +319,17 @@ def _parallel_section(a: Analysis, shown: list, console: Console) -> None:
         for f in COMM_BY_DIM.values():
             table.add_column(f"{d}\n{f.terminal}", justify="right")
     for s in shown:
-        c = comm.get(s.rank)
+        c = s.comm_by_dim_ms
         if c is None:
             continue
         cells = []
         for d in dims:
-            v = c.by_dim.get(d)
+            v = c.get(d)
             cells += [number(v.overlapped) if v else "-", number(v.exposed) if v else "-"]
         table.add_row(str(s.rank), *cells)
     print_table(console, table)
     console.print(legend(COMM_BY_DIM) + "; " + COMM_BY_DIM_NOTE, highlight=False)
-    p = par.pipeline
+    p = a.pipeline
     if p is None or not p.stages:
         return
     chunks = f", {p.stages_per_rank} model chunks per rank" if p.stages_per_rank > 1 else ""
@@ -364,7 +365,7 @@ MAX_PATH_ENTRIES = 4
 def _critical_path(a: Analysis, console: Console) -> None:
     """What set each step's end, across ranks: the largest (rank, category) parts of the path, its
     owner, the re-timed what-ifs."""
-    cp = a.cross.critical_path if a.cross else None
+    cp = a.critical_path
     if cp is None or len(a.ranks) < 2:
         return
     parts = ", ".join(f"rank {x.rank} {x.category} {x.ms_per_step:,.1f} ms ({x.pct_of_step:.0f}%)"

@@ -1,35 +1,42 @@
-"""The results that the pipelines hand to findings and renderers: typed, below both.
+"""The typed results: every fact an analysis produces, as msgspec Structs with Literal enums and
+units in the names, pure data. The rooms:
 
-`Analysis` (what `analyze` returns), `JobInfo`, `Ingest` (what `validate` / `load` find),
-`ExportResult`, `Finding`, and what `diff`, `nccl`, `memory`, `mfu` and `thresholds` show
-(`DiffResult`, `NcclResult`, `MemoryResult`, `MfuResult`, `ThresholdList`). Every pipeline's result is
-a `Result`: its input problems, and whether anything was usable. Renderers and findings import
-these types from here, never the API.
+  rank.py           the per-rank summary (the map's output, the per-rank cache format)
+  collectives.py    a rank's collectives (the worker -> driver payload, packed) and the job's matched ones
+  clock.py, stragglers.py, layout.py, pipeline.py, experts.py, critical_path.py
+                    the parts of the cross-rank result, job.py (`JobResult`: the reduce's output)
+  capture.py        capture quality          findings.py  a finding
+  hang.py           Flight Recorder verdict  run.py       a whole run of profiler cycles
+  jobs.py           the jobs inputs hold     analysis.py  the report of `analyze` (`Analysis`)
+
+and here what the other commands show: `Ingest` (`validate` / `load`), `ExportResult`,
+`DiffResult`, `NcclResult`, `MemoryResult`, `MfuResult`, `ThresholdList`. Every pipeline's result
+is a `Result`: its input problems, and whether anything was usable. Renderers and findings import
+these types from here, never from analyses/; nothing here imports analyses/.
 `to_plain` is the one serialiser of results into plain JSON data.
 """
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 import numpy as np
 import polars as pl
 
 from rankscope.model import InputProblem, RankMeta
-from rankscope.results.jobs import FoundJob
+from rankscope.results.analysis import Analysis, JobInfo
+from rankscope.results.findings import Finding
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rankscope.analyses.inputs.memory_snapshot import MemoryReport
-    from rankscope.analyses.inputs.nccl import NcclReport
-    from rankscope.analyses.job.capture import Capture
-    from rankscope.analyses.job.diff import Diff
-    from rankscope.analyses.job.mfu import MfuReport
-    from rankscope.analyses.job.stragglers import CrossRank
-    from rankscope.analyses.rank.summary import RankSummary
-    from rankscope.results.hang import HangReport
-    from rankscope.results.run import Run
+    from rankscope.results.memory import MemoryReport
+    from rankscope.results.nccl import NcclReport
+    from rankscope.results.diff import Diff
+    from rankscope.results.mfu import MfuReport
+
+
+__all__ = ["Analysis", "DiffResult", "ExportResult", "Finding", "Ingest", "JobInfo", "MemoryResult", "MfuResult",
+           "NcclResult", "Result", "ThresholdList", "to_plain"]
 
 
 def to_plain(obj: Any) -> Any:
@@ -46,48 +53,24 @@ def _plain_part(obj: Any) -> Any:
     raise TypeError(f"no plain form for {type(obj).__name__}")
 
 
-@dataclass
-class Finding:
-    id: str
-    severity: str                       # high | medium | low
-    ranks: list[int]
-    steps: list[int]
-    summary: str
-    evidence: dict[str, Any]
-    explanation: str
-    fix: str
-    threshold: dict[str, float]         # the thresholds this rule compared against
-    cost_ms_per_step: float | None = None   # what it costs each step (ordering; None when not a time)
-
-    def as_dict(self) -> dict:
-        """Plain JSON data: rank-keyed evidence gets string keys, as JSON objects have."""
-        return to_plain(self)
-
-
-@dataclass
-class JobInfo:
-    world_size: int | None
-    ranks: list[int]
-    backend: str | None
-    steps: list[int]
-    devices: list[str]
-    warnings: list[str]
-    missing_ranks: list[int]
-    steps_source: str                   # "profiler_step" | "whole_trace" | "mixed"
-    span_ms: float | None
-    hosts: list[str]
-    capture: Capture | None = None      # capture quality: complete, or what the traces miss (None: not assessed)
-
-
-class Result(ABC):
+class Result(Protocol):
     """What every pipeline's result has: the input problems met, of which `skipped` cost a file (the
     others are warnings), and `usable`: whether anything was read to report on."""
-    problems: list[InputProblem]
 
     @property
-    @abstractmethod
+    def problems(self) -> list[InputProblem]: ...
+
+    @property
     def usable(self) -> bool:
         """Something was read to report on."""
+
+    @property
+    def skipped(self) -> list[InputProblem]: ...
+
+
+class _Problems:
+    """`skipped`: the problems that cost a file."""
+    problems: list[InputProblem]
 
     @property
     def skipped(self) -> list[InputProblem]:
@@ -95,24 +78,7 @@ class Result(ABC):
 
 
 @dataclass
-class Analysis(Result):
-    job: JobInfo
-    ranks: list[RankSummary]                       # sorted by rank
-    problems: list[InputProblem] = field(default_factory=list)   # files skipped or salvaged
-    engine: str = "inprocess"
-    cross: CrossRank | None = None                 # collectives, clock alignment, stragglers, alpha-beta
-    findings: list[Finding] = field(default_factory=list)   # ordered: severity, then cost per step
-    jobs: list[FoundJob] = field(default_factory=list)      # the jobs the inputs hold, when several (results/jobs.py)
-    hang: HangReport | None = None                 # the Flight Recorder dumps' verdict (None: no dump read)
-    run: Run | None = None                         # every profiler cycle, when the files hold several (results/run.py)
-
-    @property
-    def usable(self) -> bool:
-        return bool(self.ranks) or self.hang is not None
-
-
-@dataclass
-class Ingest(Result):
+class Ingest(_Problems):
     """What `load` / `validate` find: per kept file its metadata (rank assigned), the problems."""
     ranks: list[RankMeta]
     problems: list[InputProblem]
@@ -125,7 +91,7 @@ class Ingest(Result):
 
 
 @dataclass
-class ExportResult(Result):
+class ExportResult(_Problems):
     out: str
     ranks: list[int]                       # ranks written
     events: int
@@ -138,7 +104,7 @@ class ExportResult(Result):
 
 
 @dataclass
-class DiffResult(Result):
+class DiffResult(_Problems):
     """What `diff` finds: the comparison of the two runs, or the run (as given) without a usable trace."""
     diff: Diff | None
     problems: list[InputProblem] = field(default_factory=list)
@@ -150,7 +116,7 @@ class DiffResult(Result):
 
 
 @dataclass
-class NcclResult(Result):
+class NcclResult(_Problems):
     """What `nccl` finds in NCCL_DEBUG=INFO logs: the runs compared (None when no log could be read),
     their findings, the problems (`skipped`: the unusable logs)."""
     report: NcclReport | None
@@ -163,7 +129,7 @@ class NcclResult(Result):
 
 
 @dataclass
-class MemoryResult(Result):
+class MemoryResult(_Problems):
     """What `memory` finds in CUDA memory snapshots: one report per snapshot read, their findings,
     the problems (`skipped`: the unusable snapshots)."""
     reports: list[MemoryReport]
@@ -176,7 +142,7 @@ class MemoryResult(Result):
 
 
 @dataclass
-class MfuResult(Result):
+class MfuResult(_Problems):
     """What `mfu` finds: the job's MFU report (None when no trace was usable), the problems."""
     report: MfuReport | None
     problems: list[InputProblem] = field(default_factory=list)

@@ -30,11 +30,11 @@ Sizes are bytes.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
 
 from rankscope.ingest.memory_snapshot import Frame, MemorySnapshot, TraceEvent
+from rankscope.results.memory import (CATEGORIES, DeviceMemory, JudgedFragmentation, LiveBlock, MemoryReport, Oom,
+                                      Theoretical, TraceReplay)
 
-CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "unknown")
 LIVE_STATES = ("active_allocated", "active_pending_free")
 TOP_BLOCKS = 10
 EVENTS_BEFORE_OOM = 12
@@ -74,67 +74,6 @@ def user_frame(frames: list[Frame]) -> Frame | None:
     return frames[0] if frames else None
 
 
-@dataclass
-class LiveBlock:
-    device: int
-    address: int
-    size: int
-    requested_size: int
-    category: str
-    frames: list[Frame]                 # innermost first, at most 6
-    user_frame: Frame | None
-
-
-@dataclass
-class TraceReplay:
-    events: int
-    window_start_us: int | None
-    window_s: float | None
-    allocated_before_window: int
-    peak_allocated: int
-    peak_time_us: int | None
-    peak_by_category: dict[str, int]
-    peak_reserved: int
-    actions: dict[str, int]
-    reserved_at_peak: int = 0           # reserved memory when allocated peaked
-
-
-@dataclass
-class Oom:
-    device: int
-    time_us: int | None
-    requested: int
-    device_free: int | None
-    allocated_at_oom: int
-    events_before: list[dict]           # oldest first: action, size, addr, time_us, category, frame
-
-
-@dataclass
-class JudgedFragmentation:
-    """reserved - allocated at one moment: the peak allocated of the recorded window, else the snapshot."""
-    at: str                             # "peak_allocated" | "snapshot"
-    reserved: int
-    allocated: int
-    free_cached: int                    # reserved - allocated
-    pct_of_reserved: float
-
-
-@dataclass
-class DeviceMemory:
-    device: int
-    segments: int
-    reserved: int
-    allocated: int
-    free_cached: int
-    largest_free_block: int
-    free_blocks: int
-    fragmentation_pct: float
-    live_blocks: int
-    live_by_category: dict[str, int]
-    replay: TraceReplay | None
-    judged: JudgedFragmentation | None = None
-
-
 def judged_fragmentation(reserved: int, allocated: int, replay: TraceReplay | None) -> JudgedFragmentation:
     """Fragmentation (module docstring) at the replayed peak when there is one, else at the snapshot."""
     at = "snapshot"
@@ -143,28 +82,6 @@ def judged_fragmentation(reserved: int, allocated: int, replay: TraceReplay | No
             replay.peak_allocated
     free = max(reserved - allocated, 0)
     return JudgedFragmentation(at, reserved, allocated, free, 100.0 * free / reserved if reserved > 0 else 0.0)
-
-
-@dataclass
-class Theoretical:
-    params: int
-    param_bytes: int
-    by_category: dict[str, int]         # parameters, gradients, optimizer (+ master weights), activations (implied)
-    static: int
-    measured_peak: int
-
-
-@dataclass
-class MemoryReport:
-    file: str
-    devices: list[DeviceMemory]
-    largest_blocks: list[LiveBlock]
-    #: all devices: bytes per category at each device's peak (the snapshot without a trace) / at the snapshot
-    peak_by_category: dict[str, int] = field(default_factory=dict)
-    live_by_category: dict[str, int] = field(default_factory=dict)
-    ooms: list[Oom] = field(default_factory=list)
-    theoretical: Theoretical | None = None
-    allocator_settings: dict = field(default_factory=dict)
 
 
 def analyze_snapshot(snap: MemorySnapshot, params: int | None = None, param_bytes: int = FP32_BYTES) -> MemoryReport:

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass, field
 from statistics import median
 from typing import Sequence, cast
 
-from rankscope.ingest.nccl_log import NcclLog, TopoLink
+from rankscope.ingest.nccl_log import NcclLog
+from rankscope.results.nccl import CommSummary, PeerLink, EnvDifference, NcclRun, Comparison, NcclReport
 
 #: Transport families, fastest first (NCCL's own preference order on one host, then the network).
 TRANSPORT_ORDER = ("P2P", "SHM", "NET/IB", "COLLNET", "NET/Socket")
@@ -39,94 +39,8 @@ def transport_speed_rank(kind: str) -> int:
     return TRANSPORT_ORDER.index(kind) if kind in TRANSPORT_ORDER else len(TRANSPORT_ORDER)
 
 
-@dataclass
-class CommSummary:
-    comm_id: str
-    nranks: int
-    nnodes: int | None
-    coll_channels: int | None
-    p2p_channels: int | None
-    nvls_channels: int | None
-    collnet_channels: int | None
-    ring_channels: int
-    tree_channels: int
-
-
-@dataclass
-class PeerLink:
-    """How one rank sends to another in a communicator, over all its channels."""
-    comm_id: str
-    src: int
-    dst: int
-    same_host: bool | None
-    via: str                      # the most common transport string on its channels
-    kind: str                     # P2P, SHM, NET/IB, ...
-    channels: int
-
-
 #: NCCL variables that change only what NCCL logs or dumps, never how it communicates.
 DIAGNOSTIC_ENV_PATTERN = re.compile(r"^NCCL_(DEBUG\w*|\w*DUMP\w*)$")
-
-
-@dataclass
-class EnvDifference:
-    """An NCCL_* variable that differs between a run and the reference run (None: not set)."""
-    name: str
-    value: str | None
-    reference_value: str | None
-    reference_from: str                    # the reference run's file
-    diagnostic: bool                       # only changes NCCL's logging / dumps (DIAGNOSTIC_ENV_PATTERN)
-
-    @property
-    def change(self) -> str:
-        """"set_only_here" | "unset_only_here" | "different_value"."""
-        if self.reference_value is None:
-            return "set_only_here"
-        if self.value is None:
-            return "unset_only_here"
-        return "different_value"
-
-
-@dataclass
-class NcclRun:
-    file: str
-    nccl_version: str | None
-    hosts: list[str]
-    devices: list[str]
-    comms: list[CommSummary]
-    peers: list[PeerLink]
-    gpu_links: list[TopoLink]
-    bus_to_rank: dict[str, int]
-    avg_busbw_gbps: float | None           # nccl-tests "Avg bus bandwidth" (else mean of the rows)
-    peak_busbw_gbps: float | None          # best out-of-place row
-    nvls: bool
-    collnet: bool
-    log: NcclLog
-    env_vs_reference: list[EnvDifference] = field(default_factory=list)   # vs the reference run's NCCL_* env
-
-
-@dataclass
-class Comparison:
-    """One quantity of one run set against its best peer: `pct` = 100 * value / reference."""
-    file: str
-    kind: str                  # channels | link | transport | busbw
-    subject: str               # what is compared, in words ("comm 0x.. (2 ranks)", "GPU/0-65000 -> GPU/0-17000")
-    ranks: list[int]
-    value: float
-    reference: float
-    reference_from: str        # the file (or "this run") the reference comes from
-    pct: float
-    detail: dict = field(default_factory=dict)
-
-
-@dataclass
-class NcclReport:
-    runs: list[NcclRun]
-    best_run: str | None                   # highest bus bandwidth
-    comparisons: list[Comparison]
-
-    def of(self, kind: str) -> list[Comparison]:
-        return [c for c in self.comparisons if c.kind == kind]
 
 
 def summarize_log(log: NcclLog) -> NcclRun:
@@ -180,7 +94,9 @@ def compare_nccl_logs(logs: list[NcclLog]) -> NcclReport:
 def env_differences(env: dict[str, str], reference: dict[str, str], reference_from: str) -> list[EnvDifference]:
     """The NCCL_* variables set in only one of `env` and `reference`, or to different values."""
     return [EnvDifference(name, env.get(name), reference.get(name), reference_from,
-                          bool(DIAGNOSTIC_ENV_PATTERN.match(name)))
+                          bool(DIAGNOSTIC_ENV_PATTERN.match(name)),
+                          "set_only_here" if reference.get(name) is None else
+                          "unset_only_here" if env.get(name) is None else "different_value")
             for name in sorted(set(env) | set(reference)) if env.get(name) != reference.get(name)]
 
 

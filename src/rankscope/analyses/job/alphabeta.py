@@ -24,13 +24,14 @@ match nccl-tests doc/PERFORMANCE.md):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
 
 from rankscope.analyses.job.matching import CollectiveTable
 from rankscope.analyses.rank.collectives import busbw_factor
+from rankscope.results.collectives import AlphaBetaFit, AlphaBetaPoint
 
 #: Fewest collectives, and fewest distinct sizes, for a fit: two points define a line, a third is
 #: the least that tests it (R²).
@@ -39,21 +40,10 @@ MIN_DISTINCT_SIZES = 3
 FITTED_TYPES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce")
 
 
-@dataclass
-class AlphaBetaFit:
-    type: str
-    group_size: int
-    samples: int
-    distinct_sizes: int
-    alpha_us: float                     # intercept (µs); may be < 0 when the fit is poor
-    beta_gbps: float | None             # 1 / slope (GB/s = bytes/ns); None when the slope is <= 0
-    busbw_gbps: float | None            # beta x nccl-tests factor
-    r2: float | None
-    points: list[dict] = field(default_factory=list)   # per distinct size: bytes, actual_us (median), predicted_us
-
-    def predict_us(self, nbytes: float) -> float:
-        slope = 0.0 if not self.beta_gbps else 1.0 / (self.beta_gbps * 1e3)   # µs per byte
-        return self.alpha_us + nbytes * slope
+def fit_predict_us(fit: AlphaBetaFit, nbytes: float) -> float:
+    """The time (µs) the fit predicts for a collective of `nbytes`."""
+    slope = 0.0 if not fit.beta_gbps else 1.0 / (fit.beta_gbps * 1e3)   # µs per byte
+    return fit.alpha_us + nbytes * slope
 
 
 def fit_alpha_beta(table: CollectiveTable, min_samples: int = MIN_SAMPLES,
@@ -81,10 +71,10 @@ def _fit(ctype: str, n: int, x: np.ndarray, y: np.ndarray, sizes: np.ndarray) ->
     ss_res = float(((y - pred) ** 2).sum())
     ss_tot = float(((y - y.mean()) ** 2).sum())
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else None
-    beta = 1.0 / (slope * 1e3) if slope > 0 else None            # bytes/µs -> GB/s: bytes per ns
+    beta = float(1.0 / (slope * 1e3)) if slope > 0 else None     # bytes/µs -> GB/s: bytes per ns
     factor = busbw_factor(ctype, n)
-    points = [{"bytes": int(s), "actual_us": float(np.median(y[x == s])), "predicted_us": float(alpha + slope * s),
-               "samples": int((x == s).sum())} for s in sizes]
+    points = [AlphaBetaPoint(bytes=int(s), actual_us=float(np.median(y[x == s])),
+                             predicted_us=float(alpha + slope * s), samples=int((x == s).sum())) for s in sizes]
     return AlphaBetaFit(type=ctype, group_size=n, samples=len(x), distinct_sizes=len(sizes), alpha_us=float(alpha),
                         beta_gbps=beta, busbw_gbps=(beta * factor if beta and factor else None), r2=r2, points=points)
 
@@ -132,10 +122,3 @@ def predict_us(ctype: str, nbytes: float, n: int, hop_latency_us: float, bus_ban
     assert factor is not None                 # every type `_hops` covers has one
     bw_term_us = factor * nbytes / (bus_bandwidth_gbps * 1e3)   # GB/s = 1e3 bytes/µs
     return hops * hop_latency_us + bw_term_us
-
-
-def alpha_beta_rows(fits: list[AlphaBetaFit]) -> list[dict]:
-    """Plain rows for the JSON output."""
-    return [{"type": f.type, "group_size": f.group_size, "samples": f.samples, "distinct_sizes": f.distinct_sizes,
-             "alpha_us": f.alpha_us, "beta_gbps": f.beta_gbps, "busbw_gbps": f.busbw_gbps, "r2": f.r2,
-             "points": f.points} for f in fits]

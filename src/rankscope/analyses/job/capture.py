@@ -28,15 +28,15 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import msgspec
 
 from rankscope.ingest.consistency import CLOCK_SKEW_NS, RECORDED_APART
 from rankscope.model import RankMeta
 from rankscope.numbers import ranges
 from rankscope.units import NS_PER_MS
+from rankscope.results.capture import Capture, CaptureIssue, CaptureIssueKind
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rankscope.analyses.rank.summary import RankSummary
+    from rankscope.results.rank import RankSummary
 
 KINDS = ("truncated", "dropped_values", "kernels_not_captured", "legacy_format", "no_steps", "different_jobs",
          "clock_ranges_disjoint", "device_not_analysed", "events_not_recognised", "not_a_capture", "ranks_missing")
@@ -56,62 +56,6 @@ _TIME_RANGES = "time ranges that do not overlap"
 _ERAS_APART = ("trace formats years apart", RECORDED_APART)
 _NO_STEPS_WARNING = "have no ProfilerStep marks"
 _LEGACY_PROBLEM = "no distributedInfo nor deviceProperties"
-
-
-class CaptureIssue(msgspec.Struct):
-    kind: str                  # one of KINDS
-    ranks: list[int]
-    detail: str                # one line, plain words, with its numbers
-
-
-class Capture(msgspec.Struct):
-    """complete: no issue at all; partial: an issue of PARTIAL_KINDS (data lost or mixed);
-    partial_ranks: the ranks whose data is incomplete (truncated, dropped values, kernels not
-    captured); restated_warnings: the job warnings and input problems ("file: problem") that an
-    issue says again (the reports list them once)."""
-    complete: bool
-    partial: bool
-    issues: list[CaptureIssue]
-    partial_ranks: list[int]
-    restated_warnings: list[str] = []
-    coverage: str | None = None           # "2 of 128 ranks present" when ranks are missing
-
-    def partial_input_ranks(self, ranks: Sequence[int]) -> list[int]:
-        """The ranks of partial data behind something drawn from `ranks` ([] = the whole job): its
-        partial ranks among them, or every rank of a different_jobs issue."""
-        mixed = sorted({r for i in self.issues if i.kind == "different_jobs" for r in i.ranks})
-        if mixed:
-            return mixed
-        return sorted(set(self.partial_ranks) & set(ranks)) if ranks else list(self.partial_ranks)
-
-    @property
-    def headline(self) -> str:
-        """The header's capture line: complete; complete with notes (nothing lost: the format, no step
-        marks); or PARTIAL with how many issues."""
-        n = len(self.issues)
-        if self.complete:
-            return "complete (no trace cut, no value dropped, every launch's kernel captured, steps marked)"
-        if self.coverage:
-            others = n - 1
-            rest = (f"; PARTIAL: {others} more issue{'s' if others != 1 else ''}" if self.partial else
-                    f"; {others} note{'s' if others != 1 else ''}" if others else "")
-            return f"{self.coverage}: every figure across ranks covers the ranks present{rest}"
-        if not self.partial:
-            return f"complete, {n} note{'s' if n != 1 else ''} (nothing lost; read below how it was recorded)"
-        return (f"PARTIAL: {n} issue{'s' if n != 1 else ''} (what the traces miss or mix; findings drawn from it "
-                f"are marked)")
-
-    def reason(self) -> str | None:
-        """Why the input is partial, one line (None when it is not)."""
-        by_kind: dict[str, set[int]] = {}
-        for i in self.issues:
-            if i.kind in PARTIAL_KINDS:
-                by_kind.setdefault(i.kind, set()).update(i.ranks)
-        if not by_kind:
-            return None
-        parts = [f"{kind.replace('_', ' ')} ({ranks_text(sorted(ranks))})" for kind, ranks in by_kind.items()]
-        return ("partial input: " + "; ".join(parts) + ": the figures and findings drawn from it are incomplete "
-                "(the report's capture line says what is missing)")
 
 
 def ranks_text(ranks: Sequence[int]) -> str:
@@ -221,11 +165,50 @@ def job_capture(ranks: Sequence[RankSummary], warnings: Sequence[str] = (), refu
                                    + (" ..." if len(refused) > 2 else "")))
 
     partial_ranks = sorted({r for i in issues if i.kind in _RANK_KINDS for r in i.ranks})
-    return Capture(complete=not issues, partial=any(i.kind in PARTIAL_KINDS for i in issues), issues=issues,
-                   partial_ranks=partial_ranks, restated_warnings=restated, coverage=present)
+    partial = any(i.kind in PARTIAL_KINDS for i in issues)
+    return Capture(complete=not issues, partial=partial, issues=issues, partial_ranks=partial_ranks,
+                   restated_warnings=restated, coverage=present, headline=_headline(len(issues), partial, present))
 
 
-def _per_rank(ranks: Sequence[RankSummary], kind: str, has, detail) -> list[CaptureIssue]:
+def _headline(n: int, partial: bool, coverage: str | None) -> str:
+    """The header's capture line: complete; complete with notes (nothing lost: the format, no step
+    marks); or PARTIAL with how many issues."""
+    if not n:
+        return "complete (no trace cut, no value dropped, every launch's kernel captured, steps marked)"
+    if coverage:
+        others = n - 1
+        rest = (f"; PARTIAL: {others} more issue{'s' if others != 1 else ''}" if partial else
+                f"; {others} note{'s' if others != 1 else ''}" if others else "")
+        return f"{coverage}: every figure across ranks covers the ranks present{rest}"
+    if not partial:
+        return f"complete, {n} note{'s' if n != 1 else ''} (nothing lost; read below how it was recorded)"
+    return (f"PARTIAL: {n} issue{'s' if n != 1 else ''} (what the traces miss or mix; findings drawn from it "
+            f"are marked)")
+
+
+def partial_input_ranks(capture: Capture, ranks: Sequence[int]) -> list[int]:
+    """The ranks of partial data behind something drawn from `ranks` ([] = the whole job): its
+    partial ranks among them, or every rank of a different_jobs issue."""
+    mixed = sorted({r for i in capture.issues if i.kind == "different_jobs" for r in i.ranks})
+    if mixed:
+        return mixed
+    return sorted(set(capture.partial_ranks) & set(ranks)) if ranks else list(capture.partial_ranks)
+
+
+def partial_reason(capture: Capture) -> str | None:
+    """Why the input is partial, one line (None when it is not)."""
+    by_kind: dict[str, set[int]] = {}
+    for i in capture.issues:
+        if i.kind in PARTIAL_KINDS:
+            by_kind.setdefault(i.kind, set()).update(i.ranks)
+    if not by_kind:
+        return None
+    parts = [f"{kind.replace('_', ' ')} ({ranks_text(sorted(ranks))})" for kind, ranks in by_kind.items()]
+    return ("partial input: " + "; ".join(parts) + ": the figures and findings drawn from it are incomplete "
+            "(the report's capture line says what is missing)")
+
+
+def _per_rank(ranks: Sequence[RankSummary], kind: CaptureIssueKind, has, detail) -> list[CaptureIssue]:
     """One issue per rank that `has` it, or one for all of them beyond MAX_RANK_ISSUES ranks."""
     hit = [s for s in ranks if has(s)]
     if len(hit) <= MAX_RANK_ISSUES:

@@ -24,15 +24,15 @@ and correcting them by noise would only blur the arrival order.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 import polars as pl
 
-from rankscope.analyses.rank.collectives import RankCollectives
+from rankscope.results.collectives import Collectives
 from rankscope.analyses.job.matching import matched_rows, member_frame
 from rankscope.numbers import rank_list
+from rankscope.results.clock import ClockAlignment, ClockMethod, RankClock
 from rankscope.units import NS_PER_MS
 
 #: Collective types whose members all finish with the last transfer (ends coincide).
@@ -48,41 +48,27 @@ MIN_APPLIED_OFFSET_NS = 1_000
 _ITERATIONS = 6
 
 
-@dataclass
-class ClockAlignment:
-    """Per rank (same order as `ranks`): estimated offset (ns, relative to the median clock of the
-    ranks; subtract it from the rank's timestamps), its uncertainty (ns, 1 standard error; -1 when not estimated),
-    collectives used, and whether it is applied. `method`: "collective_end" when at least one offset
-    was estimated, else "raw" (timestamps used as recorded). `note`: one line for the user."""
-    ranks: list[int] = field(default_factory=list)
-    offset_ns: list[int] = field(default_factory=list)
-    uncertainty_ns: list[int] = field(default_factory=list)
-    collectives_used: list[int] = field(default_factory=list)
-    applied: list[bool] = field(default_factory=list)
-    method: str = "raw"
-    note: str = ""
-
-    def applied_offsets(self) -> dict[int, int]:
-        """rank -> ns to subtract (only the offsets that are applied; others 0)."""
-        return {r: (o if a else 0) for r, o, a in zip(self.ranks, self.offset_ns, self.applied)}
-
-    def as_dict(self) -> dict:
-        return {
-            "method": self.method, "reference": "median clock of the ranks", "note": self.note,
-            "ranks": [{"rank": r, "offset_ms": o / NS_PER_MS, "uncertainty_ms": (u / NS_PER_MS if u >= 0 else None),
-                       "collectives_used": n, "applied": a}
-                      for r, o, u, n, a in zip(self.ranks, self.offset_ns, self.uncertainty_ns,
-                                               self.collectives_used, self.applied)],
-        }
+def applied_offsets(clock: ClockAlignment) -> dict[int, int]:
+    """rank -> ns to subtract (only the offsets that are applied; others 0). The offsets are whole ns,
+    which their ms value gives back exactly (|offset| < 2**52 ns)."""
+    return {r.rank: (round(r.offset_ms * NS_PER_MS) if r.applied else 0) for r in clock.ranks}
 
 
-def estimate_clock_offsets(ranks: Sequence[RankCollectives], members: pl.DataFrame | None = None,
+def _alignment(ranks: list[int], offset_ns: list[int], uncertainty_ns: list[int], used: list[int],
+               applied: list[bool], method: ClockMethod, note: str) -> ClockAlignment:
+    return ClockAlignment(method=method, note=note, ranks=[
+        RankClock(rank=r, offset_ms=o / NS_PER_MS, uncertainty_ms=u / NS_PER_MS if u >= 0 else None,
+                  collectives_used=n, applied=a)
+        for r, o, u, n, a in zip(ranks, offset_ns, uncertainty_ns, used, applied)])
+
+
+def estimate_clock_offsets(ranks: Sequence[Collectives], members: pl.DataFrame | None = None,
                            min_collectives: int = MIN_MATCHED_COLLECTIVES) -> ClockAlignment:
     """Estimate every rank's clock offset from matched collective end times (module docstring)."""
     all_ranks = sorted({rc.rank for rc in ranks})
     m = members if members is not None else member_frame(ranks)
     if m.is_empty() or len(all_ranks) < 2:
-        return _raw(all_ranks, "fewer than two ranks with collectives: timestamps used as recorded")
+        return raw_clocks(all_ranks, "fewer than two ranks with collectives: timestamps used as recorded")
     # numpy on the few columns read (not polars filters and joins on the whole member frame: at 256
     # ranks x 336 instances those left ~25 MB with polars' allocator); the row order of E does not
     # matter (medians per collective, then per rank)
@@ -94,7 +80,7 @@ def estimate_clock_offsets(ranks: Sequence[RankCollectives], members: pl.DataFra
     if not len(per_rank_sym) or per_rank_sym.min() < min_collectives:
         sym = matched                             # too few symmetric ones: use every matched type
     if not sym.any():
-        return _raw(all_ranks, "no collective is matched across ranks by sequence or order (pipeline sends and "
+        return raw_clocks(all_ranks, "no collective is matched across ranks by sequence or order (pipeline sends and "
                                "recvs, paired by time, cannot set clocks): timestamps used as recorded")
 
     # dense arrays: collective index x rank index
@@ -130,7 +116,7 @@ def estimate_clock_offsets(ranks: Sequence[RankCollectives], members: pl.DataFra
 
     enough = used >= min_collectives
     if not enough.any():
-        return _raw(all_ranks, f"fewer than {min_collectives} matched collectives per rank: timestamps used "
+        return raw_clocks(all_ranks, f"fewer than {min_collectives} matched collectives per rank: timestamps used "
                                f"as recorded", used=used.tolist())
     # anchor: the median clock of the ranks with evidence (robust to any one rank being off,
     # rank 0 included); the uncertainty is each rank's own standard error against it
@@ -151,12 +137,11 @@ def estimate_clock_offsets(ranks: Sequence[RankCollectives], members: pl.DataFra
         parts.append("none significant: timestamps used as recorded")
     if few:
         parts.append(f"rank(s) {', '.join(map(str, few))}: fewer than {min_collectives} matched collectives, raw timestamps")
-    return ClockAlignment(ranks=all_ranks, offset_ns=off_ns.tolist(), uncertainty_ns=unc_ns.tolist(),
-                          collectives_used=used.astype(int).tolist(), applied=applied.tolist(),
-                          method="collective_end", note="; ".join(parts))
+    return _alignment(all_ranks, off_ns.tolist(), unc_ns.tolist(), used.astype(int).tolist(), applied.tolist(),
+                      "collective_end", "; ".join(parts))
 
 
-def _raw(ranks: list[int], note: str, used: list[int] | None = None) -> ClockAlignment:
-    return ClockAlignment(ranks=list(ranks), offset_ns=[0] * len(ranks), uncertainty_ns=[-1] * len(ranks),
-                          collectives_used=used or [0] * len(ranks), applied=[False] * len(ranks),
-                          method="raw", note=note)
+def raw_clocks(ranks: list[int], note: str, used: list[int] | None = None) -> ClockAlignment:
+    """Every rank on its own timestamps (no offset estimated), and why (`note`)."""
+    return _alignment(list(ranks), [0] * len(ranks), [-1] * len(ranks), used or [0] * len(ranks),
+                      [False] * len(ranks), "raw", note)

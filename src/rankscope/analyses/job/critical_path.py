@@ -39,18 +39,20 @@ graph, each stage's compute scaled to the stages' mean).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
 from rankscope.analyses.job.matching import CollectiveTable
-from rankscope.analyses.job.parallel import ParallelReport
 from rankscope.analyses.job.pipeline_schedule import PipelineModel, makespan, theory_saving_ms
 from rankscope.analyses.rank.breakdown import CATEGORIES
-from rankscope.analyses.rank.collectives import RankCollectives
+from rankscope.analyses.rank.collectives import breakdown_matrix, instances, owned_ns, pre_matrix
 from rankscope.thresholds import Thresholds, resolve
 from rankscope.units import NS_PER_MS
+from rankscope.results.collectives import Collectives
+from rankscope.results.critical_path import CriticalPath, Lane, RankCategory, Segment, StepPath, Swimlane, WhatIf
+from rankscope.results.pipeline import Pipeline
 
 try:
     from rankscope.analyses import _retime as _c_retime      # the re-timing pass in C
@@ -66,91 +68,21 @@ _COMPUTE = (CATEGORIES.index("compute"), CATEGORIES.index("comm_overlapped"))
 PATH_CATEGORY = {c: ("host_idle" if c == "idle_other" else c) for c in CATEGORIES}
 
 
-@dataclass
-class Segment:
-    rank: int
-    category: str                    # a step-breakdown category
-    name: str                        # the collective (type and dimension) or the window it belongs to
-    start_ms: float                  # from the step's start
-    dur_ms: float
-
-
-@dataclass
-class StepPath:
-    step: int
-    duration_ms: float
-    segments: list[Segment] = field(default_factory=list)
-    start_ns: int = 0                # the step's start on the aligned clock (segments' start_ms count from it)
-
-
-@dataclass
-class RankCategory:
-    rank: int
-    category: str                    # "host_idle" | a step-breakdown category
-    ms_per_step: float
-    pct_of_step: float
-
-
-@dataclass
-class WhatIf:
-    rank: int | None                 # None: a job-wide change
-    change: str
-    step_ms_saved: float
-    key: str = ""                    # the change, for the findings that propose it (`WHAT_IF_KEYS`)
-    ranks: list[int] = field(default_factory=list)   # the ranks it changes ([]: every rank)
-    theory_step_ms_saved: float | None = None        # pipeline schedule changes: (p-1)/(m+p-1)'s saving
-
-
-@dataclass
-class Lane:
-    """One rank in a swimlane: its step window and its collectives, ms from the step's start:
-    arrival, the last member's arrival (its wait ends), end; with their names."""
-    rank: int
-    step_start_ms: float
-    step_end_ms: float
-    collectives: list[list[float]] = field(default_factory=list)     # [arrival, last arrival, end]
-    names: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Swimlane:
-    step: int
-    label: str                       # "slowest step" | "median step"
-    lanes: list[Lane] = field(default_factory=list)
-
-
-@dataclass
-class CriticalPath:
-    steps: list[StepPath] = field(default_factory=list)
-    by_rank_category: list[RankCategory] = field(default_factory=list)
-    what_if: list[WhatIf] = field(default_factory=list)
-    step_ms: float = 0.0                               # mean path duration
-    owner: int | None = None                           # the rank holding >= critical_path_owner_pct of the path
-    owner_pct: float = 0.0                             # the largest share of the path one rank holds
-    swimlanes: list[Swimlane] = field(default_factory=list)   # the slowest and the median step (`_swimlane`)
-    # the job's step as measured (the longest rank's step, end - start, mean over steps), as the
-    # re-timing with no change gives it back, and how far apart (% of the measured step)
-    measured_step_ms: float = 0.0
-    replayed_step_ms: float = 0.0
-    replay_error_pct: float = 0.0                      # mean over steps of |replayed - measured| / measured
-    replay_error_max_pct: float = 0.0
-
-
 class _Rank:
     """One rank's instances on the aligned clock, and its steps."""
 
-    def __init__(self, rc: RankCollectives, offset_ns: int):
-        n = len(rc)
+    def __init__(self, rc: Collectives, offset_ns: int):
+        n = instances(rc)
         self.rank = rc.rank
         self.a = np.asarray(rc.start_ns, dtype=np.int64)[:n] - offset_ns
         self.e = np.asarray(rc.end_ns, dtype=np.int64)[:n] - offset_ns
         self.w = (np.asarray(rc.window_start_ns, dtype=np.int64) - offset_ns) if len(rc.window_start_ns) == n \
             else self.a.copy()
         self.step = np.asarray(rc.step, dtype=np.int64)
-        self.pre = rc.pre_matrix() if n else np.zeros((0, _N), np.int64)
+        self.pre = pre_matrix(rc) if n else np.zeros((0, _N), np.int64)
         self.type = list(rc.type)
         self.dim = list(rc.dim) if len(rc.dim) == n else [""] * n
-        ovl, exp = rc.owned_ns()
+        ovl, exp = owned_ns(rc)
         self.comm_cat = np.where(ovl > exp, CATEGORIES.index("comm_overlapped"), CATEGORIES.index("comm_exposed"))
         self.steps = {int(s): (int(a) - offset_ns, int(b) - offset_ns)
                       for s, a, b in zip(rc.steps, rc.step_start_ns, rc.step_end_ns)}
@@ -160,11 +92,11 @@ class _Rank:
         self.by_step: dict[int, list[int]] = {}
         for i in np.argsort(self.a, kind="stable"):
             self.by_step.setdefault(int(self.step[i]), []).append(int(i))
-        bd = rc.breakdown_matrix()
+        bd = breakdown_matrix(rc)
         self.mean_ns = bd.mean(axis=0) if len(bd) else np.zeros(_N)      # per category, mean per step
         self.compute_ns = float(self.mean_ns[list(_COMPUTE)].sum())
         self.cpu_only = rc.source == "host"
-        self.ovl = np.asarray(rc.owned_ns()[0], dtype=np.int64)
+        self.ovl = np.asarray(owned_ns(rc)[0], dtype=np.int64)
         # per instance, the instance with the latest end <= its window start (ties: the last in end
         # order), -1 where none: what its window waited for
         order = np.argsort(self.e, kind="stable")
@@ -186,7 +118,7 @@ class _Rank:
         return () if d == "pp" else (d, f"{d}:{self.type[i]}", "*")
 
 
-def critical_path(ranks: Sequence[RankCollectives], table: CollectiveTable, parallel: ParallelReport | None,
+def critical_path(ranks: Sequence[Collectives], table: CollectiveTable, pipeline: Pipeline | None,
                   thresholds: Thresholds | None = None, stragglers: Sequence[tuple[int, str]] = (),
                   causes: dict[str, tuple[str, ...]] | None = None) -> CriticalPath | None:
     """The critical path of every step the ranks share, its attribution and the what-ifs (module
@@ -228,7 +160,7 @@ def critical_path(ranks: Sequence[RankCollectives], table: CollectiveTable, para
         out.owner_pct = round(min(100.0, 100.0 * per_rank[top] / n / out.step_ms), 2)
         out.owner = top if out.owner_pct >= t["critical_path_owner_pct"] and len(rk) > 1 else None
     exposed = {k: v / n for k, v in exposed.items()}
-    out.what_if = _what_ifs(out, rk, links, steps, parallel, t, exposed, stragglers, causes or {})
+    out.what_if = _what_ifs(out, rk, links, steps, pipeline, t, exposed, stragglers, causes or {})
     by_duration = sorted(out.steps, key=lambda p: p.duration_ms)
     picks = [(by_duration[-1], "slowest step")]
     if len(by_duration) > 1:
@@ -603,7 +535,7 @@ def _rank_groups(r: _Rank, causes: dict[str, tuple[str, ...]]) -> dict[str, tupl
 
 
 def _what_ifs(cp: CriticalPath, rk: dict[int, _Rank], links: _Links, steps: list[int],
-              parallel: ParallelReport | None, t: Thresholds, exposed: dict[str, float],
+              pipe: Pipeline | None, t: Thresholds, exposed: dict[str, float],
               stragglers: Sequence[tuple[int, str]], causes: dict[str, tuple[str, ...]]) -> list[WhatIf]:
     """The what-ifs (`WHAT_IF_KEYS`), each re-timed over every step; savings are means over the
     steps, never negative and never above what the path holds of what the change removes."""
@@ -661,7 +593,6 @@ def _what_ifs(cp: CriticalPath, rk: dict[int, _Rank], links: _Links, steps: list
         what = WhatIf(None, f"{text} (each collective takes only the wait for its last member and the "
                             f"compute beside it)", 0.0, key=f"overlap:{key}")
         changes.append(_Change(what, {}, frozenset({key}), cap_ms=exposed[key]))
-    pipe = parallel.pipeline if parallel is not None else None
     pp_exposed = sum(held.get((r, "comm_exposed"), 0.0) for r in rk) if pipe else 0.0
     model = _pipeline_model(pipe, rk, links)
     if pipe is not None and model is None and len(pipe.stages) > 1 and pipe.bottleneck_stage is not None:

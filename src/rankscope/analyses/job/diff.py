@@ -1,7 +1,7 @@
 """A/B comparison of two analysed jobs (issue 6): what one change (workers, bucket size,
 precision, torch.compile, ...) did to the step and to each part of it, beyond noise.
 
-`diff_analyses(before, after, labels) -> Diff` compares two `api.Analysis` results (per-rank
+`diff_analyses(before, after, labels) -> Diff` compares two jobs' analyses (per-rank
 summaries, no event frames). Pure: no printing, no file I/O.
 
 What is compared with what (`Compared` says it, with a warning for each mismatch)
@@ -51,7 +51,6 @@ significant changes that explain it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
@@ -59,16 +58,12 @@ import polars as pl
 
 from rankscope.analyses.rank.breakdown import CATEGORIES
 from rankscope.units import NS_PER_US, NS_PER_MS
+from rankscope.results.diff import (ChangeStatus, ALPHA, BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, Compared, Comparison, Diff,
+                                    FindingChange, NameDiff, RankDiff, StragglerChange)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rankscope.analyses.rank.summary import NameTotals
+    from rankscope.results.rank import NameTotals
 
-#: Significance level: the conventional 5% (R. A. Fisher, Statistical Methods for Research
-#: Workers, 1925): what "beyond noise" means in an A/B reading.
-ALPHA = 0.05
-#: Bootstrap resamples; Efron & Tibshirani (1993, ch. 19) ask for >= 1000 for percentile intervals.
-BOOTSTRAP_RESAMPLES = 2000
-BOOTSTRAP_SEED = 0
 #: Elements gathered at once by the bootstrap (memory bound, not a statistical choice).
 _BOOTSTRAP_CHUNK = 1 << 22
 _BETACF_MAX_ITER = 300
@@ -181,23 +176,6 @@ def bootstrap_ci(before: np.ndarray, after: np.ndarray) -> list[tuple[float, flo
     return out
 
 
-@dataclass
-class Comparison:
-    """One metric, BEFORE vs AFTER (module docstring: statistics)."""
-    metric: str
-    before: float | None               # mean of the samples
-    after: float | None
-    delta: float | None                # after - before
-    delta_pct: float | None            # 100 * delta / before (None when before is 0)
-    p_value: float | None              # Welch's t-test, two-sided
-    ci: tuple[float, float] | None     # bootstrap CI of delta at level 1 - ALPHA
-    significant: bool
-    n_before: int
-    n_after: int
-    t: float | None = None
-    df: float | None = None
-
-
 def _opt(x: float) -> float | None:
     return None if x is None or not np.isfinite(x) else float(x)
 
@@ -244,86 +222,13 @@ def verdict_text(c: Comparison) -> str:
     return f"{'significant' if c.significant else 'not significant'}, {p}"
 
 
-# ----------------------------------------------------------------------------------------------
-# The diff
-@dataclass
-class Compared:
-    """What was compared with what."""
-    labels: tuple[str, str]                     # how the two sides are named (the inputs)
-    rank_match: str                             # "rank_id" | "order"
-    rank_pairs: list[tuple[int, int]]           # (BEFORE rank, AFTER rank)
-    ranks_before: list[int]                     # every rank each side has
-    ranks_after: list[int]
-    steps_before: int                           # steps on the compared ranks, each side
-    steps_after: int
-    samples: int                                # step samples compared per side (steps x ranks)
-    formats_before: list[str]
-    formats_after: list[str]
-    warnings: list[str] = field(default_factory=list)
-
-
-@dataclass
-class RankDiff:
-    rank_before: int
-    rank_after: int
-    steps_before: int
-    steps_after: int
-    steps_compared: int
-    metrics: dict[str, Comparison]
-
-    @property
-    def largest_move(self) -> Comparison | None:
-        """The step-breakdown category of this rank pair with the largest significant change."""
-        return next(iter(largest_moves(self.metrics, 1)), None)
-
-
-@dataclass
-class StragglerChange:
-    rank: int                                   # AFTER's rank id (BEFORE's renamed by the pairing)
-    status: str                                 # resolved | introduced | persisting
-    cause_before: str | None
-    cause_after: str | None
-    cost_ms_per_step_before: float | None
-    cost_ms_per_step_after: float | None
-
-
-@dataclass
-class FindingChange:
-    id: str
-    ranks: list[int]                            # AFTER's rank ids
-    status: str                                 # resolved | introduced | persisting
-    severity_before: str | None
-    severity_after: str | None
-    summary: str | None                         # AFTER's summary, else BEFORE's
-
-
-@dataclass
-class NameDiff:
-    """Per-name diff of kernels or ops: `rows` (NAME_COLUMNS, by impact) and the count per status."""
-    rows: pl.DataFrame
-    counts: dict[str, int]
-
-
-@dataclass
-class Diff:
-    headline: str
-    compared: Compared
-    job: dict[str, Comparison]                  # STEP_METRICS over steps x ranks
-    ranks: list[RankDiff]
-    collectives: dict[str, Comparison]          # COLLECTIVE_METRICS; {} unless both jobs have collectives
-    straggler_verdicts: tuple[str | None, str | None]
-    stragglers: list[StragglerChange]
-    findings: list[FindingChange] | None        # None: neither analysis carries findings
-    kernels: NameDiff
-    ops: NameDiff
-
-
 def diff_analyses(before, after, labels: tuple[str, str] = ("BEFORE", "AFTER")) -> Diff:
-    """Compare two `api.Analysis` results (module docstring). ValueError when a side has no rank."""
+    """Compare two jobs' analyses (`pipelines.job.analyze_job`: their per-rank summaries, cross-rank
+    results, matched collectives and findings; module docstring). ValueError when a side has no rank."""
     for side, label in zip((before, after), labels):
-        if not side.ranks:
+        if not side.summaries:
             raise ValueError(f"{label}: no usable rank to compare")
-    pairs, rank_match, warnings = _pair_ranks(before.ranks, after.ranks, labels)
+    pairs, rank_match, warnings = _pair_ranks(before.summaries, after.summaries, labels)
     device = all(s.has_device for pair in pairs for s in pair)
     n_steps = [min(len(b.steps), len(a.steps)) for b, a in pairs]
     warnings += _step_warnings(pairs, n_steps, labels)
@@ -342,17 +247,18 @@ def diff_analyses(before, after, labels: tuple[str, str] = ("BEFORE", "AFTER")) 
     result = compare_samples(items)
 
     job = {m: result[("job", m)] for m in STEP_METRICS if ("job", m) in result}
-    ranks = [RankDiff(b.rank, a.rank, len(b.steps), len(a.steps), n,
-                      {m: result[(i, m)] for m in STEP_METRICS if (i, m) in result})
-             for i, ((b, a), n) in enumerate(zip(pairs, n_steps))]
+    per_rank = [{m: result[(i, m)] for m in STEP_METRICS if (i, m) in result} for i in range(len(pairs))]
+    ranks = [RankDiff(b.rank, a.rank, len(b.steps), len(a.steps), n, metrics,
+                      next(iter(largest_moves(metrics, 1)), None))
+             for (b, a), n, metrics in zip(pairs, n_steps, per_rank)]
     rename = {b.rank: a.rank for b, a in pairs}
     steps = (sum(len(b.steps) for b, _ in pairs), sum(len(a.steps) for _, a in pairs))
     compared = Compared(
         labels=(labels[0], labels[1]), rank_match=rank_match, rank_pairs=[(b.rank, a.rank) for b, a in pairs],
-        ranks_before=[s.rank for s in before.ranks], ranks_after=[s.rank for s in after.ranks],
+        ranks_before=[s.rank for s in before.summaries], ranks_after=[s.rank for s in after.summaries],
         steps_before=steps[0], steps_after=steps[1], samples=sum(n_steps),
-        formats_before=sorted({s.meta.format for s in before.ranks}),
-        formats_after=sorted({s.meta.format for s in after.ranks}), warnings=warnings)
+        formats_before=sorted({s.meta.format for s in before.summaries}),
+        formats_after=sorted({s.meta.format for s in after.summaries}), warnings=warnings)
     stragglers = _straggler_changes(before, after, rename)
     totals_b = [b.name_totals for b, _ in pairs if b.name_totals]
     totals_a = [a.name_totals for _, a in pairs if a.name_totals]
@@ -422,7 +328,7 @@ def _step_samples(s, n: int, device: bool) -> dict[str, np.ndarray]:
 
 def _collective_samples(before, after) -> list:
     """(key, metric, before, after) items of COLLECTIVE_METRICS when both jobs matched collectives."""
-    tables = [a.cross.collectives if a.cross is not None else None for a in (before, after)]
+    tables = [a.table for a in (before, after)]
     if any(t is None or t.count == 0 for t in tables):
         return []
 
@@ -438,12 +344,12 @@ def _collective_samples(before, after) -> list:
 
 
 def _verdict(a) -> str | None:
-    return a.cross.stragglers.verdict if a.cross is not None else None
+    return a.cross.straggler_verdict if a.cross is not None else None
 
 
 def _straggler_changes(before, after, rename: dict[int, int]) -> list[StragglerChange]:
     def by_rank(a, ren) -> dict[int, Any]:
-        return {ren.get(s.rank, s.rank): s for s in a.cross.stragglers.stragglers} if a.cross is not None else {}
+        return {ren.get(s.rank, s.rank): s for s in a.cross.stragglers} if a.cross is not None else {}
     b, a = by_rank(before, rename), by_rank(after, {})
     out = []
     for r in sorted(b.keys() | a.keys()):
@@ -453,7 +359,7 @@ def _straggler_changes(before, after, rename: dict[int, int]) -> list[StragglerC
     return out
 
 
-def _status(before, after) -> str:
+def _status(before: object, after: object) -> ChangeStatus:
     return "persisting" if before is not None and after is not None else ("resolved" if after is None else "introduced")
 
 

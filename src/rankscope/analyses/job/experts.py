@@ -9,38 +9,20 @@ bytes over the group's mean, % above it, in the most unequal all_to_all.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Sequence
 
-from rankscope.analyses.job.layout import Layout
-from rankscope.analyses.rank.collectives import RankCollectives
+from rankscope.analyses.job.layout import dim_named
+from rankscope.results.layout import Layout
+from rankscope.results.collectives import Collectives
+from rankscope.results.experts import ExpertGroup, ExpertLoad
 
 
-@dataclass
-class ExpertGroup:
-    ranks: list[int]
-    received_mb_per_step: dict[int, float]
-    imbalance_pct_over_mean: float              # max over mean, % above it
-    hottest_rank: int
-    slot: int = 0                     # which all_to_all of the step (0: the first)
-
-
-@dataclass
-class ExpertLoad:
-    all_to_all_per_step: float        # mean per rank
-    groups: list[ExpertGroup] = field(default_factory=list)
-
-    @property
-    def worst(self) -> ExpertGroup | None:
-        return max(self.groups, key=lambda g: g.imbalance_pct_over_mean, default=None)
-
-
-def expert_load(ranks: Sequence[RankCollectives], layout: Layout) -> ExpertLoad | None:
+def expert_load(ranks: Sequence[Collectives], layout: Layout) -> ExpertLoad | None:
     """The ep dimension's all_to_all load per rank and group (module docstring); None without ep
     all_to_all traffic. The k-th all_to_all of a step is one slot on every rank (dispatch, combine,
     their backward...): a group's imbalance is that of its most unequal slot, since a combine that
     hands every rank its own tokens back would hide a skewed dispatch in a total."""
-    ep = layout.dim("ep")
+    ep = dim_named(layout, "ep")
     if ep is None:
         return None
     slots: dict[int, dict[int, float]] = {}        # rank -> slot -> bytes per step
@@ -73,8 +55,13 @@ def expert_load(ranks: Sequence[RankCollectives], layout: Layout) -> ExpertLoad 
             hottest = max(load, key=lambda r: (load[r], -r))
             pct = 100.0 * (load[hottest] / mean - 1.0)
             if worst is None or pct > worst.imbalance_pct_over_mean:
-                worst = ExpertGroup(sorted(load), {r: round(v, 4) for r, v in sorted(load.items())}, round(pct, 2),
+                worst = ExpertGroup(sorted(load), {r: float(round(v, 4)) for r, v in sorted(load.items())}, float(round(pct, 2)),
                                     hottest, k)
         if worst is not None:
             out.groups.append(worst)
     return out
+
+
+def worst_group(load: ExpertLoad) -> ExpertGroup | None:
+    """The expert group whose load is the most unequal (None without groups)."""
+    return max(load.groups, key=lambda g: g.imbalance_pct_over_mean, default=None)

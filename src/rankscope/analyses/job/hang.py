@@ -54,7 +54,7 @@ from rankscope.units import NS_PER_MS
 
 if TYPE_CHECKING:  # pragma: no cover
     from rankscope.analyses.job.stragglers import Straggler
-    from rankscope.analyses.rank.summary import RankSummary
+    from rankscope.results.rank import RankSummary
 
 #: Sequence numbers shown per group in the grid.
 GRID_SEQS = 8

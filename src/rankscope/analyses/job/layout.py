@@ -11,43 +11,21 @@ collective's dimension and group (analyses/rank/groups.py) and the step-breakdow
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
 from typing import Sequence
 
 from rankscope.analyses.rank.breakdown import CATEGORIES
-from rankscope.analyses.rank.collectives import RankCollectives
+from rankscope.analyses.rank.collectives import breakdown_matrix, instances, owned_ns
+from rankscope.results.collectives import Collectives
 from rankscope.analyses.rank.groups import LOCALITY_ORDER
 from rankscope.units import NS_PER_MS
+from rankscope.results.layout import Dim, DimSource, Layout, DimComm, RankDimComm
 
 #: Outer to inner: the order dimensions are listed in (`pp 2 x dp 2 x tp 2`).
 DIM_ORDER = tuple(reversed(LOCALITY_ORDER))
 _OVL, _EXP = CATEGORIES.index("comm_overlapped"), CATEGORIES.index("comm_exposed")
 
 
-@dataclass
-class Dim:
-    """One parallel dimension: its name (pp, dp, dp_shard, dp_replicate, tp, cp, ep), the size of its
-    groups, the groups (global ranks), and where it comes from ("pg_desc" | "inferred")."""
-    name: str
-    size: int
-    groups: list[list[int]]
-    source: str
-
-
-@dataclass
-class Layout:
-    dims: list[Dim] = field(default_factory=list)
-
-    @property
-    def text(self) -> str:
-        """`pp 2 x dp 2 x tp 2`; "" when the job has no dimension of two or more ranks."""
-        return " x ".join(f"{d.name} {d.size}" for d in self.dims)
-
-    def dim(self, name: str) -> Dim | None:
-        return next((d for d in self.dims if d.name == name), None)
-
-
-def parallel_layout(ranks: Sequence[RankCollectives]) -> Layout:
+def parallel_layout(ranks: Sequence[Collectives]) -> Layout:
     """The union of the groups the ranks report, per dimension. A dimension named by a group's
     description wins over one inferred from roles; groups of one rank are left out."""
     groups: dict[str, set[tuple[int, ...]]] = defaultdict(set)
@@ -62,41 +40,31 @@ def parallel_layout(ranks: Sequence[RankCollectives]) -> Layout:
     for name in sorted(groups, key=lambda n: DIM_ORDER.index(n) if n in DIM_ORDER else len(DIM_ORDER)):
         gs = sorted(groups[name])
         sizes = sorted({len(g) for g in gs})
-        source = "pg_desc" if "pg_desc" in sources[name] else "inferred"
-        dims.append(Dim(name, sizes[-1], [list(g) for g in gs], source))
-    return Layout(dims)
+        dim_source: DimSource = "pg_desc" if "pg_desc" in sources[name] else "inferred"
+        dims.append(Dim(name, sizes[-1], [list(g) for g in gs], dim_source))
+    return Layout(layout=" x ".join(f"{d.name} {d.size}" for d in dims), dims=dims)
 
 
-@dataclass
-class DimComm:
-    """One rank's communication in one dimension, ms per step (mean over its steps)."""
-    overlapped: float
-    exposed: float
+def dim_named(layout: Layout, name: str) -> Dim | None:
+    """The layout's dimension `name`, None when the job has none."""
+    return next((d for d in layout.dims if d.name == name), None)
 
 
-@dataclass
-class RankDimComm:
-    rank: int
-    by_dim: dict[str, DimComm]                       # dimension (or "other") -> ms per step
-    by_dim_type: dict[str, dict[str, DimComm]]       # dimension -> collective type -> ms per step
-    step_ms: float                                   # mean step duration, ms
-
-
-def comm_by_dim(ranks: Sequence[RankCollectives]) -> list[RankDimComm]:
+def comm_by_dim(ranks: Sequence[Collectives]) -> list[RankDimComm]:
     """Per rank: its communication time per dimension (module docstring)."""
     out = []
     for rc in sorted(ranks, key=lambda r: r.rank):
         n_steps = max(len(rc.steps), 1)
         per: dict[str, list[int]] = defaultdict(lambda: [0, 0])          # overlapped, exposed ns
         per_type: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
-        dims = list(rc.dim) if len(rc.dim) == len(rc) else [""] * len(rc)
-        ovl, exp = rc.owned_ns()
+        dims = list(rc.dim) if len(rc.dim) == instances(rc) else [""] * instances(rc)
+        ovl, exp = owned_ns(rc)
         for d, t, o, e in zip(dims, rc.type, ovl.tolist(), exp.tolist()):
             key = d or "other"
             for v in (per[key], per_type[(key, t)]):
                 v[0] += o
                 v[1] += e
-        bd = rc.breakdown_matrix()
+        bd = breakdown_matrix(rc)
         rest = [int(bd[:, _OVL].sum()) - sum(v[0] for v in per.values()),
                 int(bd[:, _EXP].sum()) - sum(v[1] for v in per.values())]
         if rest[0] > 0 or rest[1] > 0:

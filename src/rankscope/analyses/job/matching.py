@@ -19,19 +19,21 @@ Reduce side (docs/concepts.md "Collective"), over RankCollectives only (never ev
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence, cast
+from typing import Any, Sequence, cast
 
 import numpy as np
 import polars as pl
 
 from rankscope.analyses.job.p2p import pair_p2p
 from rankscope.analyses.rank.breakdown import CATEGORIES
-from rankscope.analyses.rank.collectives import (P2P_PG, P2P_TYPES, SAME_SIZE_TYPES, RankCollectives, busbw_factor,
-                                                 nccl_tests_bytes)
+from rankscope.analyses.rank.collectives import (P2P_PG, P2P_TYPES, SAME_SIZE_TYPES, busbw_factor,
+                                          instances, nccl_tests_bytes, since_step_matrix)
+from rankscope.results.collectives import Collectives
+from rankscope.results.collectives import AlphaBetaFit, CollectiveGroupRow, CollectivesSummary
 from rankscope.units import NS_PER_MS
 
 
-def member_frame(ranks: Sequence[RankCollectives]) -> pl.DataFrame:
+def member_frame(ranks: Sequence[Collectives]) -> pl.DataFrame:
     """One row per (rank, instance), in (rank, idx) order: rank, idx, pg, seq, type, mtype, occ
     (match key: pg, seq, mtype, occ), start_ns / end_ns / last_work_ns on the rank's own clock,
     dur_ns, in_bytes, out_bytes, group_size, step, and `key` (a dense integer id of the match key,
@@ -40,7 +42,7 @@ def member_frame(ranks: Sequence[RankCollectives]) -> pl.DataFrame:
     across ranks with numpy and framed once, already in order, and `occ` is counted with numpy
     (`_occurrence`) instead of polars' sort and `over` on the whole frame: 256 ranks x 336
     instances, an 8 MB frame, 0.1 s and +33 MB RSS -> 0.02 s and +16 MB."""
-    ranks = sorted((rc for rc in ranks if len(rc)), key=lambda rc: rc.rank)
+    ranks = sorted((rc for rc in ranks if instances(rc)), key=lambda rc: rc.rank)
     if not ranks:
         return pl.DataFrame(schema={
             "rank": pl.Int64, "idx": pl.Int64, "pg": pl.String, "seq": pl.Int64, "type": pl.String,
@@ -54,16 +56,16 @@ def member_frame(ranks: Sequence[RankCollectives]) -> pl.DataFrame:
 
     start, end = ints(lambda rc: rc.start_ns), ints(lambda rc: rc.end_ns)
     df = pl.DataFrame({
-        "rank": ints(lambda rc: np.full(len(rc), rc.rank)), "idx": ints(lambda rc: np.arange(len(rc))),
+        "rank": ints(lambda rc: np.full(instances(rc), rc.rank)), "idx": ints(lambda rc: np.arange(instances(rc))),
         "pg": [v for rc in ranks for v in rc.pg], "seq": ints(lambda rc: rc.seq),
         "type": [v for rc in ranks for v in rc.type],
         "start_ns": start, "end_ns": end, "dur_ns": end - start,
-        "last_work_ns": ints(lambda rc: rc.last_work_ns if len(rc.last_work_ns) == len(rc) else rc.start_ns),
+        "last_work_ns": ints(lambda rc: rc.last_work_ns if len(rc.last_work_ns) == instances(rc) else rc.start_ns),
         "in_bytes": ints(lambda rc: rc.in_bytes), "out_bytes": ints(lambda rc: rc.out_bytes),
         "group_size": ints(lambda rc: rc.group_size), "step": ints(lambda rc: rc.step),
-        "orphan": np.concatenate([np.asarray(rc.orphan if len(rc.orphan) == len(rc) else [False] * len(rc), dtype=bool)
+        "orphan": np.concatenate([np.asarray(rc.orphan if len(rc.orphan) == instances(rc) else [False] * instances(rc), dtype=bool)
                                   for rc in ranks]),
-        "host_spans": np.concatenate([np.full(len(rc), rc.source == "host") for rc in ranks]),
+        "host_spans": np.concatenate([np.full(instances(rc), rc.source == "host") for rc in ranks]),
     }, schema_overrides={"pg": pl.String, "type": pl.String})
     if len({rc.rank for rc in ranks}) < len(ranks):        # two collections claim one rank
         df = df.sort(["rank", "idx"], maintain_order=True)
@@ -156,7 +158,7 @@ def matched_rows(members: pl.DataFrame) -> np.ndarray:
     return np.bincount(key)[key] >= 2
 
 
-def since_step_rows(ranks: Sequence[RankCollectives], rank: np.ndarray, idx: np.ndarray,
+def since_step_rows(ranks: Sequence[Collectives], rank: np.ndarray, idx: np.ndarray,
                     matrices: dict[int, np.ndarray] | None = None) -> np.ndarray:
     """The `since_step_ns` window (ns per breakdown category, one column each) of the instances
     (rank, idx), one row each. `matrices`: each rank's `since_step_matrix()` once made, kept across
@@ -167,7 +169,7 @@ def since_step_rows(ranks: Sequence[RankCollectives], rank: np.ndarray, idx: np.
     for r in np.unique(rank).tolist():
         of_rank = rank == r
         if r not in matrices:
-            matrices[r] = by_rank[r].since_step_matrix()
+            matrices[r] = since_step_matrix(by_rank[r])
         since[of_rank] = matrices[r][idx[of_rank]]
     return since
 
@@ -194,7 +196,7 @@ class CollectiveTable:
         return self.collectives.height
 
 
-def match_collectives(ranks: Sequence[RankCollectives], offsets_ns: dict[int, int] | None = None,
+def match_collectives(ranks: Sequence[Collectives], offsets_ns: dict[int, int] | None = None,
                       members: pl.DataFrame | None = None) -> CollectiveTable:
     """Match instances across ranks by (pg, seq), or order within (pg, type) (module docstring).
     Only collectives seen on at least two ranks are kept. `members`: `member_frame(ranks)` when the
@@ -347,29 +349,23 @@ def summarize_collectives(table: CollectiveTable, by: Sequence[str] = ("type", "
     return out
 
 
-def collectives_summary(table: CollectiveTable) -> dict:
-    """Plain data for the JSON output: count, by_type, by_pg rows (lists of dicts)."""
-    by_type = summarize_collectives(table, ("type", "group_size"))
-    by_pg = summarize_collectives(table, ("pg",))
+def collectives_summary(table: CollectiveTable, alpha_beta: list[AlphaBetaFit]) -> CollectivesSummary:
+    """The job's matched collectives: count, by type and group size, by process group, with the
+    alpha-beta fits made of them."""
     c = table.collectives
-    return {
-        "count": c.height,
-        "complete": int(c["complete"].sum()) if c.height else 0,
-        "unmatched_instances": table.unmatched,
-        "warnings": list(table.warnings),
-        "clock_offsets_ms": {str(r): v / NS_PER_MS for r, v in sorted(table.offsets_ns.items())},
-        "by_type": _rows(by_type),
-        "by_pg": _rows(by_pg),
-    }
+    return CollectivesSummary(
+        count=c.height, complete=int(c["complete"].sum()) if c.height else 0, unmatched_instances=table.unmatched,
+        warnings=list(table.warnings),
+        clock_offsets_ms={str(r): v / NS_PER_MS for r, v in sorted(table.offsets_ns.items())},
+        by_type=_rows(summarize_collectives(table, ("type", "group_size"))),
+        by_pg=_rows(summarize_collectives(table, ("pg",))), alpha_beta=alpha_beta)
 
 
-def _rows(df: pl.DataFrame) -> list[dict]:
-    rows = df.to_dicts()
-    for r in rows:
-        for k, v in list(r.items()):
-            if isinstance(v, float) and not np.isfinite(v):
-                r[k] = None
-    return rows
+def _rows(df: pl.DataFrame) -> list[CollectiveGroupRow]:
+    """The rows of `summarize_collectives`, non-finite numbers as None."""
+    return [CollectiveGroupRow(**cast(dict[str, Any], {k: (None if isinstance(v, float) and not np.isfinite(v) else v)
+                                                       for k, v in r.items()}))
+            for r in df.to_dicts()]
 
 
 def collective_waits(table: CollectiveTable, rank: int) -> pl.DataFrame:

@@ -22,36 +22,24 @@ Definitions:
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
 
-from rankscope.analyses.rank.flops import RankFlops, rank_steps
+from rankscope.analyses.rank.flops import rank_steps
+from rankscope.results.collectives import CollectiveGroupRow
+from rankscope.results.rank import RankFlops
 from rankscope.hardware import device_model, link_peak_gbps, peak_tflops
+from rankscope.results.mfu import ModelFlops, RankMfu, CommEfficiency, MfuReport
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rankscope.analyses.rank.summary import RankSummary
+    from rankscope.results.rank import RankSummary
 
 RECOMPUTE = ("none", "selective", "full")
 #: Hardware / model FLOPs of full activation recomputation when only a FLOPs count is known.
 FULL_RECOMPUTE_FACTOR = 8 / 6
 DEFAULT_DTYPE = "bf16"
-
-
-@dataclass
-class ModelFlops:
-    """FLOPs of one training step of the whole job (all GPUs)."""
-    model_flops_per_step: float
-    hardware_flops_per_step: float
-    recompute: str
-    params: float | None = None          # N of the 6·N·tokens rule (transformer dims only)
-    tokens: float | None = None
-
-    @property
-    def recompute_factor(self) -> float:
-        return self.hardware_flops_per_step / self.model_flops_per_step
 
 
 def transformer_flops(layers: int, hidden: int, heads: int, vocab: int, seq: int, batch: int,
@@ -71,6 +59,11 @@ def transformer_flops(layers: int, hidden: int, heads: int, vocab: int, seq: int
     extra = {"none": 0.0, "full": layer_forward, "selective": 4.0 * batch * seq ** 2 * hidden * layers}[recompute]
     return ModelFlops(model_flops_per_step=model, hardware_flops_per_step=model + extra, recompute=recompute,
                       params=params, tokens=tokens)
+
+
+def recompute_factor(model: ModelFlops) -> float:
+    """Hardware over model FLOPs: what activation recomputation adds."""
+    return model.hardware_flops_per_step / model.model_flops_per_step
 
 
 def given_flops(flops_per_step: float, recompute: str = "none") -> ModelFlops:
@@ -94,60 +87,19 @@ def from_summary(summary: RankSummary, traced: bool = False) -> RankFlops:
                        [s.duration_ms for s in summary.steps])
 
 
-@dataclass
-class RankMfu:
-    rank: int
-    device: str | None
-    device_model: str | None            # hardware.PEAK_TFLOPS key
-    peak_tflops: float | None
-    steps: int
-    step_ms: float | None               # mean
-    model_tflop_per_step: float | None  # this GPU's share of the model FLOPs (model) or traced / factor
-    achieved_tflops: float | None       # model FLOPs per second on this GPU
-    mfu_pct: float | None
-    hfu_pct: float | None
-
-
-@dataclass
-class CommEfficiency:
-    type: str
-    group_size: int
-    count: int
-    busbw_gbps: float
-    link_peak_gbps: float | None
-    efficiency_pct: float | None
-
-
-@dataclass
-class MfuReport:
-    source: str                         # "model" | "flops_args" | "gemm_shapes" | "none"
-    dtype: str
-    dtype_source: str                   # "option" | "trace" | "default"
-    recompute: str
-    recompute_factor: float
-    world_size: int
-    model: ModelFlops | None
-    step_ms: float | None               # mean over ranks of their mean step
-    achieved_tflops_per_gpu: float | None
-    mfu_pct: float | None
-    hfu_pct: float | None
-    ranks: list[RankMfu]
-    comm: list[CommEfficiency]
-    notes: list[str]
-
-
 def mfu_report(ranks: list[RankFlops], world_size: int | None, model: ModelFlops | None = None,
-               dtype: str | None = None, recompute: str = "none", collectives_by_type: list[dict] | None = None,
+               dtype: str | None = None, recompute: str = "none",
+               collectives_by_type: list[CollectiveGroupRow] | None = None,
                hosts: int = 1) -> MfuReport:
     """MFU/HFU of a job from its ranks' steps (and traced FLOPs when `model` is None)."""
     notes: list[str] = []
     world = world_size or len(ranks)
     if model is not None:
-        source, factor = "model", model.recompute_factor
+        source, factor = "model", recompute_factor(model)
     else:
         sources = {r.source for r in ranks if r.source != "none"}
         source = "flops_args" if "flops_args" in sources else sources.pop() if sources else "none"
-        factor = given_flops(1.0, recompute).recompute_factor
+        factor = recompute_factor(given_flops(1.0, recompute))
         if source == "none":
             notes.append("no FLOPs in the traces (take them with with_flops=True or record_shapes=True) "
                          "and no model given (--model-flops-per-step or the transformer dims)")
@@ -197,17 +149,17 @@ def _rank_mfu(r: RankFlops, world: int, model: ModelFlops | None, factor: float,
                    mfu_pct=mfu, hfu_pct=mfu * factor if mfu is not None else None)
 
 
-def comm_efficiency(by_type: list[dict], models: list[str | None], hosts: int = 1,
+def comm_efficiency(by_type: list[CollectiveGroupRow], models: list[str | None], hosts: int = 1,
                     notes: list[str] | None = None) -> list[CommEfficiency]:
     """Per collective type (cross-rank `collectives.by_type` rows): busbw / the link peak."""
     peak = next((p for p in (link_peak_gbps(m) for m in models) if p), None)
     out = []
     for row in by_type:
-        busbw = row.get("busbw_mean_gbps")
-        if busbw is None or (row.get("group_size") or 0) < 2:
+        busbw = row.busbw_mean_gbps
+        if busbw is None or not isinstance(row.group_size, int) or row.group_size < 2:
             continue
-        out.append(CommEfficiency(type=str(row.get("type")), group_size=int(row["group_size"]),
-                                  count=int(row.get("count") or 0), busbw_gbps=float(busbw), link_peak_gbps=peak,
+        out.append(CommEfficiency(type=str(row.type), group_size=int(row.group_size),
+                                  count=int(row.count or 0), busbw_gbps=float(busbw), link_peak_gbps=peak,
                                   efficiency_pct=100.0 * busbw / peak if peak else None))
     if out and hosts > 1 and notes is not None:
         notes.append(f"{hosts} hosts: collectives crossing hosts are bound by the network, not the "

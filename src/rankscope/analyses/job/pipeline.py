@@ -25,46 +25,24 @@ Reduce over the ranks' `RankCollectives` and the job's `Layout` (analyses/job/la
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
-from rankscope.analyses.job.layout import Layout, RankDimComm
+from rankscope.analyses.job.layout import dim_named
+from rankscope.results.layout import Layout, RankDimComm
 from rankscope.analyses.rank.breakdown import CATEGORIES
-from rankscope.analyses.rank.collectives import RankCollectives
+from rankscope.analyses.rank.collectives import breakdown_matrix
+from rankscope.results.collectives import Collectives
 from rankscope.units import NS_PER_MS
+from rankscope.results.pipeline import Pipeline, PipelineSchedule, Stage
 
 _COMP = (CATEGORIES.index("compute"), CATEGORIES.index("comm_overlapped"))
 
 
-@dataclass
-class Stage:
-    stage: int
-    ranks: list[int]
-    compute_ms_per_step: float
-    bubble_ms_per_step: float
-    bubble_pct: float
-    step_ms: float
-
-
-@dataclass
-class Pipeline:
-    schedule: str                      # "1f1b" | "gpipe" | "interleaved" | "unknown"
-    microbatches: int | None
-    stages: list[Stage] = field(default_factory=list)
-    bubble_pct: float = 0.0            # mean over stages
-    bubble_pct_theory: float | None = None
-    bottleneck_stage: int | None = None
-    imbalance_pct_over_mean: float = 0.0         # bottleneck compute over the stages' mean, % above it
-    balanced_step_saving_ms: float = 0.0   # step x (1 - mean / max compute)
-    step_ms: float = 0.0
-    stages_per_rank: int = 1           # model chunks per rank (virtual stages), from the schedule's marks
-
-
-def pipeline_analysis(ranks: Sequence[RankCollectives], layout: Layout, comm: Sequence[RankDimComm]) -> Pipeline | None:
+def pipeline_analysis(ranks: Sequence[Collectives], layout: Layout, comm: Sequence[RankDimComm]) -> Pipeline | None:
     """The job's pipeline (module docstring); None when it has no pp dimension."""
-    pp = layout.dim("pp")
+    pp = dim_named(layout, "pp")
     if pp is None or pp.size < 2:
         return None
     by_rank = {rc.rank: rc for rc in ranks}
@@ -78,7 +56,7 @@ def pipeline_analysis(ranks: Sequence[RankCollectives], layout: Layout, comm: Se
         compute, bubble, step = [], [], []
         for r in members:
             rc = by_rank[r]
-            bd = rc.breakdown_matrix()
+            bd = breakdown_matrix(rc)
             n = max(len(bd), 1)
             compute.append(float(bd[:, list(_COMP)].sum()) / NS_PER_MS / n)
             step.append(float(bd.sum()) / NS_PER_MS / n)
@@ -107,12 +85,13 @@ def pipeline_analysis(ranks: Sequence[RankCollectives], layout: Layout, comm: Se
     if comp.max() > 0:
         worst = int(np.argmax(comp))
         out.bottleneck_stage = stages[worst].stage
-        out.imbalance_pct_over_mean = round(100.0 * (comp.max() / comp.mean() - 1.0), 2)
-        out.balanced_step_saving_ms = round(out.step_ms * (1.0 - comp.mean() / comp.max()), 3)
+        out.imbalance_pct_over_mean = float(round(100.0 * (comp.max() / comp.mean() - 1.0), 2))
+        out.balanced_step_saving_ms = float(round(out.step_ms * (1.0 - comp.mean() / comp.max()), 3))
     return out
 
 
-def _schedule(stage_ranks: list[list[int]], by_rank: dict[int, RankCollectives], p: int) -> tuple[str, int | None]:
+def _schedule(stage_ranks: list[list[int]], by_rank: dict[int, Collectives], p: int
+              ) -> tuple[PipelineSchedule, int | None]:
     """(schedule, microbatches) from the point-to-point traffic per step (module docstring)."""
     def per_step(r: int) -> dict[int, list[str]]:
         rc = by_rank[r]

@@ -22,12 +22,12 @@ from typing import Sequence
 
 import numpy as np
 
-from rankscope.analyses.rank.collectives import RankCollectives
+from rankscope.results.collectives import Collectives
 
 _COUNTERPART = {"send": "recv", "recv": "send"}
 
 
-def regroup_unnamed(ranks: Sequence[RankCollectives]) -> dict[str, list[tuple[int, ...]]]:
+def regroup_unnamed(ranks: Sequence[Collectives]) -> dict[str, list[tuple[int, ...]]]:
     """Give the inferred dimensions of unnamed groups the partitions their collectives' ends agree
     with, in place (instances' `pg` / `group_size`, the ranks' `groups`); returns the dimensions
     that changed groups (dimension -> its groups now), {} when none did."""
@@ -54,7 +54,7 @@ def regroup_unnamed(ranks: Sequence[RankCollectives]) -> dict[str, list[tuple[in
     return {d: sorted({g for g in new[d].values()}) for d in dims if new[d] is not assigned[d]}
 
 
-def _ends(ranks: Sequence[RankCollectives], dims: list[str]) -> dict[tuple[str, int], dict[str, np.ndarray]]:
+def _ends(ranks: Sequence[Collectives], dims: list[str]) -> dict[tuple[str, int], dict[str, np.ndarray]]:
     """(dimension, rank) -> type -> the sorted ends of those instances."""
     out: dict[tuple[str, int], dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
     for rc in ranks:
@@ -86,7 +86,7 @@ def _distance(ends: dict, dim: str, part: dict[int, tuple[int, ...]]) -> float:
     return math.log1p(sum(per_rank) / len(per_rank)) if per_rank else math.inf
 
 
-def _rewrite(rc: RankCollectives, moves: dict[str, tuple[tuple[int, ...], tuple[int, ...]]]) -> None:
+def _rewrite(rc: Collectives, moves: dict[str, tuple[tuple[int, ...], tuple[int, ...]]]) -> None:
     """Move the rank's instances of each dimension from its old group to its new one."""
     def key(prefix: str, members: tuple[int, ...]) -> str:
         return f"{prefix}:{','.join(map(str, members))}"

@@ -15,7 +15,7 @@ Per rank:
     once too, inside its step windows), and the what-if below.
 
 Every value that decides a verdict is a `rankscope.thresholds` entry (`straggler_*`, `load_*`),
-read from the `Thresholds` the caller resolved (`cross_rank(..., thresholds=)`).
+read from the `Thresholds` the caller resolved (`reduce_job(..., thresholds=)`).
 
 A rank is a **straggler** when it arrived last at >= `last_share_min(n)` of its collectives, or
 holds that share of the job's last-arrival lateness (the sum over collectives of last arrival -
@@ -81,25 +81,24 @@ that wait for a late one sit in exposed communication while it works; a job that
 """
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
 from typing import Sequence, cast
 
-import msgspec
 import numpy as np
 import polars as pl
 
 from rankscope.analyses.rank.breakdown import CATEGORIES
-from rankscope.analyses.job.clock import ClockAlignment, estimate_clock_offsets
+from rankscope.analyses.job.clock import applied_offsets, estimate_clock_offsets
 from rankscope.analyses.job.matching import CollectiveTable, match_collectives, member_frame, since_step_rows
-from rankscope.analyses.job.critical_path import CriticalPath, critical_path
-from rankscope.analyses.job.parallel import ParallelReport, parallel_report
-from rankscope.analyses.job.pipeline import Pipeline
-from rankscope.analyses.rank.collectives import RankCollectives
+from rankscope.analyses.rank.collectives import breakdown_matrix
 from rankscope.analyses.intervals import union, union_length_per_group
 from rankscope.numbers import rank_list
 from rankscope.thresholds import Thresholds, resolve
 from rankscope.units import NS_PER_MS, NS_PER_US
+from rankscope.results.clock import ClockAlignment
+from rankscope.results.collectives import Collectives
+from rankscope.results.pipeline import Pipeline
+from rankscope.results.stragglers import (COST_DEFINITION, LoadBalance, LoadBalanceStep, LoadVerdict, RankStats,
+                                         Straggler, StragglerCause, StragglerReport, StragglerThresholds)
 
 
 CAUSES = ("dataloader", "host_idle", "cpu_ops", "gpu_compute", "memcpy", "communication", "pipeline_stage",
@@ -123,89 +122,22 @@ def last_share_min(n_ranks: int, t: Thresholds) -> float:
     return max(t["straggler_last_share_min"], min(1.0, t["straggler_last_share_chance_factor"] / max(n_ranks, 1)))
 
 
-@dataclass
-class RankStats:
-    """One rank's step-time and collective figures (ms, percent)."""
-    rank: int
-    steps: int
-    step_time_mean_ms: float | None
-    step_time_std_ms: float | None
-    step_time_cv: float | None
-    step_time_z: float | None
-    step_time_pct_over_mean: float | None
-    slowest_step_share: float | None       # share of (common) steps where it is the slowest rank
-    step_time_outlier: bool                # the outlier rule: z > 2 or > 10 % over the mean
-    collectives: int
-    last_arrivals: int
-    last_arrival_pct: float | None
-    lateness_share_pct: float | None       # its share of the summed last-arrival leads of all collectives
-    wait_imposed_ms_per_step: float        # median over the other ranks of their wait for it
-    own_wait_ms_per_step: float            # its own waits, concurrent waits counted once
-    # the what-if, evaluated for candidate ranks only (last most often, or above the last-share bar); None otherwise
-    lateness_ms_per_step: float | None     # L
-    blocking_lateness_ms_per_step: float | None   # I: its lateness on the others' critical path
-    work_excess_ms_per_step: float | None  # A
-    others_wait_excess_ms_per_step: float | None  # B
-    cost_ms_per_step: float | None         # min(A, B, I) per step, averaged over steps with collectives
-    excess_ms_per_step: dict[str, float]   # cause group -> ms per step (vs the median other rank)
-    cause: str | None
-    step_start_lag_ms_per_step: float | None = None   # how much later than the others it started those steps
-    straggler: bool = False
-    found_in_round: int = 1               # 2+: found once the stragglers of earlier rounds were taken out
-
-
-@dataclass
-class Straggler:
-    rank: int
-    cause: str
-    cost_ms_per_step: float
-    last_arrival_pct: float | None
-    step_time_z: float | None
-    step_time_pct_over_mean: float | None
-    wait_imposed_ms_per_step: float
-    excess_ms_per_step: dict[str, float]
-    steps: list[int]                       # steps in which it arrived last
-    evidence: str
-
-
-@dataclass
-class LoadBalance:
-    """Per common step: common_idle_pct (min over ranks of device-idle / step), wait_spread_pct
-    ((median - min over ranks of exposed communication) / median step) and least_waiting_rank
-    (the rank the others wait for, when one is late)."""
-    steps: list[dict]
-    common_idle_pct: float | None          # mean over steps
-    wait_spread_pct: float | None          # mean over steps
-    verdict: str                           # one_rank_late | all_ranks_idle | rotating_lateness | balanced | n/a
-    summary: str
-
-
-@dataclass
-class StragglerReport:
-    stragglers: list[Straggler]
-    verdict: str                           # one line: "no straggler: ..." or "rank 2 is a straggler ..."
-    ranks: list[RankStats]
-    load_balance: LoadBalance
-    median_step_ms: float | None
-    thresholds: dict = field(default_factory=dict)
-
-
-def _thresholds(n: int, t: Thresholds, min_cost: float) -> dict:
+def _thresholds(n: int, t: Thresholds, min_cost: float) -> StragglerThresholds:
     """The values that decided, as the JSON shows them (`straggler_thresholds`); `min_cost_ms_per_step`:
     the cost bar in force (max of `min_cost_ms` and `min_cost_pct_of_step` of the median step)."""
-    return {"step_z_flag": t["straggler_step_z"], "step_pct_flag": t["straggler_step_pct"],
-            "last_share_min": last_share_min(n, t), "min_cost_pct_of_step": t["straggler_min_cost_pct_of_step"],
-            "min_cost_ms": t["straggler_min_cost_ms"], "min_cost_ms_per_step": min_cost,
-            "cause_min_share": t["straggler_cause_min_share"],
-            "all_idle_pct": t["load_all_idle_pct"], "wait_imbalance_pct": t["load_wait_imbalance_pct"]}
+    return StragglerThresholds(
+        step_z_flag=t["straggler_step_z"], step_pct_flag=t["straggler_step_pct"], last_share_min=last_share_min(n, t),
+        min_cost_pct_of_step=t["straggler_min_cost_pct_of_step"], min_cost_ms=t["straggler_min_cost_ms"],
+        min_cost_ms_per_step=min_cost, cause_min_share=t["straggler_cause_min_share"],
+        all_idle_pct=t["load_all_idle_pct"], wait_imbalance_pct=t["load_wait_imbalance_pct"])
 
 
-def _step_table(ranks: Sequence[RankCollectives]) -> pl.DataFrame:
+def _step_table(ranks: Sequence[Collectives]) -> pl.DataFrame:
     rows: dict[str, list] = {"rank": [], "step": [], "duration_ms": [], "idle_ms": [], "exposed_ms": []}
     idle_idx = [CATEGORIES.index(c) for c in IDLE_CATEGORIES]
     exposed = CATEGORIES.index("comm_exposed")
     for rc in ranks:
-        bd = rc.breakdown_matrix() if rc.step_breakdown_ns else np.zeros((len(rc.steps), len(CATEGORIES)), np.int64)
+        bd = breakdown_matrix(rc) if rc.step_breakdown_ns else np.zeros((len(rc.steps), len(CATEGORIES)), np.int64)
         for i, (s, a, b) in enumerate(zip(rc.steps, rc.step_start_ns, rc.step_end_ns)):
             rows["rank"].append(rc.rank)
             rows["step"].append(s)
@@ -216,19 +148,20 @@ def _step_table(ranks: Sequence[RankCollectives]) -> pl.DataFrame:
                                       "idle_ms": pl.Float64, "exposed_ms": pl.Float64})
 
 
-def find_stragglers(ranks: Sequence[RankCollectives], table: CollectiveTable | None = None,
+def find_stragglers(ranks: Sequence[Collectives], table: CollectiveTable | None = None,
                     clock: ClockAlignment | None = None, members: pl.DataFrame | None = None,
-                    thresholds: Thresholds | None = None) -> StragglerReport:
+                    thresholds: Thresholds | None = None, pipeline: Pipeline | None = None) -> StragglerReport:
     """Straggler verdict, per-rank figures and load balance (module docstring). `members`:
     `member_frame(ranks)` when the caller has it and no `table` (the collectives are matched here);
-    `thresholds`: the values in force, by default `resolve()`."""
+    `thresholds`: the values in force, by default `resolve()`; `pipeline`: the job's pipeline, whose
+    unbalanced bottleneck stage is the cause of a straggler on it."""
     t = resolve(thresholds)
     ranks = sorted(ranks, key=lambda r: r.rank)
     n = len(ranks)
     if table is None:
         members = members if members is not None else member_frame(ranks)
         clock = clock or estimate_clock_offsets(ranks, members)
-        table = match_collectives(ranks, clock.applied_offsets(), members)
+        table = match_collectives(ranks, applied_offsets(clock), members)
     steps = _step_table(ranks)
     median_step = float(cast(float, steps["duration_ms"].median())) if steps.height else None
 
@@ -282,6 +215,8 @@ def find_stragglers(ranks: Sequence[RankCollectives], table: CollectiveTable | N
         _step_only(stats, ranks, found, t["straggler_cause_min_share"])
     # round by round (a later round's cost holds once the earlier ones are fixed), by cost within one
     found.sort(key=lambda s: (by_rank[s.rank].found_in_round, -s.cost_ms_per_step))
+    _late_by_dim(found, ranks, table)
+    _stage_stragglers(found, pipeline, t)
     balance = load_balance(ranks, bool(found), t)
     # the bar of the typical collective: 1 / its group's members is the chance of arriving last
     n_group = int(round(float(cast(float, table.collectives["n_ranks"].median())))) if table.count else n
@@ -364,7 +299,7 @@ def _progress(mem: pl.DataFrame, queued_gap_ns: int) -> pl.DataFrame:
                     busy.cum_max().forward_fill().over(["rank", "step"]).alias("busy_ns"))
 
 
-def _evaluate(ranks: Sequence[RankCollectives], table: CollectiveTable, progress: pl.DataFrame, step_stats: dict,
+def _evaluate(ranks: Sequence[Collectives], table: CollectiveTable, progress: pl.DataFrame, step_stats: dict,
               median_step: float | None, min_cost: float, t: Thresholds) -> tuple[list[RankStats], list[Straggler]]:
     """One round: per-rank collective figures (vectorized; the what-if only for candidates) and the
     ranks that pass the straggler bars."""
@@ -464,7 +399,7 @@ def _straggler(s: RankStats, coll: pl.DataFrame, median_step: float | None, caus
                      steps=last_steps, evidence=evidence)
 
 
-def _own_wait(mem: pl.DataFrame, ranks: Sequence[RankCollectives], offsets_ns: dict[int, int]) -> dict[int, int]:
+def _own_wait(mem: pl.DataFrame, ranks: Sequence[Collectives], offsets_ns: dict[int, int]) -> dict[int, int]:
     """Per rank: the time (ns) it waited in collectives for their last member inside its step
     windows, waits in concurrent collectives counted once (the union of its wait intervals)."""
     windows = pl.DataFrame(
@@ -509,7 +444,7 @@ def _imposed_wait(mem: pl.DataFrame, coll: pl.DataFrame) -> dict[int, float]:
             per_other.group_by("last_rank").agg((pl.col("ns") / NS_PER_MS).median()).iter_rows()}
 
 
-def _what_if(rc: RankCollectives, ranks: Sequence[RankCollectives], coll: pl.DataFrame, mf: pl.DataFrame,
+def _what_if(rc: Collectives, ranks: Sequence[Collectives], coll: pl.DataFrame, mf: pl.DataFrame,
              last_cids: pl.Series, step_starts: dict[int, dict[int, int]], cause_min_share: float,
              since_matrices: dict[int, np.ndarray]):
     """(L, I, A, B, cost, excess per group, cause, step-start lag), summed over the steps in which
@@ -612,7 +547,7 @@ def _top_excess(excess: dict[str, float]) -> str:
     return ", ".join(f"{v:.2f} ms/step of {g}" for v, g in pos) if pos else "nothing"
 
 
-def _step_only(stats: list[RankStats], ranks: Sequence[RankCollectives], found: list[Straggler],
+def _step_only(stats: list[RankStats], ranks: Sequence[Collectives], found: list[Straggler],
                cause_min_share: float) -> None:
     """No matched collectives: a step-time outlier is the only evidence; its cause is the group in
     which its mean step breakdown exceeds the median of the other ranks most."""
@@ -628,10 +563,10 @@ def _step_only(stats: list[RankStats], ranks: Sequence[RankCollectives], found: 
         ex = groups[s.rank] - others
         excess = {g: float(v) for g, v in zip(_GROUPS, ex)}
         positive = {g: v for g, v in excess.items() if v > 0}
-        cause = "unknown"
+        cause: StragglerCause = "unknown"
         if positive:
             best = max(positive, key=positive.__getitem__)
-            cause = best if positive[best] >= cause_min_share * sum(positive.values()) else "unknown"
+            cause = cast(StragglerCause, best) if positive[best] >= cause_min_share * sum(positive.values()) else "unknown"
         cost = max(0.0, (s.step_time_mean_ms or 0.0) - float(np.median([x.step_time_mean_ms for x in stats
                                                                          if x.step_time_mean_ms is not None])))
         s.straggler, s.cause, s.cost_ms_per_step, s.excess_ms_per_step = True, cause, cost, excess
@@ -640,11 +575,6 @@ def _step_only(stats: list[RankStats], ranks: Sequence[RankCollectives], found: 
                                wait_imposed_ms_per_step=0.0, excess_ms_per_step=excess, steps=[],
                                evidence=f"no collectives matched across ranks; mean step time "
                                         f"{s.step_time_pct_over_mean:.1f}% over the mean (z = {s.step_time_z:.2f})"))
-
-
-#: What the verdict compares: the cost of a rank (`cost_ms_per_step`), as every output names it.
-COST_DEFINITION = ("cost = how much shorter the other ranks' steps would be if it ran like the median rank "
-                   "(their waits for it on their critical path, concurrent waits counted once)")
 
 
 def _share(s: RankStats) -> float:
@@ -682,7 +612,7 @@ def _verdict(found: list[Straggler], stats: list[RankStats], n_coll: int, n: int
             f"the lateness{cost})")
 
 
-def load_balance(ranks: Sequence[RankCollectives], has_straggler: bool, t: Thresholds) -> LoadBalance:
+def load_balance(ranks: Sequence[Collectives], has_straggler: bool, t: Thresholds) -> LoadBalance:
     """All ranks idle at once vs one rank late (module docstring)."""
     steps = _step_table(ranks)
     if steps.is_empty() or len(ranks) < 2:
@@ -701,6 +631,7 @@ def load_balance(ranks: Sequence[RankCollectives], has_straggler: bool, t: Thres
     spread = float(cast(float, per_step["wait_spread_pct"].mean()))
     figures = (f"every rank idle at once {idle:.1f}% of a step; the median rank sits in exposed communication "
                f"{spread:.1f}% of a step longer than the rank that waits least")
+    verdict: LoadVerdict
     if has_straggler:
         verdict, summary = "one_rank_late", f"one rank late (see stragglers): {figures}"
     elif idle >= t["load_all_idle_pct"]:
@@ -711,71 +642,18 @@ def load_balance(ranks: Sequence[RankCollectives], has_straggler: bool, t: Thres
                                                 f"consistently (imbalance that moves): {figures}")
     else:
         verdict, summary = "balanced", f"balanced: {figures}"
-    return LoadBalance(per_step.to_dicts(), idle, spread, verdict, summary)
+    return LoadBalance([LoadBalanceStep(*row) for row in per_step.select(
+        "step", "common_idle_pct", "wait_spread_pct", "least_waiting_rank").iter_rows()], idle, spread, verdict, summary)
 
 
-# ----------------------------------------------------------------------------------------------
-@dataclass
-class CrossRank:
-    """Everything the cross-rank reduce produces, from the ranks' RankCollectives."""
-    clock: ClockAlignment
-    collectives: CollectiveTable
-    stragglers: StragglerReport
-    alpha_beta: list                      # alphabeta.AlphaBetaFit
-    parallel: ParallelReport | None = None   # layout, communication per dimension, pipeline, experts
-    critical_path: CriticalPath | None = None
-
-    def as_dict(self) -> dict:
-        """Plain data (JSON-ready): `collectives` (count, by_type, by_pg, alpha_beta, clock offsets,
-        warnings), `stragglers` (list), `straggler_verdict`, `load_balance`, `clock`, `ranks`, and the
-        parallel layout's `parallelism`, `pipeline`, `experts`, `comm_by_dim_ms` (rank -> dims)."""
-        from rankscope.analyses.job.alphabeta import alpha_beta_rows
-        from rankscope.analyses.job.matching import collectives_summary
-        rep = self.stragglers
-        return {
-            "collectives": {**collectives_summary(self.collectives), "alpha_beta": alpha_beta_rows(self.alpha_beta)},
-            "stragglers": [dataclasses.asdict(s) for s in rep.stragglers],
-            "straggler_verdict": rep.verdict,
-            "load_balance": dataclasses.asdict(rep.load_balance),
-            "clock": self.clock.as_dict(),
-            "ranks": [dataclasses.asdict(r) for r in rep.ranks],
-            "thresholds": dict(rep.thresholds),
-            "median_step_ms": rep.median_step_ms,      # every "% of step" of the findings is of it
-            "critical_path": msgspec.to_builtins(self.critical_path) if self.critical_path else None,   # asdict: 12x slower
-            **(self.parallel.as_dict() if self.parallel else
-               {"parallelism": {"layout": "", "dims": []}, "pipeline": None, "experts": None, "comm_by_dim_ms": {}}),
-        }
-
-
-def cross_rank(ranks: Sequence[RankCollectives], align_clocks: bool = True,
-               thresholds: Thresholds | None = None) -> CrossRank:
-    """Clock alignment -> collective matching -> stragglers and load balance -> alpha-beta fits;
-    `thresholds`: the values in force, by default `resolve()`."""
-    from rankscope.analyses.job.alphabeta import fit_alpha_beta
-    ranks = sorted(ranks, key=lambda r: r.rank)
-    members = member_frame(ranks)                  # built once, shared by every stage below
-    clock = estimate_clock_offsets(ranks, members) if align_clocks else ClockAlignment(
-        ranks=[r.rank for r in ranks], offset_ns=[0] * len(ranks), uncertainty_ns=[-1] * len(ranks),
-        collectives_used=[0] * len(ranks), applied=[False] * len(ranks), note="clock alignment off: raw timestamps")
-    table = match_collectives(ranks, clock.applied_offsets(), members)
-    del members                                    # the straggler rounds derive theirs from `table`
-    report = find_stragglers(ranks, table, clock, thresholds=thresholds)
-    parallel = parallel_report(ranks)
-    _late_by_dim(report, ranks, table)
-    _stage_stragglers(report, parallel.pipeline, resolve(thresholds))
-    path = critical_path(ranks, table, parallel, thresholds, [(s.rank, s.cause) for s in report.stragglers],
-                         CAUSE_GROUPS)
-    return CrossRank(clock, table, report, fit_alpha_beta(table), parallel, path)
-
-
-def _late_by_dim(report: StragglerReport, ranks: Sequence[RankCollectives], table: CollectiveTable) -> None:
+def _late_by_dim(found: list[Straggler], ranks: Sequence[Collectives], table: CollectiveTable) -> None:
     """On a job of several dimensions, each straggler's evidence says in which dimension's groups it
     arrives last (a rank late inside its tp group is late there, not everywhere)."""
     dims_of = {rc.rank: rc.dim for rc in ranks}
-    if not report.stragglers or len({d for dims in dims_of.values() for d in dims if d}) < 2:
+    if not found or len({d for dims in dims_of.values() for d in dims if d}) < 2:
         return
     m = table.members
-    for st in report.stragglers:
+    for st in found:
         mine = m.filter(pl.col("rank") == st.rank)
         share: dict[str, tuple[int, int]] = {}
         for idx, last in mine.select("idx", "is_last").iter_rows():
@@ -787,7 +665,7 @@ def _late_by_dim(report: StragglerReport, ranks: Sequence[RankCollectives], tabl
                 f"last at {k} of {n} {d} collectives ({100.0 * k / n:.0f}%)" for d, (n, k) in sorted(share.items()))
 
 
-def _stage_stragglers(report: StragglerReport, pipeline: Pipeline | None, t: Thresholds) -> None:
+def _stage_stragglers(found: list[Straggler], pipeline: Pipeline | None, t: Thresholds) -> None:
     """A straggler on the bottleneck stage of an unbalanced pipeline (compute >=
     `pipeline_stage_imbalance_pct` over the stages' mean) is late because its stage holds more work:
     cause `pipeline_stage`."""
@@ -795,10 +673,8 @@ def _stage_stragglers(report: StragglerReport, pipeline: Pipeline | None, t: Thr
             pipeline.imbalance_pct_over_mean < t["pipeline_stage_imbalance_pct"]:
         return
     stage = next(st for st in pipeline.stages if st.stage == pipeline.bottleneck_stage)
-    for s in report.stragglers:
+    for s in found:
         if s.rank in stage.ranks:
-            report.verdict = report.verdict.replace(f"rank {s.rank} is a straggler (cause {s.cause},",
-                                                    f"rank {s.rank} is a straggler (cause pipeline_stage,")
             s.cause = "pipeline_stage"
             s.evidence += (f"; it is on pipeline stage {stage.stage}, which computes "
                            f"{pipeline.imbalance_pct_over_mean:.0f}% "

@@ -51,10 +51,10 @@ from rankscope.analyses.rank.views import event_end_ns, kind_mask, name_mask
 from rankscope.analyses.rank.dataloader import dataloader_span_rows
 from rankscope.model import (BLOCKING_SYNC_PATTERN, DATALOADER_PATTERN, DEVICE_KINDS, HOST_COMM_PATTERN,
                              PROFILER_STEP_PATTERN, Kind, KernelClass, RankTrace, names_matching)
+from rankscope.results.rank import BREAKDOWN_CATEGORIES
 from rankscope.units import NS_PER_MS
 
-CATEGORIES = ("compute", "comm_overlapped", "comm_exposed", "memcpy", "dataloader", "sync", "host",
-              "idle_other")
+CATEGORIES = BREAKDOWN_CATEGORIES
 #: Host ops that are collectives, not computation (CPU-only jobs).
 HOST_COLLECTIVE_PATTERN = r"^(c10d::|record_param_comms|gloo:|nccl:)"
 #: `python_function` events (traces taken with `with_stack=True`) in which the host thread sleeps

@@ -31,11 +31,11 @@ The cross-rank matching of these records is `analyses/job/matching.py`.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from typing import cast
 import re
 import sys
 import zlib
-from dataclasses import dataclass, field
-from typing import cast
 
 import numpy as np
 import polars as pl
@@ -47,6 +47,8 @@ from rankscope.analyses.rank.steps import step_windows
 from rankscope.analyses.rank.temporal import event_columns
 from rankscope.analyses.rank.views import distinct_names, first_launch_rows, is_kind, named_mask
 from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, KernelClass, RankTrace
+from rankscope.results.collectives import (PACKED_INT_COLUMNS, Collectives, PackedCollectives, PackedMatrix,
+                                          RankCollectives)
 
 DEFAULT_PG = "default"
 
@@ -187,99 +189,51 @@ def busbw_factor(ctype: str, n: int) -> float | None:
 
 # ----------------------------------------------------------------------------------------------
 # Map side
-@dataclass
-class RankCollectives:
-    """One rank's collective instances, sorted by arrival; parallel lists (one entry per instance).
-    Times are int64 ns on this rank's own clock. `last_work_ns`: see the module docstring.
-    `pre_ns` / `since_step_ns`: len(CATEGORIES) ns per instance, in `breakdown.CATEGORIES` order, one
-    instance after the other (`pre_matrix` / `since_step_matrix`: one row each). Unknown numbers are -1.
-    Steps: the rank's step windows (step ids, start/end ns) and their exact breakdown, for
-    step-time statistics and load balance across ranks. `orphan`: a kernel launched before the
-    profiled window (no launch event in the trace): ranks differ in how many they have, so
-    orphans without a seq are left out of order-based matching."""
-    rank: int
-    source: str = "none"                 # "device" (COMM kernels) | "host" (gloo spans) | "none"
-    hostname: str | None = None
-    world_size: int | None = None
-    pg: list[str] = field(default_factory=list)
-    seq: list[int] = field(default_factory=list)
-    type: list[str] = field(default_factory=list)
-    start_ns: list[int] = field(default_factory=list)
-    end_ns: list[int] = field(default_factory=list)
-    last_work_ns: list[int] = field(default_factory=list)
-    in_bytes: list[int] = field(default_factory=list)
-    out_bytes: list[int] = field(default_factory=list)
-    group_size: list[int] = field(default_factory=list)
-    dtype: list[str] = field(default_factory=list)
-    step: list[int] = field(default_factory=list)            # step id, -1 outside every step
-    window_start_ns: list[int] = field(default_factory=list)
-    pre_ns: list[int] = field(default_factory=list)           # instance after instance; compact(): zlib bytes
-    since_step_ns: list[int] = field(default_factory=list)    # instance after instance; compact(): zlib bytes
-    steps: list[int] = field(default_factory=list)
-    step_start_ns: list[int] = field(default_factory=list)
-    step_end_ns: list[int] = field(default_factory=list)
-    step_breakdown_ns: list[list[int]] = field(default_factory=list)   # per step, ns per CATEGORIES
-    orphan: list[bool] = field(default_factory=list)   # device kernel whose launch is not in the trace
-    steps_source: str = "profiler_step"   # "profiler_step" | "whole_trace"
-    # parallel layout (analyses/rank/groups.py): per instance its dimension ("" when none) and the
-    # step-breakdown time it owns (`_owned_comm_ns`); per rank its groups as [dim, source, ranks...]
-    dim: list[str] = field(default_factory=list)
-    # critical path (analyses/job/critical_path.py): per step, the breakdown of its tail [the end of
-    # its last collective, step end) (the whole step without collectives), ns per CATEGORIES
-    step_tail_ns: list[list[int]] = field(default_factory=list)
-    # pipeline schedule marks (`PIPELINE_MARKS`): distinct model stages and microbatches this rank
-    # ran forward, -1 without marks
-    pipeline_stages: int = -1
-    pipeline_microbatches: int = -1
-    owned_overlapped_ns: list[int] = field(default_factory=list)
-    owned_exposed_ns: list[int] = field(default_factory=list)
-    groups: list[list] = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return len(self.start_ns)
-
-    def compact(self) -> "RankCollectives":
-        """What travels from a worker to the cross-rank reduce, as small as the reduce allows (call
-        after the summary is cached: msgpack takes the lists). The per-instance lists the reduce
-        reads become numpy arrays (a Python int costs 28 bytes + a list slot, an array item 8) and
-        the repeated strings are shared; `since_step_ns`, read for a few straggler candidates only,
-        is kept zlib-compressed (10x on synth ranks; `since_step_matrix` reads it), and so is `pre_ns`
-        (the critical path reads it, `pre_matrix`); `dtype`, which the reduce does not read, is
-        dropped. A 10 MB synth rank: 66 KB of arrays -> 24 KB."""
-        for name in ("seq", "start_ns", "end_ns", "last_work_ns", "in_bytes", "out_bytes", "group_size", "step",
-                     "owned_overlapped_ns", "owned_exposed_ns", "window_start_ns"):
-            setattr(self, name, np.asarray(getattr(self, name), dtype=np.int64))
-        # these three change type here (their annotation is what the map makes and the cache holds)
-        setattr(self, "since_step_ns", zlib.compress(self.since_step_matrix().tobytes(), 1))
-        setattr(self, "pre_ns", zlib.compress(self.pre_matrix().tobytes(), 1))
-        self.dtype = []
-        setattr(self, "orphan", np.asarray(self.orphan, dtype=bool))
-        for name in ("pg", "type", "dim"):
-            setattr(self, name, [sys.intern(v) for v in getattr(self, name)])
-        return self
-
-    def since_step_matrix(self) -> np.ndarray:
-        """`since_step_ns` as an (instances, len(CATEGORIES)) int64 array, compacted or not."""
-        return _matrix(self.since_step_ns, len(self))
-
-    def breakdown_matrix(self) -> np.ndarray:
-        """`step_breakdown_ns` as a (steps, len(CATEGORIES)) int64 array."""
-        return np.asarray(self.step_breakdown_ns, dtype=np.int64).reshape(-1, len(CATEGORIES))
-
-    def owned_ns(self) -> tuple[np.ndarray, np.ndarray]:
-        """(`owned_overlapped_ns`, `owned_exposed_ns`) as int64 arrays; zeros for a summary without them."""
-        n = len(self)
-        overlapped, exposed = (np.asarray(v if len(v) == n else np.zeros(n), dtype=np.int64)
-                               for v in (self.owned_overlapped_ns, self.owned_exposed_ns))
-        return overlapped, exposed
-
-    def pre_matrix(self) -> np.ndarray:
-        """`pre_ns` as an (instances, len(CATEGORIES)) int64 array, compacted or not."""
-        return _matrix(self.pre_ns, len(self))
+def pack_collectives(rc: RankCollectives) -> PackedCollectives:
+    """What travels from a worker to the cross-rank reduce, as small as the reduce allows
+    (results/collectives.py `PackedCollectives`). A 10 MB synth rank: 66 KB of lists -> 24 KB."""
+    ints = {name: np.asarray(getattr(rc, name), dtype=np.int64) for name in PACKED_INT_COLUMNS}
+    return PackedCollectives(
+        rank=rc.rank, source=rc.source, hostname=rc.hostname, world_size=rc.world_size,
+        pg=[sys.intern(v) for v in rc.pg], type=[sys.intern(v) for v in rc.type], dim=[sys.intern(v) for v in rc.dim],
+        orphan=np.asarray(rc.orphan, dtype=bool),
+        since_step_ns=PackedMatrix(instances(rc), zlib.compress(since_step_matrix(rc).tobytes(), 1)),
+        pre_ns=PackedMatrix(instances(rc), zlib.compress(pre_matrix(rc).tobytes(), 1)),
+        steps=rc.steps, step_start_ns=rc.step_start_ns, step_end_ns=rc.step_end_ns,
+        step_breakdown_ns=rc.step_breakdown_ns, steps_source=rc.steps_source, step_tail_ns=rc.step_tail_ns,
+        pipeline_stages=rc.pipeline_stages, pipeline_microbatches=rc.pipeline_microbatches, groups=rc.groups, **ints)
 
 
-def _matrix(v, n: int) -> np.ndarray:
-    flat = np.frombuffer(zlib.decompress(v), dtype=np.int64) if isinstance(v, bytes) else np.asarray(v, np.int64)
+def instances(rc: Collectives) -> int:
+    """How many collective instances the rank has."""
+    return len(rc.start_ns)
+
+
+def since_step_matrix(rc: Collectives) -> np.ndarray:
+    """`since_step_ns` as an (instances, len(CATEGORIES)) int64 array, packed or not."""
+    return _matrix(rc.since_step_ns, instances(rc))
+
+
+def breakdown_matrix(rc: Collectives) -> np.ndarray:
+    """`step_breakdown_ns` as a (steps, len(CATEGORIES)) int64 array."""
+    return np.asarray(rc.step_breakdown_ns, dtype=np.int64).reshape(-1, len(CATEGORIES))
+
+
+def owned_ns(rc: Collectives) -> tuple[np.ndarray, np.ndarray]:
+    """(`owned_overlapped_ns`, `owned_exposed_ns`) as int64 arrays; zeros for a summary without them."""
+    n = instances(rc)
+    return (np.asarray(rc.owned_overlapped_ns if len(rc.owned_overlapped_ns) == n else np.zeros(n), dtype=np.int64),
+            np.asarray(rc.owned_exposed_ns if len(rc.owned_exposed_ns) == n else np.zeros(n), dtype=np.int64))
+
+
+def pre_matrix(rc: Collectives) -> np.ndarray:
+    """`pre_ns` as an (instances, len(CATEGORIES)) int64 array, packed or not."""
+    return _matrix(rc.pre_ns, instances(rc))
+
+
+def _matrix(v: list[int] | PackedMatrix, n: int) -> np.ndarray:
+    flat = (np.frombuffer(zlib.decompress(v.zlib_int64), dtype=np.int64) if isinstance(v, PackedMatrix)
+            else np.asarray(v, np.int64))
     return flat.reshape(n, len(CATEGORIES))
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import re
 
-import msgspec
 import numpy as np
 import polars as pl
 
@@ -33,42 +32,12 @@ from rankscope.analyses.rank.steps import StepWindows, step_windows
 from rankscope.analyses.rank.views import event_end_ns, kind_mask, name_mask
 from rankscope.model import DATALOADER_PATTERN, HOST_OP_KINDS, RankTrace
 from rankscope.units import NS_PER_MS
+from rankscope.results.rank import DataLoaderSteps, DataLoaderShare
 
 SINGLE_PROCESS_ITER = "_SingleProcessDataLoaderIter"
 MULTI_PROCESS_ITER = "_MultiProcessingDataLoaderIter"
 _ITERATOR = re.compile(r"^enumerate\(DataLoader\)#([^.]+)\.__next__")
 PIN_MEMORY_OPS = ("aten::pin_memory", "aten::_pin_memory")
-
-
-
-class DataLoaderSteps(msgspec.Struct):
-    """Columns, one entry per step window; `spans`: DataLoader spans starting in the step."""
-    step: list[int]
-    duration_ms: list[float]
-    dataloader_ms: list[float]
-    share_pct: list[float]
-    spans: list[int]
-
-
-class DataLoaderShare(msgspec.Struct):
-    steps: DataLoaderSteps
-    steps_source: str                      # "profiler_step" | "whole_trace"
-    spans: int                             # DataLoader __next__ spans in the trace
-    dataloader_ms: float                   # DataLoader time inside the step windows
-    step_time_ms: float
-    share_pct: float | None                # dataloader_ms / step_time_ms
-    mean_step_share_pct: float | None      # mean of the per-step shares
-    max_step_share_pct: float | None
-    outside_steps_ms: float                # DataLoader time outside every step window
-    iterators: list[str] = []              # iterator classes seen in the span names
-    multiprocessing: bool | None = None    # None: no DataLoader span
-    num_workers: int | None = None         # 0 when single-process; None when unknown
-    num_workers_source: str = "none"       # "iterator_class" | "unknown" | "none"
-    pin_memory_ops: int = 0
-
-    @property
-    def present(self) -> bool:
-        return self.spans > 0
 
 
 def dataloader_span_rows(trace: RankTrace) -> np.ndarray:

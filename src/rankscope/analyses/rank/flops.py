@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from collections import Counter
 
-import msgspec
 import numpy as np
 import polars as pl
 
@@ -17,6 +17,7 @@ from rankscope.analyses.rank.steps import step_windows
 from rankscope.analyses.rank.views import column, kind_mask, name_mask, named_mask
 from rankscope.model import DEVICE_KINDS, Kind, RankTrace
 from rankscope.units import NS_PER_MS
+from rankscope.results.rank import RankFlops
 
 #: GEMM ops -> positions of the two matrices in `Input Dims` (torch's with_flops: mat1, mat2).
 GEMM_INPUTS = {"aten::mm": (0, 1), "aten::addmm": (1, 2), "aten::bmm": (0, 1), "aten::baddbmm": (1, 2)}
@@ -24,20 +25,6 @@ UNCOUNTED_PATTERN = r"^aten::(conv|cudnn_conv|miopen_conv|_convolution)"
 #: Profiler input type -> peak table dtype.
 TORCH_DTYPES = {"c10::BFloat16": "bf16", "c10::Half": "fp16", "float": "fp32", "c10::Float8_e4m3fn": "fp8",
                 "c10::Float8_e5m2": "fp8", "c10::Float8_e4m3fnuz": "fp8", "c10::Float8_e5m2fnuz": "fp8"}
-
-
-class RankFlops(msgspec.Struct):
-    """One rank's steps, device and traced FLOPs (the per-rank map step; small)."""
-    rank: int
-    device: str | None                  # name of the device that ran the rank's kernels
-    device_props: dict[str, Any] | None
-    steps: list[int]
-    step_ms: list[float]
-    flops: list[float] = []             # traced FLOPs per step ([] when none)
-    source: str = "none"                # "flops_args" | "gemm_shapes" | "none"
-    dtype: str | None = None            # the GEMMs' dtype, FLOPs-weighted (None: not recorded)
-    ops: int = 0                        # ops whose FLOPs were counted
-    uncounted_ops: int = 0              # convolutions without flops args (gemm_shapes only)
 
 
 def rank_flops(trace: RankTrace) -> RankFlops:

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 from typing import Iterable, Literal
 
-import msgspec
 import numpy as np
-import polars as pl
 
 from rankscope.analyses.rank.breakdown import CATEGORIES, Timeline, classify_timeline
 from rankscope.analyses.intervals import union
@@ -31,31 +29,12 @@ from rankscope.analyses.rank.steps import StepWindows, step_windows
 from rankscope.analyses.rank.views import event_end_ns, kind_mask, launch_calls_by_id, name_mask, rows_of_kinds
 from rankscope.model import (DATALOADER_PATTERN, DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace,
                              name_codes)
+from rankscope.results.rank import Gap, GapSummary
 
 #: Shorter idle stretches are launch jitter, not gaps (tb-profiler's GPU-idle view shows >= 0.1 ms).
 GAP_MIN_US = 100.0
 TOP_GAPS = 20
 _IDLE_CATEGORIES = ("dataloader", "sync", "host", "idle_other")
-
-
-class Gap(msgspec.Struct):
-    step: int
-    start_in_step_ms: float
-    duration_ms: float
-    host_activity: str                     # dominant of dataloader / sync / host / idle_other
-    host_ms: dict[str, float]              # the gap's time per idle category
-    next_device_op: str                    # kernel / memcpy that ended the gap
-    launched_by: str | None                # innermost CPU op around its launch
-    busy_host_op: str | None               # CPU op most present during the gap (launching thread)
-    position: Literal["between", "before_first", "after_last"] = "between"   # where in the step (module docstring)
-
-
-class GapSummary(msgspec.Struct):
-    gap_min_us: float
-    gaps: int
-    gap_ms: float
-    gap_ms_by_host_activity: dict[str, float]
-    top: list[Gap] = []
 
 
 def idle_gaps(trace: RankTrace, windows: StepWindows | None = None, timeline: Timeline | None = None,

@@ -15,24 +15,16 @@ traces. A rank without a backward pass or without gradient collectives has no sc
 """
 from __future__ import annotations
 
-import msgspec
 import numpy as np
 
 from rankscope.analyses.intervals import union
 from rankscope.analyses.rank.views import column, name_mask, named_mask, names_matching, rows_of_kinds
 from rankscope.model import HOST_OP_KINDS, RankTrace
+from rankscope.results.rank import GradSyncSchedule
 
 BACKWARD_PATTERN = r"^autograd::engine::evaluate_function"
 C10D_GRAD_COLLECTIVE_PATTERN = r"^c10d::(allreduce_|reduce_scatter|_reduce_scatter_base)"
 NCCL_GRAD_COLLECTIVE_PATTERN = r"^nccl:(all_reduce|reduce_scatter|_reduce_scatter_base)"
-
-
-class GradSyncSchedule(msgspec.Struct):
-    collectives: int                    # gradient collectives launched by the host
-    launched_during_backward: int
-    launched_after_backward: int        # launched with no backward op running (after it ended)
-    after_backward_pct: float
-    source: str                         # "c10d" | "nccl_annotation": which host ops were counted
 
 
 def gradient_sync_schedule(trace: RankTrace) -> GradSyncSchedule | None:

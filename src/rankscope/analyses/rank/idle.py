@@ -34,39 +34,11 @@ from rankscope.analyses.rank.temporal import (event_columns, first_per_id, run_b
 from rankscope.analyses.rank.views import rows_of_kinds
 from rankscope.model import DEVICE_KINDS, RankTrace
 from rankscope.units import NS_PER_US, NS_PER_MS
+from rankscope.results.rank import IDLE_CATEGORIES, IdleIntervals, IdleTimeBreakdown, StreamIdle
 
 #: HTA 0.5 default of get_idle_time_breakdown (applied in µs, see module docstring).
 CONSECUTIVE_KERNEL_DELAY_US = 30.0
-CATEGORIES = ("host_wait", "kernel_wait", "other")
-
-
-class IdleIntervals(msgspec.Struct):
-    """Statistics of one category's idle intervals on a stream (µs; None without intervals)."""
-    count: int
-    mean_us: float | None
-    p50_us: float | None
-    p95_us: float | None
-    max_us: float | None
-
-
-class StreamIdle(msgspec.Struct):
-    """One (device, stream): idle ms per category, their total, each category's share of it (None when
-    the stream has no idle time) and interval statistics per category."""
-    device: int
-    stream: int
-    idle_ms: dict[str, float]
-    idle_total_ms: float
-    ratio: dict[str, float | None]
-    intervals: dict[str, IdleIntervals]
-
-
-class IdleTimeBreakdown(msgspec.Struct):
-    """`streams`: one per (device, stream). `idle_ms` / `ratio`: the rank's totals over all streams."""
-    consecutive_kernel_delay_us: float
-    include_last_step: bool
-    idle_ms: dict[str, float] = msgspec.field(default_factory=lambda: {c: 0.0 for c in CATEGORIES})
-    ratio: dict[str, float | None] = msgspec.field(default_factory=lambda: {c: None for c in CATEGORIES})
-    streams: list[StreamIdle] = []
+CATEGORIES = IDLE_CATEGORIES
 
 
 def _ratios(parts: dict[str, float]) -> dict[str, float | None]:

@@ -93,7 +93,6 @@ from __future__ import annotations
 
 import re
 
-import msgspec
 import numpy as np
 import polars as pl
 
@@ -103,6 +102,7 @@ from rankscope.analyses.rank.views import device_events, gpu_args_at, names_matc
 from rankscope.model import (HOST_OP_KINDS, MATCHED_NAME_CHARS, PROFILER_STEP_PATTERN, Kind, KernelClass, RankTrace,
                              name_codes, name_matches)
 from rankscope.units import NS_PER_US, NS_PER_MS
+from rankscope.results.rank import KernelClasses, KernelOverlap, TopKernels, KernelBreakdown, KernelNames, KernelStats
 
 _HOST = [int(k) for k in HOST_OP_KINDS]
 _LAUNCH = [int(Kind.RUNTIME), int(Kind.DRIVER)]
@@ -200,47 +200,6 @@ def tensor_core_rule(name: str) -> tuple[bool | None, str | None, bool]:
     """(uses Tensor Cores, rule name, GEMM-like) for one kernel name (`tensor_core_rules`)."""
     tc, rule, gemm = tensor_core_rules([name])
     return tc[0], rule[0], bool(gemm[0])
-
-
-# ----------------------------------------------------------------------------------------------
-class KernelClasses(msgspec.Struct):
-    """Columns, one entry per kernel class ("COMP"|"COMM"|"MEM"): count, sum_ms (sum of durations),
-    share_pct (of the sum over classes), busy_ms (union of the class's intervals)."""
-    kernel_class: list[str]
-    count: list[int]
-    sum_ms: list[float]
-    share_pct: list[float]
-    busy_ms: list[float]
-
-
-class KernelOverlap(msgspec.Struct):
-    """Columns, one entry per set of classes running together ("COMP", "COMM", "MEM", "COMP+COMM", ...):
-    time_ms, share_pct of busy_ms (HTA's kernel-type frame)."""
-    kernel_types: list[str]
-    time_ms: list[float]
-    share_pct: list[float]
-
-
-class TopKernels(msgspec.Struct):
-    """Columns: per class its `top_k` names, then one "others" row per class."""
-    kernel_class: list[str]
-    name: list[str]
-    count: list[int]
-    sum_us: list[float]
-    mean_us: list[float]
-    min_us: list[float]
-    max_us: list[float]
-    std_us: list[float]
-    share_of_class_pct: list[float]
-
-
-class KernelBreakdown(msgspec.Struct):
-    """Time by kernel class (HTA `get_gpu_kernel_breakdown` semantics, our classes)."""
-    classes: KernelClasses
-    overlap: KernelOverlap
-    top_kernels: TopKernels
-    sum_ms: float                 # sum of device event durations
-    busy_ms: float                # union of all device activity
 
 
 _CLASS_FRAME = {"kernel_class": pl.String, "count": pl.Int64, "sum_ms": pl.Float64,
@@ -381,53 +340,8 @@ def _top_kernels(dev: pl.DataFrame, top_k: int) -> TopKernels:
     return TopKernels(**out)
 
 
-# ----------------------------------------------------------------------------------------------
-class KernelNames(msgspec.Struct):
-    """Columns, one entry per kernel name: count, total_ms, mean_us, share_pct (of kernel_ms),
-    occupancy_pct (duration-weighted mean estimated achieved occupancy), occupancy_source ("trace" |
-    "computed" | "mixed" | None), theoretical_occupancy_pct (computed from launch config,
-    duration-weighted; None when not computable), grid_blocks, block_threads, registers_per_thread,
-    shared_memory_bytes (of the longest launch), gemm_like, tensor_core (None for a GEMM-like kernel
-    the table cannot decide), tc_rule (rule that matched)."""
-    name: list[str]
-    kernel_class: list[str]
-    count: list[int]
-    total_ms: list[float]
-    mean_us: list[float]
-    share_pct: list[float]
-    occupancy_pct: list[float | None]
-    occupancy_source: list[str | None]
-    theoretical_occupancy_pct: list[float | None]
-    grid_blocks: list[int | None]
-    block_threads: list[int | None]
-    registers_per_thread: list[int | None]
-    shared_memory_bytes: list[int | None]
-    gemm_like: list[bool]
-    tensor_core: list[bool | None]
-    tc_rule: list[str | None]
-
-
 #: Kernels a compiler generated (module docstring): TorchInductor's Triton kernels, nvFuser's.
 GENERATED_KERNEL_PATTERN = r"^triton_|(^|::)nvfuser_"
-
-
-class KernelStats(msgspec.Struct):
-    """Per kernel name (top `top_n` by total time) and job-level Tensor Core figures."""
-    kernels: KernelNames
-    kernel_count: int
-    kernel_ms: float                    # all kernel events (no memcpy/memset)
-    gemm_ms: float                      # GEMM-like kernels
-    gemm_tensor_core_ms: float
-    gemm_fp32_ms: float                 # GEMM-like without Tensor Cores
-    gemm_unknown_ms: float              # GEMM-like, Tensor Core use unknown
-    fp32_gemm_share_pct: float | None   # gemm_fp32 / (gemm_tensor_core + gemm_fp32)
-    tensor_core_ms: float               # every kernel inferred to use Tensor Cores
-    tensor_core_pct: float | None       # of kernel_ms
-    occupancy_pct: float | None         # duration-weighted over kernels with a value
-    occupancy_source: str | None        # "trace" | "computed" | "mixed" | None
-    occupancy_covered_pct: float | None  # share of kernel time with an occupancy value
-    generated_kernel_pct: float | None = None        # compiler-generated kernels' time, % of kernel_ms
-    generated_kernel_count_pct: float | None = None  # their launches, % of kernel_count
 
 
 def kernel_stats(trace: RankTrace, top_n: int = 20) -> KernelStats:

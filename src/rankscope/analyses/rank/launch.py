@@ -51,6 +51,8 @@ from rankscope.analyses.rank.temporal import (event_columns, first_per_id, run_b
 from rankscope.analyses.rank.views import gpu_args_at, is_kind, memo, named_mask
 from rankscope.model import Kind, KernelClass, RankTrace, name_codes
 from rankscope.units import NS_PER_US, NS_PER_MS
+from rankscope.results.rank import (DurationStats, PointStats, StreamLaunches, ShortKernel, KernelLaunchStats,
+                                    StreamQueue, QueueLengthStats, CopyKindBandwidth, MemoryBandwidthStats)
 
 #: HTA 0.5 defaults of get_cuda_kernel_launch_stats (µs).
 RUNTIME_CUTOFF_US = 50.0
@@ -74,30 +76,6 @@ HTA_QUEUE_LENGTH_NAMES = ("cudaMemsetAsync", "cudaMemcpyAsync", "cudaLaunchKerne
                           "cuLaunchKernel", "runFunction - job_prep_and_submit_for_execution", "hipLaunchKernel",
                           "hipExtModuleLaunchKernel", "hipMemcpyAsync", "hipMemsetAsync", "hipMemcpyWithStream")
 TOP_N = 10
-
-
-# ------------------------------------------------------------------------------------------------
-# helpers
-class DurationStats(msgspec.Struct):
-    """count, mean, p50, p95, max (µs; None without values) and sum (ms) of durations."""
-    count: int
-    mean_us: float | None
-    p50_us: float | None
-    p95_us: float | None
-    max_us: float | None
-    sum_ms: float
-
-
-class PointStats(msgspec.Struct):
-    """HTA's `describe()` of a counter's values at its change points (+ p95; None without values)."""
-    count: int
-    mean: float | None
-    min: float | None
-    p25: float | None
-    p50: float | None
-    p75: float | None
-    p95: float | None
-    max: float | None
 
 
 def quantiles(x: np.ndarray, fractions: Sequence[float]) -> list[float]:
@@ -214,46 +192,6 @@ def _origin(trace: RankTrace) -> int | None:
     return int(ts.min()) if len(ts) else None
 
 
-# ------------------------------------------------------------------------------------------------
-# launch statistics
-class StreamLaunches(msgspec.Struct):
-    """One (device, stream): launches, mean / p95 figures and outlier counts."""
-    device: int
-    stream: int
-    launches: int
-    cpu_duration_mean_us: float
-    gpu_duration_sum_ms: float
-    launch_delay_mean_us: float
-    launch_delay_p95_us: float
-    short_kernels: int
-    runtime_outliers: int
-    launch_delay_outliers: int
-
-
-class ShortKernel(msgspec.Struct):
-    """A kernel name among the short kernels: calls and summed device / launch time (µs)."""
-    name: str
-    count: int
-    gpu_us_total: float
-    cpu_us_total: float
-
-
-class KernelLaunchStats(msgspec.Struct):
-    """Per rank. `streams`: per (device, stream). `short_kernel_names`: the top names among short kernels."""
-    runtime_cutoff_us: float
-    launch_delay_cutoff_us: float
-    include_last_step: bool
-    launches: int = 0
-    cpu_duration: DurationStats = msgspec.field(default_factory=lambda: _stats_us(np.zeros(0, np.int64)))
-    gpu_duration: DurationStats = msgspec.field(default_factory=lambda: _stats_us(np.zeros(0, np.int64)))
-    launch_delay: DurationStats = msgspec.field(default_factory=lambda: _stats_us(np.zeros(0, np.int64)))
-    short_kernels: int = 0
-    runtime_outliers: int = 0
-    launch_delay_outliers: int = 0
-    streams: list[StreamLaunches] = []
-    short_kernel_names: list[ShortKernel] = []
-
-
 def kernel_launch_stats(trace: RankTrace, runtime_cutoff_us: float = RUNTIME_CUTOFF_US,
                         launch_delay_cutoff_us: float = LAUNCH_DELAY_CUTOFF_US,
                         include_memory_events: bool = True, include_last_step: bool = False,
@@ -305,17 +243,6 @@ def kernel_launch_stats(trace: RankTrace, runtime_cutoff_us: float = RUNTIME_CUT
     return result
 
 
-# ------------------------------------------------------------------------------------------------
-# queue length
-class StreamQueue(msgspec.Struct):
-    """One (device, stream): HTA's summary over the change points, time-weighted mean, time at the maximum."""
-    device: int
-    stream: int
-    points: PointStats
-    time_weighted_mean: float | None
-    time_at_max_queue_ms: float
-
-
 class QueueSeries(msgspec.Struct):
     """Columns, one entry per bin: device, stream, t_ms (bin start since `origin_ns`), max, mean."""
     device: list[int] = []
@@ -323,13 +250,6 @@ class QueueSeries(msgspec.Struct):
     t_ms: list[float] = []
     max: list[int] = []
     mean: list[float] = []
-
-
-class QueueLengthStats(msgspec.Struct):
-    """Queue length per (device, stream), without the time series."""
-    include_last_step: bool
-    origin_ns: int | None = None
-    streams: list[StreamQueue] = []
 
 
 class QueueLength(QueueLengthStats):
@@ -407,32 +327,12 @@ def queue_length(trace: RankTrace, include_last_step: bool = False,
     return result
 
 
-# ------------------------------------------------------------------------------------------------
-# memory bandwidth
-class CopyKindBandwidth(msgspec.Struct):
-    """One copy kind: ops, bytes, busy_ms (union of its operations), effective_gbps (bytes / busy time),
-    points (HTA's summary of the bandwidth counter over its change points where it is > 0, GB/s)."""
-    kind: str
-    ops: int
-    bytes: int
-    busy_ms: float
-    effective_gbps: float | None
-    points: PointStats
-
-
 class BandwidthSeries(msgspec.Struct):
     """Columns, one entry per bin: kind, t_ms (bin start since `origin_ns`), max, mean (GB/s)."""
     kind: list[str] = []
     t_ms: list[float] = []
     max: list[float] = []
     mean: list[float] = []
-
-
-class MemoryBandwidthStats(msgspec.Struct):
-    """Memory bandwidth per copy kind, without the time series."""
-    include_last_step: bool
-    origin_ns: int | None = None
-    kinds: list[CopyKindBandwidth] = []
 
 
 class MemoryBandwidth(MemoryBandwidthStats):

@@ -55,7 +55,6 @@ import re
 from functools import lru_cache
 from typing import Any, cast
 
-import msgspec
 import numpy as np
 import polars as pl
 
@@ -63,70 +62,15 @@ from rankscope.analyses.intervals import covered_between, sorted_unique, union
 from rankscope.analyses.rank.steps import StepWindows, step_windows
 from rankscope.analyses.rank.views import gpu_args_at, rows_of_kinds
 from rankscope.model import Kind, RankTrace, name_codes
-from rankscope.units import NS_PER_MS
+from rankscope.units import BYTES_PER_MB, NS_PER_MS
+from rankscope.results.rank import (DeviceMemory, MemorySamples, StepMemoryPeaks, MemoryTimeline, CopySummary,
+                                    CopyKinds, PageableSteps, MemcpyReport)
 
-BYTES_PER_MB = float(1 << 20)
 MIN_POINTS = 8
 
 #: c10::DeviceType numbers seen in `[memory]` events -> short label.
 DEVICE_TYPE_LABELS = {0: "cpu", 1: "cuda", 6: "hip", 12: "xpu", 13: "mps", 20: "privateuse1"}
 CPU_DEVICE_TYPE = 0
-
-
-# ----------------------------------------------------------------------------------------------
-# Memory timeline
-class DeviceMemory(msgspec.Struct):
-    """One device's allocator summary (see module docstring for the definitions)."""
-    device: str                          # "cpu", "cuda:0", ...
-    device_type: int
-    device_id: int
-    samples: int                         # [memory] samples used for the curve
-    allocated_source: str                # "total_allocated" | "running_sum" (lower bound)
-    reserved_known: bool
-    peak_allocated_mb: float
-    peak_allocated_ts_ns: int
-    peak_allocated_at_ms: float          # since the trace's first event
-    peak_allocated_step: int | None
-    peak_reserved_mb: float | None = None
-    peak_reserved_ts_ns: int | None = None
-    peak_reserved_at_ms: float | None = None
-    peak_reserved_step: int | None = None
-    fragmentation_mb: float | None = None        # reserved - allocated at the peak-allocated moment
-    fragmentation_pct: float | None = None       # of the reserved memory at that moment
-    reserved_at_peak_allocated_mb: float | None = None   # reserved memory at the peak-allocated moment
-    capacity_mb: float | None = None             # deviceProperties totalGlobalMem
-    peak_allocated_pct_of_capacity: float | None = None
-    peak_reserved_pct_of_capacity: float | None = None
-    other_allocator_samples: int = 0             # CPU samples of another host allocator, left out
-    notes: list[str] = []
-
-
-class MemorySamples(msgspec.Struct):
-    """Columns, one entry per kept sample (<= max_points per device); reserved_mb None where unknown."""
-    device: list[str]
-    ts_ns: list[int]
-    t_ms: list[float]
-    allocated_mb: list[float]
-    reserved_mb: list[float | None]
-
-
-class StepMemoryPeaks(msgspec.Struct):
-    """Columns, one entry per (device, step); peak_reserved_mb None where unknown."""
-    device: list[str]
-    step: list[int]
-    peak_allocated_mb: list[float]
-    peak_reserved_mb: list[float | None]
-
-
-class MemoryTimeline(msgspec.Struct):
-    devices: list[DeviceMemory]
-    timeline: MemorySamples
-    per_step: StepMemoryPeaks
-    max_points: int
-
-    @property
-    def empty(self) -> bool:
-        return not self.devices
 
 
 _TIMELINE_SCHEMA = {"device": pl.String, "ts_ns": pl.Int64, "t_ms": pl.Float64,
@@ -342,55 +286,6 @@ def classify_memcpy(name: str) -> tuple[str, str]:
     if direction in HOST_DEVICE or direction == "HtoH":
         return direction, "host_unknown"
     return direction, "other"
-
-
-class CopySummary(msgspec.Struct):
-    count: int = 0
-    total_ms: float = 0.0
-    bytes: int = 0
-    bytes_missing: int = 0                 # copies without a bytes arg
-    mean_bandwidth_gbps: float | None = None
-    step_share_pct: float | None = None
-    bulk_count: int = 0                    # copies of at least BULK_COPY_BYTES
-    bulk_bandwidth_gbps: float | None = None   # bytes / duration over those copies
-
-
-class CopyKinds(msgspec.Struct):
-    """Columns, one entry per (direction, host_memory), longest total time first."""
-    direction: list[str]
-    host_memory: list[str]
-    count: list[int]
-    total_ms: list[float]
-    bytes: list[int]
-    bytes_missing: list[int]
-    mean_bandwidth_gbps: list[float | None]
-    step_share_pct: list[float | None]
-
-
-class PageableSteps(msgspec.Struct):
-    """Columns, one entry per step window: pageable copy time and its share of the step."""
-    step: list[int]
-    duration_ms: list[float]
-    pageable_ms: list[float]
-    pageable_share_pct: list[float]
-
-
-class MemcpyReport(msgspec.Struct):
-    by_kind: CopyKinds
-    pageable: CopySummary                  # HtoD + DtoH from/to pageable host memory
-    pageable_htod: CopySummary
-    pageable_dtoh: CopySummary
-    pinned: CopySummary                    # HtoD + DtoH from/to pinned host memory
-    #: bulk bandwidth pinned / pageable (host<->device copies >= BULK_COPY_BYTES), when both exist
-    pinned_vs_pageable_bandwidth_ratio: float | None
-    pageable_pct_of_host_copy_time: float | None   # pageable / (pageable + pinned + host_unknown) time
-    step_time_ms: float
-    steps_source: str
-    per_step: PageableSteps
-
-    @property
-    def empty(self) -> bool:
-        return not self.by_kind.count
 
 
 _BY_KIND_SCHEMA = {"direction": pl.String, "host_memory": pl.String, "count": pl.Int64, "total_ms": pl.Float64,

@@ -55,7 +55,6 @@ import re
 import sys
 from typing import NamedTuple
 
-import msgspec
 import numpy as np
 import polars as pl
 
@@ -68,6 +67,7 @@ from rankscope.analyses.rank.views import (column, first_launch_rows, name_mask,
                                           rows_of_kinds)
 from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, RankTrace, name_codes
 from rankscope.units import NS_PER_MS
+from rankscope.results.rank import OperatorGroups, OperatorStats
 
 GROUPINGS = ("name", "shapes", "stack")
 
@@ -100,38 +100,6 @@ def is_library_frame(frame: str) -> bool:
 def is_source_frame(frame: str) -> bool:
     m = _FRAME.match(frame)
     return m is not None and not m.group(1).startswith("<")
-
-
-class OperatorGroups(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """Columns, one entry per group of host ops: the key columns of the grouping (name | name,
-    input_dims | location, top_op; the others are None and left out of the output), calls,
-    total_cpu_ms, self_cpu_ms, self_device_ms, total_device_ms, device_events (device events
-    attributed to the group's ops directly). `top_op` (stack grouping): the op name with the most
-    self CPU + self device time at that location; location None = ops without any stack."""
-    name: list[str] | None = None
-    input_dims: list[str | None] | None = None
-    location: list[str | None] | None = None
-    top_op: list[str | None] | None = None
-    calls: list[int]
-    total_cpu_ms: list[float]
-    self_cpu_ms: list[float]
-    self_device_ms: list[float]
-    total_device_ms: list[float]
-    device_events: list[int]
-
-
-class OperatorStats(msgspec.Struct):
-    """Top groups of host ops: the top `top_n` groups by self_device_ms and by self_cpu_ms."""
-    group_by: str
-    by_self_device: OperatorGroups
-    by_self_cpu: OperatorGroups
-    ops: int                        # host op events (ProfilerStep spans excluded)
-    groups: int
-    self_cpu_ms: float              # self CPU time of all ops, ProfilerStep spans included (no double count)
-    device_ms: float                # all device events of the trace
-    device_attributed_ms: float     # device events given to an op
-    stack_source: str | None        # "call_stack" | "python_function" | None (group_by="stack")
-    nesting_conflicts: int          # partly overlapping op pairs left unnested
 
 
 def operator_stats(trace: RankTrace, top_n: int = 20, group_by: str = "name",

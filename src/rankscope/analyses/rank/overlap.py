@@ -17,7 +17,6 @@ A rank without communication has no ratio (None; HTA gives NaN).
 """
 from __future__ import annotations
 
-import msgspec
 import numpy as np
 
 from rankscope.analyses.intervals import covered_between, union
@@ -26,25 +25,7 @@ from rankscope.analyses.rank.temporal import class_intervals, scope_device_rows
 from rankscope.analyses.rank.views import rows_of_kinds
 from rankscope.model import DEVICE_KINDS, KernelClass, RankTrace
 from rankscope.units import NS_PER_MS
-
-
-class StepOverlap(msgspec.Struct):
-    """One step window; `overlap_pct` is None without communication in the window."""
-    step: int
-    comm_ms: float
-    overlapped_ms: float
-    overlap_pct: float | None
-
-
-class CommCompOverlap(msgspec.Struct):
-    """`overlap_pct` is None when the rank runs no communication kernel. `steps`: one per step window."""
-    overlap_pct: float | None
-    comm_ms: float                  # |∪COMM|
-    overlapped_ms: float            # |∪COMM ∩ ∪COMP|
-    compute_ms: float               # |∪COMP|
-    include_last_step: bool
-    steps: list[StepOverlap] = []
-    steps_source: str | None = None  # "profiler_step" | "whole_trace"
+from rankscope.results.rank import StepOverlap, CommCompOverlap
 
 
 def _overlap_in(comm: tuple[np.ndarray, np.ndarray], comp: tuple[np.ndarray, np.ndarray],

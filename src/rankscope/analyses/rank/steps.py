@@ -18,7 +18,6 @@ from rankscope.analyses.rank.views import event_end_ns, kind_mask, launch_calls_
 from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, KernelClass, RankTrace
 
 
-
 def device_union(trace: RankTrace) -> tuple[np.ndarray, np.ndarray]:
     """The time with at least one kernel, memcpy or memset running: sorted disjoint intervals."""
     def make():

@@ -8,82 +8,33 @@ ranks.
 from __future__ import annotations
 
 
-import msgspec
 import numpy as np
 
 from rankscope.analyses.rank.breakdown import CATEGORIES, classify_timeline, step_breakdown
-from rankscope.analyses.rank.collectives import RankCollectives, rank_collectives
-from rankscope.analyses.rank.dataloader import DataLoaderShare, dataloader_share
-from rankscope.analyses.rank.gaps import GapSummary, idle_gaps
-from rankscope.analyses.rank.grad_sync import GradSyncSchedule, gradient_sync_schedule
-from rankscope.analyses.rank.flops import RankFlops, rank_flops
-from rankscope.analyses.rank.idle import IdleTimeBreakdown, idle_time_breakdown
-from rankscope.analyses.rank.kernels import KernelBreakdown, KernelStats, kernel_breakdown, kernel_stats
-from rankscope.analyses.rank.operators import OperatorStats, operator_stats
-from rankscope.analyses.rank.launch import (LAUNCH_NAMES, KernelLaunchStats, MemoryBandwidthStats, QueueLengthStats,
-                                            kernel_launch_stats, memory_bandwidth, queue_length)
-from rankscope.analyses.rank.memory import MemcpyReport, MemoryTimeline, memory_timeline, pageable_memcpy
-from rankscope.analyses.rank.overlap import CommCompOverlap, comm_comp_overlap
-from rankscope.analyses.rank.temporal import TemporalBreakdown, temporal_breakdown
+from rankscope.analyses.rank.collectives import rank_collectives
+from rankscope.analyses.rank.dataloader import dataloader_share
+from rankscope.analyses.rank.gaps import idle_gaps
+from rankscope.analyses.rank.grad_sync import gradient_sync_schedule
+from rankscope.analyses.rank.flops import rank_flops
+from rankscope.analyses.rank.idle import idle_time_breakdown
+from rankscope.analyses.rank.kernels import kernel_breakdown, kernel_stats
+from rankscope.analyses.rank.operators import operator_stats
+from rankscope.analyses.rank.launch import LAUNCH_NAMES, kernel_launch_stats, memory_bandwidth, queue_length
+from rankscope.results.rank import MemoryBandwidthStats, QueueLengthStats
+from rankscope.analyses.rank.memory import memory_timeline, pageable_memcpy
+from rankscope.analyses.rank.overlap import comm_comp_overlap
+from rankscope.analyses.rank.temporal import temporal_breakdown
 from rankscope.analyses.rank import views
 from rankscope.analyses.rank.steps import device_busy_ns, step_windows
-from rankscope.model import (DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, KernelClass, RankMeta,
-                             RankTrace, name_codes)
+from rankscope.model import DEVICE_KINDS, HOST_OP_KINDS, PROFILER_STEP_PATTERN, Kind, KernelClass, RankTrace, name_codes
 from rankscope.units import NS_PER_MS
+from rankscope.results.rank import (StepSummary, HtaParity, RankKernels, NameTotals, RankNameTotals, StepTimeStats,
+                                    RankSummary)
 
 #: Memory samples kept per device in the summary (peaks kept exactly): enough for a chart.
 MEMORY_POINTS = 200
 #: Rows kept in top-N tables (kernels, operators) per rank.
 TOP_N = 10
-
-
-class StepSummary(msgspec.Struct):
-    """One step window: its bounds (ns, the rank's clock), duration, device-busy time and breakdown."""
-    step: int
-    start_ns: int
-    end_ns: int
-    duration_ms: float
-    device_busy_ms: float
-    breakdown_ms: dict[str, float]    # per breakdown category; the parts sum to duration_ms
-
-
-class HtaParity(msgspec.Struct):
-    """HTA's per-rank figures (docs/hta-parity.md), queue length and memory bandwidth without their series."""
-    temporal: TemporalBreakdown
-    overlap: CommCompOverlap
-    idle: IdleTimeBreakdown
-    launch: KernelLaunchStats
-    queue: QueueLengthStats
-    memory_bw: MemoryBandwidthStats
-
-
-class RankKernels(msgspec.Struct):
-    """Kernel classes and top kernels (`breakdown`); occupancy, Tensor Core / FP32 GEMM share (`stats`)."""
-    breakdown: KernelBreakdown
-    stats: KernelStats
-
-
-class NameTotals(msgspec.Struct):
-    """Columns, one entry per event name, sorted by name: count, total_ns (summed duration) and sumsq_ns2
-    (summed squared duration: the per-call variance for the diff's Welch test)."""
-    name: list[str]
-    count: list[int]
-    total_ns: list[int]
-    sumsq_ns2: list[float]
-
-
-class RankNameTotals(msgspec.Struct):
-    """Every kernel (device events) and every host op name of the rank, whole trace (for the diff)."""
-    kernels: NameTotals
-    ops: NameTotals
-
-
-class StepTimeStats(msgspec.Struct):
-    """A rank's step times over its profiled steps."""
-    mean_ms: float | None
-    median_ms: float | None
-    max_ms: float | None
-    device_busy_pct: float | None     # device busy / step time; None for ranks without device activity
 
 
 def step_time_stats(steps: list[StepSummary], has_device: bool) -> StepTimeStats:
@@ -93,41 +44,6 @@ def step_time_stats(steps: list[StepSummary], has_device: bool) -> StepTimeStats
     busy = np.array([s.device_busy_ms for s in steps])
     pct = float(100.0 * busy.sum() / d.sum()) if has_device and d.sum() > 0 else None
     return StepTimeStats(float(d.mean()), float(np.median(d)), float(d.max()), pct)
-
-
-class RankSummary(msgspec.Struct):
-    meta: RankMeta
-    steps: list[StepSummary]
-    steps_source: str                 # "profiler_step" | "whole_trace"
-    kind_counts: dict[str, int]       # complete events per kind name
-    device_events: int                # kernels + memcpy + memset
-    comm_kernels: int                 # device events of class COMM
-    streams: int                      # distinct (device, stream) with device activity
-    step_time: StepTimeStats
-    breakdown_mode: str = "device"    # "device" | "cpu_only" (the training thread plays the device)
-    breakdown_mean_ms: dict[str, float] = {}   # per category, mean per step
-    overlap_efficiency: float | None = None
-    gaps: GapSummary | None = None    # device idle gaps and what the host did meanwhile
-    dataloader: DataLoaderShare | None = None
-    memory: MemoryTimeline | None = None          # <= MEMORY_POINTS samples per device
-    memcpy: MemcpyReport | None = None
-    hta: HtaParity | None = None
-    kernels: RankKernels | None = None
-    operators: OperatorStats | None = None        # top ops by self device / CPU time, grouped by name
-    collectives: RankCollectives | None = None   # this rank's collectives, for the cross-rank reduce
-    name_totals: RankNameTotals | None = None
-    grad_sync: GradSyncSchedule | None = None     # gradient collectives vs backward
-    flops: RankFlops | None = None                # traced FLOPs per step (for MFU)
-    kernel_launches: int = 0          # host kernel-launch calls (launch.LAUNCH_NAMES), with or without their kernel
-    from_cache: bool = False
-
-    @property
-    def rank(self) -> int:
-        return self.meta.rank
-
-    @property
-    def has_device(self) -> bool:
-        return self.device_events > 0
 
 
 def summarize_rank(trace: RankTrace) -> RankSummary:

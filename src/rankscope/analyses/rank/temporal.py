@@ -29,13 +29,13 @@ With fewer than two step names nothing is dropped.
 """
 from __future__ import annotations
 
-import msgspec
 import numpy as np
 
 from rankscope.analyses.intervals import find_sorted, union
 from rankscope.analyses.rank.views import distinct_names, is_kind, launch_calls_by_id, memo, named_mask, rows_of_kinds
 from rankscope.model import DEVICE_KINDS, Kind, KernelClass, RankTrace, name_codes
 from rankscope.units import NS_PER_MS
+from rankscope.results.rank import TemporalBreakdown
 
 #: HTA treats these cuda_sync events as device-side even without a correlation id (trace_filter.py).
 _HTA_DEVICE_SYNC_NAMES = ("Event Sync", "Context Sync")
@@ -142,19 +142,6 @@ def class_intervals(trace: RankTrace, device_rows: np.ndarray,
 def union_length(starts: np.ndarray, ends: np.ndarray) -> int:
     s, e = union(starts, ends)
     return int((e - s).sum())
-
-
-class TemporalBreakdown(msgspec.Struct):
-    """One rank. All None when the rank has no device activity (CPU-only trace)."""
-    span_ms: float | None             # first device event start .. last device event end
-    idle_ms: float | None
-    compute_ms: float | None
-    non_compute_ms: float | None
-    idle_pct: float | None
-    compute_pct: float | None
-    non_compute_pct: float | None
-    device_events: int                # device events in the scope
-    include_last_step: bool
 
 
 def temporal_breakdown(trace: RankTrace, include_last_step: bool = False) -> TemporalBreakdown:

@@ -33,7 +33,6 @@ point of the same counter):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -46,6 +45,7 @@ from rankscope.analyses.rank.launch import copy_kind, queue_length_changes
 from rankscope.analyses.rank.memory import memory_timeline
 from rankscope.analyses.rank.steps import step_windows
 from rankscope.model import DEVICE_KINDS, Kind, RankTrace
+from rankscope.results.timeline import RankTimeline
 
 #: Kineto's category name for each event kind (the `cat` a Chrome-trace reader shows).
 KIND_CATEGORY: dict[int, str] = {
@@ -68,26 +68,6 @@ MEMORY_POINTS = 20_000
 _ORDER = {"steps": 0, "critical path": 1, "thread": 2, "stream": 3, "idle gaps": 4, "exposed comm": 5,
           "straggler waits": 6, "profiler": 7}
 _ORDER_STRIDE = 1_000_000
-
-
-@dataclass
-class RankTimeline:
-    """`tracks`: track (id, unique in the rank), label, sort_index, pid, tid (original ids; -1 for
-    overlays). `slices`: frames with columns track, ts_ns, dur_ns, name, cat, then arguments
-    (any further columns; null = absent). `counters`: counter, series, ts_ns, value.
-    `moved` / `clipped`: slices put on an overlap lane / clipped to their parent (`nest_lanes`)."""
-    rank: int
-    offset_ns: int
-    tracks: pl.DataFrame
-    slices: list[pl.DataFrame]
-    counters: pl.DataFrame
-    moved: int = 0
-    clipped: int = 0
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def slice_count(self) -> int:
-        return sum(f.height for f in self.slices)
 
 
 # ----------------------------------------------------------------------------------------------

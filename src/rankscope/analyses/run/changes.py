@@ -43,37 +43,14 @@ from dataclasses import dataclass
 from statistics import NormalDist, median
 from typing import TYPE_CHECKING, Literal, Sequence
 
-import msgspec
 import numpy as np
 
 from rankscope.analyses.rank.breakdown import CATEGORIES
-from rankscope.analyses.run.cycles import RunCycle, TrendPoint
+from rankscope.analyses.run.cycles import TrendPoint
+from rankscope.results.run import RunChange, RunCycle
 
 if TYPE_CHECKING:  # pragma: no cover
     from rankscope.thresholds import Thresholds
-
-ChangeKind = Literal["slowdown", "speedup", "straggler_onset", "straggler_end", "finding_onset"]
-
-
-class RunChange(msgspec.Struct):
-    """A change over the run. slowdown / speedup: a rank (or the whole job: rank None) whose step time
-    moved from `first_step` on; `before_ms` / `after_ms` are the median step before and after, `cause`
-    the step breakdown category that moved most, `z` the move over the run's noise (`noise_ms`: the
-    standard deviation of a step time that the run shows without a change). straggler_onset / _end: the
-    cycle's straggler verdict began / ended (`before_ms` / `after_ms`: its cost per step to the other
-    ranks; `cause`: the straggler cause). finding_onset: a finding first raised in `first_cycle`
-    (`finding`: its id; `cause`: its id too)."""
-    kind: ChangeKind
-    rank: int | None
-    first_step: int
-    first_cycle: int
-    before_ms: float | None
-    after_ms: float | None
-    cause: str | None
-    ranks: list[int] = []               # slowdown / speedup of the job: the ranks whose own work moved
-    z: float | None = None
-    noise_ms: float | None = None
-    finding: str | None = None
 
 
 #: Steps on each side of a split that its test looks at, at most.

@@ -13,27 +13,7 @@ from statistics import median
 import msgspec
 
 from rankscope.analyses.rank.breakdown import CATEGORIES
-
-class CycleStraggler(msgspec.Struct):
-    """The cycle's costliest straggler (the cross-rank verdict of that cycle)."""
-    rank: int
-    cause: str                          # straggler cause vocabulary (docs/concepts.md)
-    cost_ms_per_step: float
-
-
-class RunCycle(msgspec.Struct):
-    """One profiler cycle: its files (one per rank), its profiled steps, the median over its ranks'
-    steps of the step time, its straggler and the finding ids of its own analysis."""
-    cycle: int                          # 1-based, in step order
-    files: list[str]
-    ranks: list[int]
-    rank_step_ms: list[float | None]    # each rank's median step in the cycle (the order of `ranks`; None: no step)
-    missing_ranks: list[int]            # ranks of the job's world without a file in this cycle
-    steps: list[int]
-    step_ms_median: float | None
-    step_ms_max: float | None           # the slowest rank's median step in the cycle
-    straggler: CycleStraggler | None
-    findings: list[str]
+from rankscope.results.run import CycleStraggler, RunCycle
 
 
 class TrendPoint(msgspec.Struct, array_like=True):

@@ -19,8 +19,6 @@ import polars as pl
 
 from rankscope.analyses.job.alphabeta import (
     MIN_DISTINCT_SIZES,
-    AlphaBetaFit,
-    alpha_beta_rows,
     fit_alpha_beta,
 )
 from rankscope.analyses.job.matching import CollectiveTable
@@ -33,6 +31,7 @@ from rankscope.capture._torch import (
     timed_calls_ns,
 )
 from rankscope.results import to_plain
+from rankscope.results.collectives import AlphaBetaFit
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 DEFAULT_SIZES = tuple(1024 * 4 ** k for k in range(9))          # 1 KiB .. 64 MiB, x4
@@ -114,7 +113,7 @@ def calibrate_under_torchrun(sizes=DEFAULT_SIZES, iters: int = 10, ops=OPS, back
     try:
         fits = calibrate(sizes, iters, ops)
         doc = {"schema": SCHEMA, "backend": backend, "world_size": dist.get_world_size(), "iters": iters,
-               "dtype": "float32", "time": "max over ranks per call", "fits": to_plain(alpha_beta_rows(fits))}
+               "dtype": "float32", "time": "max over ranks per call", "fits": to_plain(fits)}
         rank = dist.get_rank()
     except BaseException:
         dist.destroy_process_group()
