@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import PurePath
-from typing import Iterable
+from typing import Any, Iterable
 
 from rankscope.findings.registry import ordered, rule, run
 from rankscope.numbers import ranges
@@ -31,7 +31,7 @@ def hang_findings(report: HangReport | None, thresholds: Mapping[str, float] | N
     return ordered(run(HangView(report, t)))
 
 
-def _evidence(r: HangReport, s: StuckCollective) -> dict:
+def _evidence(r: HangReport, s: StuckCollective) -> dict[str, Any]:
     return {"group": s.group, "group_desc": s.group_desc, "dim": s.dim, "group_ranks": s.group_ranks, "seq": s.seq,
             "op": s.op, "entered": s.entered, "not_entered": s.not_entered, "no_dump": s.no_dump,
             "mismatched": [{"rank": m.rank, "field": m.field, "value": m.value, "expected": m.expected}

@@ -8,6 +8,7 @@ from typing import Any, Iterable
 from rankscope.findings.registry import NOT_RETIMED, JobView, job_or_rank_tier, rank_shares, rule, saving, tier
 from rankscope.numbers import rounded
 from rankscope.results import Finding
+from rankscope.results.findings import FindingId
 
 
 def _ranks_text(ranks: list[int]) -> str:
@@ -29,7 +30,7 @@ def dataloader_stall(job: JobView) -> Iterable[Finding]:
         return
     by_rank = {s.rank: s for s in job.ranks}
     loaders = [by_rank[r].dataloader for r in ranks]
-    workers = sorted({d.num_workers for d in loaders if d} - {None})
+    workers = sorted({d.num_workers for d in loaders if d and d.num_workers is not None})
     ms = median(job.part(by_rank[r], "dataloader") for r in ranks)
     # the fix on every rank (num_workers is one setting), or on the one rank that stalls
     sv = saving(job, *((f"rank:{ranks[0]}:dataloader",) if len(ranks) == 1 < len(shares) else ()),
@@ -55,8 +56,9 @@ def dataloader_stall(job: JobView) -> Iterable[Finding]:
         threshold=dict(t), cost_ms_per_step=sv.ms if sv else ms)
 
 
-def _device_category(job: JobView, category: str, finding_id: str, medium: str, high: str, summary: str,
-                     explanation: str, fix: str, extra_evidence: dict | None = None) -> Iterable[Finding]:
+def _device_category(job: JobView, category: str, finding_id: FindingId, medium: str, high: str, summary: str,
+                     explanation: str, fix: str, extra_evidence: dict[str, Any] | None = None,
+                     ) -> Iterable[Finding]:
     """A breakdown category in which the device idles (host, sync) tiered on its median share of
     the step; `summary` is formatted with pct (median share) and ms (median per step). The saving:
     the category removed on every rank (what-if `every:<category>`), which sets the severity."""
@@ -180,7 +182,7 @@ def _mostly_idle(job: JobView, compiled: float | None) -> Iterable[Finding]:
     ranks = sorted(r for r, v in busy.items() if v < t["gpu_busy_low_pct"])
     by_rank = {s.rank: s for s in job.ranks}
     idle = {c: median(job.part(by_rank[r], c) for r in ranks) for c in ("dataloader", "sync", "host", "idle_other")}
-    if max(idle, key=idle.get) in ("dataloader", "sync"):
+    if max(idle, key=idle.__getitem__) in ("dataloader", "sync"):
         return                                  # dataloader_stall / sync_stall say it
     idle_ms = sum(idle.values())
     step_ms = median(job.step_ms[r] for r in ranks)
@@ -213,9 +215,9 @@ def launch_overhead(job: JobView) -> Iterable[Finding]:
     ranks, short_pcts, kernel_p50_us = [], [], []
     for s in job.ranks:
         launch = s.hta.launch if s.hta else None
-        n = launch.launches if launch else 0
-        if not n or s.breakdown_mode != "device":
+        if launch is None or not launch.launches or s.breakdown_mode != "device":
             continue
+        n = launch.launches
         short_pct = 100.0 * launch.short_kernels / n
         idle_pct = job.pct_of_step(job.part(s, "host") + job.part(s, "idle_other"))
         if short_pct >= t["short_kernel_share_pct"] and idle_pct >= t["launch_idle_pct"]:

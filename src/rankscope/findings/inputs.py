@@ -24,14 +24,14 @@ from rankscope.thresholds import Thresholds, resolve
 
 if TYPE_CHECKING:  # pragma: no cover
     from rankscope.results.memory import MemoryReport
-    from rankscope.results.nccl import NcclRun
+    from rankscope.results.nccl import EnvDifference, NcclRun
 
 
 def _log_name(file: str) -> str:
     return PurePath(file).name
 
 
-def _env_changes(run: NcclRun) -> list:
+def _env_changes(run: NcclRun) -> list[EnvDifference]:
     """The NCCL_* variables of a degraded run that differ from the reference run's and can change how
     NCCL communicates (not its logging)."""
     return [d for d in run.env_vs_reference if not d.diagnostic]
@@ -83,13 +83,16 @@ def low_bus_bandwidth(view: NcclView) -> Iterable[Finding]:
     best = next((r for r in report.runs if r.file == report.best_run), None)
     parts = []
     if low_vs_best:
+        # a busbw comparison is made only against the best run, one of the runs (analyses/inputs/nccl.py)
+        assert vs_best is not None and best is not None
         parts.append(f"{vs_best.pct:.0f}% of {_log_name(best.file)} ({vs_best.reference:.1f} GB/s) at the same sizes")
     if low_vs_peak:
         parts.append(f"best row {run.peak_busbw_gbps:.1f} GB/s = {of_peak:.0f}% of the {peak:.0f} GB/s link peak")
     env = _env_text(run)
     yield Finding(
         id="low_bus_bandwidth",
-        severity="high" if low_vs_best and vs_best.pct < t["nccl_busbw_high_pct_of_best"] else "medium",
+        severity=("high" if low_vs_best and vs_best is not None and vs_best.pct < t["nccl_busbw_high_pct_of_best"]
+                  else "medium"),
         ranks=vs_best.ranks if vs_best else [], steps=[],
         summary=(f"{_log_name(run.file)}: bus bandwidth {run.avg_busbw_gbps:.1f} GB/s, " + "; ".join(parts)
                  + (f"; environment differs: {', '.join(d.name for d in _env_changes(run))}" if env else "")),
@@ -189,13 +192,12 @@ def snapshot_fragmentation(view: MemorySnapshotView) -> Iterable[Finding]:
     peaks (the allocation history's peak; without a history, the segments at the snapshot) is >=
     `fragmentation_pct` of the memory reserved then and >= `fragmentation_min_mb`."""
     t = view.thresholds
-    hits = [d for d in view.report.devices if d.judged is not None
-            and d.judged.pct_of_reserved >= t["fragmentation_pct"]
-            and d.judged.free_cached / BYTES_PER_MB >= t["fragmentation_min_mb"]]
+    hits = [(d, dj) for d in view.report.devices if (dj := d.judged) is not None
+            and dj.pct_of_reserved >= t["fragmentation_pct"]
+            and dj.free_cached / BYTES_PER_MB >= t["fragmentation_min_mb"]]
     if not hits:
         return
-    worst = max(hits, key=lambda d: d.judged.free_cached)
-    j = worst.judged
+    worst, j = max(hits, key=lambda h: h[1].free_cached)
     name = PurePath(view.report.file).name
     expandable = str(view.report.allocator_settings.get("expandable_segments", "")).lower() in ("true", "1")
     yield Finding(
@@ -205,12 +207,12 @@ def snapshot_fragmentation(view: MemorySnapshotView) -> Iterable[Finding]:
                  f"{_JUDGED_AT[j.at]} (fragmentation: reserved - allocated then)"),
         evidence={"file": view.report.file,
                   "devices": {f"cuda:{d.device}": {
-                      "judged_at": d.judged.at, "reserved_mb": rounded(d.judged.reserved / BYTES_PER_MB, 1),
-                      "allocated_mb": rounded(d.judged.allocated / BYTES_PER_MB, 1),
-                      "fragmentation_mb": rounded(d.judged.free_cached / BYTES_PER_MB, 1),
-                      "fragmentation_pct_of_reserved": rounded(d.judged.pct_of_reserved, 1),
+                      "judged_at": dj.at, "reserved_mb": rounded(dj.reserved / BYTES_PER_MB, 1),
+                      "allocated_mb": rounded(dj.allocated / BYTES_PER_MB, 1),
+                      "fragmentation_mb": rounded(dj.free_cached / BYTES_PER_MB, 1),
+                      "fragmentation_pct_of_reserved": rounded(dj.pct_of_reserved, 1),
                       "largest_free_block_at_snapshot_mb": rounded(d.largest_free_block / BYTES_PER_MB, 1),
-                      "free_blocks_at_snapshot": d.free_blocks} for d in hits},
+                      "free_blocks_at_snapshot": d.free_blocks} for d, dj in hits},
                   "allocator_settings": {k: view.report.allocator_settings[k] for k in
                                          ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments", "max_split_size")
                                          if k in view.report.allocator_settings}},

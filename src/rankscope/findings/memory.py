@@ -28,14 +28,18 @@ def memory_fragmentation(job: JobView) -> Iterable[Finding]:
             and d.fragmentation_pct >= t["fragmentation_pct"] and d.fragmentation_mb >= t["fragmentation_min_mb"]}
     if not frag:
         return
-    worst = max(frag.values(), key=lambda d: d.fragmentation_mb)
+
+    def fragmentation_mb(d: DeviceMemory) -> float:
+        assert d.fragmentation_mb is not None          # `frag` keeps only devices that have it
+        return d.fragmentation_mb
+    worst = max(frag.values(), key=fragmentation_mb)
     yield Finding(
         id="memory_fragmentation", severity="medium", ranks=sorted(frag), steps=job.steps(),
         summary=(f"when allocated GPU memory peaks ({worst.peak_allocated_mb:.0f} MB), "
                  f"{worst.fragmentation_mb:.0f} MB ({worst.fragmentation_pct:.0f}%) of the "
                  f"{worst.reserved_at_peak_allocated_mb:.0f} MB reserved then is cached but not allocated "
                  f"(fragmentation: reserved - allocated at peak allocated)"),
-        evidence={r: {"device": d.device, "peak_allocated_mb": rounded(d.peak_allocated_mb, 1),
+        evidence={str(r): {"device": d.device, "peak_allocated_mb": rounded(d.peak_allocated_mb, 1),
                       "reserved_at_peak_allocated_mb": rounded(d.reserved_at_peak_allocated_mb, 1),
                       "fragmentation_mb": rounded(d.fragmentation_mb, 1),
                       "fragmentation_pct_of_reserved": rounded(d.fragmentation_pct, 1),
@@ -66,7 +70,7 @@ def memory_pressure(job: JobView) -> Iterable[Finding]:
         severity="high" if top >= t["memory_pressure_high_pct"] else "medium", ranks=sorted(pressure),
         steps=job.steps(),
         summary=f"peak GPU memory reaches {top:.0f}% of device capacity",
-        evidence={r: {"device": d.device, "peak_pct_of_capacity": rounded(u, 1),
+        evidence={str(r): {"device": d.device, "peak_pct_of_capacity": rounded(u, 1),
                       "capacity_mb": rounded(d.capacity_mb, 0)} for r, (u, d) in pressure.items()},
         explanation=("Close to capacity the allocator retries (synchronizing cudaFree) and the next larger batch "
                      "or sequence runs out of memory."),
@@ -81,16 +85,16 @@ def unpinned_memcpy(job: JobView) -> Iterable[Finding]:
     `pageable_memcpy_low_pct` / `pageable_memcpy_medium_pct`, or single ranks over the medium tier
     (low)."""
     t = job.thresholds
-    rows = {s.rank: s.memcpy.pageable for s in job.ranks if s.memcpy and s.memcpy.pageable.count}
+    memcpys = {s.rank: s.memcpy for s in job.ranks if s.memcpy and s.memcpy.pageable.count}
+    rows = {r: m.pageable for r, m in memcpys.items()}
     if not rows:
         return
     shares = {r: p.step_share_pct or 0.0 for r, p in rows.items()}
     severity, ranks = job_or_rank_tier(shares, t, ("pageable_memcpy_low_pct", "pageable_memcpy_medium_pct", None))
     if severity is None:
         return
-    bw = [rows[r].mean_bandwidth_gbps for r in ranks if rows[r].mean_bandwidth_gbps is not None]
-    by_rank = {s.rank: s for s in job.ranks}
-    ratio = [by_rank[r].memcpy.pinned_vs_pageable_bandwidth_ratio for r in ranks]
+    bw = [b for r in ranks if (b := rows[r].mean_bandwidth_gbps) is not None]
+    ratio = [memcpys[r].pinned_vs_pageable_bandwidth_ratio for r in ranks]
     yield Finding(
         id="unpinned_memcpy", severity=severity, ranks=ranks, steps=job.steps(),
         summary=(f"copies from pageable host memory take {median(shares.values()):.1f}% of each step"

@@ -124,7 +124,7 @@ class _Exposed:
     def median_ms(self) -> float:
         return median(self.ms.values())
 
-    def evidence(self, what: str) -> dict:
+    def evidence(self, what: str) -> dict[str, dict[int, float | None]]:
         return {f"exposed_{what}_ms_per_step": {r: rounded(v, 3) for r, v in sorted(self.ms.items())},
                 f"exposed_{what}_pct_of_step": {r: rounded(v, 1) for r, v in sorted(self.pct.items())}}
 
@@ -216,7 +216,9 @@ def expert_imbalance(job: JobView) -> Iterable[Finding]:
     """The most-loaded rank of an expert-parallel group receives >= `expert_imbalance_pct` more
     all_to_all bytes per step than the group's mean (high from `expert_imbalance_high_pct`)."""
     e = job.cross.experts if job.cross else None
-    worst = max(e.groups, key=lambda g: g.imbalance_pct_over_mean, default=None) if e else None
+    if e is None:
+        return
+    worst = max(e.groups, key=lambda g: g.imbalance_pct_over_mean, default=None)
     if worst is None:
         return
     t = job.thresholds

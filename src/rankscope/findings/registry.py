@@ -20,14 +20,14 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from statistics import median
-from typing import TYPE_CHECKING, Callable, Iterable, get_args
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Protocol, TypeVar, get_args
 
 import msgspec
 
 from rankscope.results.rank import RankSummary
 from rankscope.numbers import rounded
 from rankscope.results import Finding, to_plain
-from rankscope.results.findings import FindingId
+from rankscope.results.findings import FindingId, Severity
 from rankscope.thresholds import THRESHOLDS, Thresholds
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rankscope.results.job import JobResult
     from rankscope.results.pipeline import Pipeline
 
-SEVERITIES = ("high", "medium", "low")
+SEVERITIES: tuple[Severity, Severity, Severity] = ("high", "medium", "low")
 #: The bands of severity by cost: a fix saving >= saving_high_pct of the median step is high, >=
 #: saving_medium_pct medium, else low. Every job rule reads them (`rule` adds them).
 SEVERITY_BANDS = ("saving_high_pct", "saving_medium_pct")
@@ -106,6 +106,13 @@ class NcclView:
     thresholds: Thresholds
 
 
+class View(Protocol):
+    """What `run` takes: a view dataclass (JobView, NcclView, findings.run.RunView, findings.hang.HangView,
+    findings.inputs.MemorySnapshotView) with the thresholds in force, which `run` cuts per rule."""
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+    thresholds: Thresholds
+
+
 @dataclass(frozen=True)
 class Rule:
     id: str
@@ -116,8 +123,11 @@ class Rule:
 
 RULES: list[Rule] = []
 
+#: A rule function: (view) -> Iterable[Finding], its own signature kept by `rule`.
+RuleFn = TypeVar("RuleFn", bound=Callable[..., Iterable[Finding]])
 
-def rule(finding_id: str, reads: tuple[str, ...] = (), view: type = JobView) -> Callable:
+
+def rule(finding_id: str, reads: tuple[str, ...] = (), view: type = JobView) -> Callable[[RuleFn], RuleFn]:
     """Register the decorated function as the rule of `finding_id` for inputs of kind `view`,
     comparing against the thresholds `reads`."""
     if finding_id not in FINDING_IDS:
@@ -128,7 +138,7 @@ def rule(finding_id: str, reads: tuple[str, ...] = (), view: type = JobView) -> 
     if unknown:
         raise ValueError(f"rule {finding_id!r} reads unknown thresholds {unknown}")
 
-    def register(fn: Callable[..., Iterable[Finding]]) -> Callable[..., Iterable[Finding]]:
+    def register(fn: RuleFn) -> RuleFn:
         if any(r.id == finding_id and r.view is view for r in RULES):
             raise ValueError(f"two rules of {finding_id!r} for {view.__name__}")
         RULES.append(Rule(finding_id, view, tuple(reads), fn))
@@ -141,7 +151,7 @@ def rules(view: type) -> list[Rule]:
     return sorted((r for r in RULES if r.view is view), key=lambda r: FINDING_IDS.index(r.id))
 
 
-def run(view: JobView | NcclView) -> list[Finding]:
+def run(view: View) -> list[Finding]:
     """Every rule of the view's kind on it, each seeing only the thresholds it declares; each finding's
     evidence as plain JSON data (per-rank mappings keyed by the rank as a string), as every output
     shows it."""
@@ -155,20 +165,25 @@ def ordered(findings: list[Finding]) -> list[Finding]:
 
 
 # ------------------------------------------------------------------------------ shared helpers
-def tier(value: float, t: Mapping[str, float], low: str | None, medium: str | None, high: str | None) -> str | None:
+def tier(value: float, t: Mapping[str, float], low: str | None, medium: str | None, high: str | None,
+         ) -> Severity | None:
     """The severity whose threshold (by name; None: no such tier) `value` reaches, highest first."""
-    for name, severity in ((high, "high"), (medium, "medium"), (low, "low")):
+    tiers: tuple[tuple[str | None, Severity], ...] = ((high, "high"), (medium, "medium"), (low, "low"))
+    for name, severity in tiers:
         if name is not None and value >= t[name]:
             return severity
     return None
 
 
+_LOW_TO_HIGH: tuple[Severity, Severity, Severity] = ("low", "medium", "high")
+
+
 def job_or_rank_tier(shares: dict[int, float], t: Mapping[str, float],
-                     tiers: tuple[str | None, str | None, str | None]) -> tuple[str | None, list[int]]:
+                     tiers: tuple[str | None, str | None, str | None]) -> tuple[Severity | None, list[int]]:
     """Severity from the median rank's share (tiers: low, medium, high threshold names), and the
     ranks over the lowest tier. When the job as a whole is fine, ranks over the top tier still
     make a finding one tier lower: a fault of one rank (often a straggler's cause)."""
-    named = [(name, severity) for name, severity in zip(tiers, ("low", "medium", "high")) if name is not None]
+    named = [(name, severity) for name, severity in zip(tiers, _LOW_TO_HIGH) if name is not None]
     severity = tier(median(shares.values()), t, *tiers)
     if severity is not None:
         return severity, sorted(r for r, v in shares.items() if v >= t[named[0][0]])
@@ -180,7 +195,7 @@ def job_or_rank_tier(shares: dict[int, float], t: Mapping[str, float],
 
 def rank_shares(job: JobView, fn: Callable[[RankSummary], float | None]) -> dict[int, float]:
     """Per rank, a share of the step (ranks where `fn` gives None are left out)."""
-    out = {}
+    out: dict[int, float] = {}
     for s in job.ranks:
         v = fn(s)
         if v is not None:
@@ -194,11 +209,11 @@ class Saving:
     step, the severity those give, the what-if's words."""
     ms: float
     pct: float
-    severity: str
+    severity: Severity
     change: str
     key: str
 
-    def evidence(self) -> dict:
+    def evidence(self) -> dict[str, Any]:
         return {"step_ms_saved": rounded(self.ms, 3), "step_pct_saved": rounded(self.pct, 2),
                 "what_if": self.change, "what_if_key": self.key}
 
@@ -213,7 +228,7 @@ def saving(job: JobView, *keys: str) -> Saving | None:
         if w is not None:
             pct = job.pct_of_step(w.step_ms_saved)
             t = job.thresholds
-            severity = ("high" if pct >= t["saving_high_pct"] else "medium" if pct >= t["saving_medium_pct"] else
+            severity: Severity = ("high" if pct >= t["saving_high_pct"] else "medium" if pct >= t["saving_medium_pct"] else
                         "low")
             return Saving(w.step_ms_saved, pct, severity, w.change, key)
     return None

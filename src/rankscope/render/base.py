@@ -72,7 +72,7 @@ class JsonRenderer(TextRenderer):
     output_file_extension = "json"
 
     @abstractmethod
-    def to_dict(self, result: Any) -> dict:
+    def to_dict(self, result: Any) -> dict[str, Any]:
         """The schema's object: plain JSON data."""
 
     def text(self, result: Any) -> str:
@@ -115,7 +115,8 @@ def renderer(result_type: type, fmt: str, **options: Any) -> Renderer:
         where = RENDERERS.get((f"{cls.__module__}.{cls.__qualname__}", fmt))
         if where:
             module, _, name = where.partition(":")
-            return getattr(importlib.import_module(module), name)(**options)
+            cls_: type[Renderer] = getattr(importlib.import_module(module), name)
+            return cls_(**options)
     raise ValueError(f"no {fmt} output for {result_type.__name__}")
 
 

@@ -10,8 +10,8 @@ from rankscope.render.base import HtmlRenderer
 from rankscope.render.diff_json import diff_to_dict
 from rankscope.render.diff_terminal import metric_label
 from rankscope.render.format import escaped, p_value_text, ranges, value_text
-from rankscope.render.html_parts import (CATEGORY_COLORS, CATEGORY_LABELS, Markup, chart_layout, html_table,
-                                         kv_table, name_cell, note, one_chart, page)
+from rankscope.render.html_parts import (CATEGORY_COLORS, CATEGORY_LABELS, Figures, JsonDict, Markup, chart_layout,
+                                         html_table, kv_table, name_cell, note, one_chart, page)
 from rankscope.results import DiffResult
 
 #: Rows listed per table (the dict, i.e. --json, has all).
@@ -23,17 +23,19 @@ class DiffHtml(HtmlRenderer):
     """`diff --html`: the comparison page, laid out from the `rankscope.diff/1` dict."""
 
     def text(self, result: DiffResult) -> str:
+        # The CLI writes only a usable result, which has a diff.
+        assert result.diff is not None
         return render_diff_html(diff_to_dict(result.diff))
 
 
-def render_diff_html(report: dict) -> str:
+def render_diff_html(report: JsonDict) -> str:
     """One self-contained page (plotly.js inline, no network) holding `diff_section`."""
-    figures: dict[str, dict] = {}
+    figures: Figures = {}
     body = diff_section(report, figures)
     return page("rankscope diff", body, figures, report.get("schema"))
 
 
-def diff_section(report: dict, figures: dict) -> str:
+def diff_section(report: JsonDict, figures: Figures) -> str:
     """The `<section id="diff">` of a report: conclusion, what was compared, the tests, per rank,
     collectives and stragglers, findings, and the op / kernel diff."""
     parts = [f'<section id="diff"><h2>A/B comparison</h2><p><b>{escaped(report["headline"])}</b></p>',
@@ -45,10 +47,10 @@ def diff_section(report: dict, figures: dict) -> str:
     return "".join(parts)
 
 
-def _compared(report: dict) -> str:
+def _compared(report: JsonDict) -> str:
     c, s = report["compared"], report["settings"]
 
-    def side(x: dict) -> str:
+    def side(x: JsonDict) -> str:
         return (f"{x['input']}: {len(x['ranks'])} rank(s) ({ranges(x['ranks'])}), {x['steps']} steps on the "
                 f"compared ranks, {', '.join(x['formats'])}")
     how = "by rank id" if c["rank_match"] == "rank_id" else "paired in sorted order"
@@ -61,7 +63,7 @@ def _compared(report: dict) -> str:
     return kv_table(rows) + (f'<ul class="warnings">{warnings}</ul>' if warnings else "")
 
 
-def _breakdown_chart(report: dict, figures: dict) -> str:
+def _breakdown_chart(report: JsonDict, figures: Figures) -> str:
     parts = report["job"].get("breakdown_ms") or {}
     data = [{"type": "bar", "name": CATEGORY_LABELS[cat], "x": ["before", "after"],
              "y": [parts[cat]["before"], parts[cat]["after"]], "marker": {"color": CATEGORY_COLORS[cat]},
@@ -69,15 +71,15 @@ def _breakdown_chart(report: dict, figures: dict) -> str:
     return one_chart(figures, "chart-diff-breakdown", data, chart_layout("", "ms per step", slots=2))
 
 
-def _sig(m: dict) -> Markup:
+def _sig(m: JsonDict) -> Markup:
     return Markup("<b>yes</b>" if m["significant"] else "no")
 
 
-def _ci(m: dict) -> str | None:
+def _ci(m: JsonDict) -> str | None:
     return None if m["ci"] is None else f"{value_text(m['ci'][0])} .. {value_text(m['ci'][1])}"
 
 
-def _metrics(metrics: dict) -> str:
+def _metrics(metrics: JsonDict) -> str:
     rows = []
     for name, m in metrics.items():
         group = m.items() if name == "breakdown_ms" else [(None, m)]
@@ -89,7 +91,7 @@ def _metrics(metrics: dict) -> str:
                       numeric={1, 2, 3, 4, 5, 6})
 
 
-def _ranks(report: dict) -> str:
+def _ranks(report: JsonDict) -> str:
     ranks = sorted(report["ranks"], key=lambda r: -abs(r["metrics"]["step_time_ms"]["delta"] or 0))[:MAX_RANK_ROWS]
     if len(report["ranks"]) < 2:
         return ""
@@ -104,7 +106,7 @@ def _ranks(report: dict) -> str:
                          numeric={1, 2, 3, 4, 5}))
 
 
-def _cross(report: dict) -> str:
+def _cross(report: JsonDict) -> str:
     out = ""
     if report["collectives"]:
         out += "<h3>Collectives</h3>" + note("Samples: the matched collectives of each job.") \
@@ -121,7 +123,7 @@ def _cross(report: dict) -> str:
     return out
 
 
-def _findings(report: dict) -> str:
+def _findings(report: JsonDict) -> str:
     findings = report["findings"]
     if findings is None:
         return "<h3>Findings</h3>" + note("Not compared: the analyses carry no findings.")
@@ -131,7 +133,7 @@ def _findings(report: dict) -> str:
                                                               rows) if rows else note("No findings on either side."))
 
 
-def _names(title: str, names: dict) -> str:
+def _names(title: str, names: JsonDict) -> str:
     if not names["rows"]:
         return ""
     counts = ", ".join(f"{n} {s}" for s, n in names["counts"].items())

@@ -48,6 +48,8 @@ class DiffJson(JsonRenderer):
     """`diff --json`: the `rankscope.diff/1` object."""
 
     def to_dict(self, result: DiffResult) -> dict[str, Any]:
+        # The CLI writes only a usable result, which has a diff.
+        assert result.diff is not None
         return diff_to_dict(result.diff)
 
 

@@ -67,6 +67,8 @@ class DiffTerminal(TerminalRenderer):
 
     def render(self, result: DiffResult, out: Console) -> None:
         d = result.diff
+        # The CLI prints only a usable result, which has a diff.
+        assert d is not None
         _header(d, out)
         _metrics_table("Job-wide, mean per step (samples: every compared step of every rank)", d.job, out)
         _ranks(d, out)
@@ -140,9 +142,10 @@ def _names(title: str, d: NameDiff, console: Console) -> None:
         return
     counts = ", ".join(f"{n} {s}" for s, n in d.counts.items())
     rows = list(d.rows.head(MAX_NAME_ROWS).iter_rows(named=True))
-    cells = [(r["status"], f"{r['calls_before']}->{r['calls_after']}",
-              f"{number(r['per_call_us_before'], '.0f')}->{number(r['per_call_us_after'], '.0f')}",
-              f"{r['impact_ms_per_step']:+.2f}") for r in rows]
+    cells: list[tuple[str, ...]] = [
+        (r["status"], f"{r['calls_before']}->{r['calls_after']}",
+         f"{number(r['per_call_us_before'], '.0f')}->{number(r['per_call_us_after'], '.0f')}",
+         f"{r['impact_ms_per_step']:+.2f}") for r in rows]
     title = f"{title} by impact: {counts}"
     others = natural_width(console, _name_table(title, [""] * len(rows), cells))   # names as wide as "name"
     room = max(console.width - others + len("name"), MIN_NAME_WIDTH)

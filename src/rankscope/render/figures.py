@@ -20,9 +20,24 @@ class Figure:
     html: str | None       # label in the HTML report; None: not in the report
     definition: str
 
+    def terminal_header(self) -> str:
+        """`terminal`, of a figure the terminal shows (the caller knows it is one)."""
+        assert self.terminal is not None, f"not in the terminal: {self.definition}"
+        return self.terminal
+
+    def json_key(self) -> str:
+        """`json`, of a figure that is one key."""
+        assert self.json is not None, f"not one JSON key: {self.definition}"
+        return self.json
+
+    def html_label(self) -> str:
+        """`html`, of a figure the HTML report shows."""
+        assert self.html is not None, f"not in the HTML report: {self.definition}"
+        return self.html
+
     def legend(self) -> str:
-        """'<terminal name>: <definition>', as a table caption lists it."""
-        return f"{self.terminal.replace(chr(10), ' ')}: {self.definition}"
+        """'<terminal name>: <definition>', as a table caption lists it (of a figure the terminal shows)."""
+        return f"{self.terminal_header().replace(chr(10), ' ')}: {self.definition}"
 
 
 def _part(header: str, category: str, definition: str) -> Figure:

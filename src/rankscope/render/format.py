@@ -11,6 +11,7 @@ import html
 import math
 import os
 import re
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from rankscope.model import InputProblem
@@ -19,6 +20,7 @@ from rankscope.numbers import ranges, rounded  # noqa: F401  (ranges: the render
 if TYPE_CHECKING:         # rich is imported where a terminal table is drawn (JSON output never needs it)
     from rich.console import Console
     from rich.table import Column, Table
+    from rich.text import TextType
 
 __all__ = ["distinct_shortened", "escaped", "literal", "natural_width", "number", "p_value_text", "percent",
            "print_table", "printable", "problem_list", "json_bytes", "ranges", "rounded", "shortened", "utf8_data",
@@ -26,7 +28,7 @@ __all__ = ["distinct_shortened", "escaped", "literal", "natural_width", "number"
            "value_text"]
 
 
-def problem_list(problems: list[InputProblem]) -> list[dict]:
+def problem_list(problems: list[InputProblem]) -> list[dict[str, str]]:
     """Input problems as the JSON outputs list them: {"file", "problem"} each."""
     return [{"file": p.file, "problem": p.problem} for p in problems]
 
@@ -52,7 +54,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
-def _escape(m: re.Match) -> str:
+def _escape(m: re.Match[str]) -> str:
     """A control character as '\\xNN'; a byte of a file name that is not UTF-8 (Python holds it as the
     surrogate U+DC80-U+DCFF) as that byte, '\\xNN'; any other lone surrogate as '\\uNNNN'."""
     c = ord(m.group())
@@ -72,7 +74,7 @@ def utf8_text(text: str) -> str:
     return _SURROGATE.sub(_escape, text)
 
 
-def json_bytes(data) -> bytes:
+def json_bytes(data: object) -> bytes:
     """Plain data (or msgspec Structs) as compact JSON; a file name's bytes that are not UTF-8 as
     escapes ('\\xff', `utf8_data`: only where encoding as is fails)."""
     import msgspec
@@ -82,7 +84,7 @@ def json_bytes(data) -> bytes:
         return msgspec.json.encode(utf8_data(msgspec.to_builtins(data)))
 
 
-def utf8_data(value):
+def utf8_data(value: object) -> object:
     """Plain data (dicts, lists, strings, numbers) with every string `utf8_text`."""
     if isinstance(value, str):
         return utf8_text(value)
@@ -157,12 +159,12 @@ def _longest_common(ordered: list[str]) -> int:
     return max(len(os.path.commonprefix([a, b])) for a, b in zip(ordered, ordered[1:]))
 
 
-def escaped(value) -> str:
+def escaped(value: object) -> str:
     """`value` as text, safe inside HTML elements and attribute values."""
     return html.escape(str(value))
 
 
-def value_text(value, digits: int = 2) -> str:
+def value_text(value: object, digits: int = 2) -> str:
     """A value as the HTML report shows it: None as '–', ints with thousands separators, floats with
     `digits` decimals (two significant digits below 0.01), dicts and lists item by item."""
     if value is None:
@@ -228,7 +230,8 @@ def _needed_width(console: Console, table: Table) -> int:
                                         table.title, table.caption))
 
 
-def _part(table: Table, columns: list[Column], title=None, caption=None) -> Table:
+def _part(table: Table, columns: list[Column], title: TextType | None = None,
+          caption: TextType | None = None) -> Table:
     """A copy of `table` with only `columns` (their cells shared)."""
     part = copy.copy(table)
     part.columns = [dataclasses.replace(c, _index=i) for i, c in enumerate(columns)]
@@ -236,7 +239,7 @@ def _part(table: Table, columns: list[Column], title=None, caption=None) -> Tabl
     return part
 
 
-def no_device_words(issue_kinds) -> str:
+def no_device_words(issue_kinds: Iterable[str]) -> str:
     """What a job without device events is, from its capture issues' kinds: CPU-only, unless kernels
     were launched and not captured, or its device activity is of a kind not analysed."""
     kinds = set(issue_kinds)

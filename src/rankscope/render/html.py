@@ -21,8 +21,8 @@ from rankscope.render.figures import (BREAKDOWN, COMM_BY_DIM, COMM_BY_DIM_NOTE, 
                                       STRAGGLER, html_legend)
 from rankscope.render.format import GAP_POSITIONS, escaped, no_device_words, ranges, value_text
 from rankscope.render.hang_html import dumps_header, hang_section
-from rankscope.render.html_parts import (CATEGORY_COLORS, CATEGORY_LABELS, chart, chart_label, chart_layout,
-                                         html_table, kv_table, name_cell, note, one_chart, page)
+from rankscope.render.html_parts import (CATEGORY_COLORS, CATEGORY_LABELS, Figures, JsonDict, chart, chart_label,
+                                         chart_layout, html_table, kv_table, name_cell, note, one_chart, page)
 from rankscope.render.html_views import distribution, evidence_value, heatmap_note, heatmap_z
 from rankscope.render.rank_rows import FEW_RANKS, named_ranks, rank_list
 from rankscope.render.run_html import run_section
@@ -51,7 +51,7 @@ class AnalysisHtml(HtmlRenderer):
 
 def render_html(report: Analysis) -> str:
     """The whole page of one report (also one read back from --json)."""
-    figures: dict[str, dict] = {}
+    figures: Figures = {}
     if not report.ranks:          # Flight Recorder dumps alone: their verdict, no trace sections
         body = "".join([dumps_header(report), hang_section(report), _findings(report)])
         dumped = len(report.hang.ranks_dumped) if report.hang is not None else 0
@@ -65,14 +65,14 @@ def render_html(report: Analysis) -> str:
     return page(f"rankscope report: {len(report.job.ranks)} ranks", body, figures, report.schema)
 
 
-def _empty_layout(message: str, height: int = 300) -> dict:
+def _empty_layout(message: str, height: int = 300) -> JsonDict:
     return {"height": height, "xaxis": {"visible": False}, "yaxis": {"visible": False},
             "annotations": [{"text": chart_label(message), "showarrow": False, "xref": "paper", "yref": "paper",
                              "x": 0.5, "y": 0.5, "font": {"size": 14, "color": "#5e6c84"}}]}
 
 
 def _bars_by_rank(ranks: list[tuple[int, dict[str, float] | None]], parts: dict[str, str], labels: dict[str, str],
-                  hover_unit: str) -> list[dict]:
+                  hover_unit: str) -> list[JsonDict]:
     """One stacked-bar trace per part of each rank's parts (rank, {part: value}), x = rank."""
     shown = [(r, v) for r, v in ranks if v]
     x = [str(r) for r, _ in shown]
@@ -162,7 +162,7 @@ def _finding(f: Finding) -> str:
     return f'<article class="finding sev-{escaped(severity)}">{"".join(parts)}</article>'
 
 
-def _breakdown(report: Analysis, figures: dict) -> str:
+def _breakdown(report: Analysis, figures: Figures) -> str:
     ranks, capped = _pick_ranks(report, MAX_BAR_RANKS)
     head = '<section id="breakdown"><h2>Where step time went</h2>'
     if not any(r.breakdown_ms for r in ranks):
@@ -186,7 +186,7 @@ DIM_COLORS = {"pp": "#6a1b9a", "dp": "#1565c0", "dp_shard": "#00838f", "dp_repli
 MAX_LISTED_GROUPS = 16
 
 
-def _parallel(report: Analysis, figures: dict) -> str:
+def _parallel(report: Analysis, figures: Figures) -> str:
     """The parallel layout: dimensions and groups, communication per dimension, the pipeline, the experts."""
     par = report.parallelism
     dims = par.dims
@@ -205,7 +205,7 @@ def _parallel(report: Analysis, figures: dict) -> str:
     names = [d.name for d in dims] + (["other"] if any("other" in (r.comm_by_dim_ms or {}) for r in ranks) else [])
     comm = [(r.rank, r.comm_by_dim_ms) for r in ranks if r.comm_by_dim_ms]
     x = [str(r) for r, _ in comm]
-    data = []
+    data: list[JsonDict] = []
     for name in names:
         for part, opacity in (("exposed", 1.0), ("overlapped", 0.45)):
             data.append({"type": "bar", "name": f"{name} {COMM_BY_DIM[part].html}", "x": x,
@@ -222,7 +222,7 @@ def _parallel(report: Analysis, figures: dict) -> str:
         stages = pipe.stages
         sx = [f"stage {st.stage}" for st in stages]
         theory = pipe.bubble_pct_theory
-        data = [{"type": "bar", "name": PIPELINE_STAGE["bubble_pct"].html, "x": sx,
+        data = [{"type": "bar", "name": PIPELINE_STAGE["bubble_pct"].html_label(), "x": sx,
                  "y": [st.bubble_pct for st in stages], "marker": {"color": DIM_COLORS["pp"]},
                  "hovertemplate": "%{x}: %{y:.1f}% of the step"}]
         if theory is not None:
@@ -241,7 +241,7 @@ def _parallel(report: Analysis, figures: dict) -> str:
                         f"more compute than the stages' mean" if pipe.bottleneck_stage is not None else "")
                      + ". " + html_legend(*PIPELINE_STAGE.values())),
                 one_chart(figures, "chart-pipeline-bubble", data, chart_layout("stage", "% of step", 320, len(sx))),
-                html_table(["stage", "ranks", *(f.html for f in PIPELINE_STAGE.values())],
+                html_table(["stage", "ranks", *(f.html_label() for f in PIPELINE_STAGE.values())],
                            [[st.stage, ranges(st.ranks), st.compute_ms_per_step, st.bubble_ms_per_step,
                              st.bubble_pct] for st in stages], {0, 2, 3, 4})]
     experts = report.experts
@@ -256,7 +256,7 @@ def _parallel(report: Analysis, figures: dict) -> str:
     return "".join(out) + "</section>"
 
 
-def _heatmap(report: Analysis, figures: dict) -> str:
+def _heatmap(report: Analysis, figures: Figures) -> str:
     ranks, capped = _pick_ranks(report, MAX_HEATMAP_RANKS)
     head = '<section id="step-heatmap"><h2>Step time, rank by step</h2>'
     durations = {(s.rank, s.step): s.duration_ms for s in report.steps}
@@ -283,7 +283,7 @@ def _heatmap(report: Analysis, figures: dict) -> str:
             + one_chart(figures, "chart-step-heatmap", data, layout) + "</section>")
 
 
-def _collectives(report: Analysis, figures: dict) -> str:
+def _collectives(report: Analysis, figures: Figures) -> str:
     coll = report.collectives
     by_type = coll.by_type
     out = ['<section id="collectives"><h2>Stragglers and collectives</h2>']
@@ -293,8 +293,8 @@ def _collectives(report: Analysis, figures: dict) -> str:
     stragglers = report.stragglers
     if stragglers:
         shown = [STRAGGLER[k] for k in ("cost", "last_arrival", "step_time_z")]
-        out.append(html_table(["rank", "cause", *(f.html for f in shown), "evidence"],
-                              [[str(s.rank), s.cause, *(getattr(s, f.json) for f in shown), s.evidence]
+        out.append(html_table(["rank", "cause", *(f.html_label() for f in shown), "evidence"],
+                              [[str(s.rank), s.cause, *(getattr(s, f.json_key()) for f in shown), s.evidence]
                                for s in stragglers], {0, 2, 3, 4}))
         out.append(note(html_legend(*shown)))
     if not by_type:
@@ -318,7 +318,7 @@ def _collectives(report: Analysis, figures: dict) -> str:
     return "".join(out) + "</section>"
 
 
-def _critical_path(report: Analysis, figures: dict) -> str:
+def _critical_path(report: Analysis, figures: Figures) -> str:
     """The critical path: its largest parts, the what-ifs, and a swimlane of the slowest and the
     median step (ranks x time, collectives with their waits, the path highlighted)."""
     cp = report.critical_path
@@ -400,7 +400,7 @@ def _critical_path(report: Analysis, figures: dict) -> str:
     return "".join(out) + "</section>"
 
 
-def _rank_wait(report: Analysis, figures: dict) -> str:
+def _rank_wait(report: Analysis, figures: Figures) -> str:
     stats = {s.rank: s for s in report.rank_stats}
     ranks, capped = _pick_ranks(report, MAX_BAR_RANKS)
     shown = [stats[r.rank] for r in ranks if r.rank in stats]
@@ -409,8 +409,8 @@ def _rank_wait(report: Analysis, figures: dict) -> str:
     x = [str(s.rank) for s in shown]
     series = [(STRAGGLER["own_wait"], "#9e9e9e"), (STRAGGLER["wait_imposed"], "#ef6c00"),
               (STRAGGLER["cost"], "#c62828")]
-    data = [{"type": "bar", "name": f.html, "x": x, "y": [getattr(s, f.json) for s in shown], "marker": {"color": color},
-             "hovertemplate": "rank %{x}: %{y:.3f} ms per step"} for f, color in series]
+    data = [{"type": "bar", "name": f.html, "x": x, "y": [getattr(s, f.json_key()) for s in shown],
+             "marker": {"color": color}, "hovertemplate": "rank %{x}: %{y:.3f} ms per step"} for f, color in series]
     return ("<h3>Wait per rank</h3>"
             + note(html_legend(*(f for f, _ in series)) + " The straggler verdict compares the cost, evaluated "
                    "for the ranks most often last only (no bar for the others).") + note(capped)
@@ -418,17 +418,17 @@ def _rank_wait(report: Analysis, figures: dict) -> str:
                         chart_layout("rank", "ms per step", 340, len(x), barmode="group")))
 
 
-def _overlap(report: Analysis, figures: dict) -> str:
+def _overlap(report: Analysis, figures: Figures) -> str:
     ranks, capped = _pick_ranks(report, MAX_BAR_RANKS)
     head = '<section id="overlap"><h2>Communication / computation overlap</h2>'
     if all(r.overlap_pct is None and r.overlap_efficiency is None for r in ranks):
         return head + note("No communication on any rank: nothing to overlap.") + "</section>"
     x = [str(r.rank) for r in ranks]
     hidden, efficiency = DETAILS["overlap_pct"], BREAKDOWN["overlap_efficiency"]
-    data = [{"type": "bar", "name": f"{hidden.html}, %", "x": x, "y": [getattr(r, hidden.json) for r in ranks],
+    data = [{"type": "bar", "name": f"{hidden.html}, %", "x": x, "y": [getattr(r, hidden.json_key()) for r in ranks],
              "marker": {"color": "#00897b"}, "hovertemplate": "rank %{x}: %{y:.1f}%"},
             {"type": "bar", "name": f"{efficiency.html}, %", "x": x,
-             "y": [None if (v := getattr(r, efficiency.json)) is None else round(100 * v, 2) for r in ranks],
+             "y": [None if (v := getattr(r, efficiency.json_key())) is None else round(100 * v, 2) for r in ranks],
              "marker": {"color": "#5c6bc0"}, "hovertemplate": "rank %{x}: %{y:.1f}%"}]
     layout = chart_layout("rank", "%", 340, len(x), barmode="group")
     layout["yaxis"]["range"] = [0, 105]
@@ -437,7 +437,7 @@ def _overlap(report: Analysis, figures: dict) -> str:
             + note(capped) + one_chart(figures, "chart-overlap", data, layout) + "</section>")
 
 
-def _idle(report: Analysis, figures: dict) -> str:
+def _idle(report: Analysis, figures: Figures) -> str:
     ranks, capped = _pick_ranks(report, MAX_BAR_RANKS)
     out = ['<section id="idle"><h2>Device idle time</h2>', note(capped)]
     idle = [(r, r.idle_ms_summed_over_streams) for r in ranks if r.idle_ms_summed_over_streams]
@@ -456,7 +456,7 @@ def _idle(report: Analysis, figures: dict) -> str:
                           chart_layout("rank", "ms, summed over the rank's streams", 340, len(idle)))]
     gaps = [(r.rank, r.idle_gaps.gap_ms_by_host_activity if r.idle_gaps else None) for r in ranks]
     if any(v for _, v in gaps):
-        data = _bars_by_rank(gaps, GAP_COLORS, {k: f.html for k, f in GAPS.items()}, "ms")
+        data = _bars_by_rank(gaps, GAP_COLORS, {k: f.html_label() for k, f in GAPS.items()}, "ms")
         gap_min = next(r.idle_gaps.gap_min_us for r in ranks if r.idle_gaps)
         out += ["<h3>Idle gaps by what the host was doing</h3>",
                 note(f"Device idle stretches of at least {value_text(gap_min, 0)} µs inside steps, total ms, split by "
@@ -469,14 +469,14 @@ def _idle(report: Analysis, figures: dict) -> str:
 
 # ---------------------------------------------------------------------------------------- one rank at a time
 
-def _rank_detail(report: Analysis, figures: dict) -> str:
+def _rank_detail(report: Analysis, figures: Figures) -> str:
     ranks, capped = _pick_ranks(report, MAX_DETAIL_RANKS)
     flagged = [s.rank for s in report.stragglers]
     slowest = max(ranks, key=lambda r: (r.rank in flagged, r.step_time_ms.mean or 0))
     initial = str(slowest.rank)
     options = "".join(f'<option value="{r.rank}"{" selected" if str(r.rank) == initial else ""}>'
                       f'rank {r.rank}</option>' for r in ranks)
-    charts = []
+    charts: list[str] = []
     kernels = _kernels(ranks, initial, figures, charts, report)
     gaps = _top_gaps(ranks, initial)
     memory = _memory(ranks, initial, figures, charts)
@@ -493,16 +493,17 @@ def _member(initial: str, key: str, inner: str) -> str:
     return f'<div data-member-of="rank" data-key="{escaped(key)}"{hidden}>{inner}</div>'
 
 
-def _kernels(ranks: list[RankReport], initial: str, figures: dict, charts: list[str], report: Analysis) -> str:
+def _kernels(ranks: list[RankReport], initial: str, figures: Figures, charts: list[str], report: Analysis) -> str:
     head = '<h3 id="kernels">Kernels by class</h3>'
     if not any(r.kernels for r in ranks):
         return head + note(f"No device kernels ({_no_device_words(report)}).")
-    variants, tables = {}, []
+    variants: dict[str, JsonDict] = {}
+    tables: list[str] = []
     for r in ranks:
         key = str(r.rank)
         breakdown = r.kernels.breakdown if r.kernels else None
         classes = breakdown.classes if breakdown else None
-        if not classes or not classes.kernel_class:
+        if breakdown is None or classes is None or not classes.kernel_class:
             variants[key] = {"data": [], "layout": _empty_layout(f"rank {key}: no device kernels")}
             tables.append(_member(initial, key, ""))
             continue
@@ -545,11 +546,12 @@ def _top_gaps(ranks: list[RankReport], initial: str) -> str:
             + "".join(members))
 
 
-def _memory(ranks: list[RankReport], initial: str, figures: dict, charts: list[str]) -> str:
+def _memory(ranks: list[RankReport], initial: str, figures: Figures, charts: list[str]) -> str:
     head = '<h3 id="memory">Memory timeline</h3>'
     if not any(r.memory for r in ranks):
         return head + note("No [memory] events (record them with torch.profiler(profile_memory=True)).")
-    variants, tables = {}, []
+    variants: dict[str, JsonDict] = {}
+    tables: list[str] = []
     for r in ranks:
         key = str(r.rank)
         memory = r.memory
@@ -558,7 +560,7 @@ def _memory(ranks: list[RankReport], initial: str, figures: dict, charts: list[s
             variants[key] = {"data": [], "layout": _empty_layout(f"rank {key}: no [memory] events")}
             tables.append(_member(initial, key, ""))
             continue
-        data = []
+        data: list[JsonDict] = []
         for device in dict.fromkeys(devices):
             at = [i for i, d in enumerate(devices) if d == device]
             t_ms = [memory.timeline.t_ms[i] for i in at]

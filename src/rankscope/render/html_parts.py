@@ -12,6 +12,8 @@ from __future__ import annotations
 import html
 import json
 import math
+from collections.abc import Sequence, Set
+from typing import Any, TypeAlias
 
 import plotly.offline
 
@@ -27,6 +29,11 @@ CATEGORY_LABELS = {"compute": "compute", "comm_overlapped": "comm overlapped wit
 
 _JSON_IN_SCRIPT = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026",
                    0x2028: "\\u2028", 0x2029: "\\u2029"}
+
+#: A plain JSON object: a chart's spec or layout, a part of a schema's dict.
+JsonDict: TypeAlias = dict[str, Any]
+#: The page's chart specs: chart id -> {"initial": a variant's key, "variants": {key: {"data", "layout"}}}.
+Figures: TypeAlias = dict[str, JsonDict]
 
 _BOOT = """
 (function () {
@@ -80,7 +87,7 @@ footer { margin-top: 40px; color: #8993a4; font-size: 12px; }
 """
 
 
-def page(title: str, body: str, figures: dict, schema: str | None) -> str:
+def page(title: str, body: str, figures: Figures, schema: str | None) -> str:
     """A self-contained page: the report CSS, plotly.js inline (no network), `body`, and the
     chart specs `figures` drawn by the page's boot script."""
     plotly_js = plotly.offline.get_plotlyjs().replace("</script", "<\\/script")
@@ -94,7 +101,7 @@ def page(title: str, body: str, figures: dict, schema: str | None) -> str:
             f"<script>{_BOOT}</script>\n</body></html>\n")
 
 
-def _finite(obj):
+def _finite(obj: object) -> object:
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     if isinstance(obj, dict):
@@ -104,7 +111,7 @@ def _finite(obj):
     return obj
 
 
-def _script_json(obj) -> str:
+def _script_json(obj: object) -> str:
     """JSON that cannot end its <script> block or break a JS parser (see module doc)."""
     return json.dumps(_finite(obj), separators=(",", ":"), ensure_ascii=False).translate(_JSON_IN_SCRIPT)
 
@@ -115,9 +122,10 @@ class Markup(str):
     """Markup already escaped (a cell that html_table must not escape again)."""
 
 
-def html_table(headers: list[str], rows: list[list], numeric: set[int] = frozenset(), attrs: str = "") -> str:
+def html_table(headers: list[str], rows: Sequence[Sequence[object]], numeric: Set[int] = frozenset(),
+               attrs: str = "") -> str:
     """An HTML table; cells are escaped text (None renders as a dash, numbers formatted)."""
-    def cell(tag: str, i: int, v) -> str:
+    def cell(tag: str, i: int, v: object) -> str:
         cls = ' class="num"' if i in numeric else ""
         return f"<{tag}{cls}>{v if isinstance(v, Markup) else escaped(value_text(v))}</{tag}>"
     head = "".join(cell("th", i, h) for i, h in enumerate(headers))
@@ -143,12 +151,12 @@ def note(text: str) -> str:
 
 # ---------------------------------------------------------------------------------------- charts
 
-def chart_label(value) -> str:
+def chart_label(value: object) -> str:
     """A name inside a chart: plotly turns `<b>`, `<br>`, `<a>` into markup, so escape it."""
     return html.escape(str(value), quote=False)
 
 
-def chart_layout(x_title: str, y_title: str, height: int = 380, slots: int = 0, **extra) -> dict:
+def chart_layout(x_title: str, y_title: str, height: int = 380, slots: int = 0, **extra: Any) -> JsonDict:
     """Axes, legend on top; bars stacked, and narrower when there are only a few x slots."""
     return {"height": height, "margin": {"l": 70, "r": 20, "t": 30, "b": 60}, "barmode": "stack",
             "bargap": 0.6 if 0 < slots <= 3 else 0.2,
@@ -157,12 +165,12 @@ def chart_layout(x_title: str, y_title: str, height: int = 380, slots: int = 0, 
             "font": {"size": 12}, "paper_bgcolor": "#fff", "plot_bgcolor": "#fff", **extra}
 
 
-def chart(figures: dict, chart_id: str, variants: dict[str, dict], initial: str) -> str:
+def chart(figures: Figures, chart_id: str, variants: dict[str, JsonDict], initial: str) -> str:
     """A chart's `<div>`; its spec per variant (e.g. per rank) goes into `figures`, `initial` drawn first."""
     figures[chart_id] = {"initial": initial, "variants": variants}
     return f'<div class="chart" id="{chart_id}"></div>'
 
 
-def one_chart(figures: dict, chart_id: str, data: list[dict], layout: dict) -> str:
+def one_chart(figures: Figures, chart_id: str, data: list[JsonDict], layout: JsonDict) -> str:
     """A chart with one variant."""
     return chart(figures, chart_id, {"all": {"data": data, "layout": layout}}, "all")

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from statistics import median
 
-from rankscope.render.html_parts import CATEGORY_COLORS, CATEGORY_LABELS, chart_label, chart_layout, note, one_chart
+from rankscope.render.html_parts import (CATEGORY_COLORS, CATEGORY_LABELS, Figures, JsonDict, chart_label, chart_layout,
+                                         note, one_chart)
 from rankscope.render.rank_rows import named_ranks
 from rankscope.results import Analysis
 from rankscope.results.rank import BREAKDOWN_CATEGORIES
@@ -27,13 +28,13 @@ MAX_EVIDENCE_RANKS = 16
 HEATMAP_NOISE_PCT = 1.0
 
 
-def distribution(report: Analysis, figures: dict) -> str:
+def distribution(report: Analysis, figures: Figures) -> str:
     """One box per breakdown category over every rank, the named ranks marked on it."""
     ranks = [(r.rank, r.breakdown_ms) for r in report.ranks if r.breakdown_ms]
     if len(ranks) < 2:
         return ""
     named = set(named_ranks(report))
-    data = []
+    data: list[JsonDict] = []
     for c in BREAKDOWN_CATEGORIES:
         label = CATEGORY_LABELS[c]
         data.append({"type": "box", "name": label, "y": [getattr(b, c) for _, b in ranks], "boxpoints": False,
@@ -62,7 +63,7 @@ def heatmap_z(durations: list[list[float | None]], median_step: float) -> tuple[
             for row in durations], noise
 
 
-def evidence_value(value, named: list[int]):
+def evidence_value(value: object, named: list[int]) -> object:
     """A finding's evidence value as one table cell: a mapping of many ranks to numbers becomes its
     min / median / max over them and the named ranks' values; anything else as it is."""
     if not isinstance(value, dict) or len(value) <= MAX_EVIDENCE_RANKS:

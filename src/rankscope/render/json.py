@@ -20,7 +20,8 @@ class AnalysisJson(JsonRenderer):
     """`analyze --json`: the `rankscope.analysis/1` object."""
 
     def to_dict(self, result: Analysis) -> dict[str, Any]:
-        return msgspec.to_builtins(result, str_keys=True)
+        data: dict[str, Any] = msgspec.to_builtins(result, str_keys=True)
+        return data
 
     def text(self, result: Analysis) -> str:
         return msgspec.json.format(msgspec.json.encode(result), indent=1).decode() + "\n"

@@ -15,6 +15,7 @@ from rankscope.ingest.memory_snapshot import Frame
 from rankscope.render.base import JsonRenderer, TerminalRenderer
 from rankscope.render.format import literal, number, print_table, problem_list, rounded
 from rankscope.results import MemoryResult, to_plain
+from rankscope.results.findings import Finding
 
 SCHEMA = "rankscope.memory_snapshot/1"
 
@@ -27,7 +28,7 @@ def _mb_dict(d: dict[str, int]) -> dict[str, float | None]:
     return {k: _mb(v) for k, v in d.items()}
 
 
-def _frame(f: Frame | None) -> dict | None:
+def _frame(f: Frame | None) -> dict[str, str | int] | None:
     return None if f is None else {"name": f[0], "file": f[1], "line": f[2]}
 
 
@@ -83,7 +84,7 @@ class MemoryJson(JsonRenderer):
         return out
 
 
-def _findings_of(result: MemoryResult) -> list:
+def _findings_of(result: MemoryResult) -> list[Finding]:
     """The result's findings (`memory_fragmentation`), when the pipeline judged the snapshots."""
     return list(getattr(result, "findings", None) or [])
 
@@ -109,7 +110,7 @@ class MemoryTerminal(TerminalRenderer):
             _findings(_findings_of(result), out)
 
 
-def _findings(findings: list, console: Console) -> None:
+def _findings(findings: list[Finding], console: Console) -> None:
     if not findings:
         console.print("Findings: none: no threshold crossed (`rankscope thresholds` lists them)")
         return

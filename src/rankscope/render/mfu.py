@@ -2,6 +2,8 @@
 Nothing is computed here: the numbers come from analyses/job/mfu.py."""
 from __future__ import annotations
 
+from typing import Any
+
 from rich import box
 from rich.console import Console
 from rich.table import Table
@@ -18,8 +20,10 @@ SOURCES = {"model": "model FLOPs given", "flops_args": "per-op FLOPs in the trac
 class MfuJson(JsonRenderer):
     """`mfu --json`: the `rankscope.mfu/1` object."""
 
-    def to_dict(self, result: MfuResult) -> dict:
-        d = to_plain(result.report)
+    def to_dict(self, result: MfuResult) -> dict[str, Any]:
+        # The CLI writes only a usable result, which has a report.
+        assert result.report is not None
+        d: dict[str, Any] = to_plain(result.report)
         d["comm_efficiency"] = d.pop("comm")
         return {"schema": SCHEMA, **d}
 
@@ -34,6 +38,8 @@ class MfuTerminal(TerminalRenderer):
 
     def render(self, result: MfuResult, out: Console) -> None:
         r = result.report
+        # The CLI prints only a usable result, which has a report.
+        assert r is not None
         out.print(f"[bold]rankscope mfu[/]: {len(r.ranks)} of {r.world_size} ranks, FLOPs from "
                   f"{SOURCES.get(r.source, r.source)}, peak for {r.dtype} ({r.dtype_source}), "
                   f"recompute {r.recompute} (x{r.recompute_factor:.3f})", highlight=False)

@@ -25,7 +25,7 @@ MAX_WARNING_LINES = 5            # NCCL warning / error lines shown per run (the
 
 def _run_dict(run: NcclRun) -> dict[str, Any]:
     log = run.log
-    peers = {}
+    peers: dict[str, list[dict[str, Any]]] = {}
     for p in run.peers:
         peers.setdefault(p.comm_id, []).append({"src": p.src, "dst": p.dst, "same_host": p.same_host, "via": p.via,
                                                 "kind": p.kind, "channels": p.channels})
@@ -66,7 +66,7 @@ class NcclJson(JsonRenderer):
     """`nccl --json`: the `rankscope.nccl/1` object."""
 
     def to_dict(self, result: NcclResult) -> dict[str, Any]:
-        report = result.report
+        report = _report(result)
         return {
             "schema": SCHEMA,
             "runs": [_run_dict(run) for run in report.runs],
@@ -80,6 +80,13 @@ class NcclJson(JsonRenderer):
         }
 
 
+def _report(result: NcclResult) -> NcclReport:
+    """The runs of a usable result: only those are rendered (cli/nccl.py shows a result when
+    `result.usable`, i.e. some log could be read and `report` is not None)."""
+    assert result.report is not None, "an NcclResult without a readable log has nothing to render"
+    return result.report
+
+
 # ---------------------------------------------------------------------------------------------
 def _name(file: str) -> str:
     return PurePath(file).name
@@ -90,7 +97,7 @@ class NcclTerminal(TerminalRenderer):
     bandwidth side by side; the findings."""
 
     def render(self, result: NcclResult, out: Console) -> None:
-        report = result.report
+        report = _report(result)
         best = (f"; best bus bandwidth: {literal(_name(report.best_run))}" if report.best_run and len(report.runs) > 1
                 else "")
         out.print(f"[bold]rankscope nccl[/]: {len(report.runs)} log{'s' if len(report.runs) != 1 else ''}{best}")

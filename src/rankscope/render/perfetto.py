@@ -16,7 +16,9 @@ object per event is created.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import msgspec
 import polars as pl
@@ -45,7 +47,8 @@ def _json_strings(s: pl.Series) -> pl.Series:
     s = s.cast(pl.String)
     distinct = s.drop_nulls().unique().to_list()
     encoded = [msgspec.json.encode(v).decode() for v in distinct]
-    return s.replace_strict(distinct, encoded, default=None, return_dtype=pl.String)
+    out: pl.Series = s.replace_strict(distinct, encoded, default=None, return_dtype=pl.String)
+    return out
 
 
 def _json_values(s: pl.Series) -> pl.Series:
@@ -53,12 +56,14 @@ def _json_values(s: pl.Series) -> pl.Series:
     if s.dtype in (pl.String, pl.Categorical) or s.dtype == pl.Null:
         return _json_strings(s)
     if s.dtype == pl.Boolean:
-        return s.replace_strict({True: "true", False: "false"}, return_dtype=pl.String)
+        flags: pl.Series = s.replace_strict({True: "true", False: "false"}, return_dtype=pl.String)
+        return flags
     if s.dtype.is_float():                         # whole numbers without ".0"; NaN/inf left out
         whole = s.is_finite() & (s == s.round()) & (s.abs() < 2**53)
         return pl.select(pl.when(whole).then(s.cast(pl.Int64, strict=False).cast(pl.String))
                          .when(s.is_finite()).then(s.cast(pl.String))).to_series()
-    return s.cast(pl.String)
+    text: pl.Series = s.cast(pl.String)
+    return text
 
 
 def _us(ns: pl.Expr) -> pl.Expr:
@@ -133,9 +138,12 @@ class TraceWriter:
     def __init__(self, out: str | Path):
         self.out = Path(out)
         self._atomic = AtomicFile(self.out)
+        self._file: BinaryIO
         if self.out.name.endswith(".gz"):
             from isal import igzip
-            self._file = igzip.open(self._atomic.file, "wb", compresslevel=GZIP_LEVEL)
+            # igzip.open has no annotations; opened "wb" on a file object it returns an IGzipFile (binary).
+            gzip_open: Callable[..., BinaryIO] = igzip.open
+            self._file = gzip_open(self._atomic.file, "wb", compresslevel=GZIP_LEVEL)
         else:
             self._file = self._atomic.file
         self._file.write(b'{"displayTimeUnit":"ms","traceEvents":[\n')
@@ -149,7 +157,7 @@ class TraceWriter:
             self._first = False
         self.events += events
 
-    def close(self, metadata: dict) -> int:
+    def close(self, metadata: dict[str, Any]) -> int:
         """Finish the file with the metadata; returns its size in bytes."""
         self._file.write(b'\n],"rankscope":' + json_bytes(metadata) + b"}\n")
         self._file.close()

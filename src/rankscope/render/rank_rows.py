@@ -17,7 +17,8 @@ import re
 from statistics import median
 from typing import Callable, Sequence
 
-from rankscope.numbers import LIST_WIDTH, rank_list  # noqa: F401  (rank_list: the renderers take it from here)
+from rankscope.numbers import LIST_WIDTH
+from rankscope.numbers import rank_list as rank_list  # re-exported: the renderers take it from here
 from rankscope.results import Analysis
 
 #: Rows of a per-rank table; with more ranks, the named ones and the outliers (`pick`).
@@ -53,8 +54,12 @@ def pick(ranks: Sequence[int], value: Callable[[int], float | None], named: Sequ
     values = {r: value(r) for r in ranks}
     known = [v for v in values.values() if v is not None]
     mid = median(known) if known else 0.0
-    others = sorted((r for r in ranks if r not in shown),
-                    key=lambda r: (-abs(values[r] - mid) if values[r] is not None else 0.0, r))
+
+    def farthest_first(r: int) -> tuple[float, int]:
+        v = values[r]
+        return (-abs(v - mid) if v is not None else 0.0, r)
+
+    others = sorted((r for r in ranks if r not in shown), key=farthest_first)
     shown += others[:limit - len(shown)]
     rest = sorted(set(ranks) - set(shown))
     return shown, rest

@@ -34,6 +34,8 @@ def change_text(c: RunChange) -> str:
     if c.kind in ("slowdown", "speedup"):
         who = f"rank {c.rank}" if c.rank is not None else (
             f"the job (ranks {ranges(c.ranks)})" if c.ranks else "the job")
+        # a slowdown / speedup always has both medians (analyses/run/changes.py); only other kinds leave them None
+        assert c.before_ms is not None and c.after_ms is not None
         grew = 100.0 * (c.after_ms - c.before_ms) / c.before_ms if c.before_ms else 0.0
         part = BREAKDOWN.get(c.cause or "")
         cause = f"{c.cause} ({part.definition})" if part else str(c.cause)

@@ -4,7 +4,7 @@ rank x cycle, one row per cycle. Lays out; computes nothing."""
 from __future__ import annotations
 
 from rankscope.render.format import escaped, ranges, value_text
-from rankscope.render.html_parts import chart_label, chart_layout, html_table, note, one_chart
+from rankscope.render.html_parts import Figures, chart_label, chart_layout, html_table, note, one_chart
 from rankscope.render.run_figures import RUN_CYCLE, change_text, noise_text
 from rankscope.results import Analysis
 from rankscope.results.run import RunChange, RunCycle
@@ -15,7 +15,7 @@ CHANGE_COLORS = {"slowdown": "#d32f2f", "speedup": "#2e7d32", "straggler_onset":
                  "straggler_end": "#1976d2", "finding_onset": "#7b1fa2"}
 
 
-def run_section(report: Analysis, figures: dict) -> str:
+def run_section(report: Analysis, figures: Figures) -> str:
     """The section (empty for a report of one cycle)."""
     run = report.run
     if not run:
@@ -32,11 +32,11 @@ def run_section(report: Analysis, figures: dict) -> str:
             + _heatmap(cycles, changes, figures) + _table(cycles) + "</section>")
 
 
-def _trend(cycles: list[RunCycle], changes: list[RunChange], figures: dict) -> str:
+def _trend(cycles: list[RunCycle], changes: list[RunChange], figures: Figures) -> str:
     x = [c.cycle for c in cycles]
     hover = [f"cycle {c.cycle}, steps {ranges(c.steps)}" for c in cycles]
-    data = [{"type": "scatter", "mode": "lines+markers", "name": chart_label(RUN_CYCLE[key].html), "x": x,
-             "y": [getattr(c, RUN_CYCLE[key].json) for c in cycles], "text": hover, "line": {"color": color},
+    data = [{"type": "scatter", "mode": "lines+markers", "name": chart_label(RUN_CYCLE[key].html_label()), "x": x,
+             "y": [getattr(c, RUN_CYCLE[key].json_key()) for c in cycles], "text": hover, "line": {"color": color},
              "hovertemplate": "%{text}: %{y:.3f} ms"} for key, color in (("median", "#1976d2"),
                                                                          ("slowest", "#d32f2f"))]
     shapes = [{"type": "line", "xref": "x", "yref": "paper", "x0": c.first_cycle - 0.5, "x1": c.first_cycle - 0.5,
@@ -54,7 +54,7 @@ def _trend(cycles: list[RunCycle], changes: list[RunChange], figures: dict) -> s
             + one_chart(figures, "chart-run-trend", data, layout))
 
 
-def _heatmap(cycles: list[RunCycle], changes: list[RunChange], figures: dict) -> str:
+def _heatmap(cycles: list[RunCycle], changes: list[RunChange], figures: Figures) -> str:
     worst: dict[int, float] = {}
     for c in cycles:
         for r, ms in zip(c.ranks, c.rank_step_ms):
@@ -81,7 +81,7 @@ def _heatmap(cycles: list[RunCycle], changes: list[RunChange], figures: dict) ->
 
 
 def _table(cycles: list[RunCycle]) -> str:
-    headers = ["cycle"] + [f.html for f in RUN_CYCLE.values()]
+    headers = ["cycle"] + [f.html_label() for f in RUN_CYCLE.values()]
     rows = []
     for c in cycles:
         s = c.straggler

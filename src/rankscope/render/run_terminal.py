@@ -32,7 +32,7 @@ def run_section(run: Run, console: Console) -> None:
                   box=box.SIMPLE_HEAD, pad_edge=False, caption=legend(RUN_CYCLE), caption_justify="left")
     table.add_column("cycle", justify="right")
     for key, f in RUN_CYCLE.items():
-        table.add_column(f.terminal, justify="left" if key in ("steps", "straggler") else "right")
+        table.add_column(f.terminal_header(), justify="left" if key in ("steps", "straggler") else "right")
     rows = run.cycles
     cut = len(rows) > MAX_CYCLE_ROWS
     if cut:

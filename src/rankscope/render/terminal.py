@@ -5,6 +5,7 @@ Flight Recorder dumps, their verdict comes first (render/hang_terminal.py)."""
 from __future__ import annotations
 
 from collections import Counter
+from typing import Callable
 
 from rich import box
 from rich.console import Console
@@ -22,6 +23,7 @@ from rankscope.render.hang_terminal import hang_section
 from rankscope.render.rank_rows import host_list, named_ranks, pick, rank_list, rest_line
 from rankscope.render.run_terminal import run_header, run_section
 from rankscope.results import Analysis
+from rankscope.results.analysis import RankReport
 from rankscope.results.rank import BREAKDOWN_CATEGORIES as CATEGORIES
 
 
@@ -111,13 +113,17 @@ def _warnings(a: Analysis, console: Console) -> None:
         console.print(f"  ... and {len(lines) - MAX_WARNINGS} more (stderr and --json have all)")
 
 
+#: A per-rank figure of a table (None: the rank has none).
+RankValue = Callable[[RankReport], float | None]
+
+
 def _tables(a: Analysis, console: Console) -> None:
     table = Table(title="Step time per rank", title_justify="left", header_style="bold",
                   caption=STEP_TIME["gpu_busy"].legend(), caption_justify="left")
     table.add_column("rank", justify="right")
     for f in STEP_TIME.values():
-        table.add_column(f.terminal, justify="right")
-    mean_step = lambda s: s.step_time_ms.mean
+        table.add_column(f.terminal_header(), justify="right")
+    mean_step: RankValue = lambda s: s.step_time_ms.mean
     shown = _shown(a, mean_step)
     steps = Counter(x.rank for x in a.steps)
     for s in shown:
@@ -127,13 +133,13 @@ def _tables(a: Analysis, console: Console) -> None:
     print_table(console, table)
     _more(a, shown, console, mean_step, "mean step")
     # the breakdown's outliers: device idle (what a late rank does more of)
-    idle = lambda s: sum(getattr(s.breakdown_ms, c) if s.breakdown_ms else 0.0
-                         for c in ("dataloader", "sync", "host", "idle_other"))
+    idle: RankValue = lambda s: sum(getattr(s.breakdown_ms, c) if s.breakdown_ms else 0.0
+                                    for c in ("dataloader", "sync", "host", "idle_other"))
     idle_rows = _shown(a, idle)
     _breakdown_table(a, idle_rows, console)
     _more(a, idle_rows, console, idle, "device idle")
     _parallel_section(a, idle_rows, console)
-    wait = lambda s: s.hta.idle.idle_ms.get("host_wait") if s.hta else None
+    wait: RankValue = lambda s: s.hta.idle.idle_ms.get("host_wait") if s.hta else None
     wait_rows = _shown(a, wait)
     _details_table(wait_rows, console)
     if any(s.hta for s in wait_rows):
@@ -173,14 +179,14 @@ def _findings(a: Analysis, console: Console, brief: bool) -> None:
                       "`rankscope export perfetto DIR -o job.json.gz` (all ranks on one timeline)", style="dim")
 
 
-def _shown(a: Analysis, value) -> list:
+def _shown(a: Analysis, value: RankValue) -> list[RankReport]:
     """The ranks of a per-rank table (rank_rows.pick: the named ranks, then the outliers of `value`)."""
     by_rank = {s.rank: s for s in a.ranks}
     shown, _ = pick(list(by_rank), lambda r: value(by_rank[r]), named_ranks(a))
     return [by_rank[r] for r in shown]
 
 
-def _more(a: Analysis, shown: list, console: Console, value, what: str) -> None:
+def _more(a: Analysis, shown: list[RankReport], console: Console, value: RankValue, what: str) -> None:
     """One line for the ranks a table leaves out."""
     if len(shown) < len(a.ranks):
         by_rank = {s.rank: s for s in a.ranks}
@@ -188,8 +194,8 @@ def _more(a: Analysis, shown: list, console: Console, value, what: str) -> None:
         console.print(rest_line(rest, lambda r: value(by_rank[r]), what), highlight=False)
 
 
-def _details_table(shown: list, console: Console) -> None:
-    ranks = [s for s in shown if s.hta]           # GPU ranks: CPU-only jobs have none of these figures
+def _details_table(shown: list[RankReport], console: Console) -> None:
+    ranks = [(s, s.hta) for s in shown if s.hta]  # GPU ranks: CPU-only jobs have none of these figures
     if not ranks:
         return
     table = Table(title="Per rank: comm overlap, device idle by cause, data loading, precision", title_justify="left",
@@ -199,13 +205,13 @@ def _details_table(shown: list, console: Console) -> None:
     for f in DETAILS.values():
         if f.terminal:
             table.add_column(f.terminal, justify="right")
-    for s in ranks:
-        idle = s.hta.idle.idle_ms
+    for s, hta in ranks:
+        idle = hta.idle.idle_ms
         k = s.kernels.stats if s.kernels else None
         peak = max((d.peak_allocated_mb for d in (s.memory.devices if s.memory else []) if d.device != "cpu"),
                    default=None)
-        table.add_row(str(s.rank), percent(s.hta.overlap.overlap_pct), number(idle.get("host_wait")),
-                      number(idle.get("kernel_wait")), str(len(s.hta.idle.streams)),
+        table.add_row(str(s.rank), percent(hta.overlap.overlap_pct), number(idle.get("host_wait")),
+                      number(idle.get("kernel_wait")), str(len(hta.idle.streams)),
                       percent(s.dataloader.share_pct if s.dataloader else None),
                       percent(k.fp32_gemm_share_pct if k else None), percent(k.tensor_core_pct if k else None),
                       number(peak))
@@ -213,7 +219,8 @@ def _details_table(shown: list, console: Console) -> None:
 
 
 def _cross_section(a: Analysis, console: Console) -> None:
-    if a.clock is None or len(a.ranks) < 2:           # no cross-rank result
+    clock = a.clock
+    if clock is None or len(a.ranks) < 2:             # no cross-rank result
         return
     c = a
     console.print(f"[bold]Across ranks:[/] {_present(a)}{literal(c.straggler_verdict)}", highlight=False)
@@ -240,7 +247,7 @@ def _cross_section(a: Analysis, console: Console) -> None:
                   + (f": {types}" if types else ""), highlight=False)
     if c.load_balance is not None:
         console.print(f"  load balance: {literal(c.load_balance.summary)}", highlight=False)
-    console.print(f"  clocks: {literal(c.clock.note)}", highlight=False)
+    console.print(f"  clocks: {literal(clock.note)}", highlight=False)
 
 
 def _highlights(a: Analysis, console: Console) -> None:
@@ -259,17 +266,16 @@ def _highlights(a: Analysis, console: Console) -> None:
                              f"{literal(g.busy_host_op)})" if g.busy_host_op else "")
                           + (f"; ended by {escape(shortened(g.next_device_op))}" if g.next_device_op else "")
                           + (f" launched from {literal(g.launched_by)}" if g.launched_by else ""), highlight=False)
-    ranked = [s for s in a.ranks if s.kernels and s.kernels.stats.kernels.name]
+    ranked = [(s, s.kernels.stats.kernels) for s in a.ranks if s.kernels and s.kernels.stats.kernels.name]
     if ranked:
-        s = ranked[0]
-        k = s.kernels.stats.kernels
+        s, k = ranked[0]
         top = ", ".join(f"{escape(n)} {ms:,.1f} ms" for n, ms in zip(_names(k.name), k.total_ms))
         console.print(f"[bold]Top kernels[/] (rank {s.rank}): {top}", highlight=False)
-    ops = [s for s in a.ranks if s.device_events > 0 and s.operators and s.operators.by_self_device.name]
+    ops = [(s, s.operators.by_self_device.name, s.operators.by_self_device.self_device_ms) for s in a.ranks
+           if s.device_events > 0 and s.operators and s.operators.by_self_device.name]
     if ops:
-        s = ops[0]
-        o = s.operators.by_self_device
-        top = ", ".join(f"{escape(n)} {ms:,.1f} ms" for n, ms in zip(_names(o.name), o.self_device_ms))
+        s, op_names, self_device_ms = ops[0]
+        top = ", ".join(f"{escape(n)} {ms:,.1f} ms" for n, ms in zip(_names(op_names), self_device_ms))
         console.print(f"[bold]Top ops by self GPU time[/] (rank {s.rank}): {top}", highlight=False)
 
 
@@ -282,7 +288,7 @@ _HOST_ACTIVITY = {"dataloader": "in the DataLoader", "sync": "blocked in a synch
                   "host": "busy in CPU ops or Python", "idle_other": "outside any op"}
 
 
-def _breakdown_table(a: Analysis, shown: list, console: Console) -> None:
+def _breakdown_table(a: Analysis, shown: list[RankReport], console: Console) -> None:
     ranks = [s for s in shown if s.breakdown_ms is not None]
     if not ranks:
         return
@@ -294,7 +300,7 @@ def _breakdown_table(a: Analysis, shown: list, console: Console) -> None:
                   caption_justify="left")
     table.add_column("rank", justify="right")
     for f in BREAKDOWN.values():
-        table.add_column(f.terminal, justify="right")
+        table.add_column(f.terminal_header(), justify="right")
     for s in ranks:
         eff = "-" if s.overlap_efficiency is None else f"{s.overlap_efficiency:.2f}"
         table.add_row(str(s.rank), number(s.step_time_ms.mean), *(number(getattr(s.breakdown_ms, c)) for c in CATEGORIES),
@@ -302,7 +308,7 @@ def _breakdown_table(a: Analysis, shown: list, console: Console) -> None:
     print_table(console, table)
 
 
-def _parallel_section(a: Analysis, shown: list, console: Console) -> None:
+def _parallel_section(a: Analysis, shown: list[RankReport], console: Console) -> None:
     """The parallel layout: its groups, communication per dimension per rank, the pipeline's stages."""
     # one dimension over the whole job (plain DDP / FSDP): the header's layout line says it all
     if not (len(a.parallelism.dims) > 1 or a.pipeline or a.experts):
@@ -345,7 +351,7 @@ def _parallel_section(a: Analysis, shown: list, console: Console) -> None:
     table.add_column("stage", justify="right")
     table.add_column("ranks")
     for f in PIPELINE_STAGE.values():
-        table.add_column(f.terminal, justify="right")
+        table.add_column(f.terminal_header(), justify="right")
     for st in p.stages:
         table.add_row(str(st.stage), ranges(st.ranks), number(st.compute_ms_per_step), number(st.bubble_ms_per_step),
                       percent(st.bubble_pct))

@@ -1,6 +1,8 @@
 """`rankscope thresholds`: every threshold, as a table (terminal) or one JSON object."""
 from __future__ import annotations
 
+from typing import Any
+
 from rich import box
 from rich.console import Console
 from rich.table import Table
@@ -37,7 +39,7 @@ class ThresholdsTerminal(TerminalRenderer):
 class ThresholdsJson(JsonRenderer):
     """{name: {value, unit, source, decides, range: [lowest, highest or null: unbounded]}}."""
 
-    def to_dict(self, result: ThresholdList) -> dict:
+    def to_dict(self, result: ThresholdList) -> dict[str, Any]:
         return {name: {"value": t.value, "unit": t.unit, "source": t.source, "decides": t.decides,
                        "range": [t.limits[0], t.limits[1] if t.limits[1] < float("inf") else None]}
                 for name, t in result.by_name.items()}

@@ -5,9 +5,10 @@ in the middle to the room the other columns leave."""
 from __future__ import annotations
 
 import os
+from typing import Any, TypedDict
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
@@ -19,10 +20,24 @@ from rankscope.results import Ingest
 SCHEMA = "rankscope.validate/1"
 
 
-def validation_rows(found: Ingest) -> list[dict]:
+class ValidationRow(TypedDict):
+    """One file's entry of `files[]` in `rankscope.validate/1`."""
+    file: str
+    ok: bool | None
+    rank: int | None
+    rank_source: str | None
+    format: str | None
+    events: int
+    device_events: int
+    steps: int
+    salvaged: bool
+    problems: list[str]
+
+
+def validation_rows(found: Ingest) -> list[ValidationRow]:
     """Per file: rank, where the rank came from, format, events, steps, problems; `ok` is False for
     a skipped file and None for an ignored one (not a trace)."""
-    rows = []
+    rows: list[ValidationRow] = []
     notes: dict[str, list[str]] = {}
     for p in found.problems:
         notes.setdefault(p.file, []).append(p.problem)
@@ -44,7 +59,7 @@ def validation_rows(found: Ingest) -> list[dict]:
 class ValidationJson(JsonRenderer):
     """`validate --json`: the `rankscope.validate/1` object."""
 
-    def to_dict(self, result: Ingest) -> dict:
+    def to_dict(self, result: Ingest) -> dict[str, Any]:
         return {"schema": SCHEMA, "files": validation_rows(result), "job_warnings": result.warnings}
 
 
@@ -55,10 +70,10 @@ class ValidationTerminal(TerminalRenderer):
         _print_rows(validation_rows(result), result.warnings, out)
 
 
-_SOURCE = {"distributedInfo": "trace", "filename": "name", "order": "order"}
+_SOURCE: dict[str | None, str] = {"distributedInfo": "trace", "filename": "name", "order": "order"}
 
 
-def _status(row: dict) -> str:
+def _status(row: ValidationRow) -> str:
     if row["ok"] is None:
         return "[dim]ignored[/]"
     if not row["ok"]:
@@ -72,7 +87,7 @@ def _status(row: dict) -> str:
 MIN_NAME_WIDTH = 12
 
 
-def _print_rows(rows: list[dict], job_warnings: list[str], console: Console) -> None:
+def _print_rows(rows: list[ValidationRow], job_warnings: list[str], console: Console) -> None:
     folder, names = _relative([r["file"] for r in rows])
     cells = [["-" if r["rank"] is None else str(r["rank"]), _SOURCE.get(r["rank_source"], "-"), r["format"] or "-",
               f"{r['events']:,}", f"{r['device_events']:,}", str(r["steps"]), _status(r)] for r in rows]
@@ -87,11 +102,16 @@ def _print_rows(rows: list[dict], job_warnings: list[str], console: Console) -> 
         console.print(Text.assemble(("warning:", "yellow"), f" {printable(w)}"))
 
 
+#: The table's columns and how each is justified.
+_COLUMNS: tuple[tuple[str, JustifyMethod], ...] = (
+    ("file", "left"), ("rank", "right"), ("from", "left"), ("format", "left"), ("events", "right"),
+    ("GPU ev.", "right"), ("steps", "right"), ("status", "left"))
+
+
 def _table(title: str | None, names: list[str], cells: list[list[str]]) -> Table:
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
                   padding=(0, 1, 0, 0))
-    for col, just in (("file", "left"), ("rank", "right"), ("from", "left"), ("format", "left"),
-                      ("events", "right"), ("GPU ev.", "right"), ("steps", "right"), ("status", "left")):
+    for col, just in _COLUMNS:
         table.add_column(col, justify=just, no_wrap=col != "file", overflow="fold")   # a name past the room folds
     for name, row in zip(names, cells):
         table.add_row(name, *row)

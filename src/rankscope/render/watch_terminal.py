@@ -31,7 +31,7 @@ def live_view(status: WatchStatus, run: Run | None) -> Group:
                   header_style="bold")
     table.add_column("cycle", justify="right")
     for key in ("steps", "ranks", "median", "slowest", "straggler"):
-        table.add_column(RUN_CYCLE[key].terminal, justify="left" if key in ("steps", "straggler") else "right")
+        table.add_column(RUN_CYCLE[key].terminal_header(), justify="left" if key in ("steps", "straggler") else "right")
     for c in run.cycles[-LIVE_CYCLES:]:
         table.add_row(str(c.cycle), ranges(c.steps), str(len(c.ranks)), number(c.step_ms_median),
                       number(c.step_ms_max), straggler_text(c))
