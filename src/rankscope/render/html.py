@@ -26,6 +26,7 @@ from rankscope.render.html_parts import (CATEGORY_COLORS, CATEGORY_LABELS, Figur
 from rankscope.render.html_views import distribution, evidence_value, heatmap_note, heatmap_z
 from rankscope.render.rank_rows import FEW_RANKS, named_ranks, rank_list
 from rankscope.render.run_html import run_section
+from rankscope.render.step_spread import spread_text
 from rankscope.results import Analysis, Finding
 from rankscope.results.analysis import RankReport
 from rankscope.results.rank import BREAKDOWN_CATEGORIES
@@ -280,6 +281,7 @@ def _heatmap(report: Analysis, figures: Figures) -> str:
                    hovertemplate="rank %{y}, step %{x}: %{z:+.3f} ms against the median step<extra></extra>")
     layout["plot_bgcolor"] = "#e0e0e0"
     return (head + heatmap_note(heatmap_z([], median_step)[1], median_step) + note(capped)
+            + (note("S" + spread_text(report.step_spread)[1:]) if report.step_spread else "")
             + one_chart(figures, "chart-step-heatmap", data, layout) + "</section>")
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from rankscope.render.base import JsonRenderer
+from rankscope.render.format import json_bytes
 from rankscope.results import Analysis
 
 
@@ -24,7 +25,7 @@ class AnalysisJson(JsonRenderer):
         return data
 
     def text(self, result: Analysis) -> str:
-        return msgspec.json.format(msgspec.json.encode(result), indent=1).decode() + "\n"
+        return msgspec.json.format(json_bytes(result), indent=1).decode() + "\n"   # (a file name need not be UTF-8)
 
 
 def analysis_schema() -> dict[str, Any]:

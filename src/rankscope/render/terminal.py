@@ -22,6 +22,7 @@ from rankscope.render.format import (GAP_POSITIONS, distinct_shortened, literal,
 from rankscope.render.hang_terminal import hang_section
 from rankscope.render.rank_rows import host_list, named_ranks, pick, rank_list, rest_line
 from rankscope.render.run_terminal import run_header, run_section
+from rankscope.render.step_spread import spread_text
 from rankscope.results import Analysis
 from rankscope.results.analysis import RankReport
 from rankscope.results.rank import BREAKDOWN_CATEGORIES as CATEGORIES
@@ -247,6 +248,8 @@ def _cross_section(a: Analysis, console: Console) -> None:
                   + (f": {types}" if types else ""), highlight=False)
     if c.load_balance is not None:
         console.print(f"  load balance: {literal(c.load_balance.summary)}", highlight=False)
+    if c.step_spread is not None:
+        console.print(f"  {spread_text(c.step_spread)}", highlight=False)
     console.print(f"  clocks: {literal(clock.note)}", highlight=False)
 
 

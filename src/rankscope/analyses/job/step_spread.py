@@ -23,8 +23,8 @@ def step_spread(ranks: Sequence[Collectives], median_step_ms: float | None) -> S
     for step, durations in sorted(by_step.items()):
         if len(durations) >= 2:
             slowest_ms, slowest_rank = max(durations, key=lambda d: (d[0], -d[1]))    # ties: the lower rank
-            rows.append(StepSpreadRow(step, min(d for d, _ in durations), slowest_ms, slowest_rank))
+            rows.append(StepSpreadRow(step, round(min(d for d, _ in durations), 3), round(slowest_ms, 3), slowest_rank))
     if not rows:
         return None
-    spread = sum(r.slowest_ms - r.fastest_ms for r in rows) / len(rows)
-    return StepSpread(rows, spread, 100.0 * spread / median_step_ms if median_step_ms else None)
+    spread = sum(r.slowest_ms - r.fastest_ms for r in rows) / len(rows)     # of the rounded rows: as shown
+    return StepSpread(rows, round(spread, 3), round(100.0 * spread / median_step_ms, 2) if median_step_ms else None)
