@@ -79,7 +79,8 @@ def to_report(a: JobAnalysis) -> Analysis:
         straggler_thresholds=c.straggler_thresholds if c else msgspec.UNSET,
         parallelism=c.layout if c else Layout(), pipeline=c.pipeline if c else None,
         experts=c.experts if c else None, critical_path=c.critical_path if c else None,
-        median_step_ms=c.median_step_ms if c else None, step_spread=c.step_spread if c else None, hang=a.hang, findings=a.findings, run=a.run,
+        median_step_ms=c.median_step_ms if c else None, step_spread=c.step_spread if c else None,
+        hang=a.hang, findings=a.findings, run=a.run,
         engine=a.engine, jobs=a.jobs if a.jobs else msgspec.UNSET)
 
 
@@ -96,7 +97,8 @@ def _rank(s: RankSummary, comm: dict[str, DimComm] | None) -> RankReport:
         events=s.meta.events_total, device_events=s.device_events,
         step_time_ms=StepTime(rounded(st.mean_ms, 3), rounded(st.median_ms, 3), rounded(st.max_ms, 3)),
         gpu_busy_pct=rounded(st.device_busy_pct, 2), breakdown_ms=_rounded(s.breakdown_mean_ms) if s.steps else None,
-        breakdown_mode="cpu_only" if s.breakdown_mode == "cpu_only" else "device", comm_by_dim_ms=comm, overlap_efficiency=rounded(s.overlap_efficiency, 4),
+        breakdown_mode="cpu_only" if s.breakdown_mode == "cpu_only" else "device", comm_by_dim_ms=comm,
+        overlap_efficiency=rounded(s.overlap_efficiency, 4),
         temporal_pct=(TemporalPct(hta.temporal.compute_pct, hta.temporal.non_compute_pct, hta.temporal.idle_pct)
                       if hta else None),
         overlap_pct=hta.overlap.overlap_pct if hta else None,

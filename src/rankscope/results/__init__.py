@@ -3,7 +3,7 @@ units in the names, pure data. The rooms:
 
   rank.py           the per-rank summary (the map's output, the per-rank cache format)
   collectives.py    a rank's collectives (the worker -> driver payload, packed) and the job's matched ones
-  clock.py, stragglers.py, layout.py, pipeline.py, experts.py, critical_path.py
+  clock.py, stragglers.py, layout.py, pipeline.py, experts.py, critical_path.py, step_spread.py
                     the parts of the cross-rank result, job.py (`JobResult`: the reduce's output)
   capture.py        capture quality          findings.py  a finding
   hang.py           Flight Recorder verdict  run.py       a whole run of profiler cycles
