@@ -5,6 +5,7 @@ codes: 0 ok, 1 inputs skipped, 2 nothing usable or bad arguments) is in common.p
 """
 from __future__ import annotations
 
+import errno
 import gc
 import sys
 
@@ -35,6 +36,10 @@ class _Main(click.Group):
             pass
         except MemoryError:
             _out_of_memory()
+        except OSError as exc:             # e.g. the import of a module whose folder listing cannot be allocated
+            if exc.errno == errno.ENOMEM:
+                _out_of_memory()
+            raise
         except BaseException as exc:       # polars (Rust) panics when it cannot start a thread or allocate
             if type(exc).__name__ == "PanicException" and limits.address_space_limit() is not None:
                 _out_of_memory()
