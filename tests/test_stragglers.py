@@ -105,7 +105,8 @@ def test_cross_rank_needs_only_the_small_summaries(corpus):
     assert sum(map(len, blobs)) < 16_000
     decoded = [msgspec.msgpack.decode(b, type=RankCollectives) for b in blobs]
     a, b = reduce_job(ranks).result, reduce_job(decoded).result
-    assert a.straggler_verdict == b.straggler_verdict and [s.rank for s in a.stragglers] == [s.rank for s in b.stragglers]
+    assert (a.straggler_verdict == b.straggler_verdict
+            and [s.rank for s in a.stragglers] == [s.rank for s in b.stragglers])
 
 
 def test_last_share_bar():

@@ -19,7 +19,8 @@ def code_fingerprint() -> str:
     carry it, so a changed analysis never serves an old result."""
     root = Path(__file__).resolve().parent
     h = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")) + sorted((root.parent / "results").glob("*.py")) + [root.parent / "model.py"]:
+    for path in (sorted(root.rglob("*.py")) + sorted((root.parent / "results").glob("*.py"))
+                 + [root.parent / "model.py"]):
         h.update(str(path.relative_to(root.parent)).encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]

@@ -5,9 +5,9 @@ the typed cross-rank result of a job (results/), or one run of compared NCCL log
 recomputed from events), and yields at most one `Finding` of its id (per NCCL run). Every
 threshold is a named entry of `rankscope.thresholds.THRESHOLDS` with its unit and source; users
 override any of them (`rankscope analyze --threshold dataloader_high_pct=30`, or
-`evaluate(..., thresholds=resolve(overrides))`: resolved once, by the pipeline). Families: stragglers.py, communication.py, host.py,
-memory.py, compute.py, parallel.py (parallel layouts), inputs.py (NCCL logs), hang.py (Flight Recorder
-dumps); docs/findings.md lists every id.
+`evaluate(..., thresholds=resolve(overrides))`: resolved once, by the pipeline). Families: stragglers.py,
+communication.py, host.py, memory.py, compute.py, parallel.py (parallel layouts), inputs.py (NCCL logs),
+hang.py (Flight Recorder dumps); docs/findings.md lists every id.
 
 Job-level shares are the median over ranks of a per-rank share of the mean step (docs/concepts.md,
 Step breakdown), so one odd rank does not decide for the job; the ranks a finding names are those

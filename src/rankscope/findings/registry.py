@@ -228,8 +228,8 @@ def saving(job: JobView, *keys: str) -> Saving | None:
         if w is not None:
             pct = job.pct_of_step(w.step_ms_saved)
             t = job.thresholds
-            severity: Severity = ("high" if pct >= t["saving_high_pct"] else "medium" if pct >= t["saving_medium_pct"] else
-                        "low")
+            severity: Severity = ("high" if pct >= t["saving_high_pct"] else "medium" if pct >= t["saving_medium_pct"]
+                                  else "low")
             return Saving(w.step_ms_saved, pct, severity, w.change, key)
     return None
 

@@ -45,7 +45,8 @@ def share_strings(obj: Any, pool: dict[str, str]) -> Any:
         for name in obj.__struct_fields__:
             setattr(obj, name, share_strings(getattr(obj, name), pool))
         return obj
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type) and not obj.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+    if (dataclasses.is_dataclass(obj) and not isinstance(obj, type)
+            and not obj.__dataclass_params__.frozen):  # type: ignore[attr-defined]
         for f in dataclasses.fields(obj):
             setattr(obj, f.name, share_strings(getattr(obj, f.name), pool))
     return obj

@@ -53,8 +53,9 @@ def parse_selection(text: str) -> list[int]:
 
 def _within(tl: RankTimeline, lo: int, hi: int) -> RankTimeline:
     """The timeline with only the slices overlapping [lo, hi) and the counters in it (aligned clock)."""
-    return msgspec.structs.replace(tl, slices=[f.filter((pl.col("ts_ns") < hi) & (pl.col("ts_ns") + pl.col("dur_ns") > lo))
-                               for f in tl.slices],
+    return msgspec.structs.replace(tl, slices=[f.filter((pl.col("ts_ns") < hi)
+                                                        & (pl.col("ts_ns") + pl.col("dur_ns") > lo))
+                                               for f in tl.slices],
                    counters=tl.counters.filter((pl.col("ts_ns") >= lo) & (pl.col("ts_ns") < hi)))
 
 
@@ -76,8 +77,8 @@ def _export_task(task: _ExportTask) -> tuple[dict[str, Any], list[bytes], int]:
              "clipped": tl.clipped, "notes": tl.notes}, chunks, events)
 
 
-def export_perfetto(inputs: str | Path | list[str | Path], out: str | Path, cache_dir: str | Path | None = None, use_cache: bool = True,
-                    on_progress: Callable[[int, int, str], None] | None = None,
+def export_perfetto(inputs: str | Path | list[str | Path], out: str | Path, cache_dir: str | Path | None = None,
+                    use_cache: bool = True, on_progress: Callable[[int, int, str], None] | None = None,
                     pipeline_ranks: int = 2, ranks: list[int] | None = None, steps: list[int] | None = None,
                     on_estimate: Callable[[int, int], None] | None = None) -> ExportResult:
     """Analyse the job (for clock offsets and collective waits), then write its merged timeline to

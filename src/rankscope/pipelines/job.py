@@ -207,7 +207,8 @@ def _map_files(inputs: str | Path | list[str | Path] | Discovered, task_fn: Call
                cache_dir: str | Path | None, use_cache: bool, engine: str, workers: int | None,
                on_progress: Callable[[int, int, str], None] | None, address: str | None = None,
                on_arrival: Callable[[Any], None] | None = None, keep_memory: bool = False,
-               fr_dumps: list[Path] | None = None, spill_dir: str | None = None) -> tuple[list[Any], list[InputProblem], str]:
+               fr_dumps: list[Path] | None = None, spill_dir: str | None = None
+               ) -> tuple[list[Any], list[InputProblem], str]:
     """Discover the files (or take those `inputs` found) and map `task_fn` over them: (results, problems,
     engine used). `on_arrival(result)` runs in the driver on each result as it comes in. `keep_memory`: see
     `engines.map_ranks`. `fr_dumps`: receives the Flight Recorder dumps found (else they are ignored)."""

@@ -15,8 +15,9 @@ if TYPE_CHECKING:  # pragma: no cover
 TRANSFORMER_DIMS = ("layers", "hidden", "heads", "vocab", "seq", "batch")
 
 
-def mfu(inputs: str | Path | list[str | Path], model_flops_per_step: float | None = None, dims: dict[str, int] | None = None,
-        recompute: str = "none", dtype: str | None = None, cache_dir: str | Path | None = None,
+def mfu(inputs: str | Path | list[str | Path], model_flops_per_step: float | None = None,
+        dims: dict[str, int] | None = None, recompute: str = "none", dtype: str | None = None,
+        cache_dir: str | Path | None = None,
         use_cache: bool = True, on_progress: Callable[[int, int, str], None] | None = None) -> MfuResult:
     """MFU / HFU against the devices' peak (at `dtype`, default the GEMMs' dtype in the traces) and
     communication efficiency. The model's FLOPs per step: `model_flops_per_step` (whole job), or a

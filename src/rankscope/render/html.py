@@ -333,7 +333,8 @@ def _critical_path(report: Analysis, figures: Figures) -> str:
                 f"ends last, through each collective to its last arriver (and pipeline recvs to their sends); "
                 f"mean {value_text(cp.step_ms)} ms per step; {owner}."),
            html_table(["rank", "category", "ms per step", "% of step"],
-                      [[x.rank, x.category, x.ms_per_step, x.pct_of_step] for x in cp.by_rank_category[:12]], {0, 2, 3})]
+                      [[x.rank, x.category, x.ms_per_step, x.pct_of_step] for x in cp.by_rank_category[:12]],
+                      {0, 2, 3})]
     if cp.what_if:
         out += ["<h3>What-if (the step re-timed through the same dependencies)</h3>",
                 html_table(["change", "step ms saved"], [[w.change, w.step_ms_saved] for w in cp.what_if], {1}),

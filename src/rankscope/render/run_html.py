@@ -28,7 +28,8 @@ def run_section(report: Analysis, figures: Figures) -> str:
     items = "".join(f'<li class="{escaped(c.kind)}">{escaped(change_text(c))}</li>' for c in changes)
     listed = (f"<h3>Changes</h3><ul class=\"changes\">{items}</ul>" if changes
               else "<h3>Changes</h3>" + note(f"None over {len(cycles)} cycles."))
-    return (head + listed + note(noise_text(run.noise_pct, run.cycle_noise_pct, run.z_critical)) + _trend(cycles, changes, figures)
+    return (head + listed + note(noise_text(run.noise_pct, run.cycle_noise_pct, run.z_critical))
+            + _trend(cycles, changes, figures)
             + _heatmap(cycles, changes, figures) + _table(cycles) + "</section>")
 
 

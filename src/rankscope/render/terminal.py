@@ -306,8 +306,8 @@ def _breakdown_table(a: Analysis, shown: list[RankReport], console: Console) -> 
         table.add_column(f.terminal_header(), justify="right")
     for s in ranks:
         eff = "-" if s.overlap_efficiency is None else f"{s.overlap_efficiency:.2f}"
-        table.add_row(str(s.rank), number(s.step_time_ms.mean), *(number(getattr(s.breakdown_ms, c)) for c in CATEGORIES),
-                      eff)
+        table.add_row(str(s.rank), number(s.step_time_ms.mean),
+                      *(number(getattr(s.breakdown_ms, c)) for c in CATEGORIES), eff)
     print_table(console, table)
 
 

@@ -58,8 +58,8 @@ import polars as pl
 
 from rankscope.analyses.rank.breakdown import CATEGORIES
 from rankscope.units import NS_PER_US, NS_PER_MS
-from rankscope.results.diff import (ChangeStatus, ALPHA, BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, Compared, Comparison, Diff,
-                                    FindingChange, NameDiff, RankDiff, StragglerChange)
+from rankscope.results.diff import (ChangeStatus, ALPHA, BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, Compared, Comparison,
+                                    Diff, FindingChange, NameDiff, RankDiff, StragglerChange)
 
 if TYPE_CHECKING:  # pragma: no cover
     from rankscope.results.rank import NameTotals

@@ -55,8 +55,8 @@ def expert_load(ranks: Sequence[Collectives], layout: Layout) -> ExpertLoad | No
             hottest = max(load, key=lambda r: (load[r], -r))
             pct = 100.0 * (load[hottest] / mean - 1.0)
             if worst is None or pct > worst.imbalance_pct_over_mean:
-                worst = ExpertGroup(sorted(load), {r: float(round(v, 4)) for r, v in sorted(load.items())}, float(round(pct, 2)),
-                                    hottest, k)
+                worst = ExpertGroup(sorted(load), {r: float(round(v, 4)) for r, v in sorted(load.items())},
+                                    float(round(pct, 2)), hottest, k)
         if worst is not None:
             out.groups.append(worst)
     return out

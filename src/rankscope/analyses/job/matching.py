@@ -63,7 +63,8 @@ def member_frame(ranks: Sequence[Collectives]) -> pl.DataFrame:
         "last_work_ns": ints(lambda rc: rc.last_work_ns if len(rc.last_work_ns) == instances(rc) else rc.start_ns),
         "in_bytes": ints(lambda rc: rc.in_bytes), "out_bytes": ints(lambda rc: rc.out_bytes),
         "group_size": ints(lambda rc: rc.group_size), "step": ints(lambda rc: rc.step),
-        "orphan": np.concatenate([np.asarray(rc.orphan if len(rc.orphan) == instances(rc) else [False] * instances(rc), dtype=bool)
+        "orphan": np.concatenate([np.asarray(rc.orphan if len(rc.orphan) == instances(rc) else [False] * instances(rc),
+                                             dtype=bool)
                                   for rc in ranks]),
         "host_spans": np.concatenate([np.full(instances(rc), rc.source == "host") for rc in ranks]),
     }, schema_overrides={"pg": pl.String, "type": pl.String})

@@ -566,7 +566,8 @@ def _step_only(stats: list[RankStats], ranks: Sequence[Collectives], found: list
         cause: StragglerCause = "unknown"
         if positive:
             best = max(positive, key=positive.__getitem__)
-            cause = cast(StragglerCause, best) if positive[best] >= cause_min_share * sum(positive.values()) else "unknown"
+            cause = (cast(StragglerCause, best) if positive[best] >= cause_min_share * sum(positive.values())
+                     else "unknown")
         cost = max(0.0, (s.step_time_mean_ms or 0.0) - float(np.median([x.step_time_mean_ms for x in stats
                                                                          if x.step_time_mean_ms is not None])))
         s.straggler, s.cause, s.cost_ms_per_step, s.excess_ms_per_step = True, cause, cost, excess
@@ -643,7 +644,8 @@ def load_balance(ranks: Sequence[Collectives], has_straggler: bool, t: Threshold
     else:
         verdict, summary = "balanced", f"balanced: {figures}"
     return LoadBalance([LoadBalanceStep(*row) for row in per_step.select(
-        "step", "common_idle_pct", "wait_spread_pct", "least_waiting_rank").iter_rows()], idle, spread, verdict, summary)
+        "step", "common_idle_pct", "wait_spread_pct", "least_waiting_rank").iter_rows()],
+        idle, spread, verdict, summary)
 
 
 def _late_by_dim(found: list[Straggler], ranks: Sequence[Collectives], table: CollectiveTable) -> None:
