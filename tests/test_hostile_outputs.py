@@ -203,6 +203,48 @@ def test_stdout_json_in_one_piece_equals_what_a_pipe_gets(corpus: Path, tmp_path
     assert to_file.stdout == piped.stdout and json.loads(to_file.stdout)["schema"] == "rankscope.analysis/1"
 
 
+@pytest.mark.parametrize(("command", "how"), [
+    (c, "the file") for c in ["analyze --html", "diff --html", "export -o", "report --html", "watch --html"]]
+    + [("export -o", "a link to it")])             # an --html target that is a link is refused as a link (above)
+def test_an_output_that_is_one_of_the_inputs_is_refused_and_left_alone(corpus: Path, tmp_path: Path, command: str,
+                                                                       how: str):
+    """An output path naming a file the command reads (a trace of the job folder given, or the saved
+    report shown) would destroy the user's input (before: the trace became the HTML page). Refused in
+    one line that names both, exit 2, the input's bytes and inode as they were (read before the run)."""
+    job = tmp_path / "job"
+    shutil.copytree(corpus / GLOO_HEALTHY, job)
+    saved = tmp_path / "saved.json"
+    if command == "report --html":
+        saved.write_bytes(run_cli(["analyze", job, "--json", "-q", "--no-cache"], tmp_path).stdout.encode())
+        victim = saved
+    else:
+        victim = sorted(p for p in job.iterdir() if p.name.endswith(".pt.trace.json.gz"))[0]
+    target = victim
+    if how == "a link to it":
+        target = tmp_path / "link.json.gz"
+        target.symlink_to(victim)
+    before = (victim.read_bytes(), victim.stat().st_ino)
+    args = {"analyze --html": ["analyze", job, "-q", "--no-cache", "--html", target],
+            "diff --html": ["diff", job, job, "-q", "--no-cache", "--html", target],
+            "export -o": ["export", "perfetto", job, "-q", "--no-cache", "-o", target],
+            "report --html": ["report", saved, "-q", "--html", target],
+            "watch --html": ["watch", job, "--no-cache", "--stop-after-idle", "1", "--html", target]}[command]
+    proc = run_cli(args, tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    _one_line(proc, str(target), str(victim), "an input of this command")
+    assert (victim.read_bytes(), victim.stat().st_ino) == before
+
+
+def test_an_export_into_the_job_folder_does_not_read_its_own_temporary(corpus: Path, tmp_path: Path):
+    """`export -o job/all.json.gz` writes `job/.tmp-...-all.json.gz` first: the ranks read are the
+    job's 4 (before: the temporary was read too, as an empty fifth file)."""
+    job = tmp_path / "job"
+    shutil.copytree(corpus / GLOO_HEALTHY, job)
+    proc = run_cli(["export", "perfetto", job, "--no-cache", "-q", "-o", job / "all.json.gz"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert TEMP_PREFIX not in proc.stderr and "wrote 4 ranks" in proc.stdout
+
+
 def test_no_temporary_file_is_left_beside_a_refused_or_failed_target(corpus: Path, tmp_path: Path):
     """`--html` onto a full disk: the earlier report kept, no temporary file left beside it."""
     page = tmp_path / "out" / "report.html"

@@ -19,6 +19,7 @@ from rankscope.cli.common import (
     json_option,
     no_trace,
     quiet_option,
+    refuse_overwriting_an_input,
     say_jobs,
     show,
     with_progress,
@@ -68,6 +69,7 @@ def command(paths, demo, thresholds, cache_dir, no_cache, engine, address, worke
         raise click.UsageError(str(exc)) from None
     if html_path:
         _check_html(html_path)             # before the work: a target never written to fails at once
+        refuse_overwriting_an_input(html_path, [*paths, *nccl_logs], "cannot write the HTML report")
     result = with_progress(lambda progress: analyze(list(paths), cache_dir=cache_dir, use_cache=not no_cache,
                                                     engine=engine, workers=workers, on_progress=progress,
                                                     address=address, thresholds=overrides,

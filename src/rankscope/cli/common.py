@@ -12,8 +12,9 @@ import contextlib
 import io
 import os
 import re
+import stat
 import sys
-from typing import TYPE_CHECKING, Callable, Iterator, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence, TypeVar
 
 import click
 import msgspec
@@ -32,6 +33,29 @@ if TYPE_CHECKING:  # pragma: no cover
 R = TypeVar("R", bound="Result")
 
 EXIT_OK, EXIT_SKIPPED, EXIT_NOTHING = 0, 1, 2
+
+
+def refuse_overwriting_an_input(target: str | None, inputs: Sequence[str], what: str) -> None:
+    """An output `target` that is one of the files the command reads (the same file, whatever path
+    names it; in a folder, the traces and Flight Recorder dumps it would read) would be destroyed by
+    writing it: one line, exit 2, before any work."""
+    if not target:
+        return
+    try:
+        st = os.stat(target)
+    except OSError:                    # nothing there yet, or not readable: the write says what is wrong
+        return
+    from rankscope.ingest.discover import discover
+    found = discover(list(inputs))
+    candidates: list[str | os.PathLike[str]] = [*inputs, *found.traces, *found.fr_dumps]
+    for path in candidates:
+        try:
+            other = os.stat(path)
+        except OSError:
+            continue
+        if stat.S_ISREG(other.st_mode) and (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
+            err(f"{what} {target}: that is {path}, an input of this command; give another path")
+            sys.exit(EXIT_NOTHING)
 
 
 def options(*decorators: Callable) -> Callable:

@@ -15,6 +15,7 @@ from rankscope.cli.common import (
     html_page,
     json_option,
     quiet_option,
+    refuse_overwriting_an_input,
     show,
     with_progress,
 )
@@ -34,6 +35,7 @@ def command(before, after, as_json, cache_dir, no_cache, quiet, html_path) -> No
     """A/B comparison of two runs (trace folders or single traces): what changed, beyond noise."""
     if html_path:
         _write_html(html_path, None)       # checked before the work: a target never written to fails at once
+        refuse_overwriting_an_input(html_path, [before, after], "cannot write the HTML page")
     result = with_progress(lambda progress: diff_runs(before, after, cache_dir=cache_dir, use_cache=not no_cache,
                                                       on_progress=progress),
                            quiet, f"analysing {Path(before).name} and {Path(after).name}")

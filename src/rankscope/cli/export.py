@@ -6,8 +6,8 @@ import sys
 import click
 
 from rankscope.api import export_perfetto
-from rankscope.cli.common import (EXIT_NOTHING, cache_options, err, exit_code, no_trace, quiet_option, say,
-                                  with_progress)
+from rankscope.cli.common import (EXIT_NOTHING, cache_options, err, exit_code, no_trace, quiet_option,
+                                  refuse_overwriting_an_input, say, with_progress)
 from rankscope.pipelines.export import parse_selection
 from rankscope.render.format import printable
 
@@ -48,6 +48,7 @@ def perfetto(paths, out, rank_spec, step_spec, cache_dir, no_cache, quiet) -> No
         if not quiet and size >= LARGE_EXPORT_BYTES:
             err(f"{out}: about {size / 1e6:,.0f} MB of JSON for {ranks} ranks (gzipped about a tenth); "
                 f"--ranks 0-7,77 and --steps 5-7 write less")
+    refuse_overwriting_an_input(out, list(paths), "cannot write")
     try:
         result = with_progress(lambda progress: export_perfetto(list(paths), out, cache_dir=cache_dir,
                                                                 use_cache=not no_cache, on_progress=progress,

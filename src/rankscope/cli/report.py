@@ -9,7 +9,7 @@ import click
 import msgspec
 
 from rankscope.cli.analyze import _check_html, _write_html
-from rankscope.cli.common import EXIT_NOTHING, EXIT_OK, err, show
+from rankscope.cli.common import EXIT_NOTHING, EXIT_OK, err, refuse_overwriting_an_input, show
 from rankscope.results import Analysis
 
 
@@ -22,6 +22,7 @@ def command(path: str, html_path: str | None, quiet: bool) -> None:
     """Show a report saved with `analyze --json` (terminal, and --html)."""
     if html_path:
         _check_html(html_path)             # before the work: a target never written to fails at once
+        refuse_overwriting_an_input(html_path, [path], "cannot write the HTML report")
     try:
         report = Analysis.load(path)
     except OSError as exc:

@@ -10,7 +10,8 @@ import time
 
 import click
 
-from rankscope.cli.common import (EXIT_NOTHING, cache_options, err, exit_code, html_page, json_option, show)
+from rankscope.cli.common import (EXIT_NOTHING, cache_options, err, exit_code, html_page, json_option,
+                                  refuse_overwriting_an_input, show)
 from rankscope.engine import ENGINES
 from rankscope.files import atomic_write_text
 from rankscope.pipelines.watch import CycleDone, RunWatch
@@ -47,6 +48,7 @@ def command(folder, settle_s, stable_s, idle_s, interval_s, html_path, threshold
         values = resolve(dict(parse_override(t) for t in thresholds))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    refuse_overwriting_an_input(html_path, [folder], "cannot write the HTML report")
     watch = RunWatch(folder, values, cache_dir=cache_dir, use_cache=not no_cache, engine=engine, workers=workers,
                      settle_s=settle_s, stable_s=stable_s)
     live = _live() if not as_json and sys.stdout.isatty() else None

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from io import BufferedReader
 from pathlib import Path
 
+from rankscope.files import TEMP_PREFIX
+
 TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", ".sqlite3")    # Kineto JSON; nsys SQLite export
 #: JSON files that sit beside traces and are known not to be traces (not reported).
 NOT_TRACES = {"ground_truth.json"}
@@ -35,8 +37,10 @@ class Discovered:
 
 
 def is_trace_name(path: Path) -> bool:
+    """Named like a trace, and not the temporary copy of a file rankscope is writing (an export to
+    `job/all.json.gz` writes `job/.tmp-...-all.json.gz` first)."""
     name = path.name.lower()
-    return name.endswith(TRACE_SUFFIXES) and name not in NOT_TRACES
+    return name.endswith(TRACE_SUFFIXES) and name not in NOT_TRACES and not path.name.startswith(TEMP_PREFIX)
 
 
 def discover(inputs: list[str | Path]) -> Discovered:

@@ -10,6 +10,7 @@ def spread_text(spread: StepSpread) -> str:
     share = (f" ({spread.spread_pct_of_median_step:.1f}% of the median step)"
              if spread.spread_pct_of_median_step is not None else "")
     widest = max(spread.steps, key=lambda r: (r.slowest_ms - r.fastest_ms, -r.step))
+    steps = "the one step" if len(spread.steps) == 1 else f"the {len(spread.steps)} steps"
     return (f"step-time spread {spread.spread_ms:,.2f} ms per step{share}: the slowest rank's step minus the "
-            f"fastest's, mean over the {len(spread.steps)} steps two ranks or more profiled (widest: step "
+            f"fastest's, mean over {steps} two ranks or more profiled (widest: step "
             f"{widest.step}, {widest.slowest_ms - widest.fastest_ms:,.2f} ms, rank {widest.slowest_rank} slowest)")
