@@ -235,14 +235,19 @@ def test_an_output_that_is_one_of_the_inputs_is_refused_and_left_alone(corpus: P
     assert (victim.read_bytes(), victim.stat().st_ino) == before
 
 
-def test_an_export_into_the_job_folder_does_not_read_its_own_temporary(corpus: Path, tmp_path: Path):
+def test_an_export_into_the_job_folder_is_not_read_as_a_rank(corpus: Path, tmp_path: Path):
     """`export -o job/all.json.gz` writes `job/.tmp-...-all.json.gz` first: the ranks read are the
-    job's 4 (before: the temporary was read too, as an empty fifth file)."""
+    job's 4 (before: the temporary was read too, as an empty fifth file). The export left there is
+    no rank either when the job is analysed again (before: a fifth rank, "5 of 4 ranks")."""
     job = tmp_path / "job"
     shutil.copytree(corpus / GLOO_HEALTHY, job)
+    ranks = len(corpus_files(corpus, GLOO_HEALTHY))
     proc = run_cli(["export", "perfetto", job, "--no-cache", "-q", "-o", job / "all.json.gz"], tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert TEMP_PREFIX not in proc.stderr and "wrote 4 ranks" in proc.stdout
+    assert TEMP_PREFIX not in proc.stderr and f"wrote {ranks} ranks" in proc.stdout
+    again = run_cli(["analyze", job, "--no-cache", "-q", "--json"], tmp_path)
+    assert [r["rank"] for r in json.loads(again.stdout)["ranks"]] == list(range(ranks))
+    assert f"{job / 'all.json.gz'}: not a profiler capture: rankscope's Perfetto export" in again.stderr
 
 
 def test_no_temporary_file_is_left_beside_a_refused_or_failed_target(corpus: Path, tmp_path: Path):

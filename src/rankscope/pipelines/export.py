@@ -113,7 +113,7 @@ def _export(writer: TraceWriter, inputs: str | Path | list[str | Path], cache_di
     from rankscope.analyses.job.matching import collective_waits
     from rankscope.analyses.rank.timeline import job_origin_ns
     from rankscope.pipelines.hang import flight_recorder_slices, write_flight_recorder
-    from rankscope.render.perfetto import SCHEMA
+    from rankscope.ingest.kineto import EXPORT_SCHEMA
     files = 0
 
     def analysing(done: int, total: int, file: str) -> None:
@@ -163,7 +163,7 @@ def _export(writer: TraceWriter, inputs: str | Path | list[str | Path], cache_di
     if not written and not dumps:
         return ExportResult(str(writer.out), [], 0, 0, problems)
     size = writer.close({
-        "schema": SCHEMA, "origin_ns": origin,
+        "schema": EXPORT_SCHEMA, "origin_ns": origin,
         "time": ("ts/dur in µs since origin_ns on the aligned clock: "
                  "(own timestamp - clock_offset_ns - origin_ns) / 1000"),
         "clock": to_plain(cross.clock) if cross is not None else None,

@@ -27,7 +27,6 @@ from rankscope.results.timeline import RankTimeline
 from rankscope.files import AtomicFile
 from rankscope.render.format import json_bytes
 
-SCHEMA = "rankscope.perfetto/1"
 #: Rows converted to JSON text at once (bounds the text held in memory: ~40 MB).
 BATCH_ROWS = 200_000
 #: isal gzip level (0-3): 1 writes ~3x faster than zlib's default at a few % larger files.

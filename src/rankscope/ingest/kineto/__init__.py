@@ -36,6 +36,7 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
+from rankscope.ingest.devices import NOT_A_CAPTURE
 from rankscope.ingest.errors import TraceError
 from rankscope.ingest.kineto.events import Args as Args, Event as Event, Header as Header
 from rankscope.ingest.kineto.frames import LAUNCH_FLOW_CATEGORIES as LAUNCH_FLOW_CATEGORIES
@@ -46,6 +47,10 @@ from rankscope.ingest.kineto.reading import MAX_EVENT_BYTES as MAX_EVENT_BYTES, 
 from rankscope.ingest.kineto.reading import _parse_stream
 from rankscope.ingest.times import MAX_DUR_NS as MAX_DUR_NS, MAX_TS_NS as MAX_TS_NS, TIME_REASONS as TIME_REASONS
 from rankscope.model import RankTrace
+
+#: The schema of what `rankscope export perfetto` writes (pipelines/export.py), named in its
+#: top-level "rankscope" key.
+EXPORT_SCHEMA = "rankscope.perfetto/1"
 
 
 def read_kineto(path: str | Path, use_scanner: bool = True) -> tuple[RankTrace, dict]:
@@ -71,5 +76,9 @@ def read_kineto(path: str | Path, use_scanner: bool = True) -> tuple[RankTrace, 
             raise TraceError(f"{parsed.cut_reason} at byte {parsed.cut_at_byte}; no complete event before it")
         raise TraceError("no trace events")
     header = {**parsed.trailer, **parsed.header} if isinstance(parsed.trailer, dict) else parsed.header
+    export = header.get("rankscope")
+    if isinstance(export, dict) and export.get("schema") == EXPORT_SCHEMA:
+        raise TraceError(f"{NOT_A_CAPTURE}: rankscope's Perfetto export of a whole job (open it in "
+                         f"ui.perfetto.dev), not one rank's trace")
     trace = _build(path, size, parsed, header)
     return trace, header
