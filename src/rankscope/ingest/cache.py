@@ -44,12 +44,12 @@ import stat
 import struct
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import platformdirs
 import polars as pl
 
-from rankscope.files import TEMP_PREFIX, atomic_write_bytes, temp_name
+from rankscope.files import TEMP_PREFIX, AtomicFile, atomic_write_bytes, temp_name
 from rankscope.ingest.discover import open_regular
 from rankscope.model import FRAME_NAMES, HOST_COMM_PATTERN, KERNEL_CLASS_PATTERNS, RankMeta, RankTrace
 
@@ -396,13 +396,16 @@ class Cache:
             tmp.mkdir()
             sums = {}
             for name, frame in trace.frames().items():
-                buffer = io.BytesIO()
-                # uncompressed: 3x faster to read back than lz4, at ~12% of the trace's size on disk
-                frame.write_parquet(buffer, compression="uncompressed", statistics=False)
-                data = buffer.getbuffer()
-                sums[name] = [len(data), crc32(data)]
-                atomic_write_bytes(tmp / f"{name}.parquet", data)
-                del data
+                out = AtomicFile(tmp / f"{name}.parquet")
+                try:
+                    sink = _Checksummed(out.file)
+                    # uncompressed: 3x faster to read back than lz4, at ~12% of the trace's size on disk
+                    frame.write_parquet(sink, compression="uncompressed", statistics=False)
+                except BaseException:
+                    out.abort()
+                    raise
+                out.commit()
+                sums[name] = [sink.size, sink.crc]
             meta = trace.meta.to_dict()
             meta["file"] = os.path.abspath(meta["file"])      # where a copy is compared with
             atomic_write_bytes(tmp / _META, _seal(key, json.dumps({"meta": meta, "frames": sums}).encode()))
@@ -416,6 +419,26 @@ class Cache:
             self._failed(exc)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+class _Checksummed:
+    """A file that a frame's parquet is written to as it is made (no copy of it in memory: on 8 x
+    200 MB ranks, read in two threads, a whole-file buffer was ~30 MB of `validate`'s peak): its
+    CRC-32 and length counted on the way."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self.file, self.crc, self.size = file, 0, 0
+
+    def write(self, data: bytes) -> int:
+        self.crc = crc32(data, self.crc)
+        self.size += len(data)
+        return self.file.write(data)
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    def tell(self) -> int:
+        return self.size
 
 
 def _remove_entry(entry: Path) -> None:
