@@ -56,6 +56,21 @@ def test_a_rank_read_in_an_earlier_ranks_memory_has_its_own_frames(corpus: Path,
     assert not reuse._spare                     # and let go on leaving
 
 
+def test_a_parse_hands_its_free_heap_back_only_where_it_is_not_kept(corpus: Path, monkeypatch):
+    """The chunks' free heap goes back to the OS once a file is parsed (validate, load), but not
+    between ranks (analyze keeps it for the next rank). Expected: one trim per file read outside
+    `between_ranks()`, none inside, counted on `reuse.trim_heap`."""
+    trims: list = []
+    monkeypatch.setattr(reuse, "trim_heap", lambda: trims.append(1))
+    small = corpus_files(corpus, DLRM)[0]
+    read_trace(small)
+    read_trace(small)
+    assert len(trims) == 2
+    with reuse.between_ranks():
+        read_trace(small)
+    assert len(trims) == 2
+
+
 def test_a_rank_still_held_is_not_overwritten(corpus: Path, counted_reuse: list):
     first, second = corpus_files(corpus, DLRM)[:2]
     alone = {p: _frames(p) for p in (first, second)}

@@ -16,7 +16,6 @@ settings. A file that still does not fit is said in one line naming the limit (`
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import threading
 
@@ -49,6 +48,7 @@ def bound_memory() -> bool:
         os.environ.setdefault(name, value)
     threading.stack_size(THREAD_STACK_BYTES)
     try:                                   # this process's own malloc (the variable is read at start only)
+        import ctypes.util                 # here: 13 ms of every command's start-up otherwise
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         libc.mallopt(_M_ARENA_MAX, int(os.environ["MALLOC_ARENA_MAX"]))
     except (OSError, AttributeError, ValueError):                   # not glibc

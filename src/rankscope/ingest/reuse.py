@@ -108,6 +108,12 @@ def trim_heap() -> None:
     _libc("malloc_trim", 0)
 
 
+def trim_heap_unless_kept() -> None:
+    """`trim_heap`, except inside `between_ranks()` (where the heap is kept for the next rank)."""
+    if not _depth:
+        trim_heap()
+
+
 def _mallopt(values: dict[int, int]) -> None:
     for param, value in values.items():
         _libc("mallopt", param, value)

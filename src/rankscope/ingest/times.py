@@ -55,12 +55,13 @@ def mark_durations(reasons: np.ndarray, dur: np.ndarray, not_a_number: np.ndarra
 def mark_far_from_the_others(starts: list[np.ndarray], reasons: list[np.ndarray]) -> None:
     """Over groups of events (`starts[i]` and their `reasons[i]`, judged together): when the usable
     starts span over a day, those outside the largest run without a day's gap get the last reason."""
-    usable = [r == 0 for r in reasons]
+    usable = [r == 0 if r.any() else None for r in reasons]       # None: all
     far, near = np.iinfo(np.int64).max, np.iinfo(np.int64).min
-    ends = [(int(ts.min(where=u, initial=far)), int(ts.max(where=u, initial=near)))   # (no copy of the starts)
-            for ts, u in zip(starts, usable) if u.any()]
+    ends = [(int(ts.min()), int(ts.max())) if u is None    # (no copy of the starts)
+            else (int(ts.min(where=u, initial=far)), int(ts.max(where=u, initial=near)))
+            for ts, u in zip(starts, usable) if len(ts) and (u is None or u.any())]
     if ends and max(b for _, b in ends) - min(a for a, _ in ends) > MAX_DUR_NS:
-        lo, hi = main_run(np.concatenate([ts[u] for ts, u in zip(starts, usable)]))
+        lo, hi = main_run(np.concatenate([ts if u is None else ts[u] for ts, u in zip(starts, usable)]))
         for ts, r in zip(starts, reasons):
             mark(r, (ts < lo) | (ts > hi), 6)
 
@@ -69,13 +70,15 @@ def reason_counts(reasons: Iterable[np.ndarray]) -> dict[str, int]:
     """How many events have each reason (the reasons with none left out), over every group."""
     counts = np.zeros(len(TIME_REASONS) + 1, np.int64)
     for r in reasons:
-        counts += np.bincount(r, minlength=len(counts))
+        if r.any():
+            counts += np.bincount(r, minlength=len(counts))
     return {reason: int(n) for reason, n in zip(TIME_REASONS, counts[1:]) if n}
 
 
 def mark(reasons: np.ndarray, where: np.ndarray, code: int) -> None:
     """Give `code` to the rows where `where` holds that have no reason yet."""
-    reasons[(reasons == 0) & where] = code
+    if where.any():
+        reasons[(reasons == 0) & where] = code
 
 
 def main_run(ts: np.ndarray) -> tuple[int, int]:
