@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from rankscope.analyses.job.regroup import regroup_unnamed
-from rankscope.analyses.job.stragglers import cross_rank
+from rankscope.analyses.job.reduce import reduce_job
 from rankscope.analyses.rank import breakdown, gaps, steps
 from rankscope.analyses.rank.summary import summarize_rank
 from rankscope.ingest import read_trace
@@ -65,8 +65,8 @@ def main() -> None:
 
     regroup_s = best(lambda: regroup_unnamed(fresh()), args.repeat)
     copy_s = best(fresh, args.repeat)
-    reduce_s = best(lambda: cross_rank(fresh()), args.repeat)
-    rows.append(("mesh-dp-pp-tp 8 ranks", "regroup vs cross_rank", regroup_s - copy_s, reduce_s - copy_s))
+    reduce_s = best(lambda: reduce_job(fresh()), args.repeat)
+    rows.append(("mesh-dp-pp-tp 8 ranks", "regroup vs reduce_job", regroup_s - copy_s, reduce_s - copy_s))
 
     report = CORPUS / "nsys-sqlite-h100" / "report1.sqlite"
     rows.append(("nsys-sqlite-h100", "process count vs read", best(lambda: device_process_count(report), args.repeat),

@@ -9,7 +9,7 @@ no overlap of communication with backward (the all-reduces queue after backward)
 Some scenarios are clean (no injection): they must report no straggler.
 
 The analysis runs exactly as in production: every rank's file is parsed (`read_kineto`), mapped to
-its small `RankCollectives` (`rank_collectives`), and only those go to the reduce (`cross_rank`).
+its small `RankCollectives` (`rank_collectives`), and only those go to the reduce (`reduce_job`).
 
 Reported (stdout table + JSON in benchmarks/results/):
   rank localized   the top reported straggler is the injected rank
@@ -49,7 +49,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from rankscope.analyses.rank.collectives import rank_collectives  # noqa: E402
-from rankscope.analyses.job.stragglers import cross_rank  # noqa: E402
+from rankscope.analyses.job.reduce import reduce_job  # noqa: E402
 from rankscope.ingest.kineto import read_kineto  # noqa: E402
 from rankscope.synth import STRAGGLER_CAUSES, Injection, generate_job  # noqa: E402
 from rankscope.thresholds import THRESHOLDS  # noqa: E402
@@ -97,20 +97,20 @@ def run_scenario(sc: dict, tmp: Path, args) -> dict:
     t1 = time.perf_counter()
     ranks = [rank_collectives(read_kineto(p)[0]) for p in sorted(job.glob("rank*.pt.trace.json"))]
     t2 = time.perf_counter()
-    cr = cross_rank(ranks)
+    cr = reduce_job(ranks).result
     t3 = time.perf_counter()
     if not args.keep:
         shutil.rmtree(job, ignore_errors=True)
     exp = truth["expected"]["stragglers"]
-    found = cr.stragglers.stragglers
+    found = cr.stragglers
     steps_ms = [t for r in truth["expected"]["per_rank"].values() for t in r["step_time_ms"]]
     row = {**sc, "true_rank": exp[0]["rank"] if exp else None, "true_cause": exp[0]["cause"] if exp else None,
            "true_cost_ms": float(np.mean(exp[0]["cost_ms_per_step"])) if exp else 0.0,
            "median_step_ms": float(np.median(steps_ms)),
            "found": [{"rank": s.rank, "cause": s.cause, "cost_ms": round(s.cost_ms_per_step, 4),
                       "last_pct": s.last_arrival_pct} for s in found],
-           "verdict": cr.stragglers.verdict,
-           "clock_applied": {str(r): o for r, o, a in zip(cr.clock.ranks, cr.clock.offset_ns, cr.clock.applied) if a},
+           "verdict": cr.straggler_verdict,
+           "clock_applied": {str(c.rank): round(c.offset_ms * 1e6) for c in cr.clock.ranks if c.applied},   # ns
            "true_offsets_ms": truth["expected"]["clock_offsets_ms"],
            "gen_s": t1 - t0, "map_s": t2 - t1, "reduce_s": t3 - t2}
     top = found[0] if found else None

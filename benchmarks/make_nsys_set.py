@@ -52,4 +52,6 @@ def corpus_dir() -> Path:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 3 or not sys.argv[2].isdigit():
+        sys.exit("usage: python benchmarks/make_nsys_set.py OUT.sqlite KERNELS")
     make_nsys_set(sys.argv[1], int(sys.argv[2]), corpus_dir())
