@@ -453,9 +453,6 @@ def _remove_stale_temps(folder: Path) -> None:
         try:
             if now - path.lstat().st_mtime <= STALE_TEMP_S:
                 continue
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
         except OSError:
-            pass
+            continue
+        _remove_entry(path)
