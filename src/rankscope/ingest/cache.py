@@ -137,7 +137,7 @@ def claim_root(root: str | Path) -> None:
         names = []
     except OSError:
         return
-    if names and not _marked(root) and not _earlier_cache(root, names):
+    if names and not _earlier_cache(root, names):
         raise NotACache(f"{root} is not a rankscope cache (a folder that is not empty and has no {MARKER} of "
                         "rankscope): nothing in it was touched; give a new or empty folder as the cache")
     try:
@@ -453,9 +453,6 @@ def _remove_stale_temps(folder: Path) -> None:
         try:
             if now - path.lstat().st_mtime <= STALE_TEMP_S:
                 continue
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
         except OSError:
-            pass
+            continue
+        _remove_entry(path)

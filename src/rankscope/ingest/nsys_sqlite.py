@@ -141,15 +141,7 @@ def read_nsys_processes(path: str | Path, time_limit_s: float | None = None) -> 
     """Parse one nsys SQLite export into one (trace, header) per process with device activity: a
     report of a whole job (`nsys profile torchrun ...`) holds every worker, each a rank (its rank
     from its device index, said in its problems); a report of one process gives one. Raises
-    TraceError."""
-    return read_nsys_sqlite(path, time_limit_s, processes=True)
-
-
-def read_nsys_sqlite(path: str | Path, time_limit_s: float | None = None, processes: bool | None = None):
-    """Parse one nsys SQLite export of one process with device activity. Returns the RankTrace
-    (rank not yet assigned, like read_kineto) and a header dict (`env`: RANK etc. when captured).
-    Raises TraceError (also for a report of several such processes: `read_nsys_processes`).
-    `time_limit_s`: of each query (default `query_time_limit_s`)."""
+    TraceError. `time_limit_s`: of each query (default `query_time_limit_s`)."""
     path = Path(path)
     try:
         with open_regular(path) as f:
@@ -166,14 +158,22 @@ def read_nsys_sqlite(path: str | Path, time_limit_s: float | None = None, proces
     _limit_values(con)
     try:
         limit = time_limit_s if time_limit_s is not None else query_time_limit_s(size)
-        found = _read(_Db(con, limit, size // MIN_ROW_BYTES + 1), path, size)
+        return _read(_Db(con, limit, size // MIN_ROW_BYTES + 1), path, size)
     except sqlite3.DatabaseError as exc:
         raise TraceError(f"corrupt or unreadable SQLite database ({exc})") from None
     finally:
         con.close()
-    if processes is None and len(found) > 1:         # several ranks in one file: the caller asked for one
+
+
+def read_nsys_sqlite(path: str | Path, time_limit_s: float | None = None) -> tuple[RankTrace, dict]:
+    """Parse one nsys SQLite export of one process with device activity. Returns the RankTrace
+    (rank not yet assigned, like read_kineto) and a header dict (`env`: RANK etc. when captured).
+    Raises TraceError (also for a report of several such processes: `read_nsys_processes`).
+    `time_limit_s`: of each query (default `query_time_limit_s`)."""
+    found = read_nsys_processes(path, time_limit_s)
+    if len(found) > 1:         # several ranks in one file: the caller asked for one
         raise TraceError(f"report of {len(found)} processes with device activity: read with read_nsys_processes")
-    return found if processes is not None else found[0]
+    return found[0]
 
 
 def _limit_values(con: sqlite3.Connection) -> None:

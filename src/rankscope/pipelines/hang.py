@@ -70,8 +70,8 @@ def analyze_hang(dumps: Sequence[str | Path], traces: Sequence[RankSummary] = ()
     workers = workers or engines.default_workers()
     if engine not in ("processes", "local", "ray"):
         from rankscope.ingest.flight_recorder import C_READER
-        big = sum(map(_bytes, paths)) >= engines.AUTO_INPROCESS_BELOW_BYTES and len(paths) > 1 and workers > 1
-        engine = "processes" if big and not C_READER else "inprocess"
+        auto = "inprocess" if C_READER else engines.choose_engine("auto", sum(map(_bytes, paths)), len(paths), workers)
+        engine = "processes" if auto == "local" else "inprocess"      # the C reader: in this process
     results = engines.map_ranks(_dump_task, [_DumpTask(p) for p in paths], engine=engine, workers=workers,
                                 on_lost=lambda task, why: InputProblem(task.path, why))
     problems: list[InputProblem] = [r for r in results if isinstance(r, InputProblem)]
