@@ -38,13 +38,11 @@ import gzip
 import importlib.util
 import json
 import os
-import shutil
 import sys
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.profiler import ProfilerActivity, profile, record_function, schedule, tensorboard_trace_handler
 
@@ -136,15 +134,7 @@ def _mesh_job(names: tuple[str, str, str]):
         g = torch.Generator().manual_seed(SEED + mesh["dp"].get_local_rank())
         x, y = torch.randn(batch, dim, generator=g), torch.randn(batch, dim, generator=g)
 
-        def step(i):
-            opt.zero_grad()
-            if pp_rank == 0:
-                sched.step(x)
-            else:
-                sched.step(target=y, losses=[])
-            opt.step()
-
-        _profiled(outdir, rank, step)
+        _profiled(outdir, rank, lambda i: base.pipeline_step(sched, opt, pp_rank, pp_size, x, y))
         _write_partial(outdir, rank, {"dims": base._groups_from_mesh(mesh), "mesh_dim_names": list(names),
                                       "mesh": mesh.mesh.tolist(), "microbatches": n_mb,
                                       "model": f"residual MLP block {dim}->{hidden}->{dim} per stage; TP on tp, "
@@ -215,15 +205,8 @@ JOBS = {
 
 
 def _worker(rank: int, name: str, world: int, port: int, outdir: str) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with base.gloo_rank(rank, world, port):
         JOBS[name][1](rank, world, outdir)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 def _strip_names(traces: list[str]) -> dict:
@@ -243,12 +226,7 @@ def _strip_names(traces: list[str]) -> dict:
 def run_job(name: str, out: str) -> None:
     world, _ = JOBS[name]
     jobdir = os.path.abspath(os.path.join(out, name))
-    if os.path.isdir(jobdir):
-        shutil.rmtree(jobdir)
-    os.makedirs(jobdir)
-    t0 = time.time()
-    mp.spawn(_worker, args=(name, world, base._free_port(), jobdir), nprocs=world, join=True)
-    elapsed = time.time() - t0
+    elapsed = base.spawn_ranks(_worker, (name,), world, jobdir)
     parts = sorted(glob.glob(os.path.join(jobdir, "_truth.rank*.json")), key=lambda p: int(p.split("rank")[-1][:-5]))
     per_rank = [json.load(open(p)) for p in parts]
     for p in parts:

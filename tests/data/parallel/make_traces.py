@@ -24,6 +24,7 @@ runs with one intra-op thread.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import gzip
 import json
@@ -32,6 +33,7 @@ import shutil
 import socket
 import sys
 import time
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -180,17 +182,7 @@ def job_pp4_gpipe_slowstage1(rank: int, world: int, outdir: str) -> None:
     x = torch.randn(batch, dim, generator=g)
     y = torch.randn(batch, dim, generator=g)
 
-    def step(i):
-        opt.zero_grad()
-        if rank == 0:
-            sched.step(x)
-        elif rank == world - 1:
-            sched.step(target=y, losses=[])
-        else:
-            sched.step()
-        opt.step()
-
-    _profiled_steps(outdir, rank, step)
+    _profiled_steps(outdir, rank, lambda i: pipeline_step(sched, opt, rank, world, x, y))
     pipe = _pipeline_truth(sched, [stage])
     mx = max(blocks_per_stage)
     pipe["slow_stage"] = blocks_per_stage.index(mx)
@@ -361,16 +353,7 @@ def job_3d_16rank(rank: int, world: int, outdir: str) -> None:
     g = torch.Generator().manual_seed(SEED + dp_rank)
     x = torch.randn(batch, dim, generator=g)
     y = torch.randn(batch, dim, generator=g)
-
-    def step(i):
-        opt.zero_grad()
-        if pp_rank == 0:
-            sched.step(x)
-        else:
-            sched.step(target=y, losses=[])
-        opt.step()
-
-    _profiled_steps(outdir, rank, step)
+    _profiled_steps(outdir, rank, lambda i: pipeline_step(sched, opt, pp_rank, pp_size, x, y))
     pipe = _pipeline_truth(sched, [stage])
     # _pipeline_truth sees only its own pp group: give the mapping for every pp group instead.
     pipe["stage_to_rank_per_pp_group"] = _groups_from_mesh(mesh)[0]["groups"]
@@ -532,24 +515,57 @@ JOBS = {
 
 
 # --------------------------------------------------------------------------- launching
+# (the other generators under tests/data load this file for these: spawn_ranks, gloo_rank, pipeline_step)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _worker(rank: int, name: str, world: int, port: int, outdir: str) -> None:
+@contextlib.contextmanager
+def gloo_rank(rank: int, world: int, port: int) -> Iterator[None]:
+    """The body runs as `rank` of a gloo group on this machine (one CPU thread), then a barrier; the
+    group is destroyed whatever happens."""
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        JOBS[name][1](rank, world, outdir)
+        yield
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def pipeline_step(sched, opt, stage: int, stages: int, x: torch.Tensor, y: torch.Tensor) -> None:
+    """One training step through a pipeline schedule: the first stage feeds the inputs, the last
+    takes the targets, the stages between pass activations on."""
+    opt.zero_grad()
+    if stage == 0:
+        sched.step(x)
+    elif stage == stages - 1:
+        sched.step(target=y, losses=[])
+    else:
+        sched.step()
+    opt.step()
+
+
+def spawn_ranks(worker, head: tuple, world: int, jobdir: str) -> float:
+    """`jobdir` emptied (made anew), then `worker(rank, *head, world, port, jobdir)` run in `world`
+    spawned processes; the seconds it took."""
+    if os.path.isdir(jobdir):
+        shutil.rmtree(jobdir)
+    os.makedirs(jobdir)
+    t0 = time.time()
+    mp.spawn(worker, args=(*head, world, free_port(), jobdir), nprocs=world, join=True)
+    return time.time() - t0
+
+
+def _worker(rank: int, name: str, world: int, port: int, outdir: str) -> None:
+    with gloo_rank(rank, world, port):
+        JOBS[name][1](rank, world, outdir)
 
 
 def _read_trace(path: str) -> dict:
@@ -690,12 +706,7 @@ def _finalize(name: str, jobdir: str, world: int, elapsed_s: float) -> dict:
 def run_job(name: str, out: str) -> None:
     world = JOBS[name][0]
     jobdir = os.path.abspath(os.path.join(out, name))
-    if os.path.isdir(jobdir):
-        shutil.rmtree(jobdir)
-    os.makedirs(jobdir)
-    t0 = time.time()
-    mp.spawn(_worker, args=(name, world, _free_port(), jobdir), nprocs=world, join=True)
-    elapsed = time.time() - t0
+    elapsed = spawn_ranks(_worker, (name,), world, jobdir)
     _finalize(name, jobdir, world, elapsed)
     sizes = [os.path.getsize(p) for p in glob.glob(os.path.join(jobdir, "*.gz"))]
     print(f"{name}: {world} ranks, {elapsed:.1f}s, max {max(sizes) / 1e3:.0f} kB, total {sum(sizes) / 1e3:.0f} kB",

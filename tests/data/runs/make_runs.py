@@ -24,19 +24,21 @@ from __future__ import annotations
 import argparse
 import glob
 import gzip
+import importlib.util
 import json
 import os
 import re
-import shutil
-import socket
 import sys
 import time
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_spec = importlib.util.spec_from_file_location("make_traces", os.path.join(_HERE, "..", "parallel", "make_traces.py"))
+base = importlib.util.module_from_spec(_spec)   # its launching helpers: spawn_ranks, gloo_rank, pipeline_step
+_spec.loader.exec_module(base)
 
 SKIP_FIRST, WAIT, WARMUP, ACTIVE, CYCLES = 5, 1, 1, 3, 6
 PERIOD = WAIT + WARMUP + ACTIVE
@@ -193,25 +195,12 @@ JOBS = {
 
 # --------------------------------------------------------------------------- launching
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(rank: int, name: str, world: int, port: int, outdir: str) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with base.gloo_rank(rank, world, port):
         injection = JOBS[name][1](rank, world, outdir)
         if rank == 0:
             with open(os.path.join(outdir, "_injection.json"), "w") as f:
                 json.dump(injection, f)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 def _steps_in(path: str) -> list[int]:
@@ -222,12 +211,7 @@ def _steps_in(path: str) -> list[int]:
 def run_job(name: str, out: str) -> dict:
     world = JOBS[name][0]
     jobdir = os.path.abspath(os.path.join(out, name))
-    if os.path.isdir(jobdir):
-        shutil.rmtree(jobdir)
-    os.makedirs(jobdir)
-    t0 = time.time()
-    mp.spawn(_worker, args=(name, world, _free_port(), jobdir), nprocs=world, join=True)
-    elapsed = time.time() - t0
+    elapsed = base.spawn_ranks(_worker, (name,), world, jobdir)
     with open(os.path.join(jobdir, "_injection.json")) as f:
         injection = json.load(f)
     os.remove(os.path.join(jobdir, "_injection.json"))

@@ -35,18 +35,21 @@ from __future__ import annotations
 
 import argparse
 import glob
+import importlib.util
 import json
 import os
-import shutil
-import socket
 import sys
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_spec = importlib.util.spec_from_file_location("make_traces", os.path.join(_HERE, "..", "parallel", "make_traces.py"))
+base = importlib.util.module_from_spec(_spec)   # its launching helpers: spawn_ranks, gloo_rank, pipeline_step
+_spec.loader.exec_module(base)
 
 WAIT, WARMUP, ACTIVE = 1, 1, 4
 SEED = 1234
@@ -180,17 +183,7 @@ def _pipeline_job(rank: int, world: int, outdir: str, blocks: list[int], n_mb: i
     opt = torch.optim.SGD(mod.parameters(), lr=1e-3)
     x, y = _data(0, 64)
 
-    def step(i):
-        opt.zero_grad()
-        if rank == 0:
-            sched.step(x)
-        elif rank == world - 1:
-            sched.step(target=y, losses=[])
-        else:
-            sched.step()
-        opt.step()
-
-    return _profiled(outdir, rank, step)
+    return _profiled(outdir, rank, lambda i: base.pipeline_step(sched, opt, rank, world, x, y))
 
 
 def job_slow_stage(rank: int, world: int, fault: bool, outdir: str) -> dict:
@@ -239,34 +232,17 @@ PAIRS = {
 
 
 # ------------------------------------------------------------------------------- launching
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(rank: int, pair: str, fault: bool, world: int, port: int, outdir: str) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with base.gloo_rank(rank, world, port):
         out = PAIRS[pair][1](rank, world, fault, outdir)
         with open(os.path.join(outdir, f"_wall.rank{rank}.json"), "w") as f:
             json.dump(out, f)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 def run(pair: str, fault: bool, out: str) -> dict:
     world = PAIRS[pair][0]
     jobdir = os.path.abspath(os.path.join(out, pair, "before" if fault else "after"))
-    if os.path.isdir(jobdir):
-        shutil.rmtree(jobdir)
-    os.makedirs(jobdir)
-    t0 = time.time()
-    mp.spawn(_worker, args=(pair, fault, world, _free_port(), jobdir), nprocs=world, join=True)
+    elapsed = base.spawn_ranks(_worker, (pair, fault), world, jobdir)
     parts = []
     for r in range(world):
         path = os.path.join(jobdir, f"_wall.rank{r}.json")
@@ -279,7 +255,7 @@ def run(pair: str, fault: bool, out: str) -> dict:
              "profiler_schedule": {"wait": WAIT, "warmup": WARMUP, "active": ACTIVE},
              "injected": parts[0]["injected"], "what_if": PAIRS[pair][2],
              "step_wall_ms": wall, "step_wall_ms_mean_of_slowest_rank": round(sum(per_step) / len(per_step), 3),
-             "generation_seconds": round(time.time() - t0, 1)}
+             "generation_seconds": round(elapsed, 1)}
     with open(os.path.join(jobdir, "ground_truth.json"), "w") as f:
         json.dump(truth, f, indent=1)
         f.write("\n")
