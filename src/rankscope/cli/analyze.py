@@ -22,6 +22,8 @@ from rankscope.cli.common import (
     refuse_overwriting_an_input,
     say_jobs,
     show,
+    threshold_option,
+    threshold_overrides,
     with_progress,
 )
 from rankscope.files import atomic_write_text, check_target
@@ -33,8 +35,7 @@ from rankscope.results import Analysis
 @click.command("analyze")
 @click.argument("paths", nargs=-1, type=click.Path())
 @click.option("--demo", is_flag=True, help="Analyse a generated demo job (8 ranks, one straggler).")
-@click.option("--threshold", "thresholds", multiple=True, metavar="NAME=VALUE",
-              help="Override a threshold (repeatable); `rankscope thresholds` lists them.")
+@threshold_option
 @click.option("--html", "html_path", type=click.Path(), default=None, metavar="PATH",
               help="Also write a self-contained HTML report (findings and charts, works offline) to PATH.")
 @click.option("--nccl-log", "nccl_logs", multiple=True, type=click.Path(), metavar="LOG",
@@ -51,7 +52,6 @@ from rankscope.results import Analysis
 def command(paths, demo, thresholds, cache_dir, no_cache, engine, address, workers, as_json, quiet,
             html_path, nccl_logs, job, same_job) -> None:
     """Analyse a job: a folder of per-rank traces (or files), and Flight Recorder dumps (hangs)."""
-    from rankscope.thresholds import parse_override
     if demo:
         from rankscope.synth import demo_job_dir
         root = Path(cache_dir) if cache_dir else default_cache_dir()
@@ -63,10 +63,7 @@ def command(paths, demo, thresholds, cache_dir, no_cache, engine, address, worke
         paths = (str(demo_job_dir(root)),) + tuple(paths)
     if not paths:
         raise click.UsageError("give a folder of traces (or files), or --demo")
-    try:
-        overrides = dict(parse_override(t) for t in thresholds)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
+    overrides = threshold_overrides(thresholds)
     if html_path:
         _check_html(html_path)             # before the work: a target never written to fails at once
         refuse_overwriting_an_input(html_path, [*paths, *nccl_logs], "cannot write the HTML report")

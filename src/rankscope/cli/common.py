@@ -88,6 +88,18 @@ engine_options = options(
 
 quiet_option = click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 
+threshold_option = click.option("--threshold", "thresholds", multiple=True, metavar="NAME=VALUE",
+                                help="Override a threshold (repeatable); `rankscope thresholds` lists them.")
+
+
+def threshold_overrides(texts: Sequence[str]) -> dict[str, float]:
+    """The overrides of --threshold NAME=VALUE options; a malformed one is a usage error."""
+    from rankscope.thresholds import parse_override
+    try:
+        return dict(parse_override(t) for t in texts)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+
 
 def json_option(schema: str | None = None, text: str | None = None) -> Callable:
     """--json: print one JSON object of `schema` (or what `text` says)."""
