@@ -14,7 +14,7 @@ import os
 import re
 import stat
 import sys
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence, TypeVar
 
 import click
 import msgspec
@@ -28,6 +28,7 @@ from rankscope.render.format import json_bytes, printable, utf8_text
 from rankscope.results import Analysis
 
 if TYPE_CHECKING:  # pragma: no cover
+    from rankscope.model import InputProblem
     from rankscope.results import Result, ThresholdList
 
 R = TypeVar("R", bound="Result")
@@ -184,7 +185,7 @@ def with_progress(run: Callable[[Callable[[int, int, str], None]], R], quiet: bo
         except (EngineError, NotACache) as exc:
             err(str(exc))
             sys.exit(EXIT_NOTHING)
-    print_problems(result)
+    print_problems(result.problems)
     return result
 
 
@@ -208,9 +209,9 @@ def _progress_bar(label: str, quiet: bool) -> Iterator[Callable[[int, int, str],
 _FORCE_TERMINAL = ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")
 
 
-def print_problems(result: Result) -> None:
-    """Every input problem, one stderr line each (a warning when the file was still used)."""
-    for p in result.problems:
+def print_problems(problems: Iterable[InputProblem]) -> None:
+    """Input problems, one stderr line each (a warning when the file was still used)."""
+    for p in problems:
         err(str(p) if p.fatal else f"warning: {p}")
 
 

@@ -27,7 +27,7 @@ def command(snapshots, as_json, params, param_bytes, thresholds) -> None:
                                           thresholds=overrides)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    print_problems(result)
+    print_problems(result.problems)
     if result.usable:
         show(result, as_json)
     sys.exit(exit_code(result))

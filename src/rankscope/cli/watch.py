@@ -11,7 +11,8 @@ import time
 import click
 
 from rankscope.cli.common import (EXIT_NOTHING, cache_options, err, exit_code, html_page, json_option,
-                                  refuse_overwriting_an_input, show, threshold_option, threshold_overrides)
+                                  print_problems, refuse_overwriting_an_input, show,
+                                  threshold_option, threshold_overrides)
 from rankscope.engine import ENGINES
 from rankscope.files import atomic_write_text
 from rankscope.pipelines.watch import CycleDone, RunWatch
@@ -102,8 +103,7 @@ def _cycle_done(done: CycleDone, as_json: bool, live, html_path: str | None) -> 
 
 def _tell_problems(watch: RunWatch, told: int) -> int:
     """The input problems met since the last call, one stderr line each."""
-    for p in watch.run.problems[told:]:
-        err(str(p) if p.fatal else f"warning: {p}")
+    print_problems(watch.run.problems[told:])
     return len(watch.run.problems)
 
 
