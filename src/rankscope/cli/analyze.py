@@ -12,10 +12,10 @@ from rankscope.cli.common import (
     EXIT_NOTHING,
     EXIT_SKIPPED,
     cache_options,
+    check_html_report,
     engine_options,
     err,
     exit_code,
-    html_page,
     json_option,
     no_trace,
     quiet_option,
@@ -25,11 +25,9 @@ from rankscope.cli.common import (
     threshold_option,
     threshold_overrides,
     with_progress,
+    write_html_report,
 )
-from rankscope.files import atomic_write_text, check_target
 from rankscope.ingest.cache import NotACache, claim_root, default_cache_dir
-from rankscope.render.format import printable
-from rankscope.results import Analysis
 
 
 @click.command("analyze")
@@ -65,7 +63,7 @@ def command(paths, demo, thresholds, cache_dir, no_cache, engine, address, worke
         raise click.UsageError("give a folder of traces (or files), or --demo")
     overrides = threshold_overrides(thresholds)
     if html_path:
-        _check_html(html_path)             # before the work: a target never written to fails at once
+        check_html_report(html_path)             # before the work: a target never written to fails at once
         refuse_overwriting_an_input(html_path, [*paths, *nccl_logs], "cannot write the HTML report")
     result = with_progress(lambda progress: analyze(list(paths), cache_dir=cache_dir, use_cache=not no_cache,
                                                     engine=engine, workers=workers, on_progress=progress,
@@ -82,25 +80,6 @@ def command(paths, demo, thresholds, cache_dir, no_cache, engine, address, worke
     if result.usable:
         show(result, as_json, brief=quiet)
         if html_path:
-            _write_html(result, html_path)
+            write_html_report(result, html_path)
     sys.exit(code)
 
-
-def _write_html(result: Analysis, path: str) -> None:
-    try:
-        atomic_write_text(path, html_page(result))
-    except OSError as exc:
-        _cannot_write(path, exc)
-    click.echo(f"wrote HTML report to {printable(path)}", err=True)
-
-
-def _check_html(path: str) -> None:
-    try:
-        check_target(path)
-    except OSError as exc:
-        _cannot_write(path, exc)
-
-
-def _cannot_write(path: str, exc: OSError) -> None:
-    err(f"cannot write the HTML report {path}: {exc.strerror or exc}")
-    sys.exit(EXIT_NOTHING)

@@ -20,7 +20,7 @@ import click
 import msgspec
 
 from rankscope.engine import ENGINES, EngineError
-from rankscope.files import write_all
+from rankscope.files import atomic_write_text, check_target, write_all
 from rankscope.ingest.cache import NotACache, default_cache_dir
 from rankscope.pipelines import ArgumentError
 from rankscope.render.base import TextRenderer, render, renderer
@@ -164,6 +164,30 @@ def show(result: Result | ThresholdList, as_json: bool, **terminal_options) -> N
 def html_page(result: Result) -> str:
     """The result's self-contained HTML page (a file name's bytes that are not UTF-8 as escapes)."""
     return utf8_text(_text(result, "html"))
+
+
+def check_html_report(path: str) -> None:
+    """Whether the HTML report may be written to `path` (checked before the work: a target never
+    written to fails at once); if not, one line and exit 2."""
+    try:
+        check_target(path)
+    except OSError as exc:
+        _cannot_write_html(path, exc)
+
+
+def write_html_report(result: Analysis, path: str) -> None:
+    """The report's HTML page to `path` (atomically), and one stderr line saying so; if it cannot be
+    written, one line and exit 2."""
+    try:
+        atomic_write_text(path, html_page(result))
+    except OSError as exc:
+        _cannot_write_html(path, exc)
+    click.echo(f"wrote HTML report to {printable(path)}", err=True)
+
+
+def _cannot_write_html(path: str, exc: OSError) -> None:
+    err(f"cannot write the HTML report {path}: {exc.strerror or exc}")
+    sys.exit(EXIT_NOTHING)
 
 
 def _text(result: Result | ThresholdList, fmt: str) -> str:
