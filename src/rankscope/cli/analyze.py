@@ -12,29 +12,28 @@ from rankscope.cli.common import (
     EXIT_NOTHING,
     EXIT_SKIPPED,
     cache_options,
+    check_html_report,
     engine_options,
     err,
     exit_code,
-    html_page,
     json_option,
     no_trace,
     quiet_option,
     refuse_overwriting_an_input,
     say_jobs,
     show,
+    threshold_option,
+    threshold_overrides,
     with_progress,
+    write_html_report,
 )
-from rankscope.files import atomic_write_text, check_target
 from rankscope.ingest.cache import NotACache, claim_root, default_cache_dir
-from rankscope.render.format import printable
-from rankscope.results import Analysis
 
 
 @click.command("analyze")
 @click.argument("paths", nargs=-1, type=click.Path())
 @click.option("--demo", is_flag=True, help="Analyse a generated demo job (8 ranks, one straggler).")
-@click.option("--threshold", "thresholds", multiple=True, metavar="NAME=VALUE",
-              help="Override a threshold (repeatable); `rankscope thresholds` lists them.")
+@threshold_option
 @click.option("--html", "html_path", type=click.Path(), default=None, metavar="PATH",
               help="Also write a self-contained HTML report (findings and charts, works offline) to PATH.")
 @click.option("--nccl-log", "nccl_logs", multiple=True, type=click.Path(), metavar="LOG",
@@ -51,7 +50,6 @@ from rankscope.results import Analysis
 def command(paths, demo, thresholds, cache_dir, no_cache, engine, address, workers, as_json, quiet,
             html_path, nccl_logs, job, same_job) -> None:
     """Analyse a job: a folder of per-rank traces (or files), and Flight Recorder dumps (hangs)."""
-    from rankscope.thresholds import parse_override
     if demo:
         from rankscope.synth import demo_job_dir
         root = Path(cache_dir) if cache_dir else default_cache_dir()
@@ -63,12 +61,9 @@ def command(paths, demo, thresholds, cache_dir, no_cache, engine, address, worke
         paths = (str(demo_job_dir(root)),) + tuple(paths)
     if not paths:
         raise click.UsageError("give a folder of traces (or files), or --demo")
-    try:
-        overrides = dict(parse_override(t) for t in thresholds)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
+    overrides = threshold_overrides(thresholds)
     if html_path:
-        _check_html(html_path)             # before the work: a target never written to fails at once
+        check_html_report(html_path)             # before the work: a target never written to fails at once
         refuse_overwriting_an_input(html_path, [*paths, *nccl_logs], "cannot write the HTML report")
     result = with_progress(lambda progress: analyze(list(paths), cache_dir=cache_dir, use_cache=not no_cache,
                                                     engine=engine, workers=workers, on_progress=progress,
@@ -85,25 +80,6 @@ def command(paths, demo, thresholds, cache_dir, no_cache, engine, address, worke
     if result.usable:
         show(result, as_json, brief=quiet)
         if html_path:
-            _write_html(result, html_path)
+            write_html_report(result, html_path)
     sys.exit(code)
 
-
-def _write_html(result: Analysis, path: str) -> None:
-    try:
-        atomic_write_text(path, html_page(result))
-    except OSError as exc:
-        _cannot_write(path, exc)
-    click.echo(f"wrote HTML report to {printable(path)}", err=True)
-
-
-def _check_html(path: str) -> None:
-    try:
-        check_target(path)
-    except OSError as exc:
-        _cannot_write(path, exc)
-
-
-def _cannot_write(path: str, exc: OSError) -> None:
-    err(f"cannot write the HTML report {path}: {exc.strerror or exc}")
-    sys.exit(EXIT_NOTHING)

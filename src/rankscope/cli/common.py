@@ -14,13 +14,13 @@ import os
 import re
 import stat
 import sys
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence, TypeVar
 
 import click
 import msgspec
 
 from rankscope.engine import ENGINES, EngineError
-from rankscope.files import write_all
+from rankscope.files import atomic_write_text, check_target, write_all
 from rankscope.ingest.cache import NotACache, default_cache_dir
 from rankscope.pipelines import ArgumentError
 from rankscope.render.base import TextRenderer, render, renderer
@@ -28,6 +28,7 @@ from rankscope.render.format import json_bytes, printable, utf8_text
 from rankscope.results import Analysis
 
 if TYPE_CHECKING:  # pragma: no cover
+    from rankscope.model import InputProblem
     from rankscope.results import Result, ThresholdList
 
 R = TypeVar("R", bound="Result")
@@ -87,6 +88,18 @@ engine_options = options(
                       "(default: usable CPU cores)."))
 
 quiet_option = click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+
+threshold_option = click.option("--threshold", "thresholds", multiple=True, metavar="NAME=VALUE",
+                                help="Override a threshold (repeatable); `rankscope thresholds` lists them.")
+
+
+def threshold_overrides(texts: Sequence[str]) -> dict[str, float]:
+    """The overrides of --threshold NAME=VALUE options; a malformed one is a usage error."""
+    from rankscope.thresholds import parse_override
+    try:
+        return dict(parse_override(t) for t in texts)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 def json_option(schema: str | None = None, text: str | None = None) -> Callable:
@@ -153,6 +166,30 @@ def html_page(result: Result) -> str:
     return utf8_text(_text(result, "html"))
 
 
+def check_html_report(path: str) -> None:
+    """Whether the HTML report may be written to `path` (checked before the work: a target never
+    written to fails at once); if not, one line and exit 2."""
+    try:
+        check_target(path)
+    except OSError as exc:
+        _cannot_write_html(path, exc)
+
+
+def write_html_report(result: Analysis, path: str) -> None:
+    """The report's HTML page to `path` (atomically), and one stderr line saying so; if it cannot be
+    written, one line and exit 2."""
+    try:
+        atomic_write_text(path, html_page(result))
+    except OSError as exc:
+        _cannot_write_html(path, exc)
+    click.echo(f"wrote HTML report to {printable(path)}", err=True)
+
+
+def _cannot_write_html(path: str, exc: OSError) -> None:
+    err(f"cannot write the HTML report {path}: {exc.strerror or exc}")
+    sys.exit(EXIT_NOTHING)
+
+
 def _text(result: Result | ThresholdList, fmt: str) -> str:
     """The whole output of `result` in a text format ("json", "html")."""
     out = renderer(type(result), fmt)
@@ -172,7 +209,7 @@ def with_progress(run: Callable[[Callable[[int, int, str], None]], R], quiet: bo
         except (EngineError, NotACache) as exc:
             err(str(exc))
             sys.exit(EXIT_NOTHING)
-    print_problems(result)
+    print_problems(result.problems)
     return result
 
 
@@ -196,9 +233,9 @@ def _progress_bar(label: str, quiet: bool) -> Iterator[Callable[[int, int, str],
 _FORCE_TERMINAL = ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")
 
 
-def print_problems(result: Result) -> None:
-    """Every input problem, one stderr line each (a warning when the file was still used)."""
-    for p in result.problems:
+def print_problems(problems: Iterable[InputProblem]) -> None:
+    """Input problems, one stderr line each (a warning when the file was still used)."""
+    for p in problems:
         err(str(p) if p.fatal else f"warning: {p}")
 
 

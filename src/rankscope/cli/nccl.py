@@ -16,7 +16,7 @@ def command(logs, as_json) -> None:
     """NCCL_DEBUG=INFO logs (each one run, e.g. healthy vs slow): version, ranks, channels, rings and trees,
     transport per peer, NCCL's link bandwidths, nccl-tests bus bandwidth; what is slower than its peers."""
     result = analyze_nccl_logs(list(logs))
-    print_problems(result)
+    print_problems(result.problems)
     if result.usable:
         show(result, as_json)
     sys.exit(exit_code(result))

@@ -8,8 +8,8 @@ import sys
 import click
 import msgspec
 
-from rankscope.cli.analyze import _check_html, _write_html
-from rankscope.cli.common import EXIT_NOTHING, EXIT_OK, err, refuse_overwriting_an_input, show
+from rankscope.cli.common import (EXIT_NOTHING, EXIT_OK, check_html_report, err, refuse_overwriting_an_input, show,
+                                  write_html_report)
 from rankscope.results import Analysis
 
 
@@ -21,7 +21,7 @@ from rankscope.results import Analysis
 def command(path: str, html_path: str | None, quiet: bool) -> None:
     """Show a report saved with `analyze --json` (terminal, and --html)."""
     if html_path:
-        _check_html(html_path)             # before the work: a target never written to fails at once
+        check_html_report(html_path)             # before the work: a target never written to fails at once
         refuse_overwriting_an_input(html_path, [path], "cannot write the HTML report")
     try:
         report = Analysis.load(path)
@@ -33,5 +33,5 @@ def command(path: str, html_path: str | None, quiet: bool) -> None:
         sys.exit(EXIT_NOTHING)
     show(report, as_json=False, brief=quiet)
     if html_path:
-        _write_html(report, html_path)
+        write_html_report(report, html_path)
     sys.exit(EXIT_OK)

@@ -11,7 +11,8 @@ import time
 import click
 
 from rankscope.cli.common import (EXIT_NOTHING, cache_options, err, exit_code, html_page, json_option,
-                                  refuse_overwriting_an_input, show)
+                                  print_problems, refuse_overwriting_an_input, show,
+                                  threshold_option, threshold_overrides)
 from rankscope.engine import ENGINES
 from rankscope.files import atomic_write_text
 from rankscope.pipelines.watch import CycleDone, RunWatch
@@ -32,8 +33,7 @@ from rankscope.render.format import json_bytes, printable
               metavar="S", help="Look at the folder every S seconds.")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), default=None, metavar="PATH",
               help="Rewrite the HTML report at PATH (atomically) after each cycle.")
-@click.option("--threshold", "thresholds", multiple=True, metavar="NAME=VALUE",
-              help="Override a threshold (repeatable); `rankscope thresholds` lists them.")
+@threshold_option
 @cache_options()
 @click.option("--engine", type=click.Choice([e for e in ENGINES if e != "ray"]), default="auto", show_default=True,
               help="Where each new cycle's files are read: local thread pool, worker processes, one by one here.")
@@ -43,9 +43,10 @@ from rankscope.render.format import json_bytes, printable
 def command(folder, settle_s, stable_s, idle_s, interval_s, html_path, thresholds, cache_dir, no_cache, engine,
             workers, as_json) -> None:
     """Follow a running job's profiler folder: analyse each profiler cycle as its files land."""
-    from rankscope.thresholds import parse_override, resolve
+    from rankscope.thresholds import resolve
+    overrides = threshold_overrides(thresholds)
     try:
-        values = resolve(dict(parse_override(t) for t in thresholds))
+        values = resolve(overrides)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     refuse_overwriting_an_input(html_path, [folder], "cannot write the HTML report")
@@ -102,8 +103,7 @@ def _cycle_done(done: CycleDone, as_json: bool, live, html_path: str | None) -> 
 
 def _tell_problems(watch: RunWatch, told: int) -> int:
     """The input problems met since the last call, one stderr line each."""
-    for p in watch.run.problems[told:]:
-        err(str(p) if p.fatal else f"warning: {p}")
+    print_problems(watch.run.problems[told:])
     return len(watch.run.problems)
 
 

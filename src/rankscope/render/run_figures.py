@@ -23,6 +23,11 @@ CHANGE_KINDS = {"slowdown": "slower", "speedup": "faster", "straggler_onset": "s
                 "straggler_end": "no longer a straggler from", "finding_onset": "finding raised from"}
 
 
+def run_steps(run: Run) -> list[int]:
+    """Every profiled step of the run's cycles, in order."""
+    return sorted({s for c in run.cycles for s in c.steps})
+
+
 def straggler_text(c: RunCycle) -> str:
     s = c.straggler
     return f"rank {s.rank} {s.cause} {s.cost_ms_per_step:.1f}" if s else "-"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rankscope.render.format import escaped, ranges, value_text
 from rankscope.render.html_parts import Figures, chart_label, chart_layout, html_table, note, one_chart
-from rankscope.render.run_figures import RUN_CYCLE, change_text, noise_text
+from rankscope.render.run_figures import RUN_CYCLE, change_text, noise_text, run_steps
 from rankscope.results import Analysis
 from rankscope.results.run import RunChange, RunCycle
 
@@ -23,7 +23,7 @@ def run_section(report: Analysis, figures: Figures) -> str:
     cycles = run.cycles
     changes = run.changes
     head = (f'<section id="run"><h2>Run: {len(cycles)} profiler cycles</h2>'
-            + note(f"Every profiler cycle of the job (steps #{ranges(sorted({s for c in cycles for s in c.steps}))}), "
+            + note(f"Every profiler cycle of the job (steps #{ranges(run_steps(run))}), "
                    f"each analysed as a job of its own; the other sections detail cycle {run.detailed_cycle}."))
     items = "".join(f'<li class="{escaped(c.kind)}">{escaped(change_text(c))}</li>' for c in changes)
     listed = (f"<h3>Changes</h3><ul class=\"changes\">{items}</ul>" if changes

@@ -10,7 +10,7 @@ from rich.text import Text
 
 from rankscope.render.figures import legend
 from rankscope.render.format import number, print_table, printable, ranges
-from rankscope.render.run_figures import RUN_CYCLE, change_text, noise_text, straggler_text
+from rankscope.render.run_figures import RUN_CYCLE, change_text, noise_text, run_steps, straggler_text
 from rankscope.results.run import Run
 
 #: Cycles listed in full; a longer run shows its first and last MAX_CYCLE_ROWS // 2.
@@ -19,7 +19,7 @@ MAX_CYCLE_ROWS = 60
 
 def run_header(run: Run, console: Console) -> None:
     """The header line: how many cycles, which steps, which cycle the rest of the report details."""
-    steps = sorted({s for c in run.cycles for s in c.steps})
+    steps = run_steps(run)
     detailed = run.cycles[run.detailed_cycle - 1]
     console.print(Padding(Text(f"run: {len(run.cycles)} profiler cycles (steps #{ranges(steps)}); the run "
                                f"section covers them all, the others detail cycle {detailed.cycle} "
