@@ -34,9 +34,6 @@ GZIP_LEVEL = 1
 _SLICE_COLUMNS = ("track", "ts_ns", "dur_ns", "name", "cat")
 #: Thread ids of rank r: r x TID_STRIDE + 1, + 2, ... (unique in the file; far more than a rank's tracks).
 TID_STRIDE = 10_000
-#: Ranks converted ahead of the writer (threads; polars and numpy work outside the GIL). Each
-#: holds one rank's frames and JSON text in memory.
-PIPELINE_RANKS = 2
 
 
 # ----------------------------------------------------------------------------------------------
