@@ -154,9 +154,11 @@ class RunAnalysis:
         self.problems: list[InputProblem] = []
         self.last: JobAnalysis | None = None
 
-    def add(self, summaries: list[RankSummary], problems: list[InputProblem]) -> JobAnalysis:
-        analysis = job_analysis([mapped(s) for s in summaries], problems, self.engine, self.values, job=self.job,
-                                same_job=self.same_job)
+    def add(self, got: Sequence[RankSummary | InputProblem]) -> JobAnalysis:
+        """Analyse one cycle: its files' summaries, or the problem each unreadable one met."""
+        analysis = job_analysis([mapped(s) for s in got if not isinstance(s, InputProblem)],
+                                [s for s in got if isinstance(s, InputProblem)], self.engine, self.values,
+                                job=self.job, same_job=self.same_job)
         self.problems += analysis.problems
         if analysis.usable:
             self.facts.append(cycle_facts(analysis))
@@ -246,8 +248,7 @@ def _by_cycle(keys: list[CycleFile], problems: list[InputProblem], chosen: str, 
     run = RunAnalysis(values, chosen, job, same_job)
     run.problems += problems
     for files in cycles:
-        got = [summary_of(f) for f in files]
-        run.add([s for s in got if not isinstance(s, InputProblem)], [s for s in got if isinstance(s, InputProblem)])
+        run.add([summary_of(f) for f in files])
     return (run.result(fr_dumps, workers)
             or job_analysis([], _unique(run.problems), chosen, values, job=job, fr_dumps=[Path(f) for f in fr_dumps],
                             workers=workers, same_job=same_job))
