@@ -200,7 +200,7 @@ def hang_report(dumps: list[DumpSummary], world_size: int | None = None,
         status=first.kind if first else "none", ranks_dumped=sorted(by_rank), missing_dumps=missing,
         culprits=culprits, first=first, groups=stalls, world_size=world,
         backend=", ".join(sorted({d.backend for d in by_rank.values()})) or "unknown", states_recorded=states,
-        verdict=first.verdict if first else _none_verdict(by_rank, missing, all_groups),
+        verdict=first.verdict if first else _none_verdict(by_rank, all_groups),
         unknown=_unknown(missing, first), all_groups=all_groups,
         culprit_last=[_culprit_last(by_rank[r], first_ns) for r in culprits if r in by_rank],
         dumps=[d.file for d in by_rank.values()],
@@ -465,7 +465,7 @@ def _short(path: str) -> str:
     return path.replace("\\", "/").rsplit("/", 1)[-1]
 
 
-def _none_verdict(by_rank: dict[int, DumpSummary], missing: list[int], groups: list[GroupState]) -> str:
+def _none_verdict(by_rank: dict[int, DumpSummary], groups: list[GroupState]) -> str:
     if not by_rank:
         return "no usable Flight Recorder dump"
     done = " and completed" if all(d.states_recorded for d in by_rank.values()) else ""
