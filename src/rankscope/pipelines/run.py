@@ -140,7 +140,6 @@ def cycle_facts(a: JobAnalysis) -> CycleFacts:
         files=tuple(s.meta.file for s in a.summaries), ranks=tuple(a.job.ranks),
         missing_ranks=tuple(a.job.missing_ranks), steps=tuple(a.job.steps), rank_steps=rank_steps,
         straggler=CycleStraggler(worst.rank, worst.cause, round(worst.cost_ms_per_step, 3)) if worst else None,
-        findings=tuple(dict.fromkeys(f.id for f in a.findings)),
         finding_costs=tuple((f.id, f.cost_ms_per_step) for f in a.findings))
 
 
