@@ -27,10 +27,9 @@ from rankscope.ingest.cycles import CycleFile, cycles_in_names, run_cycles
 from rankscope.ingest.discover import discover, rank_from_filename
 from rankscope.ingest import TraceError
 from rankscope.model import InputProblem
-from rankscope.pipelines import checking_arguments
 from rankscope.pipelines.job import (_import_reduce, _map_files, _summary, _Task, _trim_heap, decode_summary,
-                                     job_analysis, map_summaries, mapped, one_line_errors, read_at, share_strings,
-                                     with_nccl_logs)
+                                     job_analysis, map_summaries, mapped, one_line_errors, read_at,
+                                     resolved_arguments, share_strings, with_nccl_logs)
 from rankscope.pipelines.report import JobAnalysis, to_report
 from rankscope.results import Analysis
 from rankscope.results.run import Run, TrendStep
@@ -63,11 +62,7 @@ def analyze_cycles(inputs: str | Path | list[str | Path], cache_dir: str | Path 
                    job: int | None = None, same_job: bool = False) -> JobAnalysis:
     """`analyze`, before its report: what the other pipelines read (the per-rank summaries, the
     cross-rank result, the matched collectives)."""
-    from rankscope.thresholds import resolve
-    with checking_arguments():
-        values = resolve(thresholds)
-        if job is not None and job < 1:
-            raise ValueError(f"job {job}: jobs are numbered from 1")
+    values = resolved_arguments(thresholds, job)
     found = discover(inputs if isinstance(inputs, list) else [inputs])
     if cycles_in_names(found.traces):
         result = analyze_run(found, cache_dir, use_cache, engine, workers, on_progress, address, values, job,
