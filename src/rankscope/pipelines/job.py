@@ -258,16 +258,23 @@ def analyze_job(inputs: str | Path | list[str | Path], cache_dir: str | Path | N
     whatever their trace formats and recording dates say (else formats years apart, or recordings
     over a day apart, make them different jobs). Returns the analysis before its report
     (`analyze` gives the report): what the other pipelines read."""
-    from rankscope.thresholds import resolve
-    with checking_arguments():
-        values = resolve(thresholds)
-        if job is not None and job < 1:
-            raise ValueError(f"job {job}: jobs are numbered from 1")
+    values = resolved_arguments(thresholds, job)
     dumps: list[Path] = []
     ranks, problems, chosen = map_summaries(inputs, cache_dir, use_cache, engine, workers, on_progress, address,
                                             fr_dumps=dumps)
     return with_nccl_logs(job_analysis(ranks, problems, chosen, values, job=job, fr_dumps=dumps,
                                        workers=workers, same_job=same_job), nccl_logs, values)
+
+
+def resolved_arguments(thresholds: dict[str, float] | None, job: int | None) -> Thresholds:
+    """The thresholds in force, once `thresholds` and `job` are checked (ArgumentError before any
+    file is read)."""
+    from rankscope.thresholds import resolve
+    with checking_arguments():
+        values = resolve(thresholds)
+        if job is not None and job < 1:
+            raise ValueError(f"job {job}: jobs are numbered from 1")
+    return values
 
 
 def analyze(inputs: str | Path | list[str | Path], cache_dir: str | Path | None = None, use_cache: bool = True,

@@ -27,10 +27,9 @@ from rankscope.ingest.cycles import CycleFile, cycles_in_names, run_cycles
 from rankscope.ingest.discover import discover, rank_from_filename
 from rankscope.ingest import TraceError
 from rankscope.model import InputProblem
-from rankscope.pipelines import checking_arguments
 from rankscope.pipelines.job import (_import_reduce, _map_files, _summary, _Task, _trim_heap, decode_summary,
-                                     job_analysis, map_summaries, mapped, one_line_errors, read_at, share_strings,
-                                     with_nccl_logs)
+                                     job_analysis, map_summaries, mapped, one_line_errors, read_at,
+                                     resolved_arguments, share_strings, with_nccl_logs)
 from rankscope.pipelines.report import JobAnalysis, to_report
 from rankscope.results import Analysis
 from rankscope.results.run import Run, TrendStep
@@ -63,11 +62,7 @@ def analyze_cycles(inputs: str | Path | list[str | Path], cache_dir: str | Path 
                    job: int | None = None, same_job: bool = False) -> JobAnalysis:
     """`analyze`, before its report: what the other pipelines read (the per-rank summaries, the
     cross-rank result, the matched collectives)."""
-    from rankscope.thresholds import resolve
-    with checking_arguments():
-        values = resolve(thresholds)
-        if job is not None and job < 1:
-            raise ValueError(f"job {job}: jobs are numbered from 1")
+    values = resolved_arguments(thresholds, job)
     found = discover(inputs if isinstance(inputs, list) else [inputs])
     if cycles_in_names(found.traces):
         result = analyze_run(found, cache_dir, use_cache, engine, workers, on_progress, address, values, job,
@@ -140,7 +135,6 @@ def cycle_facts(a: JobAnalysis) -> CycleFacts:
         files=tuple(s.meta.file for s in a.summaries), ranks=tuple(a.job.ranks),
         missing_ranks=tuple(a.job.missing_ranks), steps=tuple(a.job.steps), rank_steps=rank_steps,
         straggler=CycleStraggler(worst.rank, worst.cause, round(worst.cost_ms_per_step, 3)) if worst else None,
-        findings=tuple(dict.fromkeys(f.id for f in a.findings)),
         finding_costs=tuple((f.id, f.cost_ms_per_step) for f in a.findings))
 
 
@@ -154,9 +148,11 @@ class RunAnalysis:
         self.problems: list[InputProblem] = []
         self.last: JobAnalysis | None = None
 
-    def add(self, summaries: list[RankSummary], problems: list[InputProblem]) -> JobAnalysis:
-        analysis = job_analysis([mapped(s) for s in summaries], problems, self.engine, self.values, job=self.job,
-                                same_job=self.same_job)
+    def add(self, got: Sequence[RankSummary | InputProblem]) -> JobAnalysis:
+        """Analyse one cycle: its files' summaries, or the problem each unreadable one met."""
+        analysis = job_analysis([mapped(s) for s in got if not isinstance(s, InputProblem)],
+                                [s for s in got if isinstance(s, InputProblem)], self.engine, self.values,
+                                job=self.job, same_job=self.same_job)
         self.problems += analysis.problems
         if analysis.usable:
             self.facts.append(cycle_facts(analysis))
@@ -246,8 +242,7 @@ def _by_cycle(keys: list[CycleFile], problems: list[InputProblem], chosen: str, 
     run = RunAnalysis(values, chosen, job, same_job)
     run.problems += problems
     for files in cycles:
-        got = [summary_of(f) for f in files]
-        run.add([s for s in got if not isinstance(s, InputProblem)], [s for s in got if isinstance(s, InputProblem)])
+        run.add([summary_of(f) for f in files])
     return (run.result(fr_dumps, workers)
             or job_analysis([], _unique(run.problems), chosen, values, job=job, fr_dumps=[Path(f) for f in fr_dumps],
                             workers=workers, same_job=same_job))

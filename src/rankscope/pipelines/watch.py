@@ -159,9 +159,8 @@ class RunWatch:
         for files in self._cycles():
             if not (flush or self._complete(files, now)):
                 continue
-            got = [summary_again(_Task(f, self.cache_dir, self.use_cache, self.spill)) for f in files]
-            analysis = self.run.add([s for s in got if not isinstance(s, InputProblem)],
-                                    [s for s in got if isinstance(s, InputProblem)])
+            analysis = self.run.add([summary_again(_Task(f, self.cache_dir, self.use_cache, self.spill))
+                                     for f in files])
             self.done_files.update(files)
             after = self.run.result()
             if after is not None and analysis.usable:

@@ -597,10 +597,7 @@ def _what_ifs(cp: CriticalPath, rk: dict[int, _Rank], links: _Links, steps: list
     model = _pipeline_model(pipe, rk, links)
     if pipe is not None and model is None and len(pipe.stages) > 1 and pipe.bottleneck_stage is not None:
         # no schedule to rebuild (unknown, or no microbatch count): the measured graph, re-timed
-        mean = float(np.mean([st.compute_ms_per_step for st in pipe.stages]))
-        mult = {r: _scale(("compute", "comm_overlapped"),
-                          mean / st.compute_ms_per_step if st.compute_ms_per_step > 0 else 1.0)
-                for st in pipe.stages for r in st.ranks if r in rk}
+        mult = _balanced(pipe, rk)
         what = WhatIf(None, BALANCED, 0.0, key="pp:balanced")
         changes.append(_Change(what, mult, cap_ms=pp_exposed + _lost_compute(held, mult)))
     # saved = the unchanged re-timing minus the changed one, mean over the steps; one step's plan at a time
@@ -629,11 +626,15 @@ def _what_ifs(cp: CriticalPath, rk: dict[int, _Rank], links: _Links, steps: list
         change.what.step_ms_saved = round(ms, 3)
         out.append(change.what)
     if model is not None and pipe is not None:      # a model: of a pipeline
-        mean = float(np.mean(model.compute_ms))
-        mult = {r: _scale(("compute", "comm_overlapped"), mean / st.compute_ms_per_step if st.compute_ms_per_step > 0
-                          else 1.0) for st in pipe.stages for r in st.ranks if r in rk}
-        out += _schedule_what_ifs(model, pp_exposed, pp_exposed + _lost_compute(held, mult))
+        out += _schedule_what_ifs(model, pp_exposed, pp_exposed + _lost_compute(held, _balanced(pipe, rk)))
     return out
+
+
+def _balanced(pipe: Pipeline, rk: dict[int, _Rank]) -> dict[int, np.ndarray]:
+    """Per rank of the pipeline's stages, the scale that brings its stage's compute to the stages' mean."""
+    mean = float(np.mean([st.compute_ms_per_step for st in pipe.stages]))
+    return {r: _scale(("compute", "comm_overlapped"), mean / st.compute_ms_per_step if st.compute_ms_per_step > 0
+                      else 1.0) for st in pipe.stages for r in st.ranks if r in rk}
 
 
 def _lost_compute(held: dict[tuple[int, str], float], mult: dict[int, np.ndarray]) -> float:

@@ -60,8 +60,3 @@ def expert_load(ranks: Sequence[Collectives], layout: Layout) -> ExpertLoad | No
         if worst is not None:
             out.groups.append(worst)
     return out
-
-
-def worst_group(load: ExpertLoad) -> ExpertGroup | None:
-    """The expert group whose load is the most unequal (None without groups)."""
-    return max(load.groups, key=lambda g: g.imbalance_pct_over_mean, default=None)

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from rankscope.analyses.inputs.flight_recorder import STATE_CODE, DumpSummary, Stream, call_site
+from rankscope.analyses.job.capture import ranks_text
 from rankscope.analyses.rank.groups import dim_of_desc
 from rankscope.ingest.flight_recorder import FrEntry
 from rankscope.numbers import ranges
@@ -199,7 +200,7 @@ def hang_report(dumps: list[DumpSummary], world_size: int | None = None,
         status=first.kind if first else "none", ranks_dumped=sorted(by_rank), missing_dumps=missing,
         culprits=culprits, first=first, groups=stalls, world_size=world,
         backend=", ".join(sorted({d.backend for d in by_rank.values()})) or "unknown", states_recorded=states,
-        verdict=first.verdict if first else _none_verdict(by_rank, missing, all_groups),
+        verdict=first.verdict if first else _none_verdict(by_rank, all_groups),
         unknown=_unknown(missing, first), all_groups=all_groups,
         culprit_last=[_culprit_last(by_rank[r], first_ns) for r in culprits if r in by_rank],
         dumps=[d.file for d in by_rank.values()],
@@ -426,10 +427,6 @@ def _op(s: StuckCollective) -> str:
     return f"{s.op} #{s.seq}" + (" (p2p)" if s.p2p else "")
 
 
-def _ranks_text(ranks: list[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranges(ranks)}"
-
-
 def _verdict(s: StuckCollective) -> str:
     where = s.label
     sites = {f.rank: f"{_short(f.file)}:{f.line}" for f in s.culprit_frames}
@@ -449,7 +446,7 @@ def _verdict(s: StuckCollective) -> str:
         moved = {b.rank: b for b in s.blockers_where if b.group is not None}
         calls = [f"{'its' if len(s.culprits) == 1 else f'rank {r}'} last call: {sites[r]}"
                  for r in s.culprits[:3] if r in sites]
-        text = f"{_ranks_text(s.culprits)} never entered {_op(s)} of {where}"
+        text = f"{ranks_text(s.culprits)} never entered {_op(s)} of {where}"
         if calls:
             text += f" ({'; '.join(calls)})"
         if moved and len(s.culprits) == 1:
@@ -457,10 +454,10 @@ def _verdict(s: StuckCollective) -> str:
             text += f"; it went on to {b.op} #{b.seq} of {b.label}, where it waits"
         return text + waited
     if s.no_dump and s.culprits == s.no_dump:
-        return (f"{_ranks_text(s.entered)} entered {_op(s)} of {where}; {_ranks_text(s.no_dump)} left no dump: "
+        return (f"{ranks_text(s.entered)} entered {_op(s)} of {where}; {ranks_text(s.no_dump)} left no dump: "
                 f"{'it' if len(s.no_dump) == 1 else 'they'} never got there or died (whether "
                 f"{'it' if len(s.no_dump) == 1 else 'they'} entered is unknown)")
-    return (f"{_ranks_text(s.culprits)} never started {_op(s)} of {where} on the device while the others did "
+    return (f"{ranks_text(s.culprits)} never started {_op(s)} of {where} on the device while the others did "
             f"(the stream was still busy with earlier work)" + waited)
 
 
@@ -468,7 +465,7 @@ def _short(path: str) -> str:
     return path.replace("\\", "/").rsplit("/", 1)[-1]
 
 
-def _none_verdict(by_rank: dict[int, DumpSummary], missing: list[int], groups: list[GroupState]) -> str:
+def _none_verdict(by_rank: dict[int, DumpSummary], groups: list[GroupState]) -> str:
     if not by_rank:
         return "no usable Flight Recorder dump"
     done = " and completed" if all(d.states_recorded for d in by_rank.values()) else ""
@@ -480,7 +477,7 @@ def _unknown(missing: list[int], first: StuckCollective | None) -> str:
     """What the missing dumps leave unknown ("" when none is missing)."""
     if not missing:
         return ""
-    who, they = _ranks_text(missing), "it" if len(missing) == 1 else "they"
+    who, they = ranks_text(missing), "it" if len(missing) == 1 else "they"
     if first is None:
         return f"{who} left no dump: what {they} did last is unknown; the other dumps show no stall"
     if first.kind == "desync":

@@ -168,7 +168,7 @@ def find_changes(trend: list[TrendPoint], cycles: list[RunCycle], finding_costs:
                 splits.append(_Split(name, idx[f.k], idx[f.lo], idx[f.hi - 1] + 1, f.z, math.exp(f.before),
                                      math.exp(f.after)))
     step_noise = noise.step or 0.0
-    changes = _attributed(splits, keys, ranks, series, parts, job, step_noise)
+    changes = _attributed(splits, keys, ranks, series, parts, step_noise)
     cycle_noise = noise.cycle([s.k for s in splits])
     changes += _straggler_changes(cycles, t["run_change_min_pct"], 100.0 * max(step_noise, cycle_noise or 0.0))
     changes += _finding_onsets(cycles, finding_costs)
@@ -265,7 +265,7 @@ def _holds(before: list[float], after: list[float], mb: float, ma: float, min_mo
 
 def _attributed(splits: list[_Split], keys: list[tuple[int, int]], ranks: list[int],
                 series: dict[int, list[tuple[int, float]]], parts: dict[int, dict[int, Sequence[float]]],
-                job: list[tuple[int, float]], noise: float) -> list[RunChange]:
+                noise: float) -> list[RunChange]:
     """One change per group of splits in one cycle and direction, attributed to the ranks whose own
     work moved (see the module's text)."""
     groups: dict[tuple[int, bool], list[_Split]] = {}

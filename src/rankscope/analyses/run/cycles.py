@@ -43,8 +43,12 @@ class CycleFacts:
     steps: tuple[int, ...]
     rank_steps: tuple[RankStep, ...]
     straggler: CycleStraggler | None
-    findings: tuple[str, ...]
     finding_costs: tuple[tuple[str, float | None], ...]   # (id, cost ms per step) of each finding
+
+    @property
+    def findings(self) -> tuple[str, ...]:
+        """The cycle's finding ids, each once, in the findings' order."""
+        return tuple(dict.fromkeys(fid for fid, _ in self.finding_costs))
 
 
 def run_rows(cycles: list[CycleFacts]) -> tuple[list[RunCycle], list[TrendPoint]]:
